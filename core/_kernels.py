@@ -1,0 +1,476 @@
+"""Every numba-jitted function of shmq, in one private module.
+
+Kernels take numpy arrays and numbers only, return numbers or fill output
+arrays, and never raise for bad data: they return a status code that the
+Python wrappers (``records``, ``consumequeue``) turn into errors. Each one has
+a slow, obviously correct twin in ``tests/naive.py``. ``cache=True`` so a new
+process loads machine code from ``__pycache__`` instead of compiling; the
+wrappers' ``warm_up()`` touches every kernel once at process start, so no
+request ever pays for a JIT.
+
+All multi-byte integers in the store are big-endian (``layout``); numba does
+not support non-native byte orders, so kernels read and write bytes by hand.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import layout as L
+
+_JIT = dict(cache=True, nogil=True, boundscheck=False)
+
+# ---------------------------------------------------------------- big-endian
+@njit(inline="always", **_JIT)
+def ld_u32(b, p):
+    return ((np.int64(b[p]) << 24) | (np.int64(b[p + 1]) << 16)
+            | (np.int64(b[p + 2]) << 8) | np.int64(b[p + 3]))
+
+
+@njit(inline="always", **_JIT)
+def ld_i32(b, p):
+    v = ld_u32(b, p)
+    return v - 4294967296 if v >= 2147483648 else v
+
+
+@njit(inline="always", **_JIT)
+def ld_i16(b, p):
+    v = (np.int64(b[p]) << 8) | np.int64(b[p + 1])
+    return v - 65536 if v >= 32768 else v
+
+
+@njit(inline="always", **_JIT)
+def ld_i64(b, p):
+    return (ld_u32(b, p) << 32) | ld_u32(b, p + 4)
+
+
+@njit(inline="always", **_JIT)
+def st_i32(b, p, v):
+    b[p] = (v >> 24) & 0xFF
+    b[p + 1] = (v >> 16) & 0xFF
+    b[p + 2] = (v >> 8) & 0xFF
+    b[p + 3] = v & 0xFF
+
+
+@njit(inline="always", **_JIT)
+def st_i16(b, p, v):
+    b[p] = (v >> 8) & 0xFF
+    b[p + 1] = v & 0xFF
+
+
+@njit(inline="always", **_JIT)
+def st_i64(b, p, v):
+    st_i32(b, p, (v >> 32) & 0xFFFFFFFF)
+    st_i32(b, p + 4, v & 0xFFFFFFFF)
+
+
+# --------------------------------------------------------------------- CRC32
+def make_crc_tables() -> np.ndarray:
+    """Slice-by-8 tables for the zlib CRC-32 (reflected 0xEDB88320), flattened:
+    table k is t[256*k : 256*k + 256]."""
+    t = np.zeros((8, 256), dtype=np.uint32)
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        t[0, n] = c
+    for k in range(1, 8):
+        for n in range(256):
+            t[k, n] = (int(t[k - 1, n]) >> 8) ^ int(t[0, int(t[k - 1, n]) & 0xFF])
+    return t.ravel()
+
+
+CRC_TABLES = make_crc_tables()
+
+_U8 = np.uint32(8)
+_U16 = np.uint32(16)
+_U24 = np.uint32(24)
+_UFF = np.uint32(0xFF)
+
+
+@njit(inline="always", **_JIT)
+def _le32(buf, i):
+    return (np.uint32(buf[i]) | (np.uint32(buf[i + 1]) << _U8)
+            | (np.uint32(buf[i + 2]) << _U16) | (np.uint32(buf[i + 3]) << _U24))
+
+
+@njit(**_JIT)
+def crc32(buf, start, end, t):
+    """zlib.crc32(buf[start:end]) by slice-by-8 over the flat tables ``t``.
+    Unsigned 32-bit arithmetic and uintp indices keep numba from adding
+    negative-index fix-ups to every lookup (5x faster than int64)."""
+    c = np.uint32(0xFFFFFFFF)
+    i = start
+    while i + 8 <= end:
+        lo = c ^ _le32(buf, i)
+        hi = _le32(buf, i + 4)
+        c = (t[np.uintp(1792 + (lo & _UFF))] ^ t[np.uintp(1536 + ((lo >> _U8) & _UFF))]
+             ^ t[np.uintp(1280 + ((lo >> _U16) & _UFF))] ^ t[np.uintp(1024 + (lo >> _U24))]
+             ^ t[np.uintp(768 + (hi & _UFF))] ^ t[np.uintp(512 + ((hi >> _U8) & _UFF))]
+             ^ t[np.uintp(256 + ((hi >> _U16) & _UFF))] ^ t[np.uintp(hi >> _U24)])
+        i += 8
+    while i < end:
+        c = t[np.uintp((c ^ np.uint32(buf[i])) & _UFF)] ^ (c >> _U8)
+        i += 1
+    return np.int64(c ^ np.uint32(0xFFFFFFFF))
+
+
+# ------------------------------------------------------- Java String.hashCode
+@njit(**_JIT)
+def java_hash_utf8(buf, start, n):
+    """Java ``String.hashCode`` of the UTF-8 bytes buf[start:start+n], computed
+    over UTF-16 code units; malformed bytes count as U+FFFD. Signed int32."""
+    h = np.int64(0)
+    i = start
+    end = start + n
+    while i < end:
+        b0 = np.int64(buf[i])
+        cp = np.int64(0xFFFD)
+        step = 1
+        if b0 < 0x80:
+            cp = b0
+        elif (b0 >> 5) == 0x6 and i + 1 < end and (buf[i + 1] & 0xC0) == 0x80:
+            cp = ((b0 & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)
+            step = 2
+        elif ((b0 >> 4) == 0xE and i + 2 < end and (buf[i + 1] & 0xC0) == 0x80
+              and (buf[i + 2] & 0xC0) == 0x80):
+            cp = (((b0 & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
+                  | (np.int64(buf[i + 2]) & 0x3F))
+            step = 3
+        elif ((b0 >> 3) == 0x1E and i + 3 < end and (buf[i + 1] & 0xC0) == 0x80
+              and (buf[i + 2] & 0xC0) == 0x80 and (buf[i + 3] & 0xC0) == 0x80):
+            cp = (((b0 & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
+                  | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F))
+            step = 4
+        if cp >= 0x10000:
+            c = cp - 0x10000
+            h = (31 * h + (0xD800 + (c >> 10))) & 0xFFFFFFFF
+            h = (31 * h + (0xDC00 + (c & 0x3FF))) & 0xFFFFFFFF
+        else:
+            h = (31 * h + cp) & 0xFFFFFFFF
+        i += step
+    return h - 4294967296 if h >= 2147483648 else h
+
+
+@njit(**_JIT)
+def find_property(buf, start, n, key):
+    """Value (start, length) of property ``key`` in a properties string
+    buf[start:start+n], as Java's string2messageProperties would give it (the
+    last duplicate wins); (-1, 0) when absent."""
+    klen = key.shape[0]
+    found_at = np.int64(-1)
+    found_len = np.int64(0)
+    i = start
+    end = start + n
+    while i < end:
+        j = i
+        sep = np.int64(-1)
+        while j < end and buf[j] != 2:
+            if buf[j] == 1 and sep < 0:
+                sep = j
+            j += 1
+        if j - i >= 3 and sep - i == klen:
+            same = True
+            for k in range(klen):
+                if buf[i + k] != key[k]:
+                    same = False
+                    break
+            if same:
+                found_at = sep + 1
+                found_len = j - sep - 1
+        i = j + 1
+    return found_at, found_len
+
+
+# --------------------------------------------------------------- batch encode
+# Columns of the per-message ``meta`` matrix (int64) given to encode_batch.
+M_QUEUE_ID = 0
+M_FLAG = 1
+M_SYSFLAG = 2
+M_BORN_TS = 3
+M_BORN_HOST = 4      # row of ``hosts`` (rows of 20 bytes: ip + int32 port)
+M_RECONSUME = 5
+M_PREPARED = 6
+M_BODY_OFF = 7
+M_BODY_LEN = 8
+M_PROPS_OFF = 9
+M_PROPS_LEN = 10
+M_TAGS_CODE = 11     # not encoded: carried to the ConsumeQueue unit
+N_META = 12
+
+
+@njit(**_JIT)
+def encode_batch(out, meta, bodies, props, topic, hosts, store_host, store_ts, t, rec_pos):
+    """Encode records back to back into ``out``; QUEUEOFFSET and PHYSICALOFFSET
+    are left 0 (stamp_batch sets them under the append lock). Returns the bytes
+    written, or -1 if ``out`` is too small."""
+    n = meta.shape[0]
+    tlen = topic.shape[0]
+    p = np.int64(0)
+    for i in range(n):
+        sysflag = meta[i, M_SYSFLAG]
+        bh = 20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8
+        sh = 20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8
+        boff = meta[i, M_BODY_OFF]
+        blen = meta[i, M_BODY_LEN]
+        poff = meta[i, M_PROPS_OFF]
+        plen = meta[i, M_PROPS_LEN]
+        size = L.RECORD_FIXED_BYTES + (bh - 8) + (sh - 8) + blen + tlen + plen
+        if p + size > out.shape[0]:
+            return -1
+        rec_pos[i] = p
+        st_i32(out, p, size)
+        st_i32(out, p + 4, L.MESSAGE_MAGIC_I32)
+        st_i32(out, p + 8, crc32(bodies, boff, boff + blen, t) & 0x7FFFFFFF)
+        st_i32(out, p + 12, meta[i, M_QUEUE_ID])
+        st_i32(out, p + 16, meta[i, M_FLAG])
+        st_i64(out, p + 20, 0)
+        st_i64(out, p + 28, 0)
+        st_i32(out, p + 36, sysflag)
+        st_i64(out, p + 40, meta[i, M_BORN_TS])
+        q = p + 48
+        row = meta[i, M_BORN_HOST]
+        for k in range(bh):
+            out[q + k] = hosts[row, k]
+        q += bh
+        st_i64(out, q, store_ts)
+        q += 8
+        for k in range(sh):
+            out[q + k] = store_host[k]
+        q += sh
+        st_i32(out, q, meta[i, M_RECONSUME])
+        st_i64(out, q + 4, meta[i, M_PREPARED])
+        st_i32(out, q + 12, blen)
+        q += 16
+        out[q:q + blen] = bodies[boff:boff + blen]
+        q += blen
+        out[q] = tlen
+        out[q + 1:q + 1 + tlen] = topic
+        q += 1 + tlen
+        st_i16(out, q, plen)
+        out[q + 2:q + 2 + plen] = props[poff:poff + plen]
+        p += size
+    return p
+
+
+@njit(**_JIT)
+def stamp_batch(buf, rec_pos, n, phy_base, slot_of, qnext, out_qoff):
+    """Stamp PHYSICALOFFSET (phy_base + position in ``buf``) and QUEUEOFFSET
+    (next offset of the record's queue, ``qnext[slot_of[i]]``, advanced in
+    place). Prepared and rollback transaction records get queue offset 0 and no
+    ConsumeQueue unit (out_qoff = -1), as in RocketMQ."""
+    for i in range(n):
+        p = rec_pos[i]
+        st_i64(buf, p + L.OFF_PHYSICALOFFSET, phy_base + p)
+        tt = ld_i32(buf, p + L.OFF_SYSFLAG) & L.SYSFLAG_TRANSACTION_MASK
+        if tt == L.SYSFLAG_TRANSACTION_PREPARED or tt == L.SYSFLAG_TRANSACTION_ROLLBACK:
+            st_i64(buf, p + L.OFF_QUEUEOFFSET, 0)
+            out_qoff[i] = -1
+        else:
+            s = slot_of[i]
+            q = qnext[s]
+            qnext[s] = q + 1
+            st_i64(buf, p + L.OFF_QUEUEOFFSET, q)
+            out_qoff[i] = q
+
+
+# ------------------------------------------------------- record scan/validate
+SCAN_END = 0        # zero TOTALSIZE or the limit reached: no more records
+SCAN_BLANK = 1      # end-of-segment blank record at ``pos``
+SCAN_CORRUPT = 2    # a bad record starts at ``pos``
+SCAN_FULL = 3       # ``out`` is full; call again from ``pos``
+SCAN_FOREIGN = 4    # a record of another format version (5.x MAGIC_V2) at ``pos``
+
+S_PHY = 0
+S_SIZE = 1
+S_QUEUE_ID = 2
+S_QUEUE_OFFSET = 3
+S_SYSFLAG = 4
+S_TAGS_CODE = 5
+S_TOPIC_POS = 6     # position in ``buf``
+S_TOPIC_LEN = 7
+S_TOPIC_HASH = 8    # 64-bit FNV-1a of the topic bytes, for grouping
+S_STORE_TS = 9
+S_PROPS_POS = 10
+S_PROPS_LEN = 11
+S_BODY_POS = 12
+S_BODY_LEN = 13
+N_SCAN = 14
+
+MESSAGE_MAGIC_V2_I32 = 0xDAA320AB - 4294967296
+
+
+@njit(**_JIT)
+def scan_records(buf, start, end, phy_base, check_crc, t, tags_key, out):
+    """Validate records of one segment ``buf`` from ``start`` up to ``end``
+    (both positions in ``buf``; ``phy_base`` is the segment's CommitLog offset)
+    and describe each in a row of ``out``. Returns (n, pos, status): ``pos`` is
+    where scanning stopped (the end of valid data unless status is SCAN_FULL).
+
+    A record is valid when: TOTALSIZE fits before ``end``; MAGIC is the 4.x
+    message magic; the field lengths add up to TOTALSIZE; the topic is 1..127
+    bytes; PHYSICALOFFSET equals its own position; and (if check_crc) BODYCRC
+    matches. A blank record is valid only if it runs exactly to the segment end.
+    """
+    seg_bytes = buf.shape[0]
+    cap = out.shape[0]
+    n = 0
+    pos = np.int64(start)
+    while True:
+        if pos + 8 > end:
+            return n, pos, SCAN_END
+        size = ld_i32(buf, pos)
+        if size == 0:
+            return n, pos, SCAN_END
+        magic = ld_i32(buf, pos + 4)
+        if magic == L.BLANK_MAGIC_I32:
+            if pos + size == seg_bytes:
+                return n, pos, SCAN_BLANK
+            return n, pos, SCAN_CORRUPT
+        if magic == MESSAGE_MAGIC_V2_I32:
+            return n, pos, SCAN_FOREIGN
+        if magic != L.MESSAGE_MAGIC_I32:
+            return n, pos, SCAN_CORRUPT
+        if size < L.RECORD_FIXED_BYTES + 1 or pos + size > end:
+            return n, pos, SCAN_CORRUPT
+        if n == cap:
+            return n, pos, SCAN_FULL
+        sysflag = ld_i32(buf, pos + L.OFF_SYSFLAG)
+        bh = 20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8
+        sh = 20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8
+        q = pos + 48 + bh
+        store_ts = ld_i64(buf, q)
+        q += 8 + sh + 12
+        blen = ld_i32(buf, q)
+        if blen < 0 or q + 4 + blen + 3 > pos + size:
+            return n, pos, SCAN_CORRUPT
+        body_pos = q + 4
+        q = body_pos + blen
+        tlen = np.int64(buf[q])
+        if tlen < 1 or tlen > L.TOPIC_BYTES_MAX or q + 1 + tlen + 2 > pos + size:
+            return n, pos, SCAN_CORRUPT
+        topic_pos = q + 1
+        q = topic_pos + tlen
+        plen = ld_i16(buf, q)
+        props_pos = q + 2
+        if plen < 0 or props_pos + plen != pos + size:
+            return n, pos, SCAN_CORRUPT
+        if ld_i64(buf, pos + L.OFF_PHYSICALOFFSET) != phy_base + pos:
+            return n, pos, SCAN_CORRUPT
+        if check_crc:
+            if (crc32(buf, body_pos, body_pos + blen, t) & 0x7FFFFFFF) != ld_i32(buf, pos + 8):
+                return n, pos, SCAN_CORRUPT
+        th = np.int64(-3750763034362895579)  # FNV-1a 64 offset basis
+        for k in range(tlen):
+            th = (th ^ np.int64(buf[topic_pos + k])) * np.int64(1099511628211)
+        vpos, vlen = find_property(buf, props_pos, plen, tags_key)
+        tags = java_hash_utf8(buf, vpos, vlen) if vpos >= 0 and vlen > 0 else 0
+        out[n, S_PHY] = phy_base + pos
+        out[n, S_SIZE] = size
+        out[n, S_QUEUE_ID] = ld_i32(buf, pos + L.OFF_QUEUEID)
+        out[n, S_QUEUE_OFFSET] = ld_i64(buf, pos + L.OFF_QUEUEOFFSET)
+        out[n, S_SYSFLAG] = sysflag
+        out[n, S_TAGS_CODE] = tags
+        out[n, S_TOPIC_POS] = topic_pos
+        out[n, S_TOPIC_LEN] = tlen
+        out[n, S_TOPIC_HASH] = th
+        out[n, S_STORE_TS] = store_ts
+        out[n, S_PROPS_POS] = props_pos
+        out[n, S_PROPS_LEN] = plen
+        out[n, S_BODY_POS] = body_pos
+        out[n, S_BODY_LEN] = blen
+        n += 1
+        pos += size
+
+
+# --------------------------------------------------------------- ConsumeQueue
+CQ_PAD_SIZE = 2147483647   # ConsumeQueue.fillPreBlank: size Integer.MAX_VALUE
+
+CQ_DONE = 0      # scanned every unit asked for
+CQ_FULL = 1      # stopped at a count or byte limit
+CQ_BAD = 2       # a unit that is not a valid position (never below the published max)
+
+
+@njit(**_JIT)
+def cq_put(cq, unit, phy, size, tags_code):
+    p = unit * 20
+    st_i64(cq, p, phy)
+    st_i32(cq, p + 8, size)
+    st_i64(cq, p + 12, tags_code)
+
+
+@njit(**_JIT)
+def cq_put_many(cq, first_unit, phys, sizes, codes, start, count):
+    for k in range(count):
+        cq_put(cq, first_unit + k, phys[start + k], sizes[start + k], codes[start + k])
+
+
+@njit(**_JIT)
+def cq_scan(cq, first_unit, count, codes, max_msgs, max_bytes, out_phy, out_size):
+    """Collect units first_unit .. first_unit+count-1 of one ConsumeQueue file
+    whose tags code is in the sorted array ``codes`` (empty = every message),
+    stopping before ``max_msgs`` matches or ``max_bytes`` (the first match is
+    always taken). Returns (found, scanned, status)."""
+    found = 0
+    total = np.int64(0)
+    nc = codes.shape[0]
+    for k in range(count):
+        p = (first_unit + k) * 20
+        phy = ld_i64(cq, p)
+        size = ld_i32(cq, p + 8)
+        if size == CQ_PAD_SIZE:
+            continue
+        if phy < 0 or size <= 0:
+            return found, k, CQ_BAD
+        if nc > 0:
+            tag = ld_i64(cq, p + 12)
+            lo = 0
+            hi = nc
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if codes[mid] < tag:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo == nc or codes[lo] != tag:
+                continue
+        if found >= max_msgs or (found > 0 and total + size > max_bytes):
+            return found, k, CQ_FULL
+        out_phy[found] = phy
+        out_size[found] = size
+        found += 1
+        total += size
+    return found, count, CQ_DONE
+
+
+@njit(**_JIT)
+def cq_valid_units(cq, first_unit, max_units, cl_end):
+    """Count the units from ``first_unit`` that are real positions ending at or
+    before ``cl_end``: recovery keeps these and drops the rest. Padding units
+    count as valid. Returns (count, phy end of the last real unit or -1)."""
+    last_end = np.int64(-1)
+    for k in range(max_units):
+        p = (first_unit + k) * 20
+        phy = ld_i64(cq, p)
+        size = ld_i32(cq, p + 8)
+        if size == CQ_PAD_SIZE and phy == 0:
+            continue
+        if phy < 0 or size <= 0 or phy + size > cl_end:
+            return k, last_end
+        last_end = phy + size
+    return max_units, last_end
+
+
+@njit(**_JIT)
+def min_phy_from(cq, first_unit, max_units, cl_min):
+    """First unit (relative to first_unit) pointing at or beyond ``cl_min``
+    (retention: units before it point into deleted segments); max_units when
+    none does."""
+    for k in range(max_units):
+        p = (first_unit + k) * 20
+        size = ld_i32(cq, p + 8)
+        if size == CQ_PAD_SIZE:
+            continue
+        if ld_i64(cq, p) >= cl_min:
+            return k
+    return max_units

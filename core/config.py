@@ -1,0 +1,134 @@
+"""Store configuration: one frozen dataclass, keyed by RocketMQ's own names.
+
+Field names are ``MessageStoreConfig``'s (``flushDiskType``,
+``fileReservedTime``, ``mappedFileSizeCommitLog`` …) so that a ``broker.conf``
+line maps onto a field unchanged; defaults are RocketMQ 4.9's. Settings that
+only shmq has say so in their comment. Units are in the RocketMQ name where
+RocketMQ puts them there; otherwise the comment gives them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from .layout import (CQ_UNIT_BYTES, CQ_UNITS_PER_FILE, END_FILE_MIN_BLANK_BYTES,
+                     HOST_V6_BYTES, HOST_V4_BYTES, PROPERTIES_BYTES_MAX, RECORD_FIXED_BYTES,
+                     TOPIC_BYTES_MAX)
+
+RECORD_BYTES_MAX_OVERHEAD = (RECORD_FIXED_BYTES + 2 * (HOST_V6_BYTES - HOST_V4_BYTES)
+                             + TOPIC_BYTES_MAX + PROPERTIES_BYTES_MAX + END_FILE_MIN_BLANK_BYTES)
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    storePathRootDir: str = os.path.join(os.path.expanduser("~"), "store")
+    # bytes per CommitLog segment file
+    mappedFileSizeCommitLog: int = 1 << 30
+    # bytes per ConsumeQueue file (300,000 units of 20 bytes)
+    mappedFileSizeConsumeQueue: int = CQ_UNITS_PER_FILE * CQ_UNIT_BYTES
+    flushDiskType: str = ASYNC_FLUSH
+    # ms between async flushes of the CommitLog
+    flushIntervalCommitLog: int = 500
+    # async flush waits for this many dirty 4 KiB pages ...
+    flushCommitLogLeastPages: int = 4
+    # ... unless this many ms passed since the last flush
+    flushCommitLogThoroughInterval: int = 10_000
+    # ms between ConsumeQueue flushes (and checkpoint writes)
+    flushIntervalConsumeQueue: int = 1000
+    # ms a SYNC_FLUSH send waits before FLUSH_DISK_TIMEOUT
+    syncFlushTimeout: int = 5000
+    # bytes: the largest message body accepted
+    maxMessageSize: int = 4 * 1024 * 1024
+    # hours a CommitLog segment is kept after its last write
+    fileReservedTime: int = 72
+    # hours of the day ("04" or "04;16") when expired files are deleted
+    deleteWhen: str = "04"
+    # percent of the disk above which expired files are deleted at any hour
+    diskMaxUsedSpaceRatio: int = 75
+    # percent of the disk above which the oldest files go even if not expired
+    # (RocketMQ's system property rocketmq.broker.diskSpaceCleanForciblyRatio)
+    diskSpaceCleanForciblyRatio: int = 85
+    # ms between retention checks
+    cleanResourceInterval: int = 10_000
+    # segments deleted per retention check at most (shmq's bound; RocketMQ
+    # spaces deletions by deleteCommitLogFilesInterval instead)
+    deleteFileBatchMax: int = 10
+    checkCRCOnRecover: bool = True
+    # shmq: (topic, queueId) slots in the shared control block
+    maxQueueSlots: int = 65536
+    # shmq: processes that can attach to the control block at once
+    maxProcessSlots: int = 64
+
+    def __post_init__(self):
+        errors = []
+        seg = self.mappedFileSizeCommitLog
+        if seg < 4096 or seg % 4096:
+            errors.append(f"mappedFileSizeCommitLog={seg}: must be a multiple of 4096")
+        cq = self.mappedFileSizeConsumeQueue
+        if cq < CQ_UNIT_BYTES or cq % CQ_UNIT_BYTES:
+            errors.append(f"mappedFileSizeConsumeQueue={cq}: must be a multiple of {CQ_UNIT_BYTES}")
+        if self.flushDiskType not in (ASYNC_FLUSH, SYNC_FLUSH):
+            errors.append(f"flushDiskType={self.flushDiskType!r}: must be ASYNC_FLUSH or SYNC_FLUSH")
+        # The largest record (body + 127-byte topic + 32767-byte properties +
+        # fixed fields + the end blank) must fit in one segment.
+        if self.maxMessageSize <= 0 or self.maxMessageSize + RECORD_BYTES_MAX_OVERHEAD > seg:
+            errors.append(f"maxMessageSize={self.maxMessageSize}: must be positive and, with "
+                          f"{RECORD_BYTES_MAX_OVERHEAD} bytes of record overhead, fit in "
+                          f"mappedFileSizeCommitLog={seg}")
+        for name in ("flushIntervalCommitLog", "flushIntervalConsumeQueue", "syncFlushTimeout",
+                     "cleanResourceInterval", "maxQueueSlots", "maxProcessSlots"):
+            if getattr(self, name) <= 0:
+                errors.append(f"{name}={getattr(self, name)}: must be positive")
+        if not 10 <= self.diskMaxUsedSpaceRatio <= 95:
+            errors.append(f"diskMaxUsedSpaceRatio={self.diskMaxUsedSpaceRatio}: must be 10..95")
+        try:
+            self.delete_hours()
+        except ValueError as e:
+            errors.append(str(e))
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    @property
+    def cq_units_per_file(self) -> int:
+        return self.mappedFileSizeConsumeQueue // CQ_UNIT_BYTES
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flushDiskType == SYNC_FLUSH
+
+    def delete_hours(self) -> frozenset[int]:
+        try:
+            hours = frozenset(int(h) for h in self.deleteWhen.split(";") if h.strip())
+        except ValueError:
+            hours = frozenset({-1})
+        if not hours or any(not 0 <= h <= 23 for h in hours):
+            raise ValueError(f"deleteWhen={self.deleteWhen!r}: must be hours 00..23 separated by ';'")
+        return hours
+
+    @classmethod
+    def from_strings(cls, values: dict[str, str], **overrides) -> "StoreConfig":
+        """Build from ``broker.conf``-style strings; keys that are not store
+        settings are ignored (the broker's own config takes them)."""
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                kwargs[f.name] = _convert(f.name, f.type, values[f.name])
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+def _convert(name: str, type_name, raw: str):
+    raw = raw.strip()
+    if type_name in ("int", int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r}: not an integer") from None
+    if type_name in ("bool", bool):
+        if raw.lower() not in ("true", "false"):
+            raise ValueError(f"{name}={raw!r}: must be true or false")
+        return raw.lower() == "true"
+    return raw

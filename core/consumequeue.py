@@ -1,0 +1,208 @@
+"""ConsumeQueues: per (topic, queueId) arrays of 20-byte units in fixed files.
+
+``<root>/consumequeue/<topic>/<queueId>/<20-digit byte offset>``, each file
+``units_per_file`` × 20 bytes (6,000,000 by default); unit n of a queue lives
+in file ``n // units_per_file`` at byte ``(n % units_per_file) * 20``. Layout in
+``layout.CQ_UNIT_DTYPE``.
+
+A ConsumeQueue is derived data: recovery checks it against the CommitLog and
+rebuilds it. Units are written through the shared mapping (20-byte stores, no
+system call); which units are published is decided by the queue table in
+``StoreState``, never by this class. ``queue_offset`` always means a unit index,
+``phy_offset`` a CommitLog byte position.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import _kernels as K
+from .files import FileLayer, Handle
+from .layout import CQ_UNIT_BYTES, offset_to_file_name
+
+# A tag filter that matches everything ("*").
+ALL_TAGS = np.zeros(0, dtype=np.int64)
+
+
+class ConsumeQueues:
+    def __init__(self, files: FileLayer, root: str, units_per_file: int):
+        self.files = files
+        self.dir = os.path.join(root, "consumequeue")
+        self.units_per_file = units_per_file
+        self.file_bytes = units_per_file * CQ_UNIT_BYTES
+        self._open: dict[tuple[str, int, int], Handle] = {}
+        files.makedirs(self.dir)
+
+    # ---------------------------------------------------------------- files
+    def queue_dir(self, topic: str, queue_id: int) -> str:
+        return os.path.join(self.dir, topic, str(queue_id))
+
+    def file_path(self, topic: str, queue_id: int, file_index: int) -> str:
+        return os.path.join(self.queue_dir(topic, queue_id),
+                            offset_to_file_name(file_index * self.file_bytes))
+
+    def list_files(self, topic: str, queue_id: int) -> list[int]:
+        """File indexes of a queue on disk, ascending."""
+        out = []
+        for name in self.files.listdir(self.queue_dir(topic, queue_id)):
+            if len(name) == 20 and name.isdigit() and int(name) % self.file_bytes == 0:
+                out.append(int(name) // self.file_bytes)
+        return sorted(out)
+
+    def list_queues(self) -> list[tuple[str, int]]:
+        out = []
+        for topic in self.files.listdir(self.dir):
+            for qid in self.files.listdir(os.path.join(self.dir, topic)):
+                if qid.isdigit():
+                    out.append((topic, int(qid)))
+        return out
+
+    def mapped(self, topic: str, queue_id: int, file_index: int, create: bool) -> np.ndarray | None:
+        key = (topic, queue_id, file_index)
+        h = self._open.get(key)
+        if h is None:
+            path = self.file_path(topic, queue_id, file_index)
+            if not self.files.exists(path):
+                if not create:
+                    return None
+                self.files.makedirs(os.path.dirname(path))
+                self.files.create_preallocated(path, self.file_bytes)
+            h = self.files.open(path)
+            if h.size != self.file_bytes:
+                self.files.close(h)
+                raise ValueError(f"{path}: {h.size} bytes, expected {self.file_bytes} "
+                                 f"(mappedFileSizeConsumeQueue differs from the store's)")
+            self._open[key] = h
+        return self.files.map(h)
+
+    def close(self) -> None:
+        for h in self._open.values():
+            self.files.close(h)
+        self._open.clear()
+
+    def _forget(self, topic: str, queue_id: int, file_index: int) -> None:
+        h = self._open.pop((topic, queue_id, file_index), None)
+        if h is not None:
+            self.files.close(h)
+
+    # ----------------------------------------------------------------- units
+    def put(self, topic: str, queue_id: int, first_offset: int, phys: np.ndarray,
+            sizes: np.ndarray, codes: np.ndarray, start: int, count: int) -> None:
+        """Write ``count`` units from arrays[start:] at queue offsets
+        first_offset, first_offset+1, … (crossing file boundaries as needed)."""
+        upf = self.units_per_file
+        while count > 0:
+            fi, rel = divmod(first_offset, upf)
+            n = min(count, upf - rel)
+            cq = self.mapped(topic, queue_id, fi, create=True)
+            K.cq_put_many(cq, rel, phys, sizes, codes, start, n)
+            first_offset += n
+            start += n
+            count -= n
+
+    def unit(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int] | None:
+        fi, rel = divmod(offset, self.units_per_file)
+        cq = self.mapped(topic, queue_id, fi, create=False)
+        if cq is None:
+            return None
+        u = cq[rel * CQ_UNIT_BYTES:(rel + 1) * CQ_UNIT_BYTES].view(np.uint8)
+        rec = np.frombuffer(u.tobytes(), dtype=[("p", ">i8"), ("s", ">i4"), ("t", ">i8")])[0]
+        return int(rec["p"]), int(rec["s"]), int(rec["t"])
+
+    def scan(self, topic: str, queue_id: int, offset: int, units_max: int, codes: np.ndarray,
+             max_msgs: int, max_bytes: int, out_phy: np.ndarray, out_size: np.ndarray):
+        """Matching units from ``offset`` among at most ``units_max`` units,
+        within one file. Returns (found, scanned, status) or None if the file
+        is missing (deleted by retention)."""
+        fi, rel = divmod(offset, self.units_per_file)
+        cq = self.mapped(topic, queue_id, fi, create=False)
+        if cq is None:
+            return None
+        n = min(units_max, self.units_per_file - rel)
+        return K.cq_scan(cq, rel, n, codes, max_msgs, max_bytes, out_phy, out_size)
+
+    def flush(self, topic: str, queue_id: int, begin: int, end: int) -> None:
+        """Make units [begin, end) durable: one sync per file they touch."""
+        if end <= begin:
+            return
+        upf = self.units_per_file
+        for fi in range(begin // upf, (end - 1) // upf + 1):
+            h = self._open.get((topic, queue_id, fi))
+            if h is None:
+                if self.mapped(topic, queue_id, fi, create=False) is None:
+                    continue
+                h = self._open[(topic, queue_id, fi)]
+            self.files.sync(h)
+
+    # -------------------------------------------------------------- recovery
+    def recover_queue(self, topic: str, queue_id: int, cl_min: int, cl_end: int) -> tuple[int, int, int]:
+        """Find a queue's valid extent against a CommitLog holding [cl_min,
+        cl_end): units past the first invalid one or pointing at or past
+        ``cl_end`` are zeroed, whole files past it deleted. Returns (min_offset,
+        max_offset, units_dropped); both offsets 0 if the queue has no files."""
+        files = self.list_files(topic, queue_id)
+        if not files:
+            return 0, 0, 0
+        upf = self.units_per_file
+        max_offset = files[0] * upf
+        dropped = 0
+        end_found = False
+        for fi in files:
+            cq = self.mapped(topic, queue_id, fi, create=False)
+            if end_found or fi * upf != max_offset:
+                # past the end, or a hole in the file sequence: nothing here counts
+                dropped += int(np.count_nonzero(cq.reshape(-1, CQ_UNIT_BYTES).any(axis=1)))
+                self._forget(topic, queue_id, fi)
+                self.files.unlink(self.file_path(topic, queue_id, fi))
+                end_found = True
+                continue
+            valid, _ = K.cq_valid_units(cq, 0, upf, cl_end)
+            max_offset = fi * upf + valid
+            if valid < upf:
+                tail = cq[valid * CQ_UNIT_BYTES:]
+                nz = tail.reshape(-1, CQ_UNIT_BYTES).any(axis=1)
+                n_dirty = int(np.count_nonzero(nz))
+                if n_dirty:
+                    dropped += n_dirty
+                    last = valid + int(np.flatnonzero(nz)[-1]) + 1
+                    self.files.pwrite(self._open[(topic, queue_id, fi)],
+                                      bytes((last - valid) * CQ_UNIT_BYTES), valid * CQ_UNIT_BYTES)
+                end_found = True
+        min_offset = self.min_offset_from(topic, queue_id, files[0] * upf, max_offset, cl_min)
+        return min_offset, max_offset, dropped
+
+    def min_offset_from(self, topic: str, queue_id: int, begin: int, end: int, cl_min: int) -> int:
+        """First queue offset in [begin, end) whose unit points at or past
+        ``cl_min``; ``end`` if none does."""
+        upf = self.units_per_file
+        off = begin
+        while off < end:
+            fi, rel = divmod(off, upf)
+            cq = self.mapped(topic, queue_id, fi, create=False)
+            n = min(end - off, upf - rel)
+            if cq is None:
+                off += n
+                continue
+            k = K.min_phy_from(cq, rel, n, cl_min)
+            if k < n:
+                return off + k
+            off += n
+        return end
+
+    def delete_files_below(self, topic: str, queue_id: int, min_offset: int) -> int:
+        """Delete files whose every unit lies below ``min_offset``; returns how many."""
+        upf = self.units_per_file
+        n = 0
+        for fi in self.list_files(topic, queue_id):
+            if (fi + 1) * upf <= min_offset:
+                self._forget(topic, queue_id, fi)
+                self.files.unlink(self.file_path(topic, queue_id, fi))
+                n += 1
+        return n
+
+    def delete_queue(self, topic: str, queue_id: int) -> None:
+        for fi in self.list_files(topic, queue_id):
+            self._forget(topic, queue_id, fi)
+            self.files.unlink(self.file_path(topic, queue_id, fi))
+        self.files.rmdir(self.queue_dir(topic, queue_id))

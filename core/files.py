@@ -1,0 +1,316 @@
+"""The store's only door to the file system: real, or simulated for crash tests.
+
+``FileLayer`` is what the store calls; it never touches ``os`` directly. The
+real layer uses pwrite/fdatasync and MAP_SHARED mappings. ``SimFileLayer``
+keeps files in memory with a "durable" copy per file: ``sync`` copies the
+current bytes into it, and ``crash(seed)`` throws away, keeps or tears (at a
+512-byte sector boundary) every 4 KiB page that changed since its last sync —
+what a power loss does to the page cache. Mappings of simulated files are
+numpy arrays over the same bytearray, so writes through a mapping are
+"dirty pages" exactly like pwrites.
+
+Invariant of both layers: a segment file appears under its final name only
+when it is complete (created under a temporary name, then hard-linked; a
+second creator finds the name taken and uses the existing file).
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PAGE_BYTES = 4096
+SECTOR_BYTES = 512
+ZERO_FILL_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(eq=False)
+class Handle:
+    """An open file of the store. ``array`` is the shared mapping (numpy uint8),
+    made on first use of ``FileLayer.map``."""
+    path: str
+    size: int
+    fd: int = -1
+    writable: bool = True
+    array: np.ndarray | None = None
+    _mmap: mmap.mmap | None = field(default=None, repr=False)
+
+
+class FileLayer:
+    """Real files. Segment-sized files are preallocated by writing zeros (not
+    ``fallocate``): overwriting written blocks keeps fdatasync at one small
+    journal-free write, where unwritten extents need a conversion (DESIGN §5)."""
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return []
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def file_size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def mtime_ms(self, path: str) -> int:
+        return int(os.stat(path).st_mtime * 1000)
+
+    def disk_usage_ratio(self, path: str) -> float:
+        u = shutil.disk_usage(path)
+        return u.used / u.total if u.total else 0.0
+
+    def create_preallocated(self, path: str, size: int) -> bool:
+        """Create ``path`` as ``size`` zero bytes, atomically: only a complete
+        file ever has the final name. False if it already existed."""
+        if os.path.exists(path):
+            return False
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            zeros = bytes(min(ZERO_FILL_CHUNK_BYTES, size))
+            done = 0
+            while done < size:
+                done += os.pwrite(fd, zeros[:min(len(zeros), size - done)], done)
+            os.fdatasync(fd)
+            # The zeros need not stay in the page cache, and a cache filled by
+            # large writes would make later small syncs write whole folios.
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+            created = True
+        except FileExistsError:
+            created = False
+        os.unlink(tmp)
+        self.fsync_dir(os.path.dirname(path))
+        return created
+
+    def open(self, path: str, writable: bool = True) -> Handle:
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        return Handle(path=path, size=os.fstat(fd).st_size, fd=fd, writable=writable)
+
+    def map(self, h: Handle) -> np.ndarray:
+        if h.array is None:
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if h.writable else 0)
+            h._mmap = mmap.mmap(h.fd, h.size, mmap.MAP_SHARED, prot)
+            h.array = np.frombuffer(h._mmap, dtype=np.uint8)
+            if not h.writable:
+                h.array.flags.writeable = False
+        return h.array
+
+    def pwrite(self, h: Handle, data, offset: int) -> None:
+        assert 0 <= offset and offset + len(data) <= h.size, (offset, len(data), h.size)
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.pwrite(h.fd, view, offset)
+            view = view[n:]
+            offset += n
+
+    def sync(self, h: Handle) -> None:
+        """Make everything written to the file (by pwrite or a mapping) durable."""
+        os.fdatasync(h.fd)
+
+    def close(self, h: Handle) -> None:
+        h.array = None
+        if h._mmap is not None:
+            try:
+                h._mmap.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping dies with it
+            h._mmap = None
+        if h.fd >= 0:
+            os.close(h.fd)
+            h.fd = -1
+
+    def unlink(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def rmdir(self, path: str) -> None:
+        try:
+            os.rmdir(path)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+                raise
+
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_durable(self, path: str, data: bytes) -> None:
+        """Replace ``path`` atomically and durably (tmp, fsync, rename, fsync dir)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self.fsync_dir(os.path.dirname(path) or ".")
+
+    def touch(self, path: str) -> None:
+        with open(path, "ab"):
+            pass
+        self.fsync_dir(os.path.dirname(path) or ".")
+
+
+REAL_FILES = FileLayer()
+
+
+class _SimFile:
+    __slots__ = ("data", "durable", "linked")
+
+    def __init__(self, size: int):
+        self.data = bytearray(size)
+        self.durable = bytes(size)
+        self.linked = False  # directory entry durable
+
+
+class SimFileLayer(FileLayer):
+    """In-memory files that lose what was not synced when they ``crash``."""
+
+    def __init__(self):
+        self.files: dict[str, _SimFile] = {}
+        self.dirs: set[str] = set()
+        self.syncs = 0
+
+    def exists(self, path):
+        return path in self.files or path in self.dirs
+
+    def listdir(self, path):
+        pre = path.rstrip("/") + "/"
+        names = {p[len(pre):].split("/", 1)[0] for p in list(self.files) + list(self.dirs)
+                 if p.startswith(pre)}
+        return sorted(names)
+
+    def makedirs(self, path):
+        while path and path not in self.dirs and path != "/":
+            self.dirs.add(path)
+            path = os.path.dirname(path)
+
+    def file_size(self, path):
+        return len(self.files[path].data)
+
+    def mtime_ms(self, path):
+        return 0
+
+    def disk_usage_ratio(self, path):
+        return 0.0
+
+    def create_preallocated(self, path, size):
+        if path in self.files:
+            return False
+        self.makedirs(os.path.dirname(path))
+        f = _SimFile(size)
+        f.linked = True  # the real layer fsyncs the directory as it creates
+        self.files[path] = f
+        return True
+
+    def open(self, path, writable=True):
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return Handle(path=path, size=len(self.files[path].data), writable=writable)
+
+    def map(self, h):
+        if h.array is None:
+            h.array = np.frombuffer(self.files[h.path].data, dtype=np.uint8)
+        return h.array
+
+    def pwrite(self, h, data, offset):
+        mv = memoryview(data).cast("B")
+        f = self.files[h.path]
+        assert 0 <= offset and offset + len(mv) <= len(f.data)
+        f.data[offset:offset + len(mv)] = mv
+
+    def sync(self, h):
+        f = self.files[h.path]
+        f.durable = bytes(f.data)
+        self.syncs += 1
+
+    def close(self, h):
+        h.array = None
+
+    def unlink(self, path):
+        self.files.pop(path, None)
+
+    def fsync_dir(self, path):
+        pre = path.rstrip("/") + "/"
+        for p, f in self.files.items():
+            if p.startswith(pre) and "/" not in p[len(pre):]:
+                f.linked = True
+
+    def rmdir(self, path):
+        if not any(p.startswith(path.rstrip("/") + "/") for p in self.files):
+            self.dirs.discard(path)
+
+    def read_bytes(self, path):
+        f = self.files.get(path)
+        return bytes(f.data) if f is not None else None
+
+    def write_durable(self, path, data):
+        self.makedirs(os.path.dirname(path))
+        f = _SimFile(0)
+        f.data = bytearray(data)
+        f.durable = bytes(data)
+        f.linked = True
+        self.files[path] = f
+
+    def touch(self, path):
+        if path not in self.files:
+            self.write_durable(path, b"")
+
+    def crash(self, seed: int) -> dict:
+        """Power loss: each page changed since its last sync keeps its new
+        bytes, its old bytes, or a torn mix; files whose directory entry was
+        never made durable may vanish. Mappings held by callers become stale:
+        reopen everything after a crash. Returns counts for the test's log."""
+        rng = random.Random(seed)
+        kept = lost = torn = vanished = 0
+        for path in list(self.files):
+            f = self.files[path]
+            if not f.linked and rng.random() < 0.5:
+                del self.files[path]
+                vanished += 1
+                continue
+            new = bytearray(f.durable)
+            for p in range(0, len(f.data), PAGE_BYTES):
+                cur = f.data[p:p + PAGE_BYTES]
+                old = f.durable[p:p + PAGE_BYTES]
+                if cur == old:
+                    continue
+                r = rng.random()
+                if r < 1 / 3:
+                    new[p:p + PAGE_BYTES] = cur
+                    kept += 1
+                elif r < 2 / 3:
+                    lost += 1
+                else:
+                    cut = rng.randrange(1, PAGE_BYTES // SECTOR_BYTES) * SECTOR_BYTES
+                    new[p:p + cut] = cur[:cut]
+                    torn += 1
+            f.data = new
+            f.durable = bytes(new)
+            f.linked = True
+        return {"pages_kept": kept, "pages_lost": lost, "pages_torn": torn,
+                "files_vanished": vanished}

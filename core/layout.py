@@ -1,0 +1,144 @@
+"""Byte layouts of the store, drawn once (RocketMQ 4.x, big-endian throughout).
+
+This module owns the numbers: offsets, sizes, magic codes, flag bits. It does
+no I/O. The numba kernels (``_kernels``) and the pure-Python decoder below both
+read their positions from here, so there is one definition of the record.
+
+Stored-message record (IPv4 born and store hosts; each IPv6 host adds 12 bytes
+and shifts every later field)::
+
+    off  size  field
+      0     4  TOTALSIZE            int32, whole record incl. itself
+      4     4  MAGICCODE            int32, 0xDAA320A7
+      8     4  BODYCRC              int32, crc32(body) & 0x7FFFFFFF
+     12     4  QUEUEID              int32
+     16     4  FLAG                 int32, user flag
+     20     8  QUEUEOFFSET          int64, index in the ConsumeQueue
+     28     8  PHYSICALOFFSET       int64, CommitLog offset of this record
+     36     4  SYSFLAG              int32, MessageSysFlag bits
+     40     8  BORNTIMESTAMP        int64 ms
+     48   8|20 BORNHOST             ip(4|16) + int32 port
+     56     8  STORETIMESTAMP       int64 ms
+     64   8|20 STOREHOST            ip(4|16) + int32 port
+     72     4  RECONSUMETIMES       int32
+     76     8  PREPAREDTRANSACTIONOFFSET int64
+     84   4+n  BODYLENGTH + BODY
+         1+t  TOPICLENGTH (int8, topic <= 127 bytes) + TOPIC
+         2+p  PROPERTIESLENGTH (int16) + PROPERTIES
+
+The end of a segment is marked by a BLANK record: TOTALSIZE = bytes left in the
+segment, MAGICCODE = 0xCBD43194; the rest of the segment is left as is.
+
+ConsumeQueue unit, 20 bytes, numpy dtype ``CQ_UNIT_DTYPE``::
+
+    off size field
+      0   8  commitlog physical offset  int64
+      8   4  record size (TOTALSIZE)    int32
+     12   8  tags code                  int64 (Java String.hashCode of TAGS)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MESSAGE_MAGIC = 0xDAA320A7
+BLANK_MAGIC = 0xCBD43194
+MESSAGE_MAGIC_I32 = MESSAGE_MAGIC - (1 << 32)   # -626843481, as Java sees it
+BLANK_MAGIC_I32 = BLANK_MAGIC - (1 << 32)       # -875286124
+END_FILE_MIN_BLANK_BYTES = 8
+
+# Field offsets for the IPv4/IPv4 record.
+OFF_TOTALSIZE = 0
+OFF_MAGIC = 4
+OFF_BODYCRC = 8
+OFF_QUEUEID = 12
+OFF_FLAG = 16
+OFF_QUEUEOFFSET = 20
+OFF_PHYSICALOFFSET = 28
+OFF_SYSFLAG = 36
+OFF_BORNTIMESTAMP = 40
+OFF_BORNHOST = 48
+HOST_V4_BYTES = 8
+HOST_V6_BYTES = 20
+# Fixed bytes of a record with IPv4 hosts and empty body, topic, properties.
+RECORD_FIXED_BYTES = 91
+TOPIC_BYTES_MAX = 127
+PROPERTIES_BYTES_MAX = 32767
+
+# MessageSysFlag
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+SYSFLAG_TRANSACTION_MASK = 0xC
+SYSFLAG_TRANSACTION_NOT = 0x0
+SYSFLAG_TRANSACTION_PREPARED = 0x4
+SYSFLAG_TRANSACTION_COMMIT = 0x8
+SYSFLAG_TRANSACTION_ROLLBACK = 0xC
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+
+# Properties string separators (MessageDecoder).
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+
+# ConsumeQueue
+CQ_UNIT_BYTES = 20
+CQ_UNITS_PER_FILE = 300_000
+CQ_UNIT_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert CQ_UNIT_DTYPE.itemsize == CQ_UNIT_BYTES
+
+FILE_NAME_DIGITS = 20
+
+
+def offset_to_file_name(offset: int) -> str:
+    """RocketMQ's ``UtilAll.offset2FileName``: the start offset, 20 digits."""
+    assert offset >= 0
+    return f"{offset:020d}"
+
+
+def host_bytes(sysflag: int, v6_flag: int) -> int:
+    return HOST_V6_BYTES if sysflag & v6_flag else HOST_V4_BYTES
+
+
+def record_size(body_bytes: int, topic_bytes: int, properties_bytes: int,
+                sysflag: int = 0) -> int:
+    """``CommitLog.calMsgLength``: the TOTALSIZE of a record."""
+    extra = (host_bytes(sysflag, SYSFLAG_BORNHOST_V6) - HOST_V4_BYTES
+             + host_bytes(sysflag, SYSFLAG_STOREHOST_V6) - HOST_V4_BYTES)
+    return RECORD_FIXED_BYTES + extra + body_bytes + topic_bytes + properties_bytes
+
+
+def properties_to_string(props: dict[str, str]) -> str:
+    """Java's ``messageProperties2String`` (no trailing separator)."""
+    for k, v in props.items():
+        if any(c in k or c in str(v) for c in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)):
+            raise ValueError(f"property {k!r} contains a reserved separator \\u0001 or \\u0002")
+    return PROPERTY_SEPARATOR.join(f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in props.items())
+
+
+def string_to_properties(s: str) -> dict[str, str]:
+    """Java's ``string2messageProperties``: skips pieces shorter than 3 chars or
+    without a name/value separator, so both trailing-separator forms parse."""
+    out: dict[str, str] = {}
+    for item in s.split(PROPERTY_SEPARATOR):
+        if len(item) < 3:
+            continue
+        k, sep, v = item.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            out[k] = v
+    return out
+
+
+def java_string_hash(s: str) -> int:
+    """Java ``String.hashCode`` (UTF-16 code units, 32-bit wrap, signed)."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """The ConsumeQueue tags code: ``(long) tags.hashCode()``, 0 when untagged."""
+    return java_string_hash(tags) if tags else 0

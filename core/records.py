@@ -1,0 +1,282 @@
+"""Message records in and out: batch encoding (kernel-backed) and decoding.
+
+``encode`` turns a batch of messages for one topic into stored-message records
+(``layout``) in a private buffer, with CRCs, outside any lock; the store then
+stamps physical and queue offsets under the append lock and copies the bytes
+in. It validates everything a caller can get wrong and raises ``ValueError``
+naming the problem; the kernel never sees bad input.
+
+``decode`` reads one record back in plain Python (tools, tests, the
+inspector); the hot paths (recovery, reads, Spark) use the scan kernel.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _kernels as K
+from . import layout as L
+
+_TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)
+
+
+def host_row(host: tuple[str, int]) -> tuple[np.ndarray, bool]:
+    """A (ip, port) as the 20-byte host row the encoder copies from, and
+    whether it is IPv6."""
+    ip = ipaddress.ip_address(host[0])
+    port = int(host[1])
+    if not 0 <= port <= 0xFFFFFFFF:
+        raise ValueError(f"port {port} out of range")
+    row = np.zeros(20, dtype=np.uint8)
+    raw = ip.packed
+    row[:len(raw)] = np.frombuffer(raw, np.uint8)
+    row[len(raw):len(raw) + 4] = np.frombuffer(port.to_bytes(4, "big"), np.uint8)
+    return row, ip.version == 6
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """Records of one topic, encoded but not yet stamped with offsets."""
+    topic: str
+    buf: np.ndarray          # uint8, exactly nbytes long
+    rec_pos: np.ndarray      # int64, position of each record in buf
+    sizes: np.ndarray        # int64, TOTALSIZE of each record
+    queue_ids: np.ndarray    # int64
+    tags_codes: np.ndarray   # int64, for the ConsumeQueue units
+    store_timestamp: int
+    single_queue: bool       # every record goes to queue_ids[0]
+
+    @property
+    def count(self) -> int:
+        return int(self.rec_pos.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.buf.shape[0])
+
+
+def properties_bytes(props: dict[str, str] | None = None, *, tags: str | None = None,
+                     keys: str | list[str] | None = None) -> bytes:
+    """A RocketMQ properties string (UTF-8) from a dict plus tags and keys."""
+    d = dict(props or {})
+    if tags:
+        d[L.PROPERTY_TAGS] = tags
+    if keys:
+        d[L.PROPERTY_KEYS] = keys if isinstance(keys, str) else " ".join(keys)
+    return L.properties_to_string(d).encode()
+
+
+def _concat(items, n: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """bytes or list of bytes → (buffer, offsets, lengths)."""
+    if isinstance(items, (bytes, bytearray, memoryview)):
+        buf = np.frombuffer(bytes(items), np.uint8)
+        return buf, np.zeros(n, np.int64), np.full(n, buf.shape[0], np.int64)
+    if len(items) != n:
+        raise ValueError(f"{len(items)} {what} for {n} messages")
+    lens = np.fromiter(map(len, items), np.int64, n)
+    offs = np.zeros(n, np.int64)
+    np.cumsum(lens[:-1], out=offs[1:])
+    return np.frombuffer(b"".join(items), np.uint8), offs, lens
+
+
+def _column(value, n: int, what: str) -> np.ndarray | int:
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    a = np.asarray(value, dtype=np.int64)
+    if a.shape != (n,):
+        raise ValueError(f"{what}: {a.shape[0] if a.ndim else 'scalar'} values for {n} messages")
+    return a
+
+
+def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] = b"",
+           queue_ids=0, flag=0, sysflag=0, born_timestamp=None, reconsume_times=0,
+           prepared_offset=0, born_host: tuple[str, int] = ("127.0.0.1", 0),
+           store_host: tuple[str, int] = ("127.0.0.1", 10911), store_timestamp: int | None = None,
+           max_message_bytes: int = 4 * 1024 * 1024) -> EncodedBatch:
+    """Encode ``bodies`` for ``topic``. ``properties`` is one properties string
+    for all or one per message (it carries TAGS, KEYS …); per-message
+    integer settings take a scalar or a sequence."""
+    n = len(bodies)
+    if n == 0:
+        raise ValueError("empty batch")
+    tb = topic.encode()
+    if not 0 < len(tb) <= L.TOPIC_BYTES_MAX:
+        raise ValueError(f"topic {topic!r}: must be 1..{L.TOPIC_BYTES_MAX} bytes in UTF-8")
+    body_buf, body_off, body_len = _concat(bodies, n, "bodies")
+    if int(body_len.max()) > max_message_bytes:
+        raise ValueError(f"message body of {int(body_len.max())} bytes exceeds "
+                         f"maxMessageSize={max_message_bytes}")
+    props_buf, props_off, props_len = _concat(properties, n, "properties")
+    if int(props_len.max()) > L.PROPERTIES_BYTES_MAX:
+        raise ValueError(f"properties of {int(props_len.max())} bytes exceed "
+                         f"{L.PROPERTIES_BYTES_MAX}")
+    now = int(time.time() * 1000)
+    born_row, born_v6 = host_row(born_host)
+    store_row, store_v6 = host_row(store_host)
+    sys = _column(sysflag, n, "sysflag")
+    extra = (L.SYSFLAG_BORNHOST_V6 if born_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store_v6 else 0)
+    meta = np.empty((n, K.N_META), dtype=np.int64)
+    meta[:, K.M_QUEUE_ID] = qids = _column(queue_ids, n, "queue_ids")
+    meta[:, K.M_FLAG] = _column(flag, n, "flag")
+    meta[:, K.M_SYSFLAG] = (np.asarray(sys) & ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)) | extra
+    meta[:, K.M_BORN_TS] = _column(now if born_timestamp is None else born_timestamp, n, "born_timestamp")
+    meta[:, K.M_BORN_HOST] = 0
+    meta[:, K.M_RECONSUME] = _column(reconsume_times, n, "reconsume_times")
+    meta[:, K.M_PREPARED] = _column(prepared_offset, n, "prepared_offset")
+    meta[:, K.M_BODY_OFF] = body_off
+    meta[:, K.M_BODY_LEN] = body_len
+    meta[:, K.M_PROPS_OFF] = props_off
+    meta[:, K.M_PROPS_LEN] = props_len
+    if isinstance(qids, int):
+        single = True
+        if not 0 <= qids < 2**31:
+            raise ValueError(f"queue id {qids} out of range")
+    else:
+        single = bool((qids == qids[0]).all())
+        if qids.min() < 0 or qids.max() >= 2**31:
+            raise ValueError("queue id out of range")
+    sizes = (L.RECORD_FIXED_BYTES + len(tb) + body_len + props_len
+             + (12 if born_v6 else 0) + (12 if store_v6 else 0))
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+    rec_pos = np.empty(n, dtype=np.int64)
+    ts = now if store_timestamp is None else int(store_timestamp)
+    written = K.encode_batch(out, meta, body_buf, props_buf, np.frombuffer(tb, np.uint8),
+                             born_row.reshape(1, 20), store_row, ts, K.CRC_TABLES, rec_pos)
+    assert written == out.shape[0], (written, out.shape)
+    codes = tags_codes(props_buf, props_off, props_len)
+    return EncodedBatch(topic=topic, buf=out, rec_pos=rec_pos, sizes=sizes,
+                        queue_ids=meta[:, K.M_QUEUE_ID].copy(), tags_codes=codes,
+                        store_timestamp=ts, single_queue=single)
+
+
+def tags_codes(props_buf: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The ConsumeQueue tags code of each message, from its properties."""
+    if offs.shape[0] > 1 and (offs == offs[0]).all() and (lens == lens[0]).all():
+        return np.full(offs.shape[0], _tags_code_one(props_buf, int(offs[0]), int(lens[0])),
+                       np.int64)
+    return np.fromiter((_tags_code_one(props_buf, int(o), int(n)) for o, n in zip(offs, lens)),
+                       np.int64, offs.shape[0])
+
+
+def _tags_code_one(buf: np.ndarray, off: int, n: int) -> int:
+    vpos, vlen = K.find_property(buf, off, n, _TAGS_KEY)
+    return int(K.java_hash_utf8(buf, vpos, vlen)) if vpos >= 0 and vlen > 0 else 0
+
+
+# --------------------------------------------------------------------- decode
+@dataclass(frozen=True)
+class StoredMessage:
+    """Every field of a stored-message record."""
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    phy_offset: int
+    sysflag: int
+    born_timestamp: int
+    born_host: tuple[str, int]
+    store_timestamp: int
+    store_host: tuple[str, int]
+    reconsume_times: int
+    prepared_offset: int
+    body: bytes
+    topic: str
+    properties_raw: bytes
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return L.string_to_properties(self.properties_raw.decode("utf-8", "replace"))
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(L.PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(L.PROPERTY_KEYS, "").split(" ") if k]
+
+    def offset_msg_id(self) -> str:
+        """The broker's message id (reference §6.1): store host + phy offset, upper hex."""
+        ip = ipaddress.ip_address(self.store_host[0]).packed
+        return (ip + self.store_host[1].to_bytes(4, "big")
+                + self.phy_offset.to_bytes(8, "big", signed=True)).hex().upper()
+
+
+class CorruptRecord(ValueError):
+    """Bytes at a position are not a valid stored-message record."""
+
+
+def _host(b: bytes, pos: int, v6: bool) -> tuple[tuple[str, int], int]:
+    n = 16 if v6 else 4
+    ip = socket.inet_ntop(socket.AF_INET6 if v6 else socket.AF_INET, b[pos:pos + n])
+    return (ip, int.from_bytes(b[pos + n:pos + n + 4], "big", signed=True)), pos + n + 4
+
+
+def decode(data, pos: int = 0, check_crc: bool = True) -> StoredMessage:
+    """Decode the record at ``pos`` of ``data`` (bytes or uint8 array)."""
+    b = bytes(data[pos:pos + 4])
+    if len(b) < 4:
+        raise CorruptRecord(f"no record at {pos}: buffer ends")
+    size = int.from_bytes(b, "big", signed=True)
+    if size < L.RECORD_FIXED_BYTES + 1:
+        raise CorruptRecord(f"record at {pos}: TOTALSIZE {size} is too small")
+    r = bytes(data[pos:pos + size])
+    if len(r) != size:
+        raise CorruptRecord(f"record at {pos}: TOTALSIZE {size} runs past the buffer")
+
+    def i32(o):
+        return int.from_bytes(r[o:o + 4], "big", signed=True)
+
+    def i64(o):
+        return int.from_bytes(r[o:o + 8], "big", signed=True)
+
+    magic = i32(4)
+    if magic != L.MESSAGE_MAGIC_I32:
+        raise CorruptRecord(f"record at {pos}: magic {magic & 0xFFFFFFFF:#x} is not {L.MESSAGE_MAGIC:#x}")
+    sysflag = i32(36)
+    born_host, q = _host(r, 48, bool(sysflag & L.SYSFLAG_BORNHOST_V6))
+    store_ts = i64(q)
+    store_host, q = _host(r, q + 8, bool(sysflag & L.SYSFLAG_STOREHOST_V6))
+    reconsume, prepared, blen = i32(q), i64(q + 4), i32(q + 12)
+    q += 16
+    body = r[q:q + blen]
+    q += blen
+    if blen < 0 or q >= size:
+        raise CorruptRecord(f"record at {pos}: body length {blen} does not fit")
+    tlen = r[q]
+    topic = r[q + 1:q + 1 + tlen].decode("utf-8", "replace")
+    q += 1 + tlen
+    plen = int.from_bytes(r[q:q + 2], "big", signed=True)
+    props = r[q + 2:q + 2 + plen]
+    if q + 2 + plen != size or tlen == 0:
+        raise CorruptRecord(f"record at {pos}: field lengths do not add up to TOTALSIZE {size}")
+    crc = i32(8)
+    if check_crc and crc != (zlib.crc32(body) & 0x7FFFFFFF):
+        raise CorruptRecord(f"record at {pos}: body CRC mismatch")
+    return StoredMessage(size, magic, crc, i32(12), i32(16), i64(20), i64(28), sysflag, i64(40),
+                         born_host, store_ts, store_host, reconsume, prepared, body, topic, props)
+
+
+def warm_up() -> None:
+    """Run every kernel once on tiny inputs so that no request pays for
+    loading (or, on a cold cache, compiling) machine code."""
+    batch = encode("warmup", [b"x"], properties=properties_bytes(tags="t"))
+    K.stamp_batch(batch.buf, batch.rec_pos, 1, 0, np.zeros(1, np.int32), np.zeros(1, np.int64),
+                  np.zeros(1, np.int64))
+    out = np.zeros((4, K.N_SCAN), np.int64)
+    K.scan_records(batch.buf, 0, batch.nbytes, 0, True, K.CRC_TABLES, _TAGS_KEY, out)
+    cq = np.zeros(40, np.uint8)
+    K.cq_put_many(cq, 0, np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int64), 0, 1)
+    o = np.zeros(2, np.int64)
+    K.cq_scan(cq, 0, 1, np.zeros(0, np.int64), 1, 1 << 20, o, o)
+    K.cq_scan(cq, 0, 1, np.zeros(1, np.int64), 1, 1 << 20, o, o)
+    K.cq_valid_units(cq, 0, 2, 1 << 20)
+    K.min_phy_from(cq, 0, 2, 0)
+
