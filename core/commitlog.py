@@ -81,6 +81,9 @@ class CommitLog:
     def map(self, start: int) -> np.ndarray:
         return self.files.map(self.handle(start))
 
+    def open_segments(self) -> list[int]:
+        return list(self._open)
+
     def close_segment(self, start: int) -> None:
         h = self._open.pop(start, None)
         if h is not None:

@@ -67,21 +67,26 @@ class ConsumeQueues:
                 if not create:
                     return None
                 self.files.makedirs(os.path.dirname(path))
-                self.files.create_preallocated(path, self.file_bytes)
+                self.files.create_preallocated(path, self.file_bytes, sparse=True)
             h = self.files.open(path)
             if h.size != self.file_bytes:
                 self.files.close(h)
                 raise ValueError(f"{path}: {h.size} bytes, expected {self.file_bytes} "
                                  f"(mappedFileSizeConsumeQueue differs from the store's)")
+            self.files.map_only(h)
             self._open[key] = h
-        return self.files.map(h)
+        return h.array
 
     def close(self) -> None:
         for h in self._open.values():
             self.files.close(h)
         self._open.clear()
 
-    def _forget(self, topic: str, queue_id: int, file_index: int) -> None:
+    def open_files(self) -> list[tuple[str, int, int]]:
+        return list(self._open)
+
+    def forget(self, topic: str, queue_id: int, file_index: int) -> None:
+        """Close this process's handle on one file (it stays on disk)."""
         h = self._open.pop((topic, queue_id, file_index), None)
         if h is not None:
             self.files.close(h)
@@ -135,6 +140,14 @@ class ConsumeQueues:
                 h = self._open[(topic, queue_id, fi)]
             self.files.sync(h)
 
+    def sync_dirs(self, topic: str, queue_id: int, new_queue: bool) -> None:
+        """Make the names of a queue's new files durable (and of the queue's
+        directories, for a new queue)."""
+        self.files.fsync_dir(self.queue_dir(topic, queue_id))
+        if new_queue:
+            self.files.fsync_dir(os.path.join(self.dir, topic))
+            self.files.fsync_dir(self.dir)
+
     # -------------------------------------------------------------- recovery
     def recover_queue(self, topic: str, queue_id: int, cl_min: int, cl_end: int) -> tuple[int, int, int]:
         """Find a queue's valid extent against a CommitLog holding [cl_min,
@@ -153,7 +166,7 @@ class ConsumeQueues:
             if end_found or fi * upf != max_offset:
                 # past the end, or a hole in the file sequence: nothing here counts
                 dropped += int(np.count_nonzero(cq.reshape(-1, CQ_UNIT_BYTES).any(axis=1)))
-                self._forget(topic, queue_id, fi)
+                self.forget(topic, queue_id, fi)
                 self.files.unlink(self.file_path(topic, queue_id, fi))
                 end_found = True
                 continue
@@ -196,13 +209,13 @@ class ConsumeQueues:
         n = 0
         for fi in self.list_files(topic, queue_id):
             if (fi + 1) * upf <= min_offset:
-                self._forget(topic, queue_id, fi)
+                self.forget(topic, queue_id, fi)
                 self.files.unlink(self.file_path(topic, queue_id, fi))
                 n += 1
         return n
 
     def delete_queue(self, topic: str, queue_id: int) -> None:
         for fi in self.list_files(topic, queue_id):
-            self._forget(topic, queue_id, fi)
+            self.forget(topic, queue_id, fi)
             self.files.unlink(self.file_path(topic, queue_id, fi))
         self.files.rmdir(self.queue_dir(topic, queue_id))

@@ -15,14 +15,18 @@ second creator finds the name taken and uses the existing file).
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import random
 import shutil
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 PAGE_BYTES = 4096
 SECTOR_BYTES = 512
@@ -68,22 +72,28 @@ class FileLayer:
         u = shutil.disk_usage(path)
         return u.used / u.total if u.total else 0.0
 
-    def create_preallocated(self, path: str, size: int) -> bool:
+    def create_preallocated(self, path: str, size: int, sparse: bool = False) -> bool:
         """Create ``path`` as ``size`` zero bytes, atomically: only a complete
-        file ever has the final name. False if it already existed."""
+        file ever has the final name. False if it already existed.
+
+        Not sparse (CommitLog segments): zeros are written and made durable,
+        and so is the directory entry, so later small syncs overwrite
+        allocated blocks and never write out the preallocation. Sparse
+        (derived files, ConsumeQueues): just the size, no syncs — cheap
+        enough to do under the append lock; recovery rebuilds a lost one."""
         if os.path.exists(path):
             return False
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            zeros = bytes(min(ZERO_FILL_CHUNK_BYTES, size))
-            done = 0
-            while done < size:
-                done += os.pwrite(fd, zeros[:min(len(zeros), size - done)], done)
-            os.fdatasync(fd)
-            # The zeros need not stay in the page cache, and a cache filled by
-            # large writes would make later small syncs write whole folios.
-            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
+            if sparse:
+                os.ftruncate(fd, size)
+            else:
+                zeros = bytes(min(ZERO_FILL_CHUNK_BYTES, size))
+                done = 0
+                while done < size:
+                    done += os.pwrite(fd, zeros[:min(len(zeros), size - done)], done)
+                os.fdatasync(fd)
         finally:
             os.close(fd)
         try:
@@ -92,7 +102,8 @@ class FileLayer:
         except FileExistsError:
             created = False
         os.unlink(tmp)
-        self.fsync_dir(os.path.dirname(path))
+        if not sparse:
+            self.fsync_dir(os.path.dirname(path))
         return created
 
     def open(self, path: str, writable: bool = True) -> Handle:
@@ -108,7 +119,19 @@ class FileLayer:
                 h.array.flags.writeable = False
         return h.array
 
+    def map_only(self, h: Handle) -> np.ndarray:
+        """Map the file and close its descriptor: the mapping stays valid and
+        ``sync`` uses msync. For the thousands of small ConsumeQueue files,
+        which would otherwise exhaust the open-file limit."""
+        arr = self.map(h)
+        os.close(h.fd)
+        h.fd = -1
+        return arr
+
     def pwrite(self, h: Handle, data, offset: int) -> None:
+        if h.fd < 0:
+            self.map(h)[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+            return
         assert 0 <= offset and offset + len(data) <= h.size, (offset, len(data), h.size)
         view = memoryview(data).cast("B")
         while view:
@@ -118,7 +141,21 @@ class FileLayer:
 
     def sync(self, h: Handle) -> None:
         """Make everything written to the file (by pwrite or a mapping) durable."""
-        os.fdatasync(h.fd)
+        if h.fd >= 0:
+            os.fdatasync(h.fd)
+        else:
+            h._mmap.flush()  # msync(MS_SYNC) of the whole mapping
+
+    def sync_filesystem(self, path: str) -> None:
+        """syncfs(2): everything dirty on the file system holding ``path``, in
+        one call. Beats one sync per file once there are many small files."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if _libc.syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), path)
+        finally:
+            os.close(fd)
 
     def close(self, h: Handle) -> None:
         h.array = None
@@ -218,12 +255,12 @@ class SimFileLayer(FileLayer):
     def disk_usage_ratio(self, path):
         return 0.0
 
-    def create_preallocated(self, path, size):
+    def create_preallocated(self, path, size, sparse=False):
         if path in self.files:
             return False
         self.makedirs(os.path.dirname(path))
         f = _SimFile(size)
-        f.linked = True  # the real layer fsyncs the directory as it creates
+        f.linked = not sparse  # the real layer fsyncs the directory of non-sparse files
         self.files[path] = f
         return True
 
@@ -237,6 +274,9 @@ class SimFileLayer(FileLayer):
             h.array = np.frombuffer(self.files[h.path].data, dtype=np.uint8)
         return h.array
 
+    def map_only(self, h):
+        return self.map(h)
+
     def pwrite(self, h, data, offset):
         mv = memoryview(data).cast("B")
         f = self.files[h.path]
@@ -246,6 +286,12 @@ class SimFileLayer(FileLayer):
     def sync(self, h):
         f = self.files[h.path]
         f.durable = bytes(f.data)
+        self.syncs += 1
+
+    def sync_filesystem(self, path):
+        for f in self.files.values():
+            f.durable = bytes(f.data)
+            f.linked = True
         self.syncs += 1
 
     def close(self, h):

@@ -125,6 +125,9 @@ def recover(config: StoreConfig, files: FileLayer) -> Recovered:
         _truncate(cl, segs, end, rep)
         kept = _kept_extents(cqs, cl_min, scan_from)
         dispatched, gap = _dispatch(cqs, groups, kept, rep)
+        # Retention deletes ConsumeQueue files only after CommitLog segments:
+        # with the CommitLog whole from 0, a queue must start at offset 0.
+        gap = gap or (cl_min == 0 and any(first > 0 for first, _ in kept.values()))
         if gap and scan_from > segs[0]:
             rep.full_redispatch = True
             scan_from = segs[0]
@@ -213,10 +216,14 @@ def _truncate(cl: CommitLog, segs: list[int], end: int, rep: RecoveryReport) -> 
             cl.zero(end, end_seg + int(nz[-1]) + 1)
             cl.flush(end, end_seg + seg)
     for s in segs:
-        if s > end_seg:
-            rep.bytes_truncated += int(np.count_nonzero(cl.map(s)))
-            cl.delete_segment(s)
-            rep.segments_deleted.append(offset_to_file_name(s))
+        if s <= end_seg:
+            continue
+        nonzero = int(np.count_nonzero(cl.map(s)))
+        if s == end_seg + seg and nonzero == 0:
+            continue  # the preallocated next segment: still empty, keep it
+        rep.bytes_truncated += nonzero
+        cl.delete_segment(s)
+        rep.segments_deleted.append(offset_to_file_name(s))
 
 
 def _kept_extents(cqs: ConsumeQueues, cl_min: int, scan_from: int) -> dict[tuple[str, int], tuple[int, int]]:
@@ -296,13 +303,13 @@ def _finish_queues(cqs: ConsumeQueues, kept, dispatched, cl_min: int, end: int,
     """Zero units past each queue's end; compute min offsets; sync the files."""
     out = []
     upf = cqs.units_per_file
+    any_changed = False
     for key in sorted(set(kept) | set(dispatched)):
-        first, k = kept.get(key, (0, 0))
-        mx = dispatched.get(key, k)
-        if key not in kept:
-            first = 0
+        mx = dispatched.get(key, kept.get(key, (0, 0))[1])
+        files = cqs.list_files(*key)          # as re-dispatch left them
+        first = files[0] * upf if files else 0
         changed = key in dispatched
-        for fi in cqs.list_files(*key):
+        for fi in files:
             cq = cqs.mapped(key[0], key[1], fi, create=False).reshape(-1, CQ_UNIT_BYTES)
             lo = max(0, mx - fi * upf)
             if lo >= upf:
@@ -313,9 +320,9 @@ def _finish_queues(cqs: ConsumeQueues, kept, dispatched, cl_min: int, end: int,
                 cq[lo:lo + int(dirty[-1]) + 1] = 0
                 changed = True
         mn = cqs.min_offset_from(key[0], key[1], first, mx, cl_min) if mx > first else mx
-        if changed:
-            for fi in cqs.list_files(*key):
-                cqs.flush(key[0], key[1], fi * upf, (fi + 1) * upf)
+        any_changed |= changed
         out.append(QueueExtent(key[0], key[1], mn, mx))
+    if any_changed:
+        cqs.files.sync_filesystem(cqs.dir)
     return out
 

@@ -18,7 +18,7 @@ writer never invalidates a line another process polls)::
        4  confirm_pos           (replication)       reserved
        5  reserve_start, _end,  append (locked)     the append in flight: its bytes,
           _slot, _qnext                             queue slot and next queue offset
-       6  lock_owner_pid        append (locked)     pid holding the append lock
+       6  (unused)              the lock's holder is recorded by the lock itself
        7  config_epoch          admin               topics changed: reload
        8  cl_min_offset         retention           first CommitLog byte kept
        9  cq_flushed_pos        flusher             ConsumeQueues durable up to here
@@ -61,7 +61,7 @@ LINE = 64
 
 _HEADER_FIELDS = [
     "write_pos", "flushed_pos", "flush_request_pos", "confirm_pos", "reserve_start",
-    "lock_owner_pid", "config_epoch", "cl_min_offset", "cq_flushed_pos", "last_store_ts",
+    "unused_6", "config_epoch", "cl_min_offset", "cq_flushed_pos", "last_store_ts",
     "publish_seq", "flush_seq", "queue_slots_used", "state", "flushed_store_ts",
 ]
 _names = ["magic", "version", "queue_slots", "segment_bytes", "creator_pid", "created_ms"]
@@ -130,7 +130,6 @@ class StoreState:
         self.queue_cq_flushed = self.queues["cq_flushed"]
         self.queue_last_store_ts = self.queues["last_store_ts"]
         self._slot_cache: dict[tuple[str, int], int] = {}
-        self._pid = os.getpid()
 
     # ------------------------------------------------------------- creation
     @classmethod
@@ -170,14 +169,13 @@ class StoreState:
     # ---------------------------------------------------------------- lock
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the append lock; ``lock_owner_pid`` names the holder so a dead
-        holder can be found and its half-written reservation undone."""
+        """Hold the append lock. A cross-process lock records its holder, so
+        that a holder's death is found and its reservation undone
+        (``MessageStore.repair_after_death``)."""
         self.lock_impl.acquire()
-        self._v["lock_owner_pid"][0] = self._pid
         try:
             yield
         finally:
-            self._v["lock_owner_pid"][0] = 0
             self.lock_impl.release()
 
     # ---------------------------------------------------------- queue table

@@ -1,0 +1,177 @@
+"""One store, many processes: the owner that opens it, and attaching to it.
+
+``StoreOwner`` is the process that owns a store directory (the broker's boss):
+
+    open   take <store>/lock, recover (log the report), create the control
+           block, fill the StoreState from the recovery, create ``abort``,
+           spawn the flusher
+    supervise (call often)
+           for each registered process that died: if it held the append lock,
+           repair its half-done append (roll back or forward) and release the
+           lock; free its slot; restart the flusher if it was the flusher
+    close  stop the flusher (it flushes and checkpoints), flush again,
+           remove ``abort``, unlink the control block, release the lock
+
+``attach`` is what every other process (worker, flusher, a test's writer)
+calls: it maps the control block and returns a ``MessageStore`` whose
+appends wake parked readers and, under SYNC_FLUSH, the flusher.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+
+from shmq.core.checkpoint import abort_path
+from shmq.core.config import StoreConfig
+from shmq.core.files import REAL_FILES
+from shmq.core.records import warm_up
+from shmq.core.recovery import RecoveryReport, recover
+from shmq.core.state import StoreState, state_bytes
+from shmq.core.store import MessageStore, init_state
+from shmq.ipc.control import (FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
+                              WANT_FLUSH, WANT_PUBLISH, ControlBlock, StoreLockFile)
+
+log = logging.getLogger("shmq.store")
+
+_ROLES = {"flusher": ROLE_FLUSHER, "worker": ROLE_WORKER, "owner": ROLE_OWNER, "other": ROLE_OTHER}
+FLUSHER_STOP_TIMEOUT_S = 30
+
+
+def _store(config: StoreConfig, cb: ControlBlock) -> MessageStore:
+    state = StoreState(cb.region(), cb.lock, config.maxQueueSlots)
+    if not state.is_initialized():
+        raise RuntimeError(f"store {config.storePathRootDir}: shared state not initialised")
+    return MessageStore(config, state,
+                        on_published=lambda: cb.wake_flagged(WANT_PUBLISH),
+                        on_flush_request=lambda: cb.wake(FLUSHER_SLOT))
+
+
+def attach(config: StoreConfig, role: str = "worker") -> tuple[MessageStore, ControlBlock]:
+    """Attach this process to a running store. Loads the kernels first."""
+    warm_up()
+    cb = ControlBlock.attach(config.storePathRootDir)
+    try:
+        cb.register(_ROLES[role], slot=FLUSHER_SLOT if role == "flusher" else None)
+        return _store(config, cb), cb
+    except BaseException:
+        cb.close()
+        raise
+
+
+def wait_flushed(store: MessageStore, cb: ControlBlock, end: int) -> bool:
+    """Block a SYNC_FLUSH send until its bytes are durable; False on
+    syncFlushTimeout (the caller answers FLUSH_DISK_TIMEOUT)."""
+    if store.state.flushed_pos >= end:
+        return True
+    cb.set_flag(WANT_FLUSH, True)
+    try:
+        return store.wait_flushed(end, store.config.syncFlushTimeout, cb.wait)
+    finally:
+        cb.set_flag(WANT_FLUSH, False)
+
+
+class StoreOwner:
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.root = config.storePathRootDir
+        self.lockfile: StoreLockFile | None = None
+        self.cb: ControlBlock | None = None
+        self.store: MessageStore | None = None
+        self.flusher: multiprocessing.Process | None = None
+        self.report: RecoveryReport | None = None
+        self.repairs: list[str] = []
+        self._ctx = multiprocessing.get_context("spawn")
+
+    def open(self) -> RecoveryReport:
+        cfg = self.config
+        self.lockfile = StoreLockFile(self.root)
+        try:
+            warm_up()
+            rec = recover(cfg, REAL_FILES)
+            self.report = rec.report
+            log.info("%s", rec.report.summary())
+            self.cb = ControlBlock.create(self.root, state_bytes(cfg.maxQueueSlots),
+                                          cfg.maxProcessSlots)
+            state = StoreState(self.cb.region(), self.cb.lock, cfg.maxQueueSlots)
+            state.initialize(cfg.mappedFileSizeCommitLog)
+            self.cb.register(ROLE_OWNER)
+            init_state(state, rec)
+            self.store = _store(cfg, self.cb)
+            self.store.files.touch(abort_path(self.root))
+            self.start_flusher()
+        except BaseException:
+            self._release()
+            raise
+        return rec.report
+
+    def start_flusher(self) -> None:
+        from shmq.broker.flusher import flusher_main
+        p = self._ctx.Process(target=flusher_main, args=(self.config,), name="shmq-flusher",
+                              daemon=False)
+        p.start()
+        self.flusher = p
+
+    def supervise(self, restart_flusher: bool = True) -> list[str]:
+        """Handle every registered process that died; returns what was done."""
+        done = []
+        cb = self.cb
+        for slot, pid in cb.dead_processes():
+            if cb.died_holding_lock(slot, pid):
+                what = self.store.repair_after_death()
+                cb.release_dead_lock()
+                done.append(f"pid {pid} died holding the append lock: {what}")
+            cb.clear_slot(slot)
+            done.append(f"pid {pid} (slot {slot}) is gone")
+        if restart_flusher and self.flusher is not None and not self.flusher.is_alive():
+            self.flusher.join()
+            done.append(f"flusher pid {self.flusher.pid} exited ({self.flusher.exitcode}): restarted")
+            self.start_flusher()
+        for d in done:
+            log.warning("%s", d)
+        self.repairs.extend(done)
+        return done
+
+    def wait_flusher_ready(self, timeout_s: float = 60) -> None:
+        """Until the flusher has registered in its slot (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout_s
+        while int(self.cb.procs["pid"][FLUSHER_SLOT]) != self.flusher.pid:
+            if not self.flusher.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"flusher did not start (exit code {self.flusher.exitcode})")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        """Clean shutdown: everything flushed and checkpointed, abort removed."""
+        if self.flusher is not None and self.flusher.is_alive():
+            self.flusher.terminate()
+            self.flusher.join(FLUSHER_STOP_TIMEOUT_S)
+            if self.flusher.is_alive():
+                self.flusher.kill()
+                self.flusher.join()
+        if self.store is not None:
+            self.supervise(restart_flusher=False)
+            self.store.flush_commitlog()
+            self.store.flush_consume_queues()
+            self.store.write_checkpoint()
+            self.store.files.unlink(abort_path(self.root))
+        self._release()
+
+    def _release(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.cb is not None:
+            self.cb.unlink()
+            self.cb.close()
+            self.cb = None
+        if self.lockfile is not None:
+            self.lockfile.release()
+            self.lockfile = None
+
+    def __enter__(self) -> "StoreOwner":
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

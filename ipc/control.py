@@ -1,0 +1,331 @@
+"""The shared-memory control block: process table, append lock, store lock file.
+
+One POSIX shared-memory object per store, named from the store's real path
+(``/shmq-<sha1[:16]>``), so two stores on one host never collide. Layout::
+
+      0  ipc header (64 B, native int64): magic, version, proc_slots,
+         region_offset, region_bytes, owner_pid, owner_start, lock_owner_pid
+     64  proc_slots × 64-byte process slots (PROC_DTYPE):
+           0 pid | 8 start_ticks | 16 flags | 24 role | 32 heartbeat_ms
+     region_offset (4 KiB aligned): the caller's region (the store's
+         ``StoreState``; this module never interprets it)
+
+Slot 0 is the flusher's, so an appender wakes it without a lookup. A process
+writes only its own slot (the owner clears the slots of dead processes).
+
+The append lock is a POSIX named semaphore (``/shmq-<sha1[:16]>-lock``). A
+holder sets LOCKING in its slot before it waits and records its pid in
+``lock_owner_pid`` once it holds the lock, so the owner can tell, when a
+process dies, whether it died holding the lock: the pid is recorded, or the
+pid is 0, the semaphore is taken and the dead process was LOCKING (it died
+between acquiring and recording), checked again after a grace period in
+which a live holder would have recorded itself.
+
+Only the owner creates (and unlinks) the block; it holds ``<store>/lock``
+(flock) for its whole life, so a second owner on the same store is refused,
+and a block left by a dead owner is stale by definition and made anew.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import time
+
+import numpy as np
+import posix_ipc
+
+from .wakeup import Waiter, Waker
+
+MAGIC = 0x73686D716374726C  # "shmqctrl"
+VERSION = 1
+HEADER_BYTES = 64
+PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbeat_ms"],
+                       "formats": [np.int64] * 5, "offsets": [0, 8, 16, 24, 32], "itemsize": 64})
+_HDR = ["magic", "version", "proc_slots", "region_offset", "region_bytes", "owner_pid",
+        "owner_start", "lock_owner_pid"]
+
+# process slot flags
+WANT_PUBLISH = 1   # has parked pulls: wake me when messages are published
+WANT_FLUSH = 2     # has parked sync sends: wake me when flushed_pos moves
+LOCKING = 4        # waiting for or holding the append lock
+
+# roles
+ROLE_FLUSHER = 1
+ROLE_WORKER = 2
+ROLE_OWNER = 3
+ROLE_OTHER = 4
+FLUSHER_SLOT = 0
+
+LOCK_GRACE_S = 0.2
+
+
+class StoreInUse(RuntimeError):
+    """Another live process owns this store."""
+
+
+class NotRunning(RuntimeError):
+    """No live owner has this store open."""
+
+
+def names(store_dir: str) -> tuple[str, str, str]:
+    """(shared memory name, semaphore name, wake-up namespace) of a store."""
+    h = hashlib.sha1(os.path.realpath(store_dir).encode()).hexdigest()[:16]
+    return f"/shmq-{h}", f"/shmq-{h}-lock", f"shmq-{h}"
+
+
+def process_start_ticks(pid: int) -> int:
+    """Start time of ``pid`` in clock ticks since boot; -1 if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return -1
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):
+        return -1
+    return int(fields[19])
+
+
+def pid_alive(pid: int, start_ticks: int) -> bool:
+    """True if ``pid`` runs and is the process that had ``start_ticks`` (not a reuse)."""
+    return pid > 0 and process_start_ticks(pid) == start_ticks
+
+
+class StoreLockFile:
+    """``<store>/lock``: an flock held by the store's owner for its whole life."""
+
+    def __init__(self, store_dir: str):
+        os.makedirs(store_dir, exist_ok=True)
+        self.path = os.path.join(store_dir, "lock")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip()
+            os.close(self.fd)
+            raise StoreInUse(f"store {store_dir} is in use by another process "
+                             f"(pid {holder or 'unknown'} holds {self.path})") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SemaphoreLock:
+    """The cross-process append lock (``acquire``/``release``, as StoreState wants)."""
+
+    def __init__(self, cb: "ControlBlock"):
+        self.cb = cb
+        self.sem = cb.sem
+        self._pid = os.getpid()
+
+    def acquire(self) -> None:
+        cb = self.cb
+        if cb.slot >= 0:
+            cb.proc_flags[cb.slot] |= LOCKING
+        self.sem.acquire()
+        cb.hdr_lock_owner[0] = self._pid
+
+    def release(self) -> None:
+        cb = self.cb
+        cb.hdr_lock_owner[0] = 0
+        self.sem.release()
+        if cb.slot >= 0:
+            cb.proc_flags[cb.slot] &= ~LOCKING
+
+
+class ControlBlock:
+    def __init__(self, store_dir: str, shm: posix_ipc.SharedMemory, sem: posix_ipc.Semaphore):
+        self.store_dir = store_dir
+        self.shm_name, self.sem_name, self.namespace = names(store_dir)
+        self.mm = mmap.mmap(shm.fd, shm.size)
+        shm.close_fd()
+        self.sem = sem
+        self.header = np.ndarray((1,), np.dtype({"names": _HDR, "formats": [np.int64] * len(_HDR),
+                                                "offsets": [8 * i for i in range(len(_HDR))],
+                                                "itemsize": HEADER_BYTES}), self.mm, 0)
+        n = int(self.header["proc_slots"][0]) if int(self.header["magic"][0]) == MAGIC else 0
+        self.procs = np.ndarray((n,), PROC_DTYPE, self.mm, HEADER_BYTES)
+        self.proc_flags = self.procs["flags"]
+        self.hdr_lock_owner = self.header["lock_owner_pid"]
+        self.lock = SemaphoreLock(self)
+        self.slot = -1
+        self.waiter: Waiter | None = None
+        self.waker = Waker(self.namespace)
+
+    # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def create(cls, store_dir: str, region_bytes: int, proc_slots: int) -> "ControlBlock":
+        """Make a fresh block (owner only, holding the StoreLockFile): any
+        block of an earlier owner of this store is stale and is removed."""
+        shm_name, sem_name, _ = names(store_dir)
+        for unlink in (lambda: posix_ipc.unlink_shared_memory(shm_name),
+                       lambda: posix_ipc.unlink_semaphore(sem_name)):
+            try:
+                unlink()
+            except posix_ipc.ExistentialError:
+                pass
+        region_offset = -(-(HEADER_BYTES + proc_slots * PROC_DTYPE.itemsize) // 4096) * 4096
+        size = region_offset + region_bytes
+        shm = posix_ipc.SharedMemory(shm_name, posix_ipc.O_CREX, mode=0o600, size=size)
+        sem = posix_ipc.Semaphore(sem_name, posix_ipc.O_CREX, mode=0o600, initial_value=1)
+        cb = cls(store_dir, shm, sem)
+        h = cb.header[0]
+        h["version"] = VERSION
+        h["proc_slots"] = proc_slots
+        h["region_offset"] = region_offset
+        h["region_bytes"] = region_bytes
+        h["owner_pid"] = os.getpid()
+        h["owner_start"] = process_start_ticks(os.getpid())
+        cb.header["magic"] = MAGIC
+        cb.procs = np.ndarray((proc_slots,), PROC_DTYPE, cb.mm, HEADER_BYTES)
+        cb.proc_flags = cb.procs["flags"]
+        return cb
+
+    @classmethod
+    def attach(cls, store_dir: str) -> "ControlBlock":
+        """Open the block of a store whose owner is running."""
+        shm_name, sem_name, _ = names(store_dir)
+        try:
+            shm = posix_ipc.SharedMemory(shm_name)
+            sem = posix_ipc.Semaphore(sem_name)
+        except posix_ipc.ExistentialError:
+            raise NotRunning(f"store {store_dir} is not open (no broker owns it)") from None
+        cb = cls(store_dir, shm, sem)
+        h = cb.header[0]
+        if int(h["magic"]) != MAGIC or int(h["version"]) != VERSION:
+            cb.close()
+            raise NotRunning(f"store {store_dir}: control block {shm_name} is not initialised")
+        if not pid_alive(int(h["owner_pid"]), int(h["owner_start"])):
+            cb.close()
+            raise NotRunning(f"store {store_dir}: its owner (pid {int(h['owner_pid'])}) is gone; "
+                             f"the control block is stale")
+        return cb
+
+    def region(self) -> memoryview:
+        """The caller's region (the StoreState buffer)."""
+        off = int(self.header["region_offset"][0])
+        return memoryview(self.mm)[off:off + int(self.header["region_bytes"][0])]
+
+    def close(self) -> None:
+        self.unregister()
+        self.waker.close()
+        self.sem.close()
+        self.header = self.procs = self.proc_flags = self.hdr_lock_owner = None
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # views are still held; the mapping goes with the process
+
+    def unlink(self) -> None:
+        """Remove the names (owner, at shutdown); mappings stay valid until closed."""
+        for unlink in (lambda: posix_ipc.unlink_shared_memory(self.shm_name),
+                       lambda: posix_ipc.unlink_semaphore(self.sem_name)):
+            try:
+                unlink()
+            except posix_ipc.ExistentialError:
+                pass
+
+    # -------------------------------------------------------- process slots
+    def register(self, role: int, slot: int | None = None) -> int:
+        """Claim a process slot (``slot`` if given, else a free one) and bind
+        its wake-up socket. Claiming takes the append lock to exclude races."""
+        pid = os.getpid()
+        start = process_start_ticks(pid)
+        self.lock.acquire()
+        try:
+            if slot is None:
+                free = [i for i in range(1, self.procs.shape[0])
+                        if not pid_alive(int(self.procs["pid"][i]), int(self.procs["start_ticks"][i]))]
+                if not free:
+                    raise RuntimeError(f"all {self.procs.shape[0]} process slots are taken "
+                                       f"(maxProcessSlots)")
+                slot = free[0]
+            else:
+                p = self.procs[slot]
+                if int(p["pid"]) not in (0, pid) and pid_alive(int(p["pid"]), int(p["start_ticks"])):
+                    raise StoreInUse(f"process slot {slot} belongs to live pid {int(p['pid'])}")
+            p = self.procs[slot]
+            p["flags"] = 0
+            p["role"] = role
+            p["start_ticks"] = start
+            p["heartbeat_ms"] = int(time.time() * 1000)
+            p["pid"] = pid
+        finally:
+            self.lock.release()
+        self.slot = slot
+        self.waiter = Waiter(self.namespace, slot)
+        return slot
+
+    def unregister(self) -> None:
+        if self.slot >= 0 and self.procs is not None:
+            p = self.procs[self.slot]
+            p["flags"] = 0
+            p["pid"] = 0
+        self.slot = -1
+        if self.waiter is not None:
+            self.waiter.close()
+            self.waiter = None
+
+    def set_flag(self, flag: int, on: bool) -> None:
+        if on:
+            self.proc_flags[self.slot] |= flag
+        else:
+            self.proc_flags[self.slot] &= ~flag
+
+    def heartbeat(self) -> None:
+        self.procs["heartbeat_ms"][self.slot] = int(time.time() * 1000)
+
+    def wake(self, slot: int) -> None:
+        self.waker.wake(slot)
+
+    def wake_flagged(self, flag: int) -> None:
+        """Wake every process whose slot has ``flag``."""
+        for slot in np.flatnonzero(self.proc_flags & flag):
+            self.waker.wake(int(slot))
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.waiter.wait(timeout_s)
+
+    # ------------------------------------------------------------ the owner
+    def dead_processes(self) -> list[tuple[int, int]]:
+        """(slot, pid) of every registered process that no longer runs."""
+        out = []
+        for slot in np.flatnonzero(self.procs["pid"] != 0):
+            p = self.procs[slot]
+            if not pid_alive(int(p["pid"]), int(p["start_ticks"])):
+                out.append((int(slot), int(p["pid"])))
+        return out
+
+    def died_holding_lock(self, slot: int, pid: int) -> bool:
+        """Did the dead process in ``slot`` die holding the append lock?"""
+        owner = int(self.hdr_lock_owner[0])
+        if owner == pid:
+            return True
+        if owner != 0 or not self.proc_flags[slot] & LOCKING:
+            return False
+        # It was waiting for or holding the lock and nobody is recorded as
+        # holder: if the semaphore stays taken with no holder recorded for the
+        # grace period, the dead process took it and died before recording.
+        deadline = time.monotonic() + LOCK_GRACE_S
+        while time.monotonic() < deadline:
+            if self.sem.value > 0 or int(self.hdr_lock_owner[0]) != 0:
+                return False
+            time.sleep(0.01)
+        return self.sem.value == 0 and int(self.hdr_lock_owner[0]) == 0
+
+    def release_dead_lock(self) -> None:
+        """Release the lock a dead process held (after repairing its append)."""
+        self.hdr_lock_owner[0] = 0
+        self.sem.release()
+
+    def clear_slot(self, slot: int) -> None:
+        p = self.procs[slot]
+        p["flags"] = 0
+        p["pid"] = 0

@@ -1,0 +1,37 @@
+"""Shared fixtures: small stores (tiny segments so rolls happen) in temp dirs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shmq.core.config import StoreConfig
+from shmq.core.records import warm_up
+
+SMALL_SEGMENT = 64 * 1024
+SMALL_CQ_UNITS = 100
+
+
+def small_config(root: str, **kw) -> StoreConfig:
+    base = dict(storePathRootDir=root, mappedFileSizeCommitLog=SMALL_SEGMENT,
+                mappedFileSizeConsumeQueue=SMALL_CQ_UNITS * 20, maxMessageSize=8192,
+                maxQueueSlots=16384)
+    base.update(kw)
+    return StoreConfig(**base)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernels_loaded():
+    warm_up()
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    d = tmp_path / "store"
+    d.mkdir()
+    return str(d)
+
+
+def stress_rounds(default: int) -> int:
+    """How many rounds a stress test runs: SHMQ_STRESS_ROUNDS, or the bounded default."""
+    return int(os.environ.get("SHMQ_STRESS_ROUNDS", default))
