@@ -202,9 +202,10 @@ class ControlBlock:
         if int(h["magic"]) != MAGIC or int(h["version"]) != VERSION:
             cb.close()
             raise NotRunning(f"store {store_dir}: control block {shm_name} is not initialised")
-        if not pid_alive(int(h["owner_pid"]), int(h["owner_start"])):
+        owner = int(h["owner_pid"])
+        if not pid_alive(owner, int(h["owner_start"])):
             cb.close()
-            raise NotRunning(f"store {store_dir}: its owner (pid {int(h['owner_pid'])}) is gone; "
+            raise NotRunning(f"store {store_dir}: its owner (pid {owner}) is gone; "
                              f"the control block is stale")
         return cb
 
@@ -214,14 +215,14 @@ class ControlBlock:
         return memoryview(self.mm)[off:off + int(self.header["region_bytes"][0])]
 
     def close(self) -> None:
+        """Leave the block. The mapping is not unmapped here: numpy views of
+        it (a StoreState) may outlive this object, and a view of an unmapped
+        block is a crash; it is unmapped when the last view is collected."""
         self.unregister()
         self.waker.close()
         self.sem.close()
         self.header = self.procs = self.proc_flags = self.hdr_lock_owner = None
-        try:
-            self.mm.close()
-        except BufferError:
-            pass  # views are still held; the mapping goes with the process
+        self.mm = None
 
     def unlink(self) -> None:
         """Remove the names (owner, at shutdown); mappings stay valid until closed."""

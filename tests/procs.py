@@ -1,0 +1,132 @@
+"""Bodies of the processes that tests spawn (importable by name, so spawn works)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from shmq.broker.shared_store import attach, wait_flushed
+from shmq.core.records import encode, properties_bytes
+from shmq.ipc.control import LOCKING, WANT_PUBLISH, ControlBlock
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def append_then_die_mid_write(cfg, topic):
+    """Append normally once, then die after writing half of the second batch."""
+    store, cb = attach(cfg)
+    store.append(encode(topic, [b"kept"], properties=b""))
+    real_write = store.cl.write
+
+    def half_write(phy, data):
+        real_write(phy, data[:len(data) // 2])
+        die()
+
+    store.cl.write = half_write
+    store.append(encode(topic, [b"lost-" + b"x" * 3000], properties=b""))
+
+
+def append_then_die_after_publish(cfg, topic):
+    """Die right after publishing write_pos, before the queue offset."""
+    store, cb = attach(cfg)
+    st = store.state
+    real_set = st.set
+
+    def set_then_die(name, value):
+        real_set(name, value)
+        if name == "write_pos":
+            die()
+
+    st.set = set_then_die
+    store.append(encode(topic, [b"published"], properties=b""))
+
+
+def take_lock_then_die(cfg):
+    """Die holding the semaphore before recording itself as holder."""
+    store, cb = attach(cfg)
+    cb.set_flag(LOCKING, True)
+    cb.sem.acquire()
+    die()
+
+
+def wait_for_wakeup(store_dir, ready, result):
+    cb = ControlBlock.attach(store_dir)
+    cb.register(4)
+    cb.set_flag(WANT_PUBLISH, True)
+    ready.set()
+    t0 = time.monotonic()
+    woke = cb.wait(10)
+    result.put((woke, cb.slot, time.monotonic() - t0))
+    cb.close()
+
+
+def writer(cfg, writer_id, n, topics, sync, out):
+    """Append n single messages round-robin over topics' queue 0..1 and report
+    (topic, qid, queue offset, body) of each."""
+    store, cb = attach(cfg)
+    rows = []
+    for i in range(n):
+        topic = topics[i % len(topics)]
+        body = f"{writer_id}:{i}".encode()
+        r = store.append(encode(topic, [body], queue_ids=i % 2,
+                                properties=properties_bytes(tags=f"w{writer_id}")))
+        if sync:
+            assert wait_flushed(store, cb, r.end)
+        rows.append((topic, i % 2, r.queue_offset, body))
+    out.put(rows)
+    cb.close()
+
+
+# ------------------------------------------------------------- crash tests
+CRASH_TOPICS = ("CrashA", "CrashB")
+WRITER_APPENDS_MAX = 200_000
+WRITER_SECONDS_MAX = 120
+
+
+def crash_owner(cfg, ready, stop):
+    """Own the store; supervise (repair, restart the flusher) until stopped or killed."""
+    from shmq.broker.shared_store import StoreOwner
+    o = StoreOwner(cfg)
+    o.open()
+    pid_file = os.path.join(cfg.storePathRootDir, "flusher.pid")
+    last = None
+    ready.set()
+    while not stop.is_set():
+        o.supervise()
+        if o.flusher.pid != last:
+            last = o.flusher.pid
+            with open(pid_file + ".tmp", "w") as f:
+                f.write(str(last))
+            os.replace(pid_file + ".tmp", pid_file)
+        time.sleep(0.02)
+    o.close()
+
+
+def crash_writer(cfg, wid, ack_path, sync):
+    """Append small batches until killed; after each acknowledged batch append
+    "first last" (sequence numbers) to ack_path."""
+    import random
+
+    from shmq.ipc.control import NotRunning
+    rng = random.Random(wid)
+    deadline = time.monotonic() + WRITER_SECONDS_MAX
+    while True:
+        try:
+            store, cb = attach(cfg)
+            break
+        except NotRunning:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    seq = 0
+    while seq < WRITER_APPENDS_MAX and time.monotonic() < deadline:
+        n = rng.randint(1, 4)
+        bodies = [f"{wid}:{seq + i}:".encode() + b"p" * rng.randint(0, 600) for i in range(n)]
+        r = store.append(encode(CRASH_TOPICS[seq % 2], bodies, queue_ids=wid % 3,
+                                properties=properties_bytes(tags=f"w{wid}", keys=f"{wid}-{seq}")))
+        if not sync or wait_flushed(store, cb, r.end):
+            os.write(fd, f"{seq} {seq + n - 1}\n".encode())
+        seq += n

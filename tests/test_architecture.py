@@ -1,0 +1,48 @@
+"""The import direction of DESIGN §2: core and ipc import nothing of the
+other rooms; broker only core and ipc; client only ipc (and core)."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ALLOWED = {
+    "core": set(),
+    "ipc": set(),
+    "broker": {"core", "ipc"},
+    "client": {"ipc", "core"},
+}
+
+
+def imported_rooms(path: pathlib.Path) -> set[str]:
+    rooms = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "shmq" and len(parts) > 1:
+                rooms.add(parts[1])
+    return rooms
+
+
+def test_rooms_import_only_what_the_design_allows():
+    bad = []
+    for room, allowed in ALLOWED.items():
+        for path in (ROOT / room).rglob("*.py"):
+            extra = imported_rooms(path) - allowed - {room}
+            if extra:
+                bad.append(f"{path.relative_to(ROOT)} imports {sorted(extra)}")
+    assert not bad, bad
+
+
+def test_relative_imports_stay_inside_their_room():
+    for room in ALLOWED:
+        for path in (ROOT / room).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level > 1:
+                    raise AssertionError(f"{path.relative_to(ROOT)}: relative import leaves {room}/")

@@ -1,0 +1,144 @@
+"""Several real processes on one store: the control block, the append lock,
+repair of a holder that died, wake-ups."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+
+import procs
+from conftest import small_config
+from shmq.broker.shared_store import StoreOwner
+from shmq.core.records import encode
+from shmq.core.store import open_local
+from shmq.ipc.control import ControlBlock, NotRunning, StoreInUse, StoreLockFile, names
+
+CTX = multiprocessing.get_context("spawn")
+
+
+def run(target, *args):
+    p = CTX.Process(target=target, args=args)
+    p.start()
+    p.join(120)
+    assert p.exitcode is not None, "child hung"
+    return p.exitcode
+
+
+@pytest.fixture
+def owner(store_dir):
+    o = StoreOwner(small_config(store_dir))
+    o.open()
+    yield o
+    o.close()
+
+
+def test_each_store_path_has_its_own_names(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    os.symlink(a, tmp_path / "link")
+    assert names(str(a)) != names(str(b))
+    assert names(str(a)) == names(str(tmp_path / "link"))   # same store, same block
+
+
+def test_a_second_owner_is_refused(store_dir):
+    first = StoreLockFile(store_dir)
+    with pytest.raises(StoreInUse, match=f"pid {os.getpid()}"):
+        StoreLockFile(store_dir)
+    first.release()
+    StoreLockFile(store_dir).release()
+
+
+def test_attach_needs_a_live_owner(store_dir):
+    with pytest.raises(NotRunning, match="not open"):
+        ControlBlock.attach(store_dir)
+
+
+def test_a_block_left_by_a_dead_owner_is_stale_and_replaced(store_dir):
+    cfg = small_config(store_dir)
+    assert run(_owner_dies, cfg) == -9
+    with pytest.raises(NotRunning, match="stale"):
+        ControlBlock.attach(store_dir)
+    with StoreOwner(cfg) as o:   # recovers and makes a new block
+        assert o.report.mode == "abnormal"
+        assert o.store.read_queue("Stale", 0)[0].body == b"before death"
+        ControlBlock.attach(store_dir).close()
+
+
+def _owner_dies(cfg):
+    o = StoreOwner(cfg)
+    o.open()
+    o.store.append(encode("Stale", [b"before death"], properties=b""))
+    procs.die()
+
+
+def test_a_writer_killed_mid_write_is_rolled_back(owner):
+    assert run(procs.append_then_die_mid_write, owner.config, "Mid") == -9
+    st = owner.store.state
+    published = st.write_pos
+    done = owner.supervise()
+    assert any("died holding the append lock: rolled back" in d for d in done)
+    assert st.write_pos == published and owner.store.max_offset("Mid", 0) == 1
+    seg = owner.store.cl.map(0)
+    assert not seg[published:published + 4096].any()   # the half record is gone
+    r = owner.store.append(encode("Mid", [b"next"], properties=b""))   # the lock is free
+    assert (r.phy_offset, r.queue_offset) == (published, 1)
+    assert [m.body for m in owner.store.read_queue("Mid", 0)] == [b"kept", b"next"]
+
+
+def test_a_writer_killed_after_publishing_is_rolled_forward(owner):
+    assert run(procs.append_then_die_after_publish, owner.config, "Fwd") == -9
+    done = owner.supervise()
+    assert any("rolled forward" in d for d in done)
+    assert [m.body for m in owner.store.read_queue("Fwd", 0)] == [b"published"]
+    assert owner.store.append(encode("Fwd", [b"next"], properties=b"")).queue_offset == 1
+
+
+def test_a_process_that_died_between_acquiring_and_recording_releases_the_lock(owner):
+    assert run(procs.take_lock_then_die, owner.config) == -9
+    assert owner.cb.sem.value == 0
+    done = owner.supervise()
+    assert any("died holding the append lock: none" in d for d in done)
+    assert owner.cb.sem.value == 1
+
+
+def test_wakeups_reach_a_waiting_process(owner):
+    ready, result = CTX.Event(), CTX.Queue()
+    p = CTX.Process(target=procs.wait_for_wakeup, args=(owner.root, ready, result))
+    p.start()
+    assert ready.wait(60)
+    owner.store.append(encode("Wake", [b"x"], properties=b""))   # on_published wakes flagged
+    woke, slot, waited = result.get(timeout=30)
+    p.join(30)
+    assert woke and waited < 5
+
+
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_concurrent_writers_get_dense_unique_offsets(store_dir, flush):
+    cfg = small_config(store_dir, flushDiskType=flush)
+    n, writers = 300, 4
+    with StoreOwner(cfg) as o:
+        o.wait_flusher_ready()
+        out = CTX.Queue()
+        ps = [CTX.Process(target=procs.writer, args=(cfg, w, n, ["A", "B"], flush == "SYNC_FLUSH", out))
+              for w in range(writers)]
+        for p in ps:
+            p.start()
+        rows = [r for _ in ps for r in out.get(timeout=120)]
+        for p in ps:
+            p.join(30)
+        flushes = o.store.state.get("flush_seq")
+    store, report = open_local(cfg)
+    assert report.mode == "normal" and report.bytes_truncated == 0
+    for topic in "AB":
+        for qid in (0, 1):
+            msgs = store.read_queue(topic, qid)
+            assert [m.queue_offset for m in msgs] == list(range(len(msgs)))
+            sent = {(q, body) for t, qq, q, body in rows if (t, qq) == (topic, qid)}
+            assert {(m.queue_offset, m.body) for m in msgs} == sent
+    assert len(rows) == n * writers
+    if flush == "SYNC_FLUSH":   # group commit: fewer fdatasyncs than acknowledged sends
+        assert 0 < flushes < n * writers

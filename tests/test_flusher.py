@@ -1,0 +1,100 @@
+"""The flusher's loop, driven pass by pass with an injected clock (no sleeps)."""
+from __future__ import annotations
+
+import os
+
+from conftest import SMALL_SEGMENT, small_config
+from shmq.broker.flusher import Flusher
+from shmq.core.checkpoint import Checkpoint
+from shmq.core.files import REAL_FILES
+from shmq.core.records import encode
+from shmq.core.store import open_local
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, ms):
+        self.t += ms / 1000
+
+
+def setup(store_dir, **kw):
+    clock = Clock()
+    store, _ = open_local(small_config(store_dir, **kw))
+    return store, Flusher(store, cb=None, clock=clock), clock
+
+
+def put(store, nbytes):
+    return store.append(encode("F", [b"x" * nbytes], properties=b""))
+
+
+def test_async_flush_waits_for_enough_dirty_pages_or_the_thorough_interval(store_dir):
+    store, f, clock = setup(store_dir)          # 500 ms interval, 4 pages, 10 s thorough
+    f.step()                                    # first pass at t0
+    put(store, 100)
+    clock.advance(500)
+    f.step()
+    assert store.state.flushed_pos == 0         # 1 dirty page < flushCommitLogLeastPages
+    r = put(store, 5 * 4096)
+    clock.advance(499)
+    f.step()
+    assert store.state.flushed_pos == 0         # not yet the interval
+    clock.advance(1)
+    f.step()
+    assert store.state.flushed_pos == r.end     # 4+ pages at the interval
+    r = put(store, 10)
+    clock.advance(9500)
+    f.step()
+    assert store.state.flushed_pos < r.end
+    clock.advance(500)
+    f.step()                                    # 10 s since the last flush
+    assert store.state.flushed_pos == r.end
+
+
+def test_sync_flush_answers_a_request_at_once_for_everything_published(store_dir):
+    store, f, clock = setup(store_dir, flushDiskType="SYNC_FLUSH")
+    f.step()
+    a = put(store, 10)
+    b = put(store, 10)                          # two waiters, one group commit
+    assert store.state.get("flush_request_pos") == b.end
+    f.step()                                    # no time passes
+    assert store.state.flushed_pos == b.end and f.flushes == 1
+    assert store.state.get("flushed_store_ts") == b.store_timestamp
+    assert a.end < b.end
+
+
+def test_consume_queues_and_checkpoint_are_flushed_on_their_interval(store_dir):
+    store, f, clock = setup(store_dir)
+    r = put(store, 50)
+    f.step()
+    assert Checkpoint.load(REAL_FILES, store_dir) is None
+    clock.advance(1000)
+    f.step()
+    ck = Checkpoint.load(REAL_FILES, store_dir)
+    assert ck.cq_flushed == r.end and ck.cl_flushed == store.state.flushed_pos
+
+
+def test_the_next_segment_exists_before_the_writer_needs_it(store_dir):
+    store, f, clock = setup(store_dir)
+    put(store, 100)
+    f.step()
+    f._preparing.join()
+    nxt = os.path.join(store_dir, "commitlog", f"{SMALL_SEGMENT:020d}")
+    assert os.path.getsize(nxt) == SMALL_SEGMENT
+    for _ in range(20):                         # roll into it; the one after is prepared too
+        put(store, 4000)
+    f.step()
+    f._preparing.join()
+    assert os.path.exists(os.path.join(store_dir, "commitlog", f"{2 * SMALL_SEGMENT:020d}"))
+
+
+def test_finish_flushes_everything(store_dir):
+    store, f, clock = setup(store_dir)
+    r = put(store, 10)
+    f.finish()
+    assert store.state.flushed_pos == r.end
+    assert Checkpoint.load(REAL_FILES, store_dir).cl_flushed == r.end
