@@ -11,8 +11,8 @@ an appender asks for a flush or the next periodic duty is due:
                    flushCommitLogLeastPages pages are dirty or
                    flushCommitLogThoroughInterval ms have passed.
     2. ConsumeQueues and checkpoint, every flushIntervalConsumeQueue ms.
-    3. Next segment: created (zero-filled) by a helper thread as soon as the
-       write position enters a segment, so a roll never waits for it.
+    3. Next segment: created (fallocate) by a helper thread once the current
+       one is half full, so a roll never waits for it.
     4. Retention, every cleanResourceInterval ms.
 
 SIGTERM: finish the loop, flush everything, write the checkpoint, exit 0.
@@ -30,6 +30,7 @@ from shmq.core.store import MessageStore
 from shmq.ipc.control import WANT_FLUSH, ControlBlock
 
 PAGE_BYTES = 4096
+PREPARE_WHEN_LEFT = 0.5   # create the next segment when half of this one is left
 log = logging.getLogger("shmq.flusher")
 
 
@@ -87,11 +88,13 @@ class Flusher:
 
     def prepare_next_segment(self) -> None:
         """Have the segment after the one being written exist before it is
-        needed. The zero-fill runs in a thread (its system calls release the
-        GIL) so that group commit never waits behind a 1 GiB write."""
+        needed. Creation runs in a thread (its system calls release the GIL)
+        so group commit never waits behind it."""
         cl = self.store.cl
-        nxt = cl.segment_start(self.store.state.write_pos) + cl.segment_bytes
-        if nxt == self._prepared or (self._preparing is not None and self._preparing.is_alive()):
+        wp = self.store.state.write_pos
+        nxt = cl.segment_start(wp) + cl.segment_bytes
+        if (nxt - wp > cl.segment_bytes * PREPARE_WHEN_LEFT or nxt == self._prepared
+                or (self._preparing is not None and self._preparing.is_alive())):
             return
         path = cl.path(nxt)
         self._prepared = nxt

@@ -182,6 +182,15 @@ def find_property(buf, start, n, key):
     return found_at, found_len
 
 
+@njit(**_JIT)
+def tags_codes(buf, offs, lens, tags_key, out):
+    """ConsumeQueue tags code of each properties string buf[offs[i]:+lens[i]]:
+    Java hashCode of its TAGS value, 0 when absent or empty."""
+    for i in range(offs.shape[0]):
+        vpos, vlen = find_property(buf, offs[i], lens[i], tags_key)
+        out[i] = java_hash_utf8(buf, vpos, vlen) if vpos >= 0 and vlen > 0 else 0
+
+
 # --------------------------------------------------------------- batch encode
 # Columns of the per-message ``meta`` matrix (int64) given to encode_batch.
 M_QUEUE_ID = 0
@@ -199,11 +208,47 @@ M_TAGS_CODE = 11     # not encoded: carried to the ConsumeQueue unit
 N_META = 12
 
 
+@njit(inline="always", **_JIT)
+def _put_record(out, p, size, qid, flag, sysflag, born_ts, born_row, bh, store_ts, store_row, sh,
+                reconsume, prepared, bodies, boff, blen, topic, props, poff, plen, t):
+    st_i32(out, p, size)
+    st_i32(out, p + 4, L.MESSAGE_MAGIC_I32)
+    st_i32(out, p + 8, crc32(bodies, boff, boff + blen, t) & 0x7FFFFFFF)
+    st_i32(out, p + 12, qid)
+    st_i32(out, p + 16, flag)
+    st_i64(out, p + 20, 0)
+    st_i64(out, p + 28, 0)
+    st_i32(out, p + 36, sysflag)
+    st_i64(out, p + 40, born_ts)
+    q = p + 48
+    for k in range(bh):
+        out[q + k] = born_row[k]
+    q += bh
+    st_i64(out, q, store_ts)
+    q += 8
+    for k in range(sh):
+        out[q + k] = store_row[k]
+    q += sh
+    st_i32(out, q, reconsume)
+    st_i64(out, q + 4, prepared)
+    st_i32(out, q + 12, blen)
+    q += 16
+    out[q:q + blen] = bodies[boff:boff + blen]
+    q += blen
+    tlen = topic.shape[0]
+    out[q] = tlen
+    out[q + 1:q + 1 + tlen] = topic
+    q += 1 + tlen
+    st_i16(out, q, plen)
+    out[q + 2:q + 2 + plen] = props[poff:poff + plen]
+
+
 @njit(**_JIT)
 def encode_batch(out, meta, bodies, props, topic, hosts, store_host, store_ts, t, rec_pos):
-    """Encode records back to back into ``out``; QUEUEOFFSET and PHYSICALOFFSET
-    are left 0 (stamp_batch sets them under the append lock). Returns the bytes
-    written, or -1 if ``out`` is too small."""
+    """Encode records back to back into ``out``, every field per message from
+    ``meta``; QUEUEOFFSET and PHYSICALOFFSET are left 0 (stamp_batch sets them
+    under the append lock). Returns the bytes written, or -1 if ``out`` is too
+    small."""
     n = meta.shape[0]
     tlen = topic.shape[0]
     p = np.int64(0)
@@ -211,46 +256,46 @@ def encode_batch(out, meta, bodies, props, topic, hosts, store_host, store_ts, t
         sysflag = meta[i, M_SYSFLAG]
         bh = 20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8
         sh = 20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8
-        boff = meta[i, M_BODY_OFF]
         blen = meta[i, M_BODY_LEN]
-        poff = meta[i, M_PROPS_OFF]
         plen = meta[i, M_PROPS_LEN]
         size = L.RECORD_FIXED_BYTES + (bh - 8) + (sh - 8) + blen + tlen + plen
         if p + size > out.shape[0]:
             return -1
         rec_pos[i] = p
-        st_i32(out, p, size)
-        st_i32(out, p + 4, L.MESSAGE_MAGIC_I32)
-        st_i32(out, p + 8, crc32(bodies, boff, boff + blen, t) & 0x7FFFFFFF)
-        st_i32(out, p + 12, meta[i, M_QUEUE_ID])
-        st_i32(out, p + 16, meta[i, M_FLAG])
-        st_i64(out, p + 20, 0)
-        st_i64(out, p + 28, 0)
-        st_i32(out, p + 36, sysflag)
-        st_i64(out, p + 40, meta[i, M_BORN_TS])
-        q = p + 48
-        row = meta[i, M_BORN_HOST]
-        for k in range(bh):
-            out[q + k] = hosts[row, k]
-        q += bh
-        st_i64(out, q, store_ts)
-        q += 8
-        for k in range(sh):
-            out[q + k] = store_host[k]
-        q += sh
-        st_i32(out, q, meta[i, M_RECONSUME])
-        st_i64(out, q + 4, meta[i, M_PREPARED])
-        st_i32(out, q + 12, blen)
-        q += 16
-        out[q:q + blen] = bodies[boff:boff + blen]
-        q += blen
-        out[q] = tlen
-        out[q + 1:q + 1 + tlen] = topic
-        q += 1 + tlen
-        st_i16(out, q, plen)
-        out[q + 2:q + 2 + plen] = props[poff:poff + plen]
+        _put_record(out, p, size, meta[i, M_QUEUE_ID], meta[i, M_FLAG], sysflag, meta[i, M_BORN_TS],
+                    hosts[meta[i, M_BORN_HOST]], bh, store_ts, store_host, sh, meta[i, M_RECONSUME],
+                    meta[i, M_PREPARED], bodies, meta[i, M_BODY_OFF], blen, topic, props,
+                    meta[i, M_PROPS_OFF], plen, t)
         p += size
     return p
+
+
+@njit(**_JIT)
+def encode_uniform(body_off, body_len, bodies, props_off, props_len, props, topic, qid, flag,
+                   sysflag, born_ts, born_row, store_ts, store_row, reconsume, prepared, t):
+    """encode_batch for the common case: one queue and batch-wide settings,
+    bodies (and properties, or one shared properties string when the props
+    arrays have length 1) per message. Allocates and returns
+    (records, rec_pos, sizes)."""
+    n = body_len.shape[0]
+    shared = props_len.shape[0] == 1
+    bh = 20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8
+    sh = 20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8
+    fixed = L.RECORD_FIXED_BYTES + (bh - 8) + (sh - 8) + topic.shape[0]
+    sizes = np.empty(n, dtype=np.int64)
+    rec_pos = np.empty(n, dtype=np.int64)
+    total = np.int64(0)
+    for i in range(n):
+        sizes[i] = fixed + body_len[i] + (props_len[0] if shared else props_len[i])
+        rec_pos[i] = total
+        total += sizes[i]
+    out = np.empty(total, dtype=np.uint8)
+    for i in range(n):
+        j = 0 if shared else i
+        _put_record(out, rec_pos[i], sizes[i], qid, flag, sysflag, born_ts, born_row, bh,
+                    store_ts, store_row, sh, reconsume, prepared, bodies, body_off[i],
+                    body_len[i], topic, props, props_off[j], props_len[j], t)
+    return out, rec_pos, sizes
 
 
 @njit(**_JIT)
@@ -312,6 +357,29 @@ def scan_records(buf, start, end, phy_base, check_crc, t, tags_key, out):
     bytes; PHYSICALOFFSET equals its own position; and (if check_crc) BODYCRC
     matches. A blank record is valid only if it runs exactly to the segment end.
     """
+    n, pos, status = _scan_headers(buf, start, end, phy_base, tags_key, out)
+    if check_crc:
+        # Bodies are checked in a loop of their own: inside the header loop
+        # the CRC ran 7x slower (its table lookups did not optimise there).
+        bad = _first_bad_crc(buf, out, n, phy_base, t)
+        if bad < n:
+            return bad, out[bad, S_PHY] - phy_base, SCAN_CORRUPT
+    return n, pos, status
+
+
+@njit(**_JIT)
+def _first_bad_crc(buf, out, n, phy_base, t):
+    for i in range(n):
+        p = out[i, S_BODY_POS]
+        stored = ld_i32(buf, out[i, S_PHY] - phy_base + 8)
+        if (crc32(buf, p, p + out[i, S_BODY_LEN], t) & 0x7FFFFFFF) != stored:
+            return i
+    return n
+
+
+@njit(**_JIT)
+def _scan_headers(buf, start, end, phy_base, tags_key, out):
+    """scan_records without the body CRCs."""
     seg_bytes = buf.shape[0]
     cap = out.shape[0]
     n = 0
@@ -357,9 +425,6 @@ def scan_records(buf, start, end, phy_base, check_crc, t, tags_key, out):
             return n, pos, SCAN_CORRUPT
         if ld_i64(buf, pos + L.OFF_PHYSICALOFFSET) != phy_base + pos:
             return n, pos, SCAN_CORRUPT
-        if check_crc:
-            if (crc32(buf, body_pos, body_pos + blen, t) & 0x7FFFFFFF) != ld_i32(buf, pos + 8):
-                return n, pos, SCAN_CORRUPT
         th = np.int64(-3750763034362895579)  # FNV-1a 64 offset basis
         for k in range(tlen):
             th = (th ^ np.int64(buf[topic_pos + k])) * np.int64(1099511628211)

@@ -11,6 +11,7 @@ inspector); the hot paths (recovery, reads, Spark) use the scan kernel.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import time
@@ -25,18 +26,21 @@ from . import layout as L
 _TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)
 
 
-def host_row(host: tuple[str, int]) -> tuple[np.ndarray, bool]:
-    """A (ip, port) as the 20-byte host row the encoder copies from, and
-    whether it is IPv6."""
-    ip = ipaddress.ip_address(host[0])
-    port = int(host[1])
+@functools.lru_cache(maxsize=4096)
+def host_row(ip: str, port: int) -> tuple[np.ndarray, bool]:
+    """(ip, port) as the (1, 20) host row the encoder copies from (ip, then
+    int32 port, big-endian), and whether it is IPv6. Cached: a connection's
+    hosts repeat on every batch. The array is read-only."""
+    addr = ipaddress.ip_address(ip)
+    port = int(port)
     if not 0 <= port <= 0xFFFFFFFF:
         raise ValueError(f"port {port} out of range")
-    row = np.zeros(20, dtype=np.uint8)
-    raw = ip.packed
-    row[:len(raw)] = np.frombuffer(raw, np.uint8)
-    row[len(raw):len(raw) + 4] = np.frombuffer(port.to_bytes(4, "big"), np.uint8)
-    return row, ip.version == 6
+    row = np.zeros((1, 20), dtype=np.uint8)
+    raw = addr.packed
+    row[0, :len(raw)] = np.frombuffer(raw, np.uint8)
+    row[0, len(raw):len(raw) + 4] = np.frombuffer(port.to_bytes(4, "big"), np.uint8)
+    row.flags.writeable = False
+    return row, addr.version == 6
 
 
 @dataclass(frozen=True)
@@ -46,10 +50,10 @@ class EncodedBatch:
     buf: np.ndarray          # uint8, exactly nbytes long
     rec_pos: np.ndarray      # int64, position of each record in buf
     sizes: np.ndarray        # int64, TOTALSIZE of each record
-    queue_ids: np.ndarray    # int64
+    queue_id: int            # of the first record
     tags_codes: np.ndarray   # int64, for the ConsumeQueue units
     store_timestamp: int
-    single_queue: bool       # every record goes to queue_ids[0]
+    single_queue: bool       # every record goes to queue_id
 
     @property
     def count(self) -> int:
@@ -71,26 +75,35 @@ def properties_bytes(props: dict[str, str] | None = None, *, tags: str | None = 
     return L.properties_to_string(d).encode()
 
 
-def _concat(items, n: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """bytes or list of bytes → (buffer, offsets, lengths)."""
+def _concat(items, what: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """bytes (one for all: arrays of length 1) or a list of n bytes →
+    (buffer, offsets, lengths)."""
     if isinstance(items, (bytes, bytearray, memoryview)):
-        buf = np.frombuffer(bytes(items), np.uint8)
-        return buf, np.zeros(n, np.int64), np.full(n, buf.shape[0], np.int64)
+        buf = np.frombuffer(items, np.uint8)
+        return buf, _ZERO1, np.array([buf.shape[0]], np.int64)
     if len(items) != n:
         raise ValueError(f"{len(items)} {what} for {n} messages")
     lens = np.fromiter(map(len, items), np.int64, n)
-    offs = np.zeros(n, np.int64)
+    offs = np.empty(n, np.int64)
+    offs[0] = 0
     np.cumsum(lens[:-1], out=offs[1:])
     return np.frombuffer(b"".join(items), np.uint8), offs, lens
 
 
-def _column(value, n: int, what: str) -> np.ndarray | int:
-    if isinstance(value, (int, np.integer)):
-        return int(value)
+_ZERO1 = np.zeros(1, np.int64)
+
+
+def _column(value, n: int, what: str) -> np.ndarray:
     a = np.asarray(value, dtype=np.int64)
     if a.shape != (n,):
         raise ValueError(f"{what}: {a.shape[0] if a.ndim else 'scalar'} values for {n} messages")
     return a
+
+
+_PER_MESSAGE = (("queue_ids", K.M_QUEUE_ID), ("flag", K.M_FLAG), ("sysflag", K.M_SYSFLAG),
+                ("born_timestamp", K.M_BORN_TS), ("reconsume_times", K.M_RECONSUME),
+                ("prepared_offset", K.M_PREPARED))
+_HOST_FLAGS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
 
 
 def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] = b"",
@@ -99,68 +112,96 @@ def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] =
            store_host: tuple[str, int] = ("127.0.0.1", 10911), store_timestamp: int | None = None,
            max_message_bytes: int = 4 * 1024 * 1024) -> EncodedBatch:
     """Encode ``bodies`` for ``topic``. ``properties`` is one properties string
-    for all or one per message (it carries TAGS, KEYS …); per-message
-    integer settings take a scalar or a sequence."""
+    for all or one per message (it carries TAGS, KEYS …); the integer
+    settings take one value for the batch or a sequence, one per message."""
     n = len(bodies)
     if n == 0:
         raise ValueError("empty batch")
     tb = topic.encode()
     if not 0 < len(tb) <= L.TOPIC_BYTES_MAX:
         raise ValueError(f"topic {topic!r}: must be 1..{L.TOPIC_BYTES_MAX} bytes in UTF-8")
-    body_buf, body_off, body_len = _concat(bodies, n, "bodies")
+    body_buf, body_off, body_len = _concat(bodies, "bodies", n)
     if int(body_len.max()) > max_message_bytes:
         raise ValueError(f"message body of {int(body_len.max())} bytes exceeds "
                          f"maxMessageSize={max_message_bytes}")
-    props_buf, props_off, props_len = _concat(properties, n, "properties")
+    props_buf, props_off, props_len = _concat(properties, "properties", n)
     if int(props_len.max()) > L.PROPERTIES_BYTES_MAX:
         raise ValueError(f"properties of {int(props_len.max())} bytes exceed "
                          f"{L.PROPERTIES_BYTES_MAX}")
     now = int(time.time() * 1000)
-    born_row, born_v6 = host_row(born_host)
-    store_row, store_v6 = host_row(store_host)
-    sys = _column(sysflag, n, "sysflag")
-    extra = (L.SYSFLAG_BORNHOST_V6 if born_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store_v6 else 0)
+    born_row, born_v6 = host_row(*born_host)
+    store_row, store_v6 = host_row(*store_host)
+    host_flags = (L.SYSFLAG_BORNHOST_V6 if born_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store_v6 else 0)
+    ts = now if store_timestamp is None else int(store_timestamp)
+    born_ts = now if born_timestamp is None else born_timestamp
+    values = (queue_ids, flag, sysflag, born_ts, reconsume_times, prepared_offset)
+    topic_arr = np.frombuffer(tb, np.uint8)
+    if all(isinstance(v, (int, np.integer)) for v in values):
+        if not 0 <= queue_ids < 2**31:
+            raise ValueError(f"queue id {queue_ids} out of range 0..{2**31 - 1}")
+        out, rec_pos, sizes = K.encode_uniform(
+            body_off, body_len, body_buf, props_off, props_len, props_buf, topic_arr, queue_ids,
+            flag, (sysflag & ~_HOST_FLAGS) | host_flags, born_ts, born_row[0], ts, store_row[0],
+            reconsume_times, prepared_offset, K.CRC_TABLES)
+        qid, single = int(queue_ids), True
+    else:
+        out, rec_pos, sizes, qids = _encode_general(
+            n, values, body_buf, body_off, body_len, props_buf, props_off, props_len, topic_arr,
+            born_row, store_row, host_flags, ts)
+        qid, single = int(qids[0]), bool((qids == qids[0]).all())
+    if props_off is _ZERO1:
+        codes = np.full(n, shared_tags_code(bytes(properties)), np.int64)
+    else:
+        codes = tags_codes(props_buf, props_off, props_len)
+    return EncodedBatch(topic=topic, buf=out, rec_pos=rec_pos, sizes=sizes, queue_id=qid,
+                        tags_codes=codes, store_timestamp=ts, single_queue=single)
+
+
+def _encode_general(n, values, body_buf, body_off, body_len, props_buf, props_off, props_len,
+                    topic_arr, born_row, store_row, host_flags, ts):
+    """Every setting per message (the meta matrix of ``_kernels.encode_batch``)."""
     meta = np.empty((n, K.N_META), dtype=np.int64)
-    meta[:, K.M_QUEUE_ID] = qids = _column(queue_ids, n, "queue_ids")
-    meta[:, K.M_FLAG] = _column(flag, n, "flag")
-    meta[:, K.M_SYSFLAG] = (np.asarray(sys) & ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)) | extra
-    meta[:, K.M_BORN_TS] = _column(now if born_timestamp is None else born_timestamp, n, "born_timestamp")
+    for (name, col), v in zip(_PER_MESSAGE, values):
+        meta[:, col] = v if isinstance(v, (int, np.integer)) else _column(v, n, name)
+    meta[:, K.M_SYSFLAG] = (meta[:, K.M_SYSFLAG] & ~_HOST_FLAGS) | host_flags
     meta[:, K.M_BORN_HOST] = 0
-    meta[:, K.M_RECONSUME] = _column(reconsume_times, n, "reconsume_times")
-    meta[:, K.M_PREPARED] = _column(prepared_offset, n, "prepared_offset")
     meta[:, K.M_BODY_OFF] = body_off
     meta[:, K.M_BODY_LEN] = body_len
-    meta[:, K.M_PROPS_OFF] = props_off
-    meta[:, K.M_PROPS_LEN] = props_len
-    if isinstance(qids, int):
-        single = True
-        if not 0 <= qids < 2**31:
-            raise ValueError(f"queue id {qids} out of range")
-    else:
-        single = bool((qids == qids[0]).all())
-        if qids.min() < 0 or qids.max() >= 2**31:
-            raise ValueError("queue id out of range")
-    sizes = (L.RECORD_FIXED_BYTES + len(tb) + body_len + props_len
-             + (12 if born_v6 else 0) + (12 if store_v6 else 0))
+    meta[:, K.M_PROPS_OFF] = props_off if props_off.shape[0] == n else 0
+    meta[:, K.M_PROPS_LEN] = props_len if props_len.shape[0] == n else props_len[0]
+    qids = meta[:, K.M_QUEUE_ID].copy()
+    if int(qids.min()) < 0 or int(qids.max()) >= 2**31:
+        raise ValueError(f"queue id out of range 0..{2**31 - 1}")
+    sizes = (L.RECORD_FIXED_BYTES + topic_arr.shape[0] + meta[:, K.M_BODY_LEN]
+             + meta[:, K.M_PROPS_LEN] + (12 if host_flags & L.SYSFLAG_BORNHOST_V6 else 0)
+             + (12 if host_flags & L.SYSFLAG_STOREHOST_V6 else 0))
     out = np.empty(int(sizes.sum()), dtype=np.uint8)
     rec_pos = np.empty(n, dtype=np.int64)
-    ts = now if store_timestamp is None else int(store_timestamp)
-    written = K.encode_batch(out, meta, body_buf, props_buf, np.frombuffer(tb, np.uint8),
-                             born_row.reshape(1, 20), store_row, ts, K.CRC_TABLES, rec_pos)
+    written = K.encode_batch(out, meta, body_buf, props_buf, topic_arr, born_row, store_row[0],
+                             ts, K.CRC_TABLES, rec_pos)
     assert written == out.shape[0], (written, out.shape)
-    codes = tags_codes(props_buf, props_off, props_len)
-    return EncodedBatch(topic=topic, buf=out, rec_pos=rec_pos, sizes=sizes,
-                        queue_ids=meta[:, K.M_QUEUE_ID].copy(), tags_codes=codes,
-                        store_timestamp=ts, single_queue=single)
+    return out, rec_pos, sizes, qids
+
+
+_SHARED_CODES: dict[bytes, int] = {}
+_SHARED_CODES_MAX = 4096
+
+
+def shared_tags_code(props: bytes) -> int:
+    """Tags code of a properties string many batches share (cached)."""
+    code = _SHARED_CODES.get(props)
+    if code is None:
+        if len(_SHARED_CODES) >= _SHARED_CODES_MAX:
+            _SHARED_CODES.clear()
+        code = _SHARED_CODES[props] = _tags_code_one(np.frombuffer(props, np.uint8), 0, len(props))
+    return code
 
 
 def tags_codes(props_buf: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """The ConsumeQueue tags code of each message, from its properties."""
-    if offs.shape[0] > 1 and (offs == offs[0]).all() and (lens == lens[0]).all():
-        return np.full(offs.shape[0], _tags_code_one(props_buf, int(offs[0]), int(lens[0])),
-                       np.int64)
-    return np.fromiter((_tags_code_one(props_buf, int(o), int(n)) for o, n in zip(offs, lens)),
-                       np.int64, offs.shape[0])
+    out = np.empty(offs.shape[0], np.int64)
+    K.tags_codes(props_buf, offs, lens, _TAGS_KEY, out)
+    return out
 
 
 def _tags_code_one(buf: np.ndarray, off: int, n: int) -> int:
@@ -268,6 +309,7 @@ def warm_up() -> None:
     """Run every kernel once on tiny inputs so that no request pays for
     loading (or, on a cold cache, compiling) machine code."""
     batch = encode("warmup", [b"x"], properties=properties_bytes(tags="t"))
+    encode("warmup", [b"x", b"y"], properties=[b"TAGS\x01a", b""], flag=[0, 1])
     K.stamp_batch(batch.buf, batch.rec_pos, 1, 0, np.zeros(1, np.int32), np.zeros(1, np.int64),
                   np.zeros(1, np.int64))
     out = np.zeros((4, K.N_SCAN), np.int64)

@@ -121,7 +121,7 @@ class MessageStore:
         if nbytes + END_FILE_MIN_BLANK_BYTES > self._seg:
             raise ValueError(f"batch of {nbytes} bytes does not fit a {self._seg}-byte segment")
         st = self.state
-        topic, qid = batch.topic, int(batch.queue_ids[0])
+        topic, qid = batch.topic, batch.queue_id
         n = batch.count
         qoff = np.empty(n, dtype=np.int64)
         slot = st.queue_slot(topic, qid)

@@ -80,10 +80,13 @@ def test_consume_queues_and_checkpoint_are_flushed_on_their_interval(store_dir):
 
 def test_the_next_segment_exists_before_the_writer_needs_it(store_dir):
     store, f, clock = setup(store_dir)
+    nxt = os.path.join(store_dir, "commitlog", f"{SMALL_SEGMENT:020d}")
     put(store, 100)
     f.step()
+    assert not os.path.exists(nxt)              # not while most of this one is left
+    put(store, SMALL_SEGMENT // 2)
+    f.step()
     f._preparing.join()
-    nxt = os.path.join(store_dir, "commitlog", f"{SMALL_SEGMENT:020d}")
     assert os.path.getsize(nxt) == SMALL_SEGMENT
     for _ in range(20):                         # roll into it; the one after is prepared too
         put(store, 4000)

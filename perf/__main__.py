@@ -1,0 +1,101 @@
+"""The benchmark runner: ``python -m perf [--quick] [--out FILE] [name ...]``.
+
+Prints one JSON object per result line::
+
+    {"bench": ..., "value": ..., "unit": ..., "limit": ..., "limit_name": ...,
+     "ratio": value / limit, ...extra fields}
+
+Limits are measured in the same run (``perf.limits``), once, before the
+benchmarks that use them. Every benchmark checks its own result (counts,
+offsets, read-back) and fails loudly rather than print a number for work it
+did not do. ``--quick`` shrinks every size so the whole suite finishes in
+under a minute (CI); names select benchmarks (prefix match).
+
+Scratch files go to $SHMQ_PERF_DIR or ./.perf-scratch: keep it on the disk
+you want measured (a tmpfs makes fdatasync free and the numbers meaningless).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from perf import append, recovery, sync_flush, write_path
+from perf.limits import fdatasync_rate, memcpy_into_mmap
+
+
+class Context:
+    """Sizes for this run and limits measured once, on first use."""
+
+    def __init__(self, quick: bool, scratch: str):
+        self.quick = quick
+        self.scratch = scratch
+        self._memcpy = None
+        self._fsync = None
+
+    def sub(self, name: str) -> str:
+        d = tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch)
+        return d
+
+    def memcpy_bps(self) -> float:
+        if self._memcpy is None:
+            self._memcpy = memcpy_into_mmap(self.scratch, (64 if self.quick else 512) << 20)
+        return self._memcpy
+
+    def fdatasync(self) -> tuple[float, float]:
+        if self._fsync is None:
+            self._fsync = fdatasync_rate(self.scratch, 1.0 if self.quick else 3.0)
+        return self._fsync
+
+
+def result(bench: str, value: float, unit: str, limit: float, limit_name: str, **extra) -> dict:
+    return {"bench": bench, "value": round(value, 3), "unit": unit, "limit": round(limit, 3),
+            "limit_name": limit_name, "ratio": round(value / limit, 4) if limit else None, **extra}
+
+
+BENCHES = {
+    "append": append.run_append,
+    "queues": append.run_queues,
+    "sync_flush": sync_flush.run,
+    "recovery": recovery.run,
+    "flush_write_path": write_path.run,
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m perf", description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(BENCHES)}")
+    ap.add_argument("--quick", action="store_true", help="small sizes: the suite in under a minute")
+    ap.add_argument("--out", help="also append the JSON lines to this file")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if not any(b.startswith(n) for b in BENCHES)]
+    if unknown:
+        ap.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
+    chosen = [b for b in BENCHES if not args.names or any(b.startswith(n) for n in args.names)]
+    base = os.environ.get("SHMQ_PERF_DIR", os.path.join(os.getcwd(), ".perf-scratch"))
+    os.makedirs(base, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="run-", dir=base)
+    ctx = Context(args.quick, scratch)
+    out = open(args.out, "a") if args.out else None
+    t0 = time.perf_counter()
+    try:
+        for name in chosen:
+            for r in BENCHES[name](ctx, result):
+                line = json.dumps(r)
+                print(line, flush=True)
+                if out:
+                    out.write(line + "\n")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if out:
+            out.close()
+    print(f"# {len(chosen)} benchmarks in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
