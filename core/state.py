@@ -130,6 +130,7 @@ class StoreState:
         self.queue_cq_flushed = self.queues["cq_flushed"]
         self.queue_last_store_ts = self.queues["last_store_ts"]
         self._slot_cache: dict[tuple[str, int], int] = {}
+        self._used: np.ndarray | None = None
 
     # ------------------------------------------------------------- creation
     @classmethod
@@ -233,7 +234,11 @@ class StoreState:
         return -1, False
 
     def used_slots(self) -> np.ndarray:
-        return np.flatnonzero(self.queues["state"] == 1)
+        """Indexes of the used slots; rescanned only when the count changes."""
+        n = int(self._v["queue_slots_used"][0])
+        if self._used is None or self._used.shape[0] != n:
+            self._used = np.flatnonzero(self.queues["state"] == 1)
+        return self._used
 
     def slot_key(self, slot: int) -> tuple[str, int]:
         q = self.queues[slot]

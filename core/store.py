@@ -316,22 +316,26 @@ class MessageStore:
         """Make every published unit durable; returns the CommitLog position all
         of whose units are durable (for the checkpoint). Flusher only."""
         st = self.state
-        with st.locked():  # a consistent (write_pos, next offsets) pair
+        with st.locked():
+            # Every append ending at or before pos has published its queue
+            # offsets once we hold the lock: next offsets read after it
+            # cover all their units (and maybe more, which is fine).
             pos = st.write_pos
-            nxt = st.queue_next.copy()
-        dirty = np.flatnonzero(nxt > st.queue_cq_flushed)
+        used = st.used_slots()
+        nxt = st.queue_next[used]
+        dirty = used[nxt > st.queue_cq_flushed[used]]
+        nxt_of = dict(zip(used.tolist(), nxt.tolist()))
         if dirty.shape[0] > CQ_SYNC_EACH_MAX:
             self.files.sync_filesystem(self.root)   # data and directory entries, one call
         else:
             upf = self.config.cq_units_per_file
-            for slot in dirty:
-                topic, qid = st.slot_key(int(slot))
-                done = int(st.queue_cq_flushed[slot])
-                begin = max(done, int(st.queue_min[slot]))
-                self.cqs.flush(topic, qid, begin, int(nxt[slot]))
-                if (done - 1) // upf != (int(nxt[slot]) - 1) // upf:
+            for slot in dirty.tolist():
+                topic, qid = st.slot_key(slot)
+                done, end = int(st.queue_cq_flushed[slot]), nxt_of[slot]
+                self.cqs.flush(topic, qid, max(done, int(st.queue_min[slot])), end)
+                if (done - 1) // upf != (end - 1) // upf:
                     self.cqs.sync_dirs(topic, qid, new_queue=done == 0)  # new files' names
-        st.queue_cq_flushed[dirty] = nxt[dirty]
+        st.queue_cq_flushed[dirty] = [nxt_of[s] for s in dirty.tolist()]
         st.set("cq_flushed_pos", pos)
         return pos
 
