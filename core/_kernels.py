@@ -116,32 +116,54 @@ def crc32(buf, start, end, t):
 
 
 # ------------------------------------------------------- Java String.hashCode
+@njit(inline="always", **_JIT)
+def _utf8_step(buf, i, end):
+    """(code point, bytes consumed) of the UTF-8 sequence at buf[i]. A
+    malformed sequence decodes as U+FFFD and consumes its maximal valid
+    prefix (at least one byte): the Unicode practice that Java's and
+    Python's decoders follow."""
+    b0 = np.int64(buf[i])
+    if b0 < 0x80:
+        return b0, 1
+    lo, hi = np.int64(0x80), np.int64(0xBF)   # range of the second byte
+    if 0xC2 <= b0 <= 0xDF:
+        need, cp = 1, b0 & 0x1F
+    elif 0xE0 <= b0 <= 0xEF:
+        need, cp = 2, b0 & 0x0F
+        if b0 == 0xE0:
+            lo = 0xA0
+        elif b0 == 0xED:
+            hi = 0x9F
+    elif 0xF0 <= b0 <= 0xF4:
+        need, cp = 3, b0 & 0x07
+        if b0 == 0xF0:
+            lo = 0x90
+        elif b0 == 0xF4:
+            hi = 0x8F
+    else:
+        return np.int64(0xFFFD), 1
+    k = 1
+    while k <= need:
+        if i + k >= end:
+            return np.int64(0xFFFD), k
+        b = np.int64(buf[i + k])
+        if (k == 1 and (b < lo or b > hi)) or (k > 1 and (b & 0xC0) != 0x80):
+            return np.int64(0xFFFD), k
+        cp = (cp << 6) | (b & 0x3F)
+        k += 1
+    return cp, need + 1
+
+
 @njit(**_JIT)
 def java_hash_utf8(buf, start, n):
-    """Java ``String.hashCode`` of the UTF-8 bytes buf[start:start+n], computed
-    over UTF-16 code units; malformed bytes count as U+FFFD. Signed int32."""
+    """Java ``String.hashCode`` of the UTF-8 bytes buf[start:start+n] as
+    ``new String(bytes, UTF_8)`` decodes them, computed over UTF-16 code
+    units. Signed int32."""
     h = np.int64(0)
     i = start
     end = start + n
     while i < end:
-        b0 = np.int64(buf[i])
-        cp = np.int64(0xFFFD)
-        step = 1
-        if b0 < 0x80:
-            cp = b0
-        elif (b0 >> 5) == 0x6 and i + 1 < end and (buf[i + 1] & 0xC0) == 0x80:
-            cp = ((b0 & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)
-            step = 2
-        elif ((b0 >> 4) == 0xE and i + 2 < end and (buf[i + 1] & 0xC0) == 0x80
-              and (buf[i + 2] & 0xC0) == 0x80):
-            cp = (((b0 & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
-                  | (np.int64(buf[i + 2]) & 0x3F))
-            step = 3
-        elif ((b0 >> 3) == 0x1E and i + 3 < end and (buf[i + 1] & 0xC0) == 0x80
-              and (buf[i + 2] & 0xC0) == 0x80 and (buf[i + 3] & 0xC0) == 0x80):
-            cp = (((b0 & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
-                  | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F))
-            step = 4
+        cp, step = _utf8_step(buf, i, end)
         if cp >= 0x10000:
             c = cp - 0x10000
             h = (31 * h + (0xD800 + (c >> 10))) & 0xFFFFFFFF
@@ -169,7 +191,10 @@ def find_property(buf, start, n, key):
             if buf[j] == 1 and sep < 0:
                 sep = j
             j += 1
-        if j - i >= 3 and sep - i == klen:
+        # Java keeps a piece whose key and value are both non-empty
+        # (MessageDecoder.string2messageProperties); lengths in bytes or
+        # UTF-16 units agree on that.
+        if sep > i and sep < j - 1 and sep - i == klen:
             same = True
             for k in range(klen):
                 if buf[i + k] != key[k]:
@@ -406,6 +431,8 @@ def _scan_headers(buf, start, end, phy_base, tags_key, out):
         sysflag = ld_i32(buf, pos + L.OFF_SYSFLAG)
         bh = 20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8
         sh = 20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8
+        if size < L.RECORD_FIXED_BYTES + (bh - 8) + (sh - 8) + 1:
+            return n, pos, SCAN_CORRUPT   # IPv6 hosts would not fit: read nothing past it
         q = pos + 48 + bh
         store_ts = ld_i64(buf, q)
         q += 8 + sh + 12
@@ -518,9 +545,9 @@ def cq_valid_units(cq, first_unit, max_units, cl_end):
         p = (first_unit + k) * 20
         phy = ld_i64(cq, p)
         size = ld_i32(cq, p + 8)
-        if size == CQ_PAD_SIZE and phy == 0:
+        if size == CQ_PAD_SIZE:
             continue
-        if phy < 0 or size <= 0 or phy + size > cl_end:
+        if phy < 0 or size <= 0 or phy > cl_end - size:   # not phy + size: it can overflow
             return k, last_end
         last_end = phy + size
     return max_units, last_end

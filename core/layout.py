@@ -118,14 +118,13 @@ def properties_to_string(props: dict[str, str]) -> str:
 
 
 def string_to_properties(s: str) -> dict[str, str]:
-    """Java's ``string2messageProperties``: skips pieces shorter than 3 chars or
-    without a name/value separator, so both trailing-separator forms parse."""
+    """Java's ``string2messageProperties``: keeps a piece only if its key and
+    its value are both non-empty (so both trailing-separator forms parse);
+    the last duplicate wins."""
     out: dict[str, str] = {}
     for item in s.split(PROPERTY_SEPARATOR):
-        if len(item) < 3:
-            continue
         k, sep, v = item.partition(NAME_VALUE_SEPARATOR)
-        if sep:
+        if sep and k and v:
             out[k] = v
     return out
 

@@ -135,6 +135,10 @@ def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] =
     ts = now if store_timestamp is None else int(store_timestamp)
     born_ts = now if born_timestamp is None else born_timestamp
     values = (queue_ids, flag, sysflag, born_ts, reconsume_times, prepared_offset)
+    for name, v in (("flag", flag), ("sysflag", sysflag), ("reconsume_times", reconsume_times)):
+        lo, hi = (np.min(v), np.max(v)) if not isinstance(v, (int, np.integer)) else (v, v)
+        if lo < -2**31 or hi >= 2**31:
+            raise ValueError(f"{name} out of the int32 range")
     topic_arr = np.frombuffer(tb, np.uint8)
     if all(isinstance(v, (int, np.integer)) for v in values):
         if not 0 <= queue_ids < 2**31:

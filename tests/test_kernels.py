@@ -1,0 +1,884 @@
+"""Every numba kernel against its naive twin (``naive.py``), by hypothesis.
+
+Each property test builds an input, runs the kernel and the twin on it, and
+demands identical answers; where the twin itself could share a mistake with
+the kernel, the test also checks the answer against what the input was built
+from (record positions, sizes, the byte that was corrupted). A few fixed
+known-answer tests pin the twins to the outside world (zlib, Java).
+
+Run once with ``NUMBA_DISABLE_JIT=1`` too: the kernels then run as plain
+Python, which catches out-of-bounds indexing that ``boundscheck=False``
+hides.
+
+Bugs these tests found (reading past a segment, an int64 overflow, Java's
+malformed UTF-8 and property rules) keep a regression test at the end.
+"""
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+from dataclasses import dataclass
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, note, settings
+from hypothesis import strategies as st
+
+import naive
+from shmq.core import _kernels as K
+from shmq.core import layout as L
+from shmq.core import records as R
+
+
+def budget(n: int):
+    """Hypothesis settings with ``n`` examples. The same counts serve the
+    NUMBA_DISABLE_JIT=1 run: the inputs are small, so it too ends in ~20 s."""
+    return settings(max_examples=n, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+TAGS_KEY = np.frombuffer(b"TAGS", np.uint8)
+INT32 = st.integers(-2**31, 2**31 - 1)
+INT64 = st.integers(-2**63, 2**63 - 1)
+
+
+def u8(data: bytes) -> np.ndarray:
+    """A writable uint8 array (the kernels' cached signatures are for writable arrays)."""
+    return np.frombuffer(data, np.uint8).copy()
+
+
+# ------------------------------------------------------------------ constants
+def test_twin_constants_match_the_kernels():
+    assert (naive.SCAN_END, naive.SCAN_BLANK, naive.SCAN_CORRUPT, naive.SCAN_FULL,
+            naive.SCAN_FOREIGN) == (K.SCAN_END, K.SCAN_BLANK, K.SCAN_CORRUPT, K.SCAN_FULL,
+                                    K.SCAN_FOREIGN)
+    assert len(naive.SCAN_COLUMNS) == K.N_SCAN
+    for i, name in enumerate(naive.SCAN_COLUMNS):
+        assert getattr(K, "S_" + name.upper()) == i, name
+    assert (naive.CQ_DONE, naive.CQ_FULL, naive.CQ_BAD) == (K.CQ_DONE, K.CQ_FULL, K.CQ_BAD)
+    assert naive.CQ_PAD_SIZE == K.CQ_PAD_SIZE
+    assert naive.MESSAGE_MAGIC == L.MESSAGE_MAGIC and naive.BLANK_MAGIC == L.BLANK_MAGIC
+    assert naive.MESSAGE_MAGIC_V2 - 2**32 == K.MESSAGE_MAGIC_V2_I32
+    assert (naive.OFF_QUEUEOFFSET, naive.OFF_PHYSICALOFFSET, naive.OFF_SYSFLAG) == (
+        L.OFF_QUEUEOFFSET, L.OFF_PHYSICALOFFSET, L.OFF_SYSFLAG)
+
+
+# ---------------------------------------------------------------------- CRC32
+CRC_KNOWN = [(b"", 0), (b"a", 0xE8B7BE43), (b"123456789", 0xCBF43926),
+             (b"The quick brown fox jumps over the lazy dog", 0x414FA339)]
+
+
+@pytest.mark.parametrize("data, crc", CRC_KNOWN)
+def test_crc32_known_answers(data, crc):
+    assert zlib.crc32(data) == crc
+    assert naive.crc32(data) == crc
+    assert K.crc32(u8(data), 0, len(data), K.CRC_TABLES) == crc
+
+
+def test_naive_crc32_matches_zlib_on_every_byte_value():
+    data = bytes(range(256)) * 3
+    assert naive.crc32(data) == zlib.crc32(data)
+
+
+@budget(200)
+@given(data=st.integers(0, 300).flatmap(lambda n: st.binary(min_size=n, max_size=n)),
+       before=st.binary(max_size=15), after=st.binary(max_size=15))
+def test_crc32_matches_twin(data, before, after):
+    """Any length 0..300 at any alignment; the bytes around must not leak in."""
+    buf = u8(before + data + after)
+    got = K.crc32(buf, len(before), len(before) + len(data), K.CRC_TABLES)
+    assert got == naive.crc32(data) == zlib.crc32(data)
+
+
+# -------------------------------------------------------- Java String.hashCode
+@pytest.mark.parametrize("text, code", [
+    ("TagA", 2598919),          # "TagA".hashCode()
+    ("", 0),
+    ("hello", 99162322),
+    ("😀", 55357 * 31 + 56832),  # two UTF-16 units: 0xD83D 0xDE00
+    ("polygenelubricants", -2**31),  # the famous Integer.MIN_VALUE hash
+])
+def test_java_hash_known_answers(text, code):
+    assert naive.java_string_hash(text) == code
+    raw = text.encode()
+    assert K.java_hash_utf8(u8(raw), 0, len(raw)) == code
+    assert L.tags_code(text) == code
+
+
+ASTRAL = ["😀", "𝄞", "\U0010FFFF", "\U00010000"]
+TEXT = (st.text(max_size=40)
+        | st.lists(st.sampled_from(["a", "Z", "\x00", "\x7f", "é", "ß", "\u0800", "€", "\uffff",
+                                    "\ufffd", *ASTRAL]), max_size=20).map("".join))
+
+
+@budget(200)
+@given(text=TEXT, before=st.binary(max_size=7),
+       after=st.sampled_from([b"", b"\x80", b"\x80\x80\x80", b"z"]))
+def test_java_hash_matches_twin(text, before, after):
+    """The kernel reads UTF-8 and hashes UTF-16 units, surrogate pairs included;
+    continuation bytes after the string must not be taken as part of it."""
+    raw = text.encode()
+    got = K.java_hash_utf8(u8(before + raw + after), len(before), len(raw))
+    assert got == naive.java_string_hash(text) == L.java_string_hash(text)
+
+
+@budget(150)
+@given(raw=st.binary(max_size=40), before=st.binary(max_size=5), after=st.binary(max_size=5))
+def test_java_hash_reads_only_its_bytes(raw, before, after):
+    """On any bytes (malformed too): a signed 32-bit result that depends only on
+    buf[start:start+n]. (What malformed UTF-8 should hash to is pinned, as a
+    known bug, by test_java_hash_of_malformed_utf8_is_javas.)"""
+    alone = K.java_hash_utf8(u8(raw), 0, len(raw))
+    framed = K.java_hash_utf8(u8(before + raw + after), len(before), len(raw))
+    assert alone == framed
+    assert -2**31 <= alone < 2**31
+
+
+# ------------------------------------------------------------------ properties
+NO_SEP = st.characters(codec="utf-8", exclude_characters="\x01\x02")
+KEY = (st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "a", "ab", "T", "TAG", "TAGSX"])
+       | st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_",
+                 min_size=1, max_size=6))
+VALUE = (st.text(NO_SEP, max_size=8)
+         | st.lists(st.sampled_from(["", "x", "\x01", "é", *ASTRAL]), max_size=4).map("".join))
+PIECE = st.one_of(
+    st.tuples(KEY, VALUE).map("\x01".join),                 # a name/value pair
+    st.text(st.characters(codec="utf-8", exclude_characters="\x02"), max_size=6),  # junk
+    st.sampled_from(["", "\x01", "a\x01", "\x01a", "ab", "TAGS", "TAGS\x01", "é\x01"]),
+)
+PROPS_TEXT = st.builds(
+    lambda lead, pieces, trail: lead + "\x02".join(pieces) + trail,
+    st.sampled_from(["", "\x02"]), st.lists(PIECE, max_size=8),
+    st.sampled_from(["", "\x02", "\x02\x02", "\x01\x02", "\x01"]))
+
+
+def kernel_find_property(props: bytes, key: str, before: bytes = b"", after: bytes = b""):
+    buf = u8(before + props + after)
+    at, n = K.find_property(buf, len(before), len(props), np.frombuffer(key.encode(), np.uint8))
+    return None if at < 0 else bytes(buf[at:at + n])
+
+
+@budget(200)
+@given(props=PROPS_TEXT, data=st.data(), before=st.binary(max_size=4),
+       after=st.sampled_from([b"", b"\x01zz", b"zz\x02TAGS\x01zz"]))
+def test_find_property_matches_twin(props, data, before, after):
+    """Duplicate keys (the last wins), trailing separators, short and
+    separator-less pieces. Keys are non-empty ASCII, as every key the store
+    looks up is: for them Java's 3-char minimum and the kernel's 3-byte one
+    agree (non-ASCII keys: test_find_property_counts_chars_not_bytes)."""
+    present = [p.split("\x01", 1)[0] for p in props.split("\x02") if "\x01" in p]
+    present = [k for k in present if k and k.isascii()]
+    key = data.draw(st.sampled_from(present) if present and data.draw(st.booleans()) else KEY)
+    raw = props.encode()
+    assert kernel_find_property(raw, key, before, after) == naive.find_property(raw, key)
+    # The twin against the layout module's own parser.
+    expected = L.string_to_properties(props).get(key)
+    assert naive.find_property(raw, key) == (None if expected is None else expected.encode())
+
+
+@pytest.mark.parametrize("props, key, value", [
+    ("TAGS\x01TagA\x02KEYS\x01k1", "TAGS", b"TagA"),
+    ("TAGS\x01TagA\x02KEYS\x01k1\x02", "KEYS", b"k1"),          # trailing separator
+    ("TAGS\x01a\x02TAGS\x01b", "TAGS", b"b"),                  # last duplicate wins
+    ("TAGS\x01a\x02TAGS\x01", "TAGS", b"a"),                   # an empty value is no property
+    ("TAGS\x01a\x01b", "TAGS", b"a\x01b"),                     # split at the first \x01
+    ("TAGS", "TAGS", None),                                    # no separator
+    ("a\x01\x02ab", "a", None),                                # pieces under 3 chars
+    ("", "TAGS", None),
+])
+def test_find_property_known_answers(props, key, value):
+    assert naive.find_property(props.encode(), key) == value
+    assert kernel_find_property(props.encode(), key) == value
+
+
+# ------------------------------------------------------------- batch encoding
+HOST = st.tuples(st.ip_addresses().map(str), st.integers(0, 65535))
+TOPIC = (st.text(st.characters(codec="utf-8"), min_size=1, max_size=31)
+         .filter(lambda t: len(t.encode()) <= L.TOPIC_BYTES_MAX)
+         | st.sampled_from(["TopicTest", "%RETRY%group", "T" * L.TOPIC_BYTES_MAX]))
+TRANSACTION_TYPES = [L.SYSFLAG_TRANSACTION_NOT, L.SYSFLAG_TRANSACTION_PREPARED,
+                     L.SYSFLAG_TRANSACTION_COMMIT, L.SYSFLAG_TRANSACTION_ROLLBACK]
+SYSFLAG = INT32 | st.sampled_from(TRANSACTION_TYPES + [0x1, 0x2, 0x30, 0x34, 0x3C])
+MESSAGE = st.fixed_dictionaries({
+    "body": st.binary(max_size=300),
+    "properties": PROPS_TEXT.map(str.encode),
+    "queue_id": st.integers(0, 2**31 - 1) | st.integers(0, 3),
+    "flag": INT32,
+    "sysflag": SYSFLAG,
+    "born_timestamp": INT64 | st.integers(1_600_000_000_000, 1_800_000_000_000),
+    "reconsume_times": INT32 | st.integers(0, 16),
+    "prepared_offset": INT64,
+})
+PER_MESSAGE = {"properties": "properties", "queue_id": "queue_ids", "flag": "flag",
+               "sysflag": "sysflag", "born_timestamp": "born_timestamp",
+               "reconsume_times": "reconsume_times", "prepared_offset": "prepared_offset"}
+
+
+@dataclass
+class Batch:
+    """What a batch was built from, and the keyword arguments for records.encode."""
+    topic: str
+    messages: list[dict]
+    born_host: tuple[str, int]
+    store_host: tuple[str, int]
+    store_timestamp: int
+    kwargs: dict
+
+    def sysflag(self, m: dict) -> int:
+        """The SYSFLAG encode writes: the caller's bits, with the host bits
+        replaced by what the host addresses are."""
+        v6 = (L.SYSFLAG_BORNHOST_V6 if ":" in self.born_host[0] else 0) | (
+            L.SYSFLAG_STOREHOST_V6 if ":" in self.store_host[0] else 0)
+        return (m["sysflag"] & ~0x30) | v6
+
+    def naive_records(self) -> list[bytes]:
+        return [naive.encode_record(
+            self.topic, m["body"], m["properties"], queue_id=m["queue_id"], flag=m["flag"],
+            sysflag=self.sysflag(m), born_timestamp=m["born_timestamp"], born_host=self.born_host,
+            store_timestamp=self.store_timestamp, store_host=self.store_host,
+            reconsume_times=m["reconsume_times"], prepared_offset=m["prepared_offset"])
+            for m in self.messages]
+
+    def encode(self) -> R.EncodedBatch:
+        return R.encode(self.topic, [m["body"] for m in self.messages], **self.kwargs)
+
+
+@st.composite
+def batches(draw, max_messages: int = 6) -> Batch:
+    messages = draw(st.lists(MESSAGE, min_size=1, max_size=max_messages))
+    # Some fields given once for the whole batch (a scalar, or one properties
+    # string): then every message has the first message's value.
+    for field in draw(st.sets(st.sampled_from(sorted(PER_MESSAGE)))):
+        for m in messages[1:]:
+            m[field] = messages[0][field]
+        messages[0]["_scalar_" + field] = True
+    kwargs = {}
+    for field, arg in PER_MESSAGE.items():
+        if messages[0].pop("_scalar_" + field, False):
+            kwargs[arg] = messages[0][field]
+        else:
+            kwargs[arg] = [m[field] for m in messages]
+    b = Batch(topic=draw(TOPIC), messages=messages, born_host=draw(HOST), store_host=draw(HOST),
+              store_timestamp=draw(INT64), kwargs=kwargs)
+    b.kwargs.update(born_host=b.born_host, store_host=b.store_host,
+                    store_timestamp=b.store_timestamp)
+    return b
+
+
+@budget(150)
+@given(batch=batches())
+def test_encode_matches_twin(batch):
+    """records.encode byte for byte against the twin, IPv4 and IPv6 hosts,
+    every field per message or once for the batch (encode_batch, or
+    encode_uniform when all are once); plus the batch's metadata."""
+    enc = batch.encode()
+    expected = batch.naive_records()
+    assert bytes(enc.buf) == b"".join(expected)
+    starts = np.cumsum([0] + [len(r) for r in expected[:-1]])
+    assert enc.rec_pos.tolist() == starts.tolist()
+    assert enc.sizes.tolist() == [len(r) for r in expected]
+    assert enc.sizes.tolist() == [L.record_size(len(m["body"]), len(batch.topic.encode()),
+                                                len(m["properties"]), batch.sysflag(m))
+                                  for m in batch.messages]
+    assert enc.queue_id == batch.messages[0]["queue_id"]
+    assert enc.tags_codes.tolist() == [naive.tags_code(m["properties"]) for m in batch.messages]
+    assert enc.single_queue == (len({m["queue_id"] for m in batch.messages}) == 1)
+    assert enc.store_timestamp == batch.store_timestamp
+    assert enc.count == len(batch.messages) and enc.nbytes == sum(map(len, expected))
+
+
+@st.composite
+def uniform_batches(draw) -> Batch:
+    """Every integer setting given once for the batch: records.encode takes
+    the encode_uniform kernel. Properties one per message or one shared."""
+    first = draw(MESSAGE)
+    messages = [dict(first, body=body, properties=props) for body, props in draw(
+        st.lists(st.tuples(st.binary(max_size=300), PROPS_TEXT.map(str.encode)),
+                 min_size=1, max_size=6))]
+    shared = draw(st.booleans())
+    if shared:
+        for m in messages:
+            m["properties"] = first["properties"]
+    kwargs = {arg: first[field] for field, arg in PER_MESSAGE.items()}
+    kwargs["properties"] = first["properties"] if shared else [m["properties"] for m in messages]
+    b = Batch(topic=draw(TOPIC), messages=messages, born_host=draw(HOST), store_host=draw(HOST),
+              store_timestamp=draw(INT64), kwargs=kwargs)
+    b.kwargs.update(born_host=b.born_host, store_host=b.store_host,
+                    store_timestamp=b.store_timestamp)
+    return b
+
+
+@budget(150)
+@given(batch=uniform_batches())
+def test_encode_uniform_matches_twin(batch):
+    enc = batch.encode()
+    expected = batch.naive_records()
+    assert bytes(enc.buf) == b"".join(expected)
+    assert enc.rec_pos.tolist() == np.cumsum([0] + [len(r) for r in expected[:-1]]).tolist()
+    assert enc.sizes.tolist() == [len(r) for r in expected]
+    assert enc.tags_codes.tolist() == [naive.tags_code(m["properties"]) for m in batch.messages]
+    assert enc.queue_id == batch.messages[0]["queue_id"] and enc.single_queue
+
+
+@budget(150)
+@given(props=st.lists(PROPS_TEXT.map(str.encode), max_size=8), gaps=st.data())
+def test_tags_codes_matches_twin(props, gaps):
+    """The tags_codes kernel over properties strings scattered in one buffer."""
+    buf, offs = b"", []
+    for p in props:
+        buf += gaps.draw(st.sampled_from([b"", b"\x02", b"TAGS\x01zz", b"\x01\x01"]))
+        offs.append(len(buf))
+        buf += p
+    out = np.full(len(props), -7, np.int64)
+    K.tags_codes(u8(buf), np.array(offs, np.int64), np.array([len(p) for p in props], np.int64),
+                 TAGS_KEY, out)
+    assert out.tolist() == [naive.tags_code(p) for p in props]
+
+
+def test_encode_takes_both_kernels():
+    """The property tests above reach both encoders: encode_uniform when every
+    integer setting is one value, encode_batch when any is per message."""
+    with mock.patch.object(K, "encode_uniform", wraps=K.encode_uniform) as uniform, \
+            mock.patch.object(K, "encode_batch", wraps=K.encode_batch) as general:
+        R.encode("T", [b"a", b"b"], properties=[b"", b"TAGS\x01x"], queue_ids=1, flag=2)
+        assert (uniform.call_count, general.call_count) == (1, 0)
+        R.encode("T", [b"a", b"b"], properties=b"TAGS\x01x", queue_ids=[1, 1], flag=2)
+        assert (uniform.call_count, general.call_count) == (1, 1)
+
+
+# ---------------------------------------------------------------------- stamp
+@budget(150)
+@given(batch=batches(), phy_base=st.integers(0, 2**50), first=st.integers(0, 2**40))
+def test_stamp_one_queue_matches_twin(batch, phy_base, first):
+    enc = batch.encode()
+    expected, queue_offsets = naive.stamp(bytes(enc.buf), enc.rec_pos.tolist(), phy_base, first)
+    buf = enc.buf.copy()
+    qnext = np.array([first], np.int64)
+    out = np.full(enc.count, -99, np.int64)
+    K.stamp_batch(buf, enc.rec_pos, enc.count, phy_base, np.zeros(enc.count, np.int32), qnext, out)
+    assert bytes(buf) == expected
+    assert out.tolist() == queue_offsets
+    assert int(qnext[0]) == first + sum(q >= 0 for q in queue_offsets)
+
+
+@budget(100)
+@given(batch=batches(max_messages=10), phy_base=st.integers(0, 2**50), data=st.data())
+def test_stamp_many_queues_matches_twin(batch, phy_base, data):
+    """Each slot counts on its own: the twin stamps each slot's records alone."""
+    enc = batch.encode()
+    n_slots = data.draw(st.integers(1, 4))
+    slot_of = np.array(data.draw(st.lists(st.integers(0, n_slots - 1), min_size=enc.count,
+                                          max_size=enc.count)), np.int32)
+    firsts = data.draw(st.lists(st.integers(0, 2**40), min_size=n_slots, max_size=n_slots))
+    expected = bytes(enc.buf)
+    queue_offsets = [None] * enc.count
+    for s in range(n_slots):
+        mine = [i for i in range(enc.count) if slot_of[i] == s]
+        expected, offs = naive.stamp(expected, [int(enc.rec_pos[i]) for i in mine], phy_base,
+                                     firsts[s])
+        for i, q in zip(mine, offs):
+            queue_offsets[i] = q
+    buf = enc.buf.copy()
+    qnext = np.array(firsts, np.int64)
+    out = np.full(enc.count, -99, np.int64)
+    K.stamp_batch(buf, enc.rec_pos, enc.count, phy_base, slot_of, qnext, out)
+    assert bytes(buf) == expected
+    assert out.tolist() == queue_offsets
+    assert qnext.tolist() == [firsts[s] + sum(1 for i in range(enc.count)
+                                              if slot_of[i] == s and queue_offsets[i] >= 0)
+                              for s in range(n_slots)]
+
+
+# ----------------------------------------------------------------------- scan
+@dataclass
+class Segment:
+    buf: bytes
+    phy_base: int
+    starts: list[int]         # position of every record
+    records_end: int          # where the records stop and the tail starts
+    tail: str                 # "zeros" or "blank"
+    messages: list[tuple[Batch, dict]]
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+
+@st.composite
+def segments(draw) -> Segment:
+    """Encoded and stamped records (a few batches, so several topics and host
+    kinds), then either zeros or a blank record running to the segment end
+    (whose remaining bytes are garbage: nothing may read them)."""
+    phy_base = draw(st.integers(0, 2**40))
+    buf = bytearray()
+    starts: list[int] = []
+    messages: list[tuple[Batch, dict]] = []
+    qnext = np.array([draw(st.integers(0, 2**40))], np.int64)
+    for batch in draw(st.lists(batches(max_messages=4), min_size=1, max_size=3)):
+        enc = batch.encode()
+        records = enc.buf.copy()
+        K.stamp_batch(records, enc.rec_pos, enc.count, phy_base + len(buf),
+                      np.zeros(enc.count, np.int32), qnext, np.empty(enc.count, np.int64))
+        starts += (len(buf) + enc.rec_pos).tolist()
+        messages += [(batch, m) for m in batch.messages]
+        buf += bytes(records)
+    records_end = len(buf)
+    tail = draw(st.sampled_from(["zeros", "blank"]))
+    if tail == "zeros":
+        buf += bytes(draw(st.integers(0, 48)))
+    else:
+        rest = draw(st.binary(min_size=L.END_FILE_MIN_BLANK_BYTES - 8, max_size=40))
+        buf += struct.pack(">iI", 8 + len(rest), L.BLANK_MAGIC) + rest
+    return Segment(bytes(buf), phy_base, starts, records_end, tail, messages)
+
+
+def kernel_scan(buf: bytes, start: int, end: int, phy_base: int, check_crc: bool,
+                cap: int) -> tuple[list[tuple], int, int]:
+    """scan_records with an output of ``cap`` rows, called again from where it
+    stopped while it reports SCAN_FULL; returns the twin's shape of answer."""
+    arr = u8(buf)
+    rows: list[tuple] = []
+    pos = start
+    while True:
+        out = np.full((cap, K.N_SCAN), -7, np.int64)
+        n, stop, status = K.scan_records(arr, pos, end, phy_base, check_crc, K.CRC_TABLES,
+                                         TAGS_KEY, out)
+        rows += [tuple(int(x) for x in row) for row in out[:n]]
+        if status != K.SCAN_FULL:
+            return rows, int(stop), int(status)
+        assert n == cap and stop >= pos
+        pos = int(stop)
+
+
+def check_rows_against_inputs(seg: Segment, first: int, rows: list[tuple]):
+    """The rows describe records first, first+1, ... as they were built."""
+    col = {name: i for i, name in enumerate(naive.SCAN_COLUMNS)}
+    for row, pos, (batch, m) in zip(rows, seg.starts[first:], seg.messages[first:]):
+        topic = batch.topic.encode()
+        assert row[col["phy"]] == seg.phy_base + pos
+        assert row[col["size"]] == L.record_size(len(m["body"]), len(topic),
+                                                 len(m["properties"]), batch.sysflag(m))
+        assert row[col["queue_id"]] == m["queue_id"]
+        assert row[col["sysflag"]] == batch.sysflag(m)
+        assert row[col["store_ts"]] == batch.store_timestamp
+        assert row[col["tags_code"]] == L.tags_code(
+            L.string_to_properties(m["properties"].decode()).get("TAGS"))
+        tp, bp, pp = row[col["topic_pos"]], row[col["body_pos"]], row[col["props_pos"]]
+        assert seg.buf[tp:tp + row[col["topic_len"]]] == topic
+        assert seg.buf[bp:bp + row[col["body_len"]]] == m["body"]
+        assert seg.buf[pp:pp + row[col["props_len"]]] == m["properties"]
+
+
+@budget(150)
+@given(seg=segments(), check_crc=st.booleans(), data=st.data())
+def test_scan_matches_twin(seg, check_crc, data):
+    """Clean segment, any record to start from, any output capacity; up to
+    the segment end, or to an arbitrary limit (a cut record is corrupt unless
+    not even its TOTALSIZE and MAGICCODE fit, which is the end)."""
+    first = data.draw(st.integers(0, seg.count), label="first record")
+    start = seg.starts[first] if first < seg.count else seg.records_end
+    to_segment_end = data.draw(st.booleans(), label="to segment end")
+    end = len(seg.buf) if to_segment_end else data.draw(st.integers(start, len(seg.buf)),
+                                                        label="end")
+    cap = data.draw(st.integers(1, seg.count + 1), label="cap")
+    got = kernel_scan(seg.buf, start, end, seg.phy_base, check_crc, cap)
+    assert got == naive.scan_records(seg.buf, start, end, seg.phy_base, check_crc)
+    rows, stop, status = got
+    check_rows_against_inputs(seg, first, rows)
+    if to_segment_end:
+        assert len(rows) == seg.count - first
+        assert stop == seg.records_end
+        assert status == (naive.SCAN_BLANK if seg.tail == "blank" else naive.SCAN_END)
+
+
+def field_spans(sysflag: int, body_len: int, topic_len: int, props_len: int):
+    """(name, offset, length) of every field of a record, from the layout table."""
+    bh = 20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8
+    sh = 20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8
+    spans, at = [], 0
+    for name, n in (("size", 4), ("magic", 4), ("body_crc", 4), ("queue_id", 4), ("flag", 4),
+                    ("queue_offset", 8), ("phy_offset", 8), ("sysflag", 4), ("born_ts", 8),
+                    ("born_host", bh), ("store_ts", 8), ("store_host", sh), ("reconsume", 4),
+                    ("prepared", 8), ("body_len", 4), ("body", body_len), ("topic_len", 1),
+                    ("topic", topic_len), ("props_len", 2), ("props", props_len)):
+        spans.append((name, at, n))
+        at += n
+    return spans
+
+
+# Fields the scan does not check: a change there leaves the scan's shape
+# (rows, stop, status) alone and can only show in these columns of its row.
+UNCHECKED_FIELDS = {"queue_id": {"queue_id"}, "flag": set(), "queue_offset": {"queue_offset"},
+                    "sysflag": {"sysflag"}, "born_ts": set(), "born_host": set(),
+                    "store_ts": {"store_ts"}, "store_host": set(), "reconsume": set(),
+                    "prepared": set(), "topic": {"topic_hash"}, "props": {"tags_code"},
+                    "body_crc": set(), "body": set()}
+
+
+def valid_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+@budget(200)
+@given(seg=segments(), check_crc=st.booleans(), data=st.data())
+def test_scan_finds_a_corrupted_byte(seg, check_crc, data):
+    """One byte changed anywhere from the starting record on. Where the scan
+    checks the field, it must stop at that record; where it cannot, it must
+    carry on with only the affected column changed; and always agree with the
+    twin."""
+    first = data.draw(st.integers(0, seg.count - 1), label="first record")
+    start = seg.starts[first]
+    # Aim at a record (or the tail), then at one of its fields, so that
+    # every field gets its share of hits however long the body is.
+    target = data.draw(st.integers(first, seg.count), label="target record")
+    if target == seg.count and seg.records_end < len(seg.buf):
+        where = data.draw(st.integers(seg.records_end, len(seg.buf) - 1), label="tail position")
+    else:
+        target = min(target, seg.count - 1)
+        batch, m = seg.messages[target]
+        spans = field_spans(batch.sysflag(m), len(m["body"]), len(batch.topic.encode()),
+                            len(m["properties"]))
+        _, at, n = data.draw(st.sampled_from([s for s in spans if s[2] > 0]), label="field")
+        where = seg.starts[target] + at + data.draw(st.integers(0, n - 1), label="offset")
+    bad = bytearray(seg.buf)
+    bad[where] ^= data.draw(st.integers(1, 255), label="xor")
+    bad = bytes(bad)
+    end = len(bad)
+    cap = data.draw(st.integers(1, seg.count + 1), label="cap")
+
+    clean_rows, clean_stop, clean_status = naive.scan_records(seg.buf, start, end, seg.phy_base,
+                                                              check_crc)
+    got = kernel_scan(bad, start, end, seg.phy_base, check_crc, cap)
+    twin = naive.scan_records(bad, start, end, seg.phy_base, check_crc)
+    rows, stop, status = got
+
+    if where >= seg.records_end:                      # in the tail
+        d = where - seg.records_end
+        event(f"tail {seg.tail}")
+        assert got == twin
+        assert rows == clean_rows and stop == seg.records_end
+        if seg.tail == "zeros":
+            size_now_nonzero = d < 4 and end - seg.records_end >= 8
+            assert status == (naive.SCAN_CORRUPT if size_now_nonzero else naive.SCAN_END)
+        elif d >= 8:                                  # past the blank's header: never read
+            assert status == naive.SCAN_BLANK
+        elif d < 4 and struct.unpack_from(">i", bad, seg.records_end)[0] == 0:
+            assert status == naive.SCAN_END
+        else:
+            assert status == naive.SCAN_CORRUPT
+        return
+
+    j = max(i for i in range(seg.count) if seg.starts[i] <= where)
+    pos = seg.starts[j]
+    batch, m = seg.messages[j]
+    spans = field_spans(batch.sysflag(m), len(m["body"]), len(batch.topic.encode()),
+                        len(m["properties"]))
+    field = next(name for name, at, n in spans if at <= where - pos < at + n)
+    old, new = seg.buf[where], bad[where]
+    if field == "sysflag" and (old ^ new) & 0x30 and where - pos == L.OFF_SYSFLAG + 3:
+        field = "sysflag host bits"
+    event(field)
+    note(f"record {j} at {pos}, field {field}, byte {old:#04x} -> {new:#04x}")
+    before = clean_rows[:j - first]
+    assert rows[:j - first] == before
+
+    # The one known divergence from the twin: malformed UTF-8 in a TAGS value
+    # (see test_java_hash_of_malformed_utf8_is_javas). Compare the rest.
+    record = bad[pos:pos + spans[-1][1] + spans[-1][2]]
+    tags_now = None
+    if field == "props":              # the record's structure is intact
+        tags_now = naive.find_property(naive.parse_record(record)["properties"], "TAGS")
+    if tags_now is not None and not valid_utf8(tags_now):
+        event("malformed TAGS: tags code not compared")
+        col = naive.SCAN_COLUMNS.index("tags_code")
+        strip = lambda r: tuple(v for i, v in enumerate(r) if i != col)  # noqa: E731
+        assert ([strip(r) for r in rows], stop, status) == ([strip(r) for r in twin[0]],
+                                                           twin[1], twin[2])
+    else:
+        assert got == twin
+
+    checked = {"size", "magic", "phy_offset", "props_len"}
+    if check_crc:
+        checked |= {"body_crc", "body"}
+    if field in checked:
+        # Always caught: TOTALSIZE and PROPERTIESLENGTH no longer add up,
+        # PHYSICALOFFSET is not the record's position, CRC-32 catches any
+        # error burst of up to 32 bits.
+        assert (len(rows), stop) == (j - first, pos)
+        if field == "size" and struct.unpack_from(">i", bad, pos)[0] == 0:
+            assert status == naive.SCAN_END
+        elif field == "magic" and bad[pos + 4:pos + 8] == bytes.fromhex("DAA320AB"):
+            assert status == naive.SCAN_FOREIGN     # 0xDAA320A7 -> 0xDAA320AB is one byte
+        else:
+            assert status == naive.SCAN_CORRUPT
+    elif field in ("body_len", "topic_len", "sysflag host bits"):
+        # Caught unless the lengths read from the shifted positions happen to
+        # add up to TOTALSIZE again, which the twin then also accepts.
+        caught = (len(rows), stop, status) == (j - first, pos, naive.SCAN_CORRUPT)
+        assert caught or naive.parse_record(record) is not None
+    else:
+        assert (len(rows), stop, status) == (len(clean_rows), clean_stop, clean_status)
+        may_change = {naive.SCAN_COLUMNS.index(c) for c in UNCHECKED_FIELDS[field]}
+        for r_bad, r_clean in zip(rows, clean_rows):
+            for i, (a, b) in enumerate(zip(r_bad, r_clean)):
+                assert a == b or i in may_change, (naive.SCAN_COLUMNS[i], a, b)
+
+
+@budget(150)
+@given(seg=segments(), data=st.data())
+def test_scan_of_overwritten_bytes_matches_twin(seg, data):
+    """A run of random bytes over a valid segment (a torn write), or records
+    of other formats: whatever the scan makes of it, the twin makes too."""
+    at = data.draw(st.integers(0, len(seg.buf) - 1))
+    junk = data.draw(st.binary(min_size=1, max_size=24)
+                     | st.sampled_from([struct.pack(">I", naive.MESSAGE_MAGIC_V2),
+                                        struct.pack(">I", naive.BLANK_MAGIC), bytes(4)]))
+    bad = bytearray(seg.buf)
+    bad[at:at + len(junk)] = junk[:len(seg.buf) - at]
+    bad = bytes(bad)
+    check_crc = data.draw(st.booleans())
+    got = kernel_scan(bad, 0, len(bad), seg.phy_base, check_crc, seg.count + 1)
+    twin = naive.scan_records(bad, 0, len(bad), seg.phy_base, check_crc)
+    col = naive.SCAN_COLUMNS.index("tags_code")
+    # malformed TAGS aside (see test_java_hash_of_malformed_utf8_is_javas)
+    strip = lambda r: tuple(v for i, v in enumerate(r) if i != col)  # noqa: E731
+    assert [strip(r) for r in got[0]] == [strip(r) for r in twin[0]]
+    assert got[1:] == twin[1:]
+
+
+@budget(150)
+@given(seg=segments(), check_crc=st.booleans(), data=st.data())
+def test_scan_stops_at_the_first_of_two_corruptions(seg, check_crc, data):
+    """Two changed bytes, e.g. a body (caught only by the CRC) before a broken
+    header: the scan reports the first, whichever check catches each."""
+    bad = bytearray(seg.buf)
+    for _ in range(2):
+        bad[data.draw(st.integers(0, len(bad) - 1))] ^= data.draw(st.integers(1, 255))
+    bad = bytes(bad)
+    cap = data.draw(st.integers(1, seg.count + 1))
+    got = kernel_scan(bad, 0, len(bad), seg.phy_base, check_crc, cap)
+    twin = naive.scan_records(bad, 0, len(bad), seg.phy_base, check_crc)
+    col = naive.SCAN_COLUMNS.index("tags_code")
+    # malformed TAGS aside (see test_java_hash_of_malformed_utf8_is_javas)
+    strip = lambda r: tuple(v for i, v in enumerate(r) if i != col)  # noqa: E731
+    assert [strip(r) for r in got[0]] == [strip(r) for r in twin[0]]
+    assert got[1:] == twin[1:]
+
+
+def test_scan_known_statuses():
+    """One record then: nothing, a blank, a 5.x record, garbage; and a blank
+    that does not reach the segment end."""
+    enc = R.encode("TopicTest", [b"x"], properties=b"TAGS\x01a")
+    rec = enc.buf.copy()
+    K.stamp_batch(rec, enc.rec_pos, 1, 1000, np.zeros(1, np.int32), np.zeros(1, np.int64),
+                  np.zeros(1, np.int64))
+    rec = bytes(rec)
+    n = len(rec)
+    blank = struct.pack(">iI", 16, L.BLANK_MAGIC) + bytes(8)
+    cases = [
+        (rec, 1, n, K.SCAN_END),
+        (rec + bytes(16), 1, n, K.SCAN_END),
+        (rec + blank, 1, n, K.SCAN_BLANK),
+        (rec + blank + bytes(4), 1, n, K.SCAN_CORRUPT),     # blank not at the segment end
+        (rec + struct.pack(">iI", 100, naive.MESSAGE_MAGIC_V2) + bytes(92), 1, n, K.SCAN_FOREIGN),
+        (rec + struct.pack(">iI", 100, 0x12345678) + bytes(92), 1, n, K.SCAN_CORRUPT),
+        (rec + struct.pack(">iI", -5, L.MESSAGE_MAGIC) + bytes(92), 1, n, K.SCAN_CORRUPT),
+        (rec + struct.pack(">iI", 91, L.MESSAGE_MAGIC) + bytes(92), 1, n, K.SCAN_CORRUPT),
+    ]
+    for buf, rows, stop, status in cases:
+        got = kernel_scan(buf, 0, len(buf), 1000, True, 4)
+        assert got == naive.scan_records(buf, 0, len(buf), 1000, True)
+        assert (len(got[0]), got[1], got[2]) == (rows, stop, status), buf[n:]
+    # The wrong segment base: PHYSICALOFFSET no longer matches.
+    assert kernel_scan(rec, 0, n, 999, False, 4) == ([], 0, K.SCAN_CORRUPT)
+
+
+def _record_with_topic_length(topic_len: int, phy: int) -> bytes:
+    """A record whose fields add up, with a topic of ``topic_len`` bytes (the
+    length byte holds it unsigned, so 128..255 are possible on disk)."""
+    rec = bytearray(naive.encode_record("T", b"x", b"TAGS\x01a", phy_offset=phy))
+    at = 88 + 1                                        # TOPICLENGTH, after a 1-byte body
+    rec[at:at + 2] = bytes([topic_len]) + b"T" * topic_len
+    rec[0:4] = struct.pack(">i", len(rec))
+    return bytes(rec)
+
+
+@pytest.mark.parametrize("topic_len, valid", [(0, False), (1, True), (127, True),
+                                              (128, False), (255, False)])
+def test_scan_checks_the_topic_length(topic_len, valid):
+    """Topic 1..127 bytes, even when every length adds up."""
+    rec = _record_with_topic_length(topic_len, 5000)
+    got = kernel_scan(rec, 0, len(rec), 5000, True, 2)
+    assert got == naive.scan_records(rec, 0, len(rec), 5000, True)
+    assert (len(got[0]), got[2]) == ((1, K.SCAN_END) if valid else (0, K.SCAN_CORRUPT))
+
+
+# --------------------------------------------------------------- ConsumeQueue
+TAG_POOL = [0, 1, -1, 42, 2598919, 2**63 - 1, -2**63]
+TAG = st.sampled_from(TAG_POOL) | INT64
+
+
+@st.composite
+def cq_unit(draw) -> tuple[int, int, int]:
+    kind = draw(st.sampled_from(["real"] * 8 + ["pad", "pad-size", "negative", "bad size",
+                                                 "zero"]))
+    if kind == "real":
+        return draw(st.integers(0, 2**40)), draw(st.integers(1, 5000)), draw(TAG)
+    if kind == "pad":                                   # ConsumeQueue.fillPreBlank
+        return 0, naive.CQ_PAD_SIZE, 0
+    if kind == "pad-size":
+        return draw(INT64), naive.CQ_PAD_SIZE, draw(TAG)
+    if kind == "negative":
+        return draw(st.integers(-2**63, -1)), draw(INT32), draw(TAG)
+    if kind == "bad size":
+        return draw(st.integers(0, 2**40)), draw(st.integers(-2**31, 0)), draw(TAG)
+    return 0, 0, 0                                      # never written
+
+
+def cq_bytes(units) -> bytes:
+    return b"".join(struct.pack(">qiq", *u) for u in units)
+
+
+@st.composite
+def cq_files(draw):
+    """Units of one file, and a window (first, count) into them."""
+    units = draw(st.lists(cq_unit(), max_size=40))
+    first = draw(st.integers(0, len(units)))
+    count = draw(st.integers(0, len(units) - first))
+    return units, first, count
+
+
+@budget(200)
+@given(cq=cq_files(), codes=st.lists(TAG, unique=True, max_size=5), data=st.data())
+def test_cq_scan_matches_twin(cq, codes, data):
+    units, first, count = cq
+    # Limits at, just below and just above what the real units add up to.
+    window = [u for u in units[first:first + count] if 0 < u[1] < naive.CQ_PAD_SIZE]
+    sums = np.cumsum([0] + [u[1] for u in window]).tolist()
+    max_msgs = data.draw(st.integers(0, len(window) + 1), label="max_msgs")
+    near_a_sum = st.sampled_from(sums).flatmap(lambda s: st.sampled_from([s - 1, s, s + 1]))
+    max_bytes = data.draw(near_a_sum | st.integers(0, 60_000) | st.just(2**62), label="max_bytes")
+    raw = cq_bytes(units)
+    codes = sorted(codes)
+    out_phy = np.full(max(count, 1), -7, np.int64)
+    out_size = np.full(max(count, 1), -7, np.int64)
+    found, scanned, status = K.cq_scan(u8(raw), first, count, np.array(codes, np.int64),
+                                       max_msgs, max_bytes, out_phy, out_size)
+    phys, sizes, n_scanned, n_status = naive.cq_scan(raw, first, count, codes, max_msgs,
+                                                     max_bytes)
+    assert (out_phy[:found].tolist(), out_size[:found].tolist(), scanned, status) == (
+        phys, sizes, n_scanned, n_status)
+    assert (out_phy[found:] == -7).all()
+    if status == naive.CQ_FULL:
+        assert found >= 1 or max_msgs == 0
+        assert found == max_msgs or sum(sizes) + units[first + scanned][1] > max_bytes
+
+
+@budget(150)
+@given(cq=cq_files(), data=st.data())
+def test_cq_valid_units_matches_twin(cq, data):
+    units, first, count = cq
+    ends = [p + s for p, s, _ in units if p >= 0 and 0 < s < naive.CQ_PAD_SIZE]
+    cl_end = data.draw(st.sampled_from(ends) | st.integers(0, 2**41) if ends
+                       else st.integers(0, 2**41))
+    raw = cq_bytes(units)
+    got = K.cq_valid_units(u8(raw), first, count, cl_end)
+    assert tuple(int(x) for x in got) == naive.cq_valid_units(raw, first, count, cl_end)
+
+
+@budget(150)
+@given(cq=cq_files(), data=st.data())
+def test_min_phy_from_matches_twin(cq, data):
+    units, first, count = cq
+    phys = [p for p, _, _ in units]
+    cl_min = data.draw(st.sampled_from(phys) | INT64 if phys else INT64)
+    raw = cq_bytes(units)
+    assert K.min_phy_from(u8(raw), first, count, cl_min) == naive.min_phy_from(
+        raw, first, count, cl_min)
+
+
+@budget(100)
+@given(units=st.lists(cq_unit(), min_size=1, max_size=20), data=st.data())
+def test_cq_put_many_writes_the_unit_layout(units, data):
+    """cq_put_many against struct.pack(">qiq") (layout.CQ_UNIT_DTYPE)."""
+    start = data.draw(st.integers(0, len(units) - 1))
+    count = data.draw(st.integers(0, len(units) - start))
+    first_unit = data.draw(st.integers(0, 3))
+    cq = np.full((first_unit + count + 1) * 20, 0xAB, np.uint8)
+    K.cq_put_many(cq, first_unit, np.array([u[0] for u in units], np.int64),
+                  np.array([u[1] for u in units], np.int64),
+                  np.array([u[2] for u in units], np.int64), start, count)
+    fill = b"\xab" * 20
+    assert bytes(cq) == fill * first_unit + cq_bytes(units[start:start + count]) + fill
+    view = cq[first_unit * 20:(first_unit + count) * 20].view(L.CQ_UNIT_DTYPE)
+    assert [tuple(int(x) for x in u) for u in view] == units[start:start + count]
+
+
+# ------------------------------------------- regressions (bugs found and fixed)
+@pytest.mark.parametrize("raw, java_text", [
+    pytest.param(b"\xe2\x82A", "\ufffdA", id="truncated-3-byte-sequence"),
+    pytest.param(b"\xc0\x80", "\ufffd\ufffd", id="overlong-nul"),
+    pytest.param(b"\xf4\x90\x80\x80", "\ufffd" * 4, id="above-U+10FFFF"),
+])
+def test_java_hash_of_malformed_utf8_is_javas(raw, java_text):
+    """RocketMQ's broker computes the tags code as new String(props, UTF_8)
+    .hashCode(), whose decoder replaces a maximal ill-formed subsequence by
+    one U+FFFD and rejects overlong and above-U+10FFFF forms."""
+    assert raw.decode("utf-8", "replace") == java_text
+    assert K.java_hash_utf8(u8(raw), 0, len(raw)) == naive.java_string_hash(java_text)
+
+
+def test_find_property_counts_chars_not_bytes():
+    """"é\\x01" is 2 Java chars (3 UTF-8 bytes): Java skips that piece, so
+    the earlier "é" -> "x" stands."""
+    props = "é\x01x\x02é\x01".encode()
+    assert naive.find_property(props, "é") == b"x"
+    assert kernel_find_property(props, "é") == b"x"
+
+
+def test_cq_valid_units_rejects_a_unit_ending_past_int64_max():
+    """A garbage unit (a torn ConsumeQueue write) pointing just below 2**63:
+    it does not end before cl_end, so recovery must not keep it."""
+    raw = cq_bytes([(2**63 - 100, 1000, 0)])
+    assert naive.cq_valid_units(raw, 0, 1, 2**40) == (0, -1)
+    assert tuple(int(x) for x in K.cq_valid_units(u8(raw), 0, 1, 2**40)) == (0, -1)
+
+
+_GUARD_PAGE_SCAN = textwrap.dedent("""
+    import ctypes, mmap, struct
+    import numpy as np
+    from shmq.core import _kernels as K, layout as L
+    page = mmap.PAGESIZE
+    mem = mmap.mmap(-1, 2 * page)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(addr + page, page, 0) == 0      # PROT_NONE guard page
+    seg = np.frombuffer(mem, np.uint8, count=page)
+    pos = page - 92
+    # A 92-byte record claiming two IPv6 hosts, ending exactly at the segment end.
+    seg[pos:] = np.frombuffer(struct.pack(">iI", 92, L.MESSAGE_MAGIC) + bytes(84), np.uint8)
+    seg[pos + 36:pos + 40] = np.frombuffer(struct.pack(">i", 0x30), np.uint8)
+    seg[pos + 28:pos + 36] = np.frombuffer(struct.pack(">q", pos), np.uint8)
+    out = np.zeros((1, K.N_SCAN), np.int64)
+    n, stop, status = K.scan_records(seg, pos, page, 0, False, K.CRC_TABLES,
+                                     np.frombuffer(b"TAGS", np.uint8), out)
+    print(int(n), int(stop) - pos, int(status))
+""")
+
+
+def test_scan_never_reads_past_the_segment_end():
+    """A short record with both IPv6 bits at the very end of a mapping that is
+    followed by an inaccessible page: the scan must say CORRUPT, not crash."""
+    run = subprocess.run([sys.executable, "-c", _GUARD_PAGE_SCAN], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert run.stdout.split() == ["0", "0", str(K.SCAN_CORRUPT)]
