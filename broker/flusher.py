@@ -10,7 +10,10 @@ an appender asks for a flush or the next periodic duty is due:
                    ASYNC_FLUSH: every flushIntervalCommitLog ms, if at least
                    flushCommitLogLeastPages pages are dirty or
                    flushCommitLogThoroughInterval ms have passed.
-    2. ConsumeQueues and checkpoint, every flushIntervalConsumeQueue ms.
+    2. ConsumeQueues and checkpoint, every flushIntervalConsumeQueue ms: the
+       queues with flushConsumeQueueLeastPages dirty pages, and all of them
+       every flushConsumeQueueThoroughInterval ms (only then does the
+       checkpoint's ConsumeQueue position advance).
     3. Next segment: created (fallocate) by a helper thread once the current
        one is half full, so a roll never waits for it.
     4. Retention, every cleanResourceInterval ms.
@@ -44,6 +47,7 @@ class Flusher:
         self.next_cl = now
         self.next_thorough = now + self.cfg.flushCommitLogThoroughInterval / 1000
         self.next_cq = now + self.cfg.flushIntervalConsumeQueue / 1000
+        self.next_cq_thorough = now + self.cfg.flushConsumeQueueThoroughInterval / 1000
         self.next_clean = now + self.cfg.cleanResourceInterval / 1000
         self.flushes = 0
         self.stopping = False
@@ -65,9 +69,12 @@ class Flusher:
                 self.next_thorough = now + cfg.flushCommitLogThoroughInterval / 1000
             self.next_cl = now + cfg.flushIntervalCommitLog / 1000
         if now >= self.next_cq:
-            self.store.flush_consume_queues()
+            thorough = now >= self.next_cq_thorough
+            self.store.flush_consume_queues(thorough)
             self.store.write_checkpoint()
             self.next_cq = now + cfg.flushIntervalConsumeQueue / 1000
+            if thorough:
+                self.next_cq_thorough = now + cfg.flushConsumeQueueThoroughInterval / 1000
         self.prepare_next_segment()
         if now >= self.next_clean:
             rep = clean_expired(self.store)

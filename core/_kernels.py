@@ -475,6 +475,35 @@ def _scan_headers(buf, start, end, phy_base, tags_key, out):
         pos += size
 
 
+@njit(**_JIT)
+def last_nonzero(buf, start):
+    """Index of the last nonzero byte of buf[start:], or -1 (recovery: what
+    lies past the end of the data). Reads 8-byte words where it can."""
+    i = buf.shape[0] - 1
+    while i >= start and (i + 1) % 8 != 0:      # trailing bytes
+        if buf[i] != 0:
+            return i
+        i -= 1
+    wlo = (start + 7) // 8
+    whi = (i + 1) // 8
+    if i >= start and whi > wlo:                # whole words [wlo*8, whi*8)
+        words = buf[wlo * 8:whi * 8].view(np.uint64)
+        w = whi - wlo - 1
+        while w >= 0 and words[w] == 0:
+            w -= 1
+        if w >= 0:
+            base = (wlo + w) * 8
+            for k in range(7, -1, -1):
+                if buf[base + k] != 0:
+                    return base + k
+        i = wlo * 8 - 1
+    while i >= start:                           # leading bytes
+        if buf[i] != 0:
+            return i
+        i -= 1
+    return -1
+
+
 # --------------------------------------------------------------- ConsumeQueue
 CQ_PAD_SIZE = 2147483647   # ConsumeQueue.fillPreBlank: size Integer.MAX_VALUE
 

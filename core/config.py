@@ -36,8 +36,12 @@ class StoreConfig:
     flushCommitLogLeastPages: int = 4
     # ... unless this many ms passed since the last flush
     flushCommitLogThoroughInterval: int = 10_000
-    # ms between ConsumeQueue flushes (and checkpoint writes)
+    # ms between ConsumeQueue flushes (and checkpoint writes) ...
     flushIntervalConsumeQueue: int = 1000
+    # ... of the queues with at least this many dirty 4 KiB pages ...
+    flushConsumeQueueLeastPages: int = 2
+    # ... and of every queue once this many ms have passed
+    flushConsumeQueueThoroughInterval: int = 60_000
     # ms a SYNC_FLUSH send waits before FLUSH_DISK_TIMEOUT
     syncFlushTimeout: int = 5000
     # bytes: the largest message body accepted

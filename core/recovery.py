@@ -119,22 +119,22 @@ def recover(config: StoreConfig, files: FileLayer) -> Recovered:
         else:
             scan_from = min(max(min(ckpt.cl_flushed, ckpt.cq_flushed), segs[0]), segs[-1])
             scan_from -= scan_from % seg
-        end, last_ts, groups = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep)
+        kept = _kept_extents(cqs, cl_min, scan_from)
+        dispatch = _Dispatcher(cqs, kept, rep)
+        end, last_ts = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep, dispatch.chunk)
         if ckpt is not None and ckpt.cl_flushed > end:
             rep.flushed_lost_bytes = ckpt.cl_flushed - end
         _truncate(cl, segs, end, rep)
-        kept = _kept_extents(cqs, cl_min, scan_from)
-        dispatched, gap = _dispatch(cqs, groups, kept, rep)
         # Retention deletes ConsumeQueue files only after CommitLog segments:
         # with the CommitLog whole from 0, a queue must start at offset 0.
-        gap = gap or (cl_min == 0 and any(first > 0 for first, _ in kept.values()))
+        gap = dispatch.gap or (cl_min == 0 and any(first > 0 for first, _ in kept.values()))
         if gap and scan_from > segs[0]:
             rep.full_redispatch = True
             scan_from = segs[0]
-            end, last_ts, groups = _scan(cl, segs, scan_from, config.checkCRCOnRecover,
-                                         RecoveryReport())
             kept = _kept_extents(cqs, cl_min, scan_from)
-            dispatched, _ = _dispatch(cqs, groups, kept, rep)
+            dispatch = _Dispatcher(cqs, kept, rep)
+            _scan(cl, segs, scan_from, config.checkCRCOnRecover, RecoveryReport(), dispatch.chunk)
+        dispatched = dispatch.new_max
         rep.scan_from, rep.end, rep.min_offset = scan_from, end, cl_min
         queues = _finish_queues(cqs, kept, dispatched, cl_min, end, rep)
         # What survived a process crash may still be only in the page cache:
@@ -163,10 +163,11 @@ def _check_segments(cl: CommitLog, segs: list[int], seg: int) -> None:
 
 
 def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
-          rep: RecoveryReport) -> tuple[int, int, list[tuple[np.ndarray, np.ndarray]]]:
-    """Validate from ``scan_from``; returns (end, last store ts, row chunks)."""
+          rep: RecoveryReport, on_rows) -> tuple[int, int]:
+    """Validate from ``scan_from``, handing each chunk of rows to
+    ``on_rows(buf, rows)`` (rows are only valid during the call); returns
+    (end, store timestamp of the last record)."""
     out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
-    groups = []
     last_ts = 0
     end = scan_from
     for s in segs[segs.index(scan_from):]:
@@ -176,9 +177,8 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
             n, pos, status = K.scan_records(buf, pos, buf.shape[0], s, check_crc, K.CRC_TABLES,
                                             _TAGS_KEY, out)
             if n:
-                rows = out[:n].copy()
-                groups.append((rows, _topics(buf, rows)))
-                last_ts = int(rows[-1, K.S_STORE_TS])
+                on_rows(buf, out[:n])
+                last_ts = int(out[n - 1, K.S_STORE_TS])
                 rep.records_scanned += n
             if status != K.SCAN_FULL:
                 break
@@ -192,36 +192,25 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
                                 f"this store was written by RocketMQ 5 and cannot be served")
         rep.stop_reason = "end" if status == K.SCAN_END else f"corrupt record at {s + pos}"
         break
-    return end, last_ts, groups
-
-
-def _topics(buf: np.ndarray, rows: np.ndarray) -> dict[int, str]:
-    """Topic hash → topic name for one chunk (one decode per distinct topic)."""
-    out: dict[int, str] = {}
-    hashes, first = np.unique(rows[:, K.S_TOPIC_HASH], return_index=True)
-    for h, i in zip(hashes, first):
-        p, n = int(rows[i, K.S_TOPIC_POS]), int(rows[i, K.S_TOPIC_LEN])
-        out[int(h)] = buf[p:p + n].tobytes().decode("utf-8", "replace")
-    return out
+    return end, last_ts
 
 
 def _truncate(cl: CommitLog, segs: list[int], end: int, rep: RecoveryReport) -> None:
     seg = cl.segment_bytes
     end_seg = end - end % seg
     if end_seg in segs:
-        tail = cl.map(end_seg)[end % seg:]
-        nz = np.flatnonzero(tail)
-        if nz.shape[0]:
-            rep.bytes_truncated += int(nz[-1]) + 1
-            cl.zero(end, end_seg + int(nz[-1]) + 1)
+        last = int(K.last_nonzero(cl.map(end_seg), end % seg))
+        if last >= 0:
+            rep.bytes_truncated += last + 1 - end % seg
+            cl.zero(end, end_seg + last + 1)
             cl.flush(end, end_seg + seg)
     for s in segs:
         if s <= end_seg:
             continue
-        nonzero = int(np.count_nonzero(cl.map(s)))
-        if s == end_seg + seg and nonzero == 0:
+        buf = cl.map(s)
+        if s == end_seg + seg and K.last_nonzero(buf, 0) < 0:
             continue  # the preallocated next segment: still empty, keep it
-        rep.bytes_truncated += nonzero
+        rep.bytes_truncated += int(np.count_nonzero(buf))
         cl.delete_segment(s)
         rep.segments_deleted.append(offset_to_file_name(s))
 
@@ -249,38 +238,55 @@ def _kept_extents(cqs: ConsumeQueues, cl_min: int, scan_from: int) -> dict[tuple
     return out
 
 
-def _dispatch(cqs: ConsumeQueues, groups, kept, rep: RecoveryReport):
-    """Rewrite the units of every scanned record; returns ({queue: new max},
-    gap) where gap means some queue's units were missing before the scan."""
-    new_max: dict[tuple[str, int], int] = {}
-    gap = False
-    for rows, topics in groups:
+class _Dispatcher:
+    """Rewrites the ConsumeQueue units of scanned records, chunk by chunk.
+    ``new_max``: queue → offset past its last record; ``gap``: some queue's
+    first re-dispatched offset lies past its kept units (units were lost)."""
+
+    def __init__(self, cqs: ConsumeQueues, kept, rep: RecoveryReport):
+        self.cqs, self.kept, self.rep = cqs, kept, rep
+        self.new_max: dict[tuple[str, int], int] = {}
+        self.gap = False
+        self.topics: dict[int, str] = {}
+
+    def chunk(self, buf: np.ndarray, rows: np.ndarray) -> None:
         tt = rows[:, K.S_SYSFLAG] & SYSFLAG_TRANSACTION_MASK
-        rows = rows[(tt != SYSFLAG_TRANSACTION_PREPARED) & (tt != SYSFLAG_TRANSACTION_ROLLBACK)]
-        if not rows.shape[0]:
-            continue
-        order = np.lexsort((rows[:, K.S_QUEUE_ID], rows[:, K.S_TOPIC_HASH]))
-        rows = rows[order]
-        key_change = np.flatnonzero((np.diff(rows[:, K.S_TOPIC_HASH]) != 0)
-                                    | (np.diff(rows[:, K.S_QUEUE_ID]) != 0)) + 1
-        bounds = np.concatenate(([0], key_change, [rows.shape[0]]))
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            g = rows[a:b]
-            key = (topics[int(g[0, K.S_TOPIC_HASH])], int(g[0, K.S_QUEUE_ID]))
-            q = g[:, K.S_QUEUE_OFFSET]
-            expect = new_max.get(key, kept.get(key, (0, 0))[1])
+        keep = (tt != SYSFLAG_TRANSACTION_PREPARED) & (tt != SYSFLAG_TRANSACTION_ROLLBACK)
+        if not keep.all():
+            rows = rows[keep]
+            if not rows.shape[0]:
+                return
+        self._learn_topics(buf, rows)
+        th, qid = rows[:, K.S_TOPIC_HASH], rows[:, K.S_QUEUE_ID]
+        order = np.lexsort((qid, th))   # stable: each queue's records stay in order
+        th, qid = th[order], qid[order]
+        cols = {c: rows[:, c][order] for c in (K.S_PHY, K.S_SIZE, K.S_TAGS_CODE, K.S_QUEUE_OFFSET)}
+        change = np.flatnonzero((th[1:] != th[:-1]) | (qid[1:] != qid[:-1])) + 1
+        bounds = np.concatenate(([0], change, [th.shape[0]]))
+        rep = self.rep
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            key = (self.topics[int(th[a])], int(qid[a]))
+            q = cols[K.S_QUEUE_OFFSET][a:b]
+            expect = self.new_max.get(key, self.kept.get(key, (0, 0))[1])
             if int(q[0]) > expect:
-                gap = True
-            if int(q[0]) != expect and key in new_max:
+                self.gap = True
+            if int(q[0]) != expect and key in self.new_max:
                 rep.offset_anomalies += 1
             rep.offset_anomalies += int(np.count_nonzero(np.diff(q) != 1))
             units = np.empty(b - a, dtype=CQ_UNIT_DTYPE)
-            units["phy_offset"] = g[:, K.S_PHY]
-            units["size"] = g[:, K.S_SIZE]
-            units["tags_code"] = g[:, K.S_TAGS_CODE]
-            rep.units_rebuilt += _write_units(cqs, key, q, units)
-            new_max[key] = int(q[-1]) + 1
-    return new_max, gap
+            units["phy_offset"] = cols[K.S_PHY][a:b]
+            units["size"] = cols[K.S_SIZE][a:b]
+            units["tags_code"] = cols[K.S_TAGS_CODE][a:b]
+            rep.units_rebuilt += _write_units(self.cqs, key, q, units)
+            self.new_max[key] = int(q[-1]) + 1
+
+    def _learn_topics(self, buf: np.ndarray, rows: np.ndarray) -> None:
+        """Topic hash → name, decoding one record per topic not seen yet."""
+        hashes, first = np.unique(rows[:, K.S_TOPIC_HASH], return_index=True)
+        for h, i in zip(hashes.tolist(), first.tolist()):
+            if h not in self.topics:
+                p, n = int(rows[i, K.S_TOPIC_POS]), int(rows[i, K.S_TOPIC_LEN])
+                self.topics[h] = buf[p:p + n].tobytes().decode("utf-8", "replace")
 
 
 def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray) -> int:

@@ -312,9 +312,13 @@ class MessageStore:
             st.set("flush_seq", st.get("flush_seq") + 1)
         return target
 
-    def flush_consume_queues(self) -> int:
-        """Make every published unit durable; returns the CommitLog position all
-        of whose units are durable (for the checkpoint). Flusher only."""
+    def flush_consume_queues(self, thorough: bool = True) -> int:
+        """Make published units durable. Thorough: every queue, and the
+        returned CommitLog position (all of whose units are now durable)
+        advances. Otherwise only queues with flushConsumeQueueLeastPages
+        dirty pages (RocketMQ's policy: syncing every queue every second
+        write-protects thousands of pages that the next appends fault on).
+        Returns the checkpoint's ConsumeQueue position. Flusher only."""
         st = self.state
         with st.locked():
             # Every append ending at or before pos has published its queue
@@ -323,21 +327,30 @@ class MessageStore:
             pos = st.write_pos
         used = st.used_slots()
         nxt = st.queue_next[used]
-        dirty = used[nxt > st.queue_cq_flushed[used]]
+        done = st.queue_cq_flushed[used]
+        dirty = used[nxt > done]
+        if not thorough:
+            least = self.config.flushConsumeQueueLeastPages * 4096 // CQ_UNIT_BYTES
+            busy = used[nxt - done >= least]
+            if busy.shape[0] <= CQ_SYNC_EACH_MAX:
+                dirty = busy
+            else:
+                thorough = True   # syncfs below covers every queue anyway
         nxt_of = dict(zip(used.tolist(), nxt.tolist()))
-        if dirty.shape[0] > CQ_SYNC_EACH_MAX:
+        if thorough and dirty.shape[0] > CQ_SYNC_EACH_MAX:
             self.files.sync_filesystem(self.root)   # data and directory entries, one call
         else:
             upf = self.config.cq_units_per_file
             for slot in dirty.tolist():
                 topic, qid = st.slot_key(slot)
-                done, end = int(st.queue_cq_flushed[slot]), nxt_of[slot]
-                self.cqs.flush(topic, qid, max(done, int(st.queue_min[slot])), end)
-                if (done - 1) // upf != (end - 1) // upf:
-                    self.cqs.sync_dirs(topic, qid, new_queue=done == 0)  # new files' names
+                flushed, end = int(st.queue_cq_flushed[slot]), nxt_of[slot]
+                self.cqs.flush(topic, qid, max(flushed, int(st.queue_min[slot])), end)
+                if (flushed - 1) // upf != (end - 1) // upf:
+                    self.cqs.sync_dirs(topic, qid, new_queue=flushed == 0)  # new files' names
         st.queue_cq_flushed[dirty] = [nxt_of[s] for s in dirty.tolist()]
-        st.set("cq_flushed_pos", pos)
-        return pos
+        if thorough:
+            st.set("cq_flushed_pos", pos)
+        return st.get("cq_flushed_pos")
 
     def write_checkpoint(self) -> Checkpoint:
         """Record what is durable (after flush_commitlog and flush_consume_queues)."""

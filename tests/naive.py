@@ -339,3 +339,11 @@ def min_phy_from(units: bytes, first: int, max_units: int, cl_min: int) -> int:
         if size != CQ_PAD_SIZE and phy >= cl_min:
             return k
     return max_units
+
+
+def last_nonzero(buf: bytes, start: int) -> int:
+    """Index of the last nonzero byte at or after ``start``, or -1."""
+    for i in range(len(buf) - 1, start - 1, -1):
+        if buf[i]:
+            return i
+    return -1

@@ -67,15 +67,24 @@ def test_sync_flush_answers_a_request_at_once_for_everything_published(store_dir
     assert a.end < b.end
 
 
-def test_consume_queues_and_checkpoint_are_flushed_on_their_interval(store_dir):
+def test_consume_queues_flush_busy_queues_each_second_and_all_at_the_thorough_interval(store_dir):
     store, f, clock = setup(store_dir)
-    r = put(store, 50)
+    st = store.state
+    quiet = put(store, 50)                                   # queue F:0, one unit
+    for _ in range(500):                                     # queue B:0, 500 units > 2 pages
+        store.append(encode("B", [b"b"], properties=b""))
     f.step()
     assert Checkpoint.load(REAL_FILES, store_dir) is None
     clock.advance(1000)
     f.step()
+    busy, idle = st.queue_slot("B", 0), st.queue_slot("F", 0)
+    assert st.queue_cq_flushed[busy] == 500 and st.queue_cq_flushed[idle] == 0
     ck = Checkpoint.load(REAL_FILES, store_dir)
-    assert ck.cq_flushed == r.end and ck.cl_flushed == store.state.flushed_pos
+    assert ck.cl_flushed == st.flushed_pos and ck.cq_flushed == 0   # not every queue yet
+    clock.advance(59_000)
+    f.step()                                                 # flushConsumeQueueThoroughInterval
+    assert st.queue_cq_flushed[idle] == 1
+    assert Checkpoint.load(REAL_FILES, store_dir).cq_flushed == st.write_pos > quiet.end
 
 
 def test_the_next_segment_exists_before_the_writer_needs_it(store_dir):

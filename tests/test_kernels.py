@@ -882,3 +882,13 @@ def test_scan_never_reads_past_the_segment_end():
                          text=True, timeout=120)
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     assert run.stdout.split() == ["0", "0", str(K.SCAN_CORRUPT)]
+
+
+@given(data=st.data(), n=st.integers(0, 300))
+@settings(max_examples=200, deadline=None)
+def test_last_nonzero_matches_twin(data, n):
+    raw = bytearray(n)
+    for i in data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=4)) if n else []:
+        raw[i] = data.draw(st.integers(1, 255))
+    start = data.draw(st.integers(0, n))
+    assert K.last_nonzero(u8(bytes(raw)), start) == naive.last_nonzero(bytes(raw), start)
