@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from perf import append, recovery, sync_flush, write_path
-from perf.limits import fdatasync_rate, memcpy_into_mmap
+from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
 class Context:
@@ -36,6 +36,7 @@ class Context:
         self.scratch = scratch
         self._memcpy = None
         self._fsync = None
+        self._seqwrite: dict[int, float] = {}
 
     def sub(self, name: str) -> str:
         d = tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch)
@@ -45,6 +46,12 @@ class Context:
         if self._memcpy is None:
             self._memcpy = memcpy_into_mmap(self.scratch, (64 if self.quick else 512) << 20)
         return self._memcpy
+
+    def disk_write_bps(self, nbytes: int) -> float:
+        """Sustained write rate for a run of ``nbytes`` (one measurement per size)."""
+        if nbytes not in self._seqwrite:
+            self._seqwrite[nbytes] = sequential_write(self.scratch, nbytes)
+        return self._seqwrite[nbytes]
 
     def fdatasync(self) -> tuple[float, float]:
         if self._fsync is None:

@@ -7,12 +7,16 @@ do at best for the same work, with no shmq in the way.
   preallocated file (what an append must do at least once per byte);
 - fdatasync rate: overwrite 4 KiB of a preallocated file, then fdatasync
   (one group commit can cost no less);
+- sequential write: 1 MiB pwrites into a preallocated file with an fdatasync
+  every 500 ms (what an async-flushed store sustains at best: once the page
+  cache stops absorbing the burst, the disk is the limit);
 - sequential read: reading files that are in the page cache into a buffer.
 """
 from __future__ import annotations
 
 import mmap
 import os
+import threading
 import time
 
 import numpy as np
@@ -81,3 +85,31 @@ def sequential_read(paths: list[str]) -> float:
                     total += n
         best = max(best, total / (time.perf_counter() - t))
     return best
+
+
+def sequential_write(scratch: str, nbytes: int, flush_interval_s: float = 0.5) -> float:
+    """Bytes/s of writing ``nbytes`` in 1 MiB pwrites to a preallocated file
+    while another thread fdatasyncs it every ``flush_interval_s``."""
+    path = os.path.join(scratch, "limit-seqwrite")
+    REAL_FILES.create_preallocated(path, nbytes)
+    fd = os.open(path, os.O_RDWR)
+    chunk = os.urandom(CHUNK)
+    done = threading.Event()
+
+    def flusher():
+        while not done.wait(flush_interval_s):
+            os.fdatasync(fd)
+
+    th = threading.Thread(target=flusher)
+    try:
+        th.start()
+        t = time.perf_counter()
+        for off in range(0, nbytes - CHUNK + 1, CHUNK):
+            os.pwrite(fd, chunk, off)
+        rate = nbytes / (time.perf_counter() - t)
+    finally:
+        done.set()
+        th.join()
+        os.close(fd)
+        os.unlink(path)
+    return rate
