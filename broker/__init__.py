@@ -1,0 +1,1 @@
+"""The server roles. So far: the store's owner and the flush process."""

@@ -142,3 +142,26 @@ def test_concurrent_writers_get_dense_unique_offsets(store_dir, flush):
     assert len(rows) == n * writers
     if flush == "SYNC_FLUSH":   # group commit: fewer fdatasyncs than acknowledged sends
         assert 0 < flushes < n * writers
+
+
+def test_a_sync_send_past_sync_flush_timeout_times_out(store_dir):
+    """The flusher is stopped (SIGSTOP): the send is published but not durable
+    within syncFlushTimeout, so the waiter is told (FLUSH_DISK_TIMEOUT); once
+    the flusher runs again the same bytes become durable."""
+    import signal
+    from shmq.broker.shared_store import attach, wait_flushed
+    cfg = small_config(store_dir, flushDiskType="SYNC_FLUSH", syncFlushTimeout=300)
+    with StoreOwner(cfg) as o:
+        o.wait_flusher_ready()
+        store, cb = attach(cfg, role="other")
+        os.kill(o.flusher.pid, signal.SIGSTOP)
+        try:
+            r = store.append(encode("Slow", [b"x"], properties=b""))
+            t0 = time.monotonic()
+            assert wait_flushed(store, cb, r.end) is False
+            assert 0.25 <= time.monotonic() - t0 < 5
+            assert store.read_queue("Slow", 0)[0].body == b"x"   # published all the same
+        finally:
+            os.kill(o.flusher.pid, signal.SIGCONT)
+        assert wait_flushed(store, cb, r.end) is True
+        cb.close()
