@@ -145,17 +145,23 @@ class MessageStore:
             st.set("reserve_start", wp)
             st.set("reserve_end", end)
             # 2. write
-            if phy != wp:
-                self.cl.write_blank(wp)
-            self.cl.ensure_segment(phy - phy % self._seg)
-            self.cl.write(phy, batch.buf)
             rec_phy = batch.rec_pos + phy
-            if q_end - q0 == n:
-                self.cqs.put(topic, qid, q0, rec_phy, batch.sizes, batch.tags_codes, 0, n)
-            elif q_end > q0:  # some records are prepared/rollback transactions: no unit
-                keep = np.flatnonzero(qoff >= 0)
-                self.cqs.put(topic, qid, q0, rec_phy[keep], batch.sizes[keep],
-                             batch.tags_codes[keep], 0, keep.shape[0])
+            try:
+                if phy != wp:
+                    self.cl.write_blank(wp)
+                self.cl.ensure_segment(phy - phy % self._seg)
+                self.cl.write(phy, batch.buf)
+                if q_end - q0 == n:
+                    self.cqs.put(topic, qid, q0, rec_phy, batch.sizes, batch.tags_codes, 0, n)
+                elif q_end > q0:  # prepared/rollback transaction records get no unit
+                    keep = np.flatnonzero(qoff >= 0)
+                    self.cqs.put(topic, qid, q0, rec_phy[keep], batch.sizes[keep],
+                                 batch.tags_codes[keep], 0, keep.shape[0])
+            except BaseException:
+                # e.g. ENOSPC: leave nothing that a later recovery could take
+                # for records, then let the caller see the error.
+                self._roll_back(slot)
+                raise
             # 3. publish
             st.set("last_store_ts", batch.store_timestamp)
             st.set("write_pos", end)
@@ -187,9 +193,15 @@ class MessageStore:
                 st.queue_next[slot] = q_end
             st.set("reserve_start", end)
             return "rolled forward"
-        # Nothing was published: erase the half-written bytes and units, so that
-        # neither recovery nor a reader can ever take them for records.
         assert wp == start, (wp, start)
+        self._roll_back(slot)
+        return "rolled back"
+
+    def _roll_back(self, slot: int) -> None:
+        """Undo an unpublished reservation (lock held): erase its bytes and
+        units, so neither recovery nor a reader can take them for records."""
+        st = self.state
+        start, end, q_end = st.get("reserve_start"), st.get("reserve_end"), st.get("reserve_qnext")
         self.cl.zero(start, end)
         topic, qid = st.slot_key(slot)
         q0 = int(st.queue_next[slot])
@@ -197,7 +209,6 @@ class MessageStore:
             units = np.zeros(q_end - q0, dtype=np.int64)
             self.cqs.put(topic, qid, q0, units, units, units, 0, q_end - q0)
         st.set("reserve_end", start)
-        return "rolled back"
 
     # -------------------------------------------------------------------- read
     def max_offset(self, topic: str, queue_id: int) -> int:

@@ -224,3 +224,34 @@ def test_records_on_disk_decode_as_rocketmq_records(store_dir):
     unit = np.frombuffer(cq[:20], L.CQ_UNIT_DTYPE)[0]
     assert (int(unit["phy_offset"]), int(unit["size"]), int(unit["tags_code"])) == \
         (m.phy_offset, m.total_size, L.tags_code("T"))
+
+
+def test_an_append_that_fails_midway_leaves_nothing_behind(store_dir):
+    """A write error after part of the batch reached the file (say ENOSPC on
+    a new ConsumeQueue file): the caller sees the error and no byte of the
+    failed batch survives for recovery to mistake for records."""
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    put(store, "E", [b"before"])
+    end = store.state.write_pos
+    real_put = store.cqs.put
+    calls = []
+
+    def failing_put(*a, **kw):   # the append's unit write fails; the roll-back's works
+        calls.append(a)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real_put(*a, **kw)
+
+    store.cqs.put = failing_put
+    with pytest.raises(OSError, match="No space"):
+        put(store, "E", [b"lost-1", b"lost-2"])
+    store.cqs.put = real_put
+    assert store.state.write_pos == end and store.max_offset("E", 0) == 1
+    assert not store.cl.map(0)[end:end + 4096].any()
+    r = put(store, "E", [b"after"])
+    assert (r.phy_offset, r.queue_offset) == (end, 1)
+    store.close()
+    store, report = open_local(cfg)   # abnormal recovery finds exactly two records
+    assert [m.body for m in store.read_queue("E", 0)] == [b"before", b"after"]
+    assert report.bytes_truncated == 0
