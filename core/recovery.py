@@ -293,6 +293,17 @@ def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray) 
     """Write units at their queue offsets; returns how many differed on disk."""
     upf = cqs.units_per_file
     raw = units.view(np.uint8).reshape(-1, CQ_UNIT_BYTES)
+    n = qoffs.shape[0]
+    if int(qoffs[-1]) - int(qoffs[0]) == n - 1 and int(qoffs[0]) // upf == int(qoffs[-1]) // upf:
+        # the usual case: consecutive offsets in one file, compared as one slice
+        fi, lo = divmod(int(qoffs[0]), upf)
+        cq = cqs.mapped(key[0], key[1], fi, create=True)[lo * CQ_UNIT_BYTES:(lo + n) * CQ_UNIT_BYTES]
+        new = raw.reshape(-1)
+        if np.array_equal(cq, new):
+            return 0
+        changed = int(np.count_nonzero((cq.reshape(-1, CQ_UNIT_BYTES) != raw).any(axis=1)))
+        cq[:] = new
+        return changed
     changed = 0
     file_idx = qoffs // upf
     for fi in np.unique(file_idx):
