@@ -262,11 +262,7 @@ def batches(draw, max_messages: int = 6) -> Batch:
             kwargs[arg] = messages[0][field]
         else:
             kwargs[arg] = [m[field] for m in messages]
-    b = Batch(topic=draw(TOPIC), messages=messages, born_host=draw(HOST), store_host=draw(HOST),
-              store_timestamp=draw(INT64), kwargs=kwargs)
-    b.kwargs.update(born_host=b.born_host, store_host=b.store_host,
-                    store_timestamp=b.store_timestamp)
-    return b
+    return _batch(draw, messages, kwargs)
 
 
 @budget(150)
@@ -291,6 +287,15 @@ def test_encode_matches_twin(batch):
     assert enc.count == len(batch.messages) and enc.nbytes == sum(map(len, expected))
 
 
+def _batch(draw, messages, kwargs) -> Batch:
+    """A Batch with drawn topic, hosts and store time, passed to encode too."""
+    b = Batch(topic=draw(TOPIC), messages=messages, born_host=draw(HOST), store_host=draw(HOST),
+              store_timestamp=draw(INT64), kwargs=kwargs)
+    b.kwargs.update(born_host=b.born_host, store_host=b.store_host,
+                    store_timestamp=b.store_timestamp)
+    return b
+
+
 @st.composite
 def uniform_batches(draw) -> Batch:
     """Every integer setting given once for the batch: records.encode takes
@@ -305,11 +310,7 @@ def uniform_batches(draw) -> Batch:
             m["properties"] = first["properties"]
     kwargs = {arg: first[field] for field, arg in PER_MESSAGE.items()}
     kwargs["properties"] = first["properties"] if shared else [m["properties"] for m in messages]
-    b = Batch(topic=draw(TOPIC), messages=messages, born_host=draw(HOST), store_host=draw(HOST),
-              store_timestamp=draw(INT64), kwargs=kwargs)
-    b.kwargs.update(born_host=b.born_host, store_host=b.store_host,
-                    store_timestamp=b.store_timestamp)
-    return b
+    return _batch(draw, messages, kwargs)
 
 
 @budget(150)
