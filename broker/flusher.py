@@ -30,7 +30,7 @@ import time
 
 from shmq.core.retention import clean_expired
 from shmq.core.store import MessageStore
-from shmq.ipc.control import WANT_FLUSH, ControlBlock
+from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent
 
 PAGE_BYTES = 4096
 PREPARE_WHEN_LEFT = 0.5   # create the next segment when half of this one is left
@@ -131,10 +131,12 @@ class Flusher:
         self.store.write_checkpoint()
 
 
-def flusher_main(config) -> None:
-    """Entry point of the flush process (spawned by the store owner)."""
+def flusher_main(config, owner_pid: int) -> None:
+    """Entry point of the flush process (spawned by the store owner; it dies
+    with the owner)."""
     from shmq.broker.shared_store import attach
 
+    die_with_parent(owner_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(message)s")
     store, cb = attach(config, role="flusher")
     f = Flusher(store, cb)

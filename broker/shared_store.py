@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 
 from shmq.core.checkpoint import abort_path
@@ -107,8 +108,8 @@ class StoreOwner:
 
     def start_flusher(self) -> None:
         from shmq.broker.flusher import flusher_main
-        p = self._ctx.Process(target=flusher_main, args=(self.config,), name="shmq-flusher",
-                              daemon=False)
+        p = self._ctx.Process(target=flusher_main, args=(self.config, os.getpid()),
+                              name="shmq-flusher", daemon=False)
         p.start()
         self.flusher = p
 

@@ -27,10 +27,12 @@ and a block left by a dead owner is stale by definition and made anew.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import mmap
 import os
+import signal
 import time
 
 import numpy as np
@@ -91,6 +93,24 @@ def process_start_ticks(pid: int) -> int:
 def pid_alive(pid: int, start_ticks: int) -> bool:
     """True if ``pid`` runs and is the process that had ``start_ticks`` (not a reuse)."""
     return pid > 0 and process_start_ticks(pid) == start_ticks
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux
+    PR_SET_PDEATHSIG), and exit now if the parent is already gone. A helper
+    of a dead owner must not outlive it: a new owner may be recovering the
+    store while it would still flush, checkpoint or delete files from a
+    stale control block. (The signal follows the parent *thread* that
+    started this process: start helpers from the owner's main thread.)"""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if os.getppid() != parent_pid:
+        os._exit(0)
 
 
 class StoreLockFile:

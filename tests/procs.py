@@ -130,3 +130,13 @@ def crash_writer(cfg, wid, ack_path, sync):
         if not sync or wait_flushed(store, cb, r.end):
             os.write(fd, f"{seq} {seq + n - 1}\n".encode())
         seq += n
+
+
+def owner_reports_flusher_then_waits(cfg, conn):
+    """Own the store, report the flusher's pid, then wait to be killed."""
+    from shmq.broker.shared_store import StoreOwner
+    o = StoreOwner(cfg)
+    o.open()
+    o.wait_flusher_ready()
+    conn.send(o.flusher.pid)
+    time.sleep(WRITER_SECONDS_MAX)

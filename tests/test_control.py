@@ -74,6 +74,22 @@ def _owner_dies(cfg):
     procs.die()
 
 
+def test_the_flusher_dies_with_its_owner(store_dir):
+    """An orphaned flusher could checkpoint or delete files from a stale
+    control block while a new owner recovers the store."""
+    a, b = CTX.Pipe()
+    p = CTX.Process(target=procs.owner_reports_flusher_then_waits, args=(small_config(store_dir), b))
+    p.start()
+    flusher = a.recv()
+    os.kill(p.pid, 9)
+    p.join(30)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{flusher}") and time.monotonic() < deadline:
+        time.sleep(0.02)   # killed by the kernel (PR_SET_PDEATHSIG), reaped by init
+    state = open(f"/proc/{flusher}/stat").read().split()[2] if os.path.exists(f"/proc/{flusher}") else "gone"
+    assert state in ("gone", "Z"), f"flusher {flusher} still running ({state})"
+
+
 def test_a_writer_killed_mid_write_is_rolled_back(owner):
     assert run(procs.append_then_die_mid_write, owner.config, "Mid") == -9
     st = owner.store.state
