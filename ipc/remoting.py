@@ -1,0 +1,291 @@
+"""The RocketMQ 4.x remoting protocol, sans I/O: bytes in, commands out, bytes back.
+
+Nothing here touches a socket. ``FrameDecoder.receive_data`` takes whatever
+bytes arrived; ``next_command`` returns a complete ``RemotingCommand`` or
+``None`` (need more data), or raises ``RemoteProtocolError`` for bytes that
+can never form a command (the caller closes that one connection). ``encode``
+and ``encode_head`` turn a command back into bytes; ``encode_head`` leaves the
+body out so that it can be sent separately (sendfile, sendmsg of slices).
+
+Frame (reference §1.1), big-endian::
+
+    int32 total      = 4 + header bytes + body bytes (not counting itself)
+    int32 type_hlen  = serialize type << 24 | header bytes
+    header           JSON (type 0) or ROCKETMQ binary (type 1)
+    body             the rest of the frame
+
+ROCKETMQ binary header (§1.3)::
+
+    int16 code | int8 language | int16 version | int32 opaque | int32 flag |
+    int32 remark bytes | remark | int32 ext bytes |
+    ext: repeated (int16 key bytes | key | int32 value bytes | value)
+
+Clients send extFields values as strings (Go), JSON numbers and booleans
+(Node, C++): every value becomes a string here, numbers as decimal text,
+booleans as "true"/"false"; nulls and unknown keys are dropped. A reply goes
+out in the request's serialization (``RemotingCommand.reply``); replies made
+without a request (errors) use JSON, which every client reads.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import orjson
+
+JSON = 0
+ROCKETMQ = 1
+FLAG_RESPONSE = 0x1
+FLAG_ONEWAY = 0x2
+FRAME_BYTES_MAX = 16 * 1024 * 1024          # NettyDecoder.FRAME_MAX_LENGTH
+VERSION_4_9_7 = 407                         # MQVersion ordinal this broker speaks as
+
+LANGUAGES = {"JAVA": 0, "CPP": 1, "DOTNET": 2, "PYTHON": 3, "DELPHI": 4, "ERLANG": 5,
+             "RUBY": 6, "OTHER": 7, "HTTP": 8, "GO": 9, "PHP": 10, "OMS": 11, "RUST": 12,
+             "NODE_JS": 13}
+LANGUAGE_NAMES = {v: k for k, v in LANGUAGES.items()}
+
+_PREFIX = struct.Struct(">ii")
+_BIN_FIXED = struct.Struct(">hbhiii")      # code, language, version, opaque, flag, remark length
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+class RemoteProtocolError(ValueError):
+    """The peer sent bytes that are not a remoting frame: close the connection."""
+
+
+class LocalProtocolError(ValueError):
+    """We were asked to encode something the protocol cannot carry."""
+
+
+@dataclass
+class RemotingCommand:
+    code: int
+    opaque: int = 0
+    flag: int = 0
+    remark: str | None = None
+    ext: dict[str, str] = field(default_factory=dict)
+    body: bytes | bytearray | memoryview = b""
+    language: str = "JAVA"
+    version: int = VERSION_4_9_7
+    serialize_type: int = JSON
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    def reply(self, code: int, remark: str | None = None, ext: dict[str, str] | None = None,
+              body: bytes | memoryview = b"") -> "RemotingCommand":
+        """The response to this request: same opaque, response flag, and the
+        request's serialization (RocketMQ's normal path)."""
+        return RemotingCommand(code=code, opaque=self.opaque, flag=FLAG_RESPONSE, remark=remark,
+                               ext=dict(ext or {}), body=body, serialize_type=self.serialize_type)
+
+
+# ------------------------------------------------------------------ decoding
+def _ext_value(v) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, (int, float, str)):
+        return str(v)
+    raise RemoteProtocolError(f"extFields value of type {type(v).__name__} is not a scalar")
+
+
+def _int_field(obj: dict, key: str, default: int | None = None) -> int:
+    v = obj.get(key, default)
+    if v is None:
+        raise RemoteProtocolError(f"JSON header has no {key!r}")
+    if (isinstance(v, bool) or not isinstance(v, (int, str, float))
+            or (isinstance(v, float) and not v.is_integer())):
+        raise RemoteProtocolError(f"JSON header {key!r} is not an integer: {v!r}")
+    try:
+        n = int(v)
+    except ValueError:
+        raise RemoteProtocolError(f"JSON header {key!r} is not an integer: {v!r}") from None
+    if not -2**31 <= n < 2**31:
+        raise RemoteProtocolError(f"JSON header {key!r}={n} is out of the int32 range")
+    return n
+
+
+def decode_json_header(raw) -> RemotingCommand:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise RemoteProtocolError(f"header is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise RemoteProtocolError("JSON header is not an object")
+    ext_raw = obj.get("extFields") or {}
+    if not isinstance(ext_raw, dict):
+        raise RemoteProtocolError("JSON header extFields is not an object")
+    ext = {}
+    for k, v in ext_raw.items():
+        s = _ext_value(v)
+        if s is not None:
+            ext[k] = s
+    remark = obj.get("remark")
+    language = obj.get("language", "JAVA")
+    if isinstance(language, int) and not isinstance(language, bool):
+        language = LANGUAGE_NAMES.get(language, "OTHER")
+    return RemotingCommand(code=_int_field(obj, "code"), opaque=_int_field(obj, "opaque", 0),
+                           flag=_int_field(obj, "flag", 0), version=_int_field(obj, "version", 0),
+                           remark=None if remark is None else str(remark), ext=ext,
+                           language=language if isinstance(language, str) else "OTHER",
+                           serialize_type=JSON)
+
+
+def decode_binary_header(raw) -> RemotingCommand:
+    mv = memoryview(raw)
+    n = len(mv)
+    try:
+        code, lang, version, opaque, flag, rlen = _BIN_FIXED.unpack_from(mv, 0)
+        pos = _BIN_FIXED.size
+        if rlen < 0 or pos + rlen > n:
+            raise RemoteProtocolError("ROCKETMQ header: remark length out of bounds")
+        remark = bytes(mv[pos:pos + rlen]).decode("utf-8", "replace") if rlen else None
+        pos += rlen
+        (elen,) = _I32.unpack_from(mv, pos)
+        pos += 4
+        if elen < 0 or pos + elen > n:
+            raise RemoteProtocolError("ROCKETMQ header: extFields length out of bounds")
+        end = pos + elen
+        ext = {}
+        while pos < end:
+            (klen,) = _I16.unpack_from(mv, pos)
+            pos += 2
+            if klen < 0 or pos + klen > end:
+                raise RemoteProtocolError("ROCKETMQ header: key length out of bounds")
+            key = bytes(mv[pos:pos + klen]).decode("utf-8", "replace")
+            pos += klen
+            (vlen,) = _I32.unpack_from(mv, pos)
+            pos += 4
+            if vlen < 0 or pos + vlen > end:
+                raise RemoteProtocolError("ROCKETMQ header: value length out of bounds")
+            if klen and vlen:   # Java reads empty strings as null and drops them
+                ext[key] = bytes(mv[pos:pos + vlen]).decode("utf-8", "replace")
+            pos += vlen
+    except struct.error:
+        raise RemoteProtocolError("ROCKETMQ header is truncated") from None
+    return RemotingCommand(code=code, opaque=opaque, flag=flag, remark=remark, ext=ext,
+                           language=LANGUAGE_NAMES.get(lang, "OTHER"), version=version,
+                           serialize_type=ROCKETMQ)
+
+
+class FrameDecoder:
+    """Reassembles frames from a byte stream, one connection's worth.
+
+    Holds at most one incomplete frame (capped at ``frame_bytes_max``); once
+    it has raised RemoteProtocolError it raises again on every call, because
+    the stream has lost its framing."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX):
+        self.frame_bytes_max = frame_bytes_max
+        self._buf = bytearray()
+        self._pos = 0
+        self._error: RemoteProtocolError | None = None
+
+    def receive_data(self, data) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_command(self) -> RemotingCommand | None:
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._next()
+        except RemoteProtocolError as e:
+            self._error = e
+            raise
+
+    def _next(self) -> RemotingCommand | None:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            return None
+        (total,) = _I32.unpack_from(buf, pos)
+        if total < 4:
+            raise RemoteProtocolError(f"frame length {total} is shorter than its header length field")
+        if total > self.frame_bytes_max:
+            raise RemoteProtocolError(f"frame length {total} exceeds the {self.frame_bytes_max}-byte limit")
+        if len(buf) - pos < 4 + total:
+            return None
+        (type_hlen,) = _I32.unpack_from(buf, pos + 4)
+        stype = (type_hlen >> 24) & 0xFF
+        hlen = type_hlen & 0xFFFFFF
+        if hlen > total - 4:
+            raise RemoteProtocolError(f"header length {hlen} exceeds the frame ({total} bytes)")
+        start = pos + 8
+        header = bytes(buf[start:start + hlen])
+        body = bytes(buf[start + hlen:pos + 4 + total])
+        self._pos = pos + 4 + total
+        if self._pos > (1 << 20) and self._pos * 2 > len(buf):
+            del buf[:self._pos]
+            self._pos = 0
+        if stype == JSON:
+            cmd = decode_json_header(header)
+        elif stype == ROCKETMQ:
+            cmd = decode_binary_header(header)
+        else:
+            raise RemoteProtocolError(f"unknown serialize type {stype}")
+        cmd.body = body
+        return cmd
+
+
+# ------------------------------------------------------------------ encoding
+def encode_header(cmd: RemotingCommand) -> bytes:
+    if cmd.serialize_type == JSON:
+        obj = {"code": cmd.code, "language": cmd.language, "version": cmd.version,
+               "opaque": cmd.opaque, "flag": cmd.flag, "serializeTypeCurrentRPC": "JSON"}
+        if cmd.remark is not None:
+            obj["remark"] = cmd.remark
+        if cmd.ext:
+            obj["extFields"] = {k: str(v) for k, v in cmd.ext.items()}
+        return orjson.dumps(obj)
+    if cmd.serialize_type == ROCKETMQ:
+        if not -2**15 <= cmd.code < 2**15 or not -2**15 <= cmd.version < 2**15:
+            raise LocalProtocolError(f"code {cmd.code} / version {cmd.version} do not fit the "
+                                     f"ROCKETMQ header's int16")
+        remark = (cmd.remark or "").encode()
+        parts = [_BIN_FIXED.pack(cmd.code, LANGUAGES.get(cmd.language, LANGUAGES["OTHER"]),
+                                 cmd.version, cmd.opaque, cmd.flag, len(remark)), remark]
+        ext = bytearray()
+        for k, v in cmd.ext.items():
+            kb, vb = str(k).encode(), str(v).encode()
+            if len(kb) >= 2**15:
+                raise LocalProtocolError(f"extFields key of {len(kb)} bytes does not fit an int16")
+            ext += _I16.pack(len(kb)) + kb + _I32.pack(len(vb)) + vb
+        parts += [_I32.pack(len(ext)), bytes(ext)]
+        return b"".join(parts)
+    raise LocalProtocolError(f"unknown serialize type {cmd.serialize_type}")
+
+
+def encode_head(cmd: RemotingCommand, body_bytes: int, frame_bytes_max: int = FRAME_BYTES_MAX) -> bytes:
+    """The frame up to the body: length fields and header. The caller sends
+    ``body_bytes`` of body after it (from memory, a mapping or a file)."""
+    header = encode_header(cmd)
+    if len(header) > 0xFFFFFF:
+        raise LocalProtocolError(f"header of {len(header)} bytes exceeds 16 MiB - 1")
+    total = 4 + len(header) + body_bytes
+    if total > frame_bytes_max:
+        raise LocalProtocolError(f"frame of {total} bytes exceeds the {frame_bytes_max}-byte limit")
+    return _PREFIX.pack(total, (cmd.serialize_type << 24) | len(header)) + header
+
+
+def encode(cmd: RemotingCommand, frame_bytes_max: int = FRAME_BYTES_MAX) -> bytes:
+    """The whole frame, body included."""
+    return encode_head(cmd, len(cmd.body), frame_bytes_max) + bytes(cmd.body)
