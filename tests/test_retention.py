@@ -25,23 +25,24 @@ def filled(store_dir, segments=5, **kw):
     return store, n
 
 
-def age_segments(store_dir, hours):
+def age_segments(store_dir, hours, now_ms):
+    """Make every segment's last write ``hours`` before ``now_ms``."""
     seg_dir = os.path.join(store_dir, "commitlog")
-    old = time.time() - hours * 3600
+    old = now_ms / 1000 - hours * 3600
     for name in os.listdir(seg_dir):
         os.utime(os.path.join(seg_dir, name), (old, old))
 
 
 def test_nothing_is_deleted_outside_delete_when_hours(store_dir):
     store, _ = filled(store_dir)
-    age_segments(store_dir, 100)
+    age_segments(store_dir, 100, at_hour(13))
     rep = clean_expired(store, at_hour(13), disk_ratio=0.10)
     assert not rep.ran and len(os.listdir(os.path.join(store_dir, "commitlog"))) >= 5
 
 
 def test_expired_segments_go_at_delete_when_but_never_the_one_being_written(store_dir):
     store, n = filled(store_dir)
-    age_segments(store_dir, 73)                     # fileReservedTime is 72 h
+    age_segments(store_dir, 73, at_hour(4))         # fileReservedTime is 72 h
     rep = clean_expired(store, at_hour(4), disk_ratio=0.10)
     assert rep.ran and rep.reason == "deleteWhen hour 04"
     writing = store.cl.segment_start(store.state.write_pos)
@@ -62,9 +63,10 @@ def test_expired_segments_go_at_delete_when_but_never_the_one_being_written(stor
 
 def test_unexpired_segments_stay_unless_the_disk_is_nearly_full(store_dir):
     store, _ = filled(store_dir)
-    age_segments(store_dir, 1)
+    age_segments(store_dir, 1, at_hour(4))
     rep = clean_expired(store, at_hour(4), disk_ratio=0.10)
     assert rep.ran and rep.segments_deleted == []
+    age_segments(store_dir, 1, at_hour(13))
     rep = clean_expired(store, at_hour(13), disk_ratio=0.80)    # > 75%: runs, but not expired
     assert rep.ran and "diskMaxUsedSpaceRatio" in rep.reason and rep.segments_deleted == []
     rep = clean_expired(store, at_hour(13), disk_ratio=0.90)    # > 85%: the oldest go anyway
@@ -73,15 +75,19 @@ def test_unexpired_segments_stay_unless_the_disk_is_nearly_full(store_dir):
 
 def test_at_most_delete_file_batch_max_per_pass(store_dir):
     store, _ = filled(store_dir, segments=6, deleteFileBatchMax=2)
-    age_segments(store_dir, 80)
-    assert len(clean_expired(store, manual=True, disk_ratio=0.1).segments_deleted) == 2
-    assert len(clean_expired(store, manual=True, disk_ratio=0.1).segments_deleted) == 2
+    now = int(time.time() * 1000)
+    age_segments(store_dir, 80, now)
+    assert len(clean_expired(store, now, manual=True, disk_ratio=0.1).segments_deleted) == 2
+    assert len(clean_expired(store, now, manual=True, disk_ratio=0.1).segments_deleted) == 2
     assert store.state.get("cl_min_offset") == 4 * SMALL_SEGMENT
 
 
 def test_expired_by_file_age_uses_file_reserved_time(store_dir):
     store, _ = filled(store_dir, fileReservedTime=1)
-    age_segments(store_dir, 2)
     now = int(time.time() * 1000)
+    age_segments(store_dir, 2, now)
     assert clean_expired(store, now, manual=True, disk_ratio=0.1).segments_deleted
+    store2, _ = filled(store_dir + "2", fileReservedTime=1)   # younger than fileReservedTime
+    age_segments(store_dir + "2", 0.5, now)
+    assert clean_expired(store2, now, manual=True, disk_ratio=0.1).segments_deleted == []
     assert HOUR_MS == 3_600_000
