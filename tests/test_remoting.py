@@ -198,3 +198,13 @@ def test_golden_frame_from_the_cpp_client():
         assert (cmd.code, cmd.language, cmd.version, cmd.opaque, cmd.flag) == (105, "CPP", 63, 0, 0)
         assert cmd.ext["topic"] == "GoldenTopic" and cmd.ext["AccessKey"] == ""
         assert cmd.remark == "" and cmd.body == b""
+
+
+def test_code_tables_hold_rocketmq_values():
+    from shmq.ipc.codes import RequestCode as R, ResponseCode as C, not_supported_remark
+    assert (R.SEND_MESSAGE, R.PULL_MESSAGE, R.HEART_BEAT, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE,
+            R.GET_ROUTEINFO_BY_TOPIC, R.REGISTER_BROKER, R.INVOKE_BROKER_TO_RESET_OFFSET) == \
+        (10, 11, 34, 310, 320, 105, 103, 222)
+    assert (C.SUCCESS, C.FLUSH_DISK_TIMEOUT, C.PULL_NOT_FOUND, C.PULL_RETRY_IMMEDIATELY,
+            C.PULL_OFFSET_MOVED, C.TOPIC_NOT_EXIST, C.FLOW_CONTROL) == (0, 10, 19, 20, 21, 17, 215)
+    assert not_supported_remark(999) == " request type 999 not supported"
