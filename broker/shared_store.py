@@ -25,13 +25,13 @@ import time
 
 from shmq.core.checkpoint import abort_path
 from shmq.core.config import StoreConfig
-from shmq.core.files import REAL_FILES
+from shmq.core.files import REAL_FILES, StoreLock
 from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, recover
 from shmq.core.state import StoreState, state_bytes
 from shmq.core.store import MessageStore, init_state
 from shmq.ipc.control import (FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
-                              WANT_FLUSH, WANT_PUBLISH, ControlBlock, StoreLockFile)
+                              WANT_FLUSH, WANT_PUBLISH, ControlBlock)
 
 log = logging.getLogger("shmq.store")
 
@@ -76,7 +76,7 @@ class StoreOwner:
     def __init__(self, config: StoreConfig):
         self.config = config
         self.root = config.storePathRootDir
-        self.lockfile: StoreLockFile | None = None
+        self.lockfile: StoreLock | None = None
         self.cb: ControlBlock | None = None
         self.store: MessageStore | None = None
         self.flusher: multiprocessing.Process | None = None
@@ -86,7 +86,7 @@ class StoreOwner:
 
     def open(self) -> RecoveryReport:
         cfg = self.config
-        self.lockfile = StoreLockFile(self.root)
+        self.lockfile = REAL_FILES.lock_store(self.root)
         try:
             warm_up()
             rec = recover(cfg, REAL_FILES)

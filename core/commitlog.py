@@ -55,6 +55,16 @@ class CommitLog:
                 out.append(int(name))
         return sorted(out)
 
+    def remove_temporaries(self) -> int:
+        """Delete segments a crash left half-made (``<name>.<pid>.<thread>.tmp``,
+        never linked to a segment name); recovery only. Returns how many."""
+        n = 0
+        for name in self.files.listdir(self.dir):
+            if name.endswith(".tmp") and name[:20].isdigit():
+                self.files.unlink(os.path.join(self.dir, name))
+                n += 1
+        return n
+
     # ---------------------------------------------------------------- files
     def handle(self, start: int) -> Handle:
         h = self._open.get(start)

@@ -63,6 +63,7 @@ class RecoveryReport:
     units_dropped: int = 0               # ConsumeQueue units erased past a queue's end
     full_redispatch: bool = False
     offset_anomalies: int = 0            # records whose queue offset did not follow the last
+    temp_files_removed: int = 0          # half-made segments left by a crash during creation
     flushed_lost_bytes: int = 0          # checkpointed-durable bytes not found (disk damage)
     seconds: float = 0.0
 
@@ -105,6 +106,7 @@ def recover(config: StoreConfig, files: FileLayer) -> Recovered:
     cqs = ConsumeQueues(files, root, config.cq_units_per_file)
     try:
         rep = RecoveryReport(mode="abnormal" if files.exists(abort_path(root)) else "normal")
+        rep.temp_files_removed = cl.remove_temporaries()
         segs = cl.list_segments()
         _check_segments(cl, segs, seg)
         if not segs:

@@ -105,10 +105,14 @@ class MessageStore:
         self._seg = config.mappedFileSizeCommitLog
         self._slot_of = np.zeros(1, dtype=np.int32)
         self._seen_cl_min = 0
+        self.store_lock = None   # set by open_local: released on close
 
     def close(self) -> None:
         self.cl.close()
         self.cqs.close()
+        if self.store_lock is not None:
+            self.store_lock.release()
+            self.store_lock = None
 
     # ------------------------------------------------------------------ append
     def append(self, batch: EncodedBatch) -> AppendResult:
@@ -411,12 +415,21 @@ def init_state(state: StoreState, rec: Recovered) -> None:
 def open_local(config: StoreConfig, files: FileLayer = REAL_FILES) -> tuple[MessageStore, RecoveryReport]:
     """Recover and open a store for this process alone (tools, tests): the
     state lives in private memory and the flusher's work is done by calling
-    ``flush_all``. Marks the store running (``abort``) until ``close_clean``."""
-    rec = recover(config, files)
-    state = StoreState.create_local(config.maxQueueSlots, config.mappedFileSizeCommitLog)
-    init_state(state, rec)
-    files.touch(abort_path(config.storePathRootDir))
-    return MessageStore(config, state, files), rec.report
+    ``flush_all``. Holds the store's lock file (a running broker's store is
+    refused with StoreInUse) and marks it running (``abort``) until
+    ``close_clean``."""
+    lock = files.lock_store(config.storePathRootDir)   # StoreInUse if a broker has it
+    try:
+        rec = recover(config, files)
+        state = StoreState.create_local(config.maxQueueSlots, config.mappedFileSizeCommitLog)
+        init_state(state, rec)
+        files.touch(abort_path(config.storePathRootDir))
+    except BaseException:
+        lock.release()
+        raise
+    store = MessageStore(config, state, files)
+    store.store_lock = lock
+    return store, rec.report
 
 
 def flush_all(store: MessageStore) -> None:

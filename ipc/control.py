@@ -21,14 +21,13 @@ pid is 0, the semaphore is taken and the dead process was LOCKING (it died
 between acquiring and recording), checked again after a grace period in
 which a live holder would have recorded itself.
 
-Only the owner creates (and unlinks) the block; it holds ``<store>/lock``
-(flock) for its whole life, so a second owner on the same store is refused,
-and a block left by a dead owner is stale by definition and made anew.
+Only the owner creates (and unlinks) the block; it holds the store's lock
+file (``core.files.StoreLock``) for its whole life, so a block left by a
+dead owner is stale by definition and made anew.
 """
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import mmap
 import os
@@ -63,8 +62,8 @@ FLUSHER_SLOT = 0
 LOCK_GRACE_S = 0.2
 
 
-class StoreInUse(RuntimeError):
-    """Another live process owns this store."""
+class SlotTaken(RuntimeError):
+    """A process slot asked for by number belongs to another live process."""
 
 
 class NotRunning(RuntimeError):
@@ -113,30 +112,6 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-class StoreLockFile:
-    """``<store>/lock``: an flock held by the store's owner for its whole life."""
-
-    def __init__(self, store_dir: str):
-        os.makedirs(store_dir, exist_ok=True)
-        self.path = os.path.join(store_dir, "lock")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip()
-            os.close(self.fd)
-            raise StoreInUse(f"store {store_dir} is in use by another process "
-                             f"(pid {holder or 'unknown'} holds {self.path})") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = -1
-
-
 class SemaphoreLock:
     """The cross-process append lock (``acquire``/``release``, as StoreState wants)."""
 
@@ -182,7 +157,7 @@ class ControlBlock:
     # ------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, store_dir: str, region_bytes: int, proc_slots: int) -> "ControlBlock":
-        """Make a fresh block (owner only, holding the StoreLockFile): any
+        """Make a fresh block (owner only, holding the store lock): any
         block of an earlier owner of this store is stale and is removed."""
         shm_name, sem_name, _ = names(store_dir)
         for unlink in (lambda: posix_ipc.unlink_shared_memory(shm_name),
@@ -271,7 +246,7 @@ class ControlBlock:
             else:
                 p = self.procs[slot]
                 if int(p["pid"]) not in (0, pid) and pid_alive(int(p["pid"]), int(p["start_ticks"])):
-                    raise StoreInUse(f"process slot {slot} belongs to live pid {int(p['pid'])}")
+                    raise SlotTaken(f"process slot {slot} belongs to live pid {int(p['pid'])}")
             p = self.procs[slot]
             p["flags"] = 0
             p["role"] = role

@@ -13,7 +13,8 @@ from conftest import small_config
 from shmq.broker.shared_store import StoreOwner
 from shmq.core.records import encode
 from shmq.core.store import open_local
-from shmq.ipc.control import ControlBlock, NotRunning, StoreInUse, StoreLockFile, names
+from shmq.core.files import StoreInUse, StoreLock
+from shmq.ipc.control import ControlBlock, NotRunning, names
 
 CTX = multiprocessing.get_context("spawn")
 
@@ -44,11 +45,17 @@ def test_each_store_path_has_its_own_names(tmp_path):
 
 
 def test_a_second_owner_is_refused(store_dir):
-    first = StoreLockFile(store_dir)
+    first = StoreLock(store_dir)
     with pytest.raises(StoreInUse, match=f"pid {os.getpid()}"):
-        StoreLockFile(store_dir)
+        StoreLock(store_dir)
     first.release()
-    StoreLockFile(store_dir).release()
+    StoreLock(store_dir).release()
+
+
+def test_a_tool_cannot_open_a_store_a_broker_owns(owner):
+    """open_local would run recovery (truncation) under a live broker."""
+    with pytest.raises(StoreInUse, match="in use"):
+        open_local(owner.config)
 
 
 def test_attach_needs_a_live_owner(store_dir):

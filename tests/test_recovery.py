@@ -203,3 +203,16 @@ def test_a_rocketmq5_record_stops_recovery_instead_of_truncating(store_dir):
         f.write((0xDAA320AB).to_bytes(4, "big"))
     with pytest.raises(RecoveryError, match="RocketMQ 5"):
         open_local(cfg)
+
+
+def test_a_segment_left_half_made_by_a_crash_is_removed(store_dir):
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    store.append(encode("H", [b"x"], properties=b""))
+    store.close()
+    stray = os.path.join(store_dir, "commitlog", f"{SMALL_SEGMENT:020d}.4242.1.tmp")
+    with open(stray, "wb") as f:
+        f.truncate(SMALL_SEGMENT)
+    store, report = open_local(cfg)
+    assert report.temp_files_removed == 1 and not os.path.exists(stray)
+    assert [m.body for m in store.read_queue("H", 0)] == [b"x"]
