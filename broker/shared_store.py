@@ -28,10 +28,10 @@ from shmq.core.config import StoreConfig
 from shmq.core.files import REAL_FILES, StoreLock
 from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, recover
-from shmq.core.state import StoreState, state_bytes
+from shmq.core.state import STATE_RUNNING, StoreState, state_bytes
 from shmq.core.store import MessageStore, init_state
 from shmq.ipc.control import (FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
-                              WANT_FLUSH, WANT_PUBLISH, ControlBlock)
+                              WANT_FLUSH, WANT_PUBLISH, ControlBlock, NotRunning)
 
 log = logging.getLogger("shmq.store")
 
@@ -39,10 +39,16 @@ _ROLES = {"flusher": ROLE_FLUSHER, "worker": ROLE_WORKER, "owner": ROLE_OWNER, "
 FLUSHER_STOP_TIMEOUT_S = 30
 
 
-def _store(config: StoreConfig, cb: ControlBlock) -> MessageStore:
-    state = StoreState(cb.region(), cb.lock, config.maxQueueSlots)
-    if not state.is_initialized():
-        raise RuntimeError(f"store {config.storePathRootDir}: shared state not initialised")
+def _store(config: StoreConfig, cb: ControlBlock, opening: bool = False) -> MessageStore:
+    state = StoreState.over(cb.region(), cb.lock)
+    root = config.storePathRootDir
+    if state is None or (not opening and state.get("state") != STATE_RUNNING):
+        raise NotRunning(f"store {root} is still being opened by its owner; try again")
+    if (state.queue_slots, state.get("segment_bytes")) != (config.maxQueueSlots,
+                                                           config.mappedFileSizeCommitLog):
+        raise ValueError(f"store {root} runs with maxQueueSlots={state.queue_slots} and "
+                         f"mappedFileSizeCommitLog={state.get('segment_bytes')}; this process was "
+                         f"given {config.maxQueueSlots} and {config.mappedFileSizeCommitLog}")
     return MessageStore(config, state,
                         on_published=lambda: cb.wake_flagged(WANT_PUBLISH),
                         on_flush_request=lambda: cb.wake(FLUSHER_SLOT))
@@ -89,6 +95,8 @@ class StoreOwner:
         self.lockfile = REAL_FILES.lock_store(self.root)
         try:
             warm_up()
+            if ControlBlock.retire_stale(self.root):
+                log.warning("retired the control block of a previous owner of %s", self.root)
             rec = recover(cfg, REAL_FILES)
             self.report = rec.report
             log.info("%s", rec.report.summary())
@@ -98,7 +106,7 @@ class StoreOwner:
             state.initialize(cfg.mappedFileSizeCommitLog)
             self.cb.register(ROLE_OWNER)
             init_state(state, rec)
-            self.store = _store(cfg, self.cb)
+            self.store = _store(cfg, self.cb, opening=True)
             self.store.files.touch(abort_path(self.root))
             self.start_flusher()
         except BaseException:
@@ -117,6 +125,11 @@ class StoreOwner:
         """Handle every registered process that died; returns what was done."""
         done = []
         cb = self.cb
+        holder = cb.dead_lock_holder()   # also one that died before it had a slot
+        if holder:
+            what = self.store.repair_after_death()
+            cb.release_dead_lock()
+            done.append(f"pid {holder} died holding the append lock: {what}")
         for slot, pid in cb.dead_processes():
             if cb.died_holding_lock(slot, pid):
                 what = self.store.repair_after_death()

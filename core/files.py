@@ -132,8 +132,11 @@ class FileLayer:
             else:
                 os.posix_fallocate(fd, 0, size)
                 os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(tmp)   # e.g. ENOSPC: do not leave a half-allocated file behind
+            raise
+        os.close(fd)
         try:
             os.link(tmp, path)
             created = True

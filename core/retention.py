@@ -71,12 +71,18 @@ def clean_expired(store: MessageStore, now_ms: int | None = None, *, manual: boo
     new_min = doomed[-1] + cl.segment_bytes
     st.set("cl_min_offset", new_min)
     rep.cl_min_offset = new_min
+    new_mins = []
     for slot, topic, qid in st.iter_queues():
         mx = int(st.queue_next[slot])
         mn = store.cqs.min_offset_from(topic, qid, int(st.queue_min[slot]), mx, new_min)
         st.queue_min[slot] = mn
-        rep.cq_files_deleted += store.cqs.delete_files_below(topic, qid, mn)
+        new_mins.append((topic, qid, mn))
+    # Segments first: a crash in between leaves ConsumeQueue units pointing
+    # below the CommitLog, which recovery drops; the other order would leave
+    # a queue without its first file, which recovery must rebuild.
     for s in doomed:
         cl.delete_segment(s)
         rep.segments_deleted.append(offset_to_file_name(s))
+    for topic, qid, mn in new_mins:
+        rep.cq_files_deleted += store.cqs.delete_files_below(topic, qid, mn)
     return rep

@@ -134,6 +134,15 @@ class StoreState:
 
     # ------------------------------------------------------------- creation
     @classmethod
+    def over(cls, buf, lock) -> "StoreState | None":
+        """The state an owner laid out in ``buf``, sized from its own header
+        (never from a caller's config), or None if it is not laid out yet."""
+        header = np.ndarray((1,), HEADER_DTYPE, buf, 0)
+        if int(header["magic"][0]) != MAGIC or int(header["version"][0]) != VERSION:
+            return None
+        return cls(buf, lock, int(header["queue_slots"][0]))
+
+    @classmethod
     def create_local(cls, queue_slots: int, segment_bytes: int) -> "StoreState":
         buf = bytearray(state_bytes(queue_slots))
         st = cls(buf, ThreadLock(), queue_slots)

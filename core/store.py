@@ -392,8 +392,8 @@ class MessageStore:
 
 
 def init_state(state: StoreState, rec: Recovered) -> None:
-    """Fill a fresh ``StoreState`` from a recovery result (owner only, before
-    any appender attaches)."""
+    """Fill a fresh ``StoreState`` from a recovery result (owner only).
+    Attachers are refused until the last step marks it running."""
     state.set("write_pos", rec.write_pos)
     state.set("flushed_pos", rec.write_pos)        # recover() synced what it kept
     state.set("flush_request_pos", rec.write_pos)

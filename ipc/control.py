@@ -3,9 +3,10 @@
 One POSIX shared-memory object per store, named from the store's real path
 (``/shmq-<sha1[:16]>``), so two stores on one host never collide. Layout::
 
-      0  ipc header (64 B, native int64): magic, version, proc_slots,
-         region_offset, region_bytes, owner_pid, owner_start, lock_owner_pid
-     64  proc_slots × 64-byte process slots (PROC_DTYPE):
+      0  ipc header (128 B, native int64): magic, version, proc_slots,
+         region_offset, region_bytes, owner_pid, owner_start, lock_owner_pid,
+         lock_owner_start, retired
+    128  proc_slots × 64-byte process slots (PROC_DTYPE):
            0 pid | 8 start_ticks | 16 flags | 24 role | 32 heartbeat_ms
      region_offset (4 KiB aligned): the caller's region (the store's
          ``StoreState``; this module never interprets it)
@@ -23,7 +24,11 @@ which a live holder would have recorded itself.
 
 Only the owner creates (and unlinks) the block; it holds the store's lock
 file (``core.files.StoreLock``) for its whole life, so a block left by a
-dead owner is stale by definition and made anew.
+dead owner is stale by definition and made anew. Before a new owner
+recovers the store it *retires* such a block (``retire_stale``): marks it,
+waits for an append in flight, and from then on the old lock refuses every
+process still attached to it, so none of them can write over what the new
+owner recovers.
 """
 from __future__ import annotations
 
@@ -41,11 +46,11 @@ from .wakeup import Waiter, Waker
 
 MAGIC = 0x73686D716374726C  # "shmqctrl"
 VERSION = 1
-HEADER_BYTES = 64
+HEADER_BYTES = 128
 PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbeat_ms"],
                        "formats": [np.int64] * 5, "offsets": [0, 8, 16, 24, 32], "itemsize": 64})
 _HDR = ["magic", "version", "proc_slots", "region_offset", "region_bytes", "owner_pid",
-        "owner_start", "lock_owner_pid"]
+        "owner_start", "lock_owner_pid", "lock_owner_start", "retired"]
 
 # process slot flags
 WANT_PUBLISH = 1   # has parked pulls: wake me when messages are published
@@ -59,7 +64,8 @@ ROLE_OWNER = 3
 ROLE_OTHER = 4
 FLUSHER_SLOT = 0
 
-LOCK_GRACE_S = 0.2
+LOCK_GRACE_S = 1.0
+RETIRE_WAIT_S = 5.0
 
 
 class SlotTaken(RuntimeError):
@@ -67,7 +73,12 @@ class SlotTaken(RuntimeError):
 
 
 class NotRunning(RuntimeError):
-    """No live owner has this store open."""
+    """No live owner has this store open (or it is still opening it)."""
+
+
+class Retired(RuntimeError):
+    """This control block belongs to an owner that is gone: a new owner has
+    reopened the store. Attach again."""
 
 
 def names(store_dir: str) -> tuple[str, str, str]:
@@ -119,13 +130,18 @@ class SemaphoreLock:
         self.cb = cb
         self.sem = cb.sem
         self._pid = os.getpid()
+        self._start = process_start_ticks(self._pid)
 
     def acquire(self) -> None:
         cb = self.cb
         if cb.slot >= 0:
             cb.proc_flags[cb.slot] |= LOCKING
         self.sem.acquire()
+        cb.hdr_lock_owner_start[0] = self._start
         cb.hdr_lock_owner[0] = self._pid
+        if cb.hdr_retired[0]:
+            self.release()
+            raise Retired(f"store {cb.store_dir} was reopened by a new owner: attach again")
 
     def release(self) -> None:
         cb = self.cb
@@ -149,6 +165,8 @@ class ControlBlock:
         self.procs = np.ndarray((n,), PROC_DTYPE, self.mm, HEADER_BYTES)
         self.proc_flags = self.procs["flags"]
         self.hdr_lock_owner = self.header["lock_owner_pid"]
+        self.hdr_lock_owner_start = self.header["lock_owner_start"]
+        self.hdr_retired = self.header["retired"]
         self.lock = SemaphoreLock(self)
         self.slot = -1
         self.waiter: Waiter | None = None
@@ -187,14 +205,17 @@ class ControlBlock:
     def attach(cls, store_dir: str) -> "ControlBlock":
         """Open the block of a store whose owner is running."""
         shm_name, sem_name, _ = names(store_dir)
+        shm = None
         try:
             shm = posix_ipc.SharedMemory(shm_name)
             sem = posix_ipc.Semaphore(sem_name)
         except posix_ipc.ExistentialError:
+            if shm is not None:
+                shm.close_fd()
             raise NotRunning(f"store {store_dir} is not open (no broker owns it)") from None
         cb = cls(store_dir, shm, sem)
         h = cb.header[0]
-        if int(h["magic"]) != MAGIC or int(h["version"]) != VERSION:
+        if int(h["magic"]) != MAGIC or int(h["version"]) != VERSION or int(h["retired"]):
             cb.close()
             raise NotRunning(f"store {store_dir}: control block {shm_name} is not initialised")
         owner = int(h["owner_pid"])
@@ -203,6 +224,29 @@ class ControlBlock:
             raise NotRunning(f"store {store_dir}: its owner (pid {owner}) is gone; "
                              f"the control block is stale")
         return cb
+
+    @staticmethod
+    def retire_stale(store_dir: str, wait_s: float = RETIRE_WAIT_S) -> bool:
+        """Retire the block an earlier (dead) owner left, before the store is
+        recovered: mark it, wait up to ``wait_s`` for an append in flight
+        (a dead holder never finishes), wake everyone blocked on its lock so
+        they see the mark. True if there was one."""
+        shm_name, sem_name, _ = names(store_dir)
+        try:
+            cb = ControlBlock(store_dir, posix_ipc.SharedMemory(shm_name), posix_ipc.Semaphore(sem_name))
+        except posix_ipc.ExistentialError:
+            return False
+        if cb.header.shape[0] and int(cb.header["magic"][0]) == MAGIC:
+            cb.hdr_retired[0] = 1
+            try:
+                cb.sem.acquire(wait_s)
+                cb.sem.release()
+            except posix_ipc.BusyError:
+                pass   # held by a dead process: nobody can write through it any more
+            for _ in range(64):   # let blocked waiters through: each sees the mark
+                cb.sem.release()
+        cb.close()
+        return True
 
     def region(self) -> memoryview:
         """The caller's region (the StoreState buffer)."""
@@ -298,6 +342,14 @@ class ControlBlock:
             if not pid_alive(int(p["pid"]), int(p["start_ticks"])):
                 out.append((int(slot), int(p["pid"])))
         return out
+
+    def dead_lock_holder(self) -> int:
+        """The pid recorded as holding the append lock if that process is
+        dead (whether or not it ever had a slot), else 0."""
+        owner = int(self.hdr_lock_owner[0])
+        if owner and not pid_alive(owner, int(self.hdr_lock_owner_start[0])):
+            return owner
+        return 0
 
     def died_holding_lock(self, slot: int, pid: int) -> bool:
         """Did the dead process in ``slot`` die holding the append lock?"""

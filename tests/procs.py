@@ -140,3 +140,23 @@ def owner_reports_flusher_then_waits(cfg, conn):
     o.wait_flusher_ready()
     conn.send(o.flusher.pid)
     time.sleep(WRITER_SECONDS_MAX)
+
+
+def attached_writer(cfg, go, out):
+    """Attach and append once, then (when told) try again and report how it went."""
+    store, cb = attach(cfg)
+    store.append(encode("Stale", [b"first"], properties=b""))
+    out.put("attached")
+    go.wait(120)
+    try:
+        store.append(encode("Stale", [b"from a stale process"], properties=b""))
+        out.put("appended")
+    except Exception as e:   # the outcome is the test's to judge
+        out.put(type(e).__name__)
+
+
+def hold_lock_without_a_slot_then_die(store_dir):
+    """Take the append lock through a block this process never registered in."""
+    cb = ControlBlock.attach(store_dir)
+    cb.lock.acquire()
+    die()

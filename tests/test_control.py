@@ -11,6 +11,7 @@ import pytest
 import procs
 from conftest import small_config
 from shmq.broker.shared_store import StoreOwner
+from shmq.broker.shared_store import attach as attach_store
 from shmq.core.records import encode
 from shmq.core.store import open_local
 from shmq.core.files import StoreInUse, StoreLock
@@ -187,3 +188,49 @@ def test_a_sync_send_past_sync_flush_timeout_times_out(store_dir):
             os.kill(o.flusher.pid, signal.SIGCONT)
         assert wait_flushed(store, cb, r.end) is True
         cb.close()
+
+
+def test_an_attacher_waits_until_the_owner_has_finished_opening(owner):
+    st = owner.store.state
+    st.set("state", 0)   # as between laying out the block and filling it from recovery
+    try:
+        with pytest.raises(NotRunning, match="still being opened"):
+            attach_store(owner.config)
+    finally:
+        st.set("state", 1)
+    attach_store(owner.config)[1].close()
+
+
+def test_an_attacher_configured_with_other_sizes_is_refused(owner):
+    from dataclasses import replace
+    with pytest.raises(ValueError, match="maxQueueSlots=16384"):
+        attach_store(replace(owner.config, maxQueueSlots=1000))
+
+
+def test_a_process_still_attached_to_a_dead_owners_block_cannot_write(store_dir):
+    cfg = small_config(store_dir)
+    a, b = CTX.Pipe()
+    old_owner = CTX.Process(target=procs.owner_reports_flusher_then_waits, args=(cfg, b))
+    old_owner.start()
+    a.recv()
+    go, out = CTX.Event(), CTX.Queue()
+    writer = CTX.Process(target=procs.attached_writer, args=(cfg, go, out))
+    writer.start()
+    assert out.get(timeout=60) == "attached"
+    os.kill(old_owner.pid, 9)
+    old_owner.join(30)
+    with StoreOwner(cfg) as new:            # retires the old block, then recovers
+        new.store.append(encode("Stale", [b"acknowledged by the new owner"], properties=b""))
+        go.set()
+        assert out.get(timeout=60) == "Retired"
+        writer.join(30)
+        assert [m.body for m in new.store.read_queue("Stale", 0)] == \
+            [b"first", b"acknowledged by the new owner"]
+
+
+def test_a_dead_lock_holder_that_never_had_a_slot_is_found(owner):
+    assert run(procs.hold_lock_without_a_slot_then_die, owner.root) == -9
+    done = owner.supervise()
+    assert any("died holding the append lock" in d for d in done)
+    assert owner.cb.sem.value == 1
+    owner.store.append(encode("Free", [b"x"], properties=b""))   # not blocked
