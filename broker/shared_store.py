@@ -29,7 +29,7 @@ from shmq.core.files import REAL_FILES, StoreLock
 from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, recover
 from shmq.core.state import STATE_RUNNING, StoreState, state_bytes
-from shmq.core.store import MessageStore, init_state
+from shmq.core.store import MessageStore, flush_all, init_state
 from shmq.ipc.control import (FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
                               WANT_FLUSH, WANT_PUBLISH, ControlBlock, NotRunning)
 
@@ -164,9 +164,7 @@ class StoreOwner:
                 self.flusher.join()
         if self.store is not None:
             self.supervise(restart_flusher=False)
-            self.store.flush_commitlog()
-            self.store.flush_consume_queues()
-            self.store.write_checkpoint()
+            flush_all(self.store)
             self.store.files.unlink(abort_path(self.root))
         self._release()
 

@@ -18,16 +18,14 @@ writer never invalidates a line another process polls)::
        4  confirm_pos           (replication)       reserved
        5  reserve_start, _end,  append (locked)     the append in flight: its bytes,
           _slot, _qnext                             queue slot and next queue offset
-       6  (unused)              the lock's holder is recorded by the lock itself
-       7  config_epoch          admin               topics changed: reload
-       8  cl_min_offset         retention           first CommitLog byte kept
-       9  cq_flushed_pos        flusher             ConsumeQueues durable up to here
-      10  last_store_ts         append (locked)     store timestamp of the last record
-      11  publish_seq           append (locked)     +1 per append
-      12  flush_seq             flusher             +1 per flush
-      13  queue_slots_used      append (locked)
-      14  state                 owner               0 new, 1 running, 2 stopping
-      15  flushed_store_ts      flusher             store timestamp at flushed_pos
+       6  config_epoch          admin               topics changed: reload
+       7  cl_min_offset         retention           first CommitLog byte kept
+       8  cq_flushed_pos        flusher             ConsumeQueues durable up to here
+       9  last_store_ts         append (locked)     store timestamp of the last record
+      10  flush_seq             flusher             +1 per flush
+      11  queue_slots_used      append (locked)
+      12  state                 owner               0 new, 1 running, 2 stopping
+      13  flushed_store_ts      flusher             store timestamp at flushed_pos
 
     then ``queue_slots`` × 192-byte queue slots (``QUEUE_DTYPE``)::
 
@@ -35,7 +33,6 @@ writer never invalidates a line another process polls)::
      16 next_offset i8   (max offset: next queue offset to hand out)
      24 min_offset i8    (first queue offset still stored)
      32 cq_flushed i8    (queue offsets below are durable; flusher)
-     40 last_store_ts i8
      64 topic u1[128]
 
 Visibility rule (x86-64 TSO; an aarch64 port needs release/acquire fences):
@@ -61,8 +58,7 @@ LINE = 64
 
 _HEADER_FIELDS = [
     "write_pos", "flushed_pos", "flush_request_pos", "confirm_pos", "reserve_start",
-    "unused_6", "config_epoch", "cl_min_offset", "cq_flushed_pos", "last_store_ts",
-    "publish_seq", "flush_seq", "queue_slots_used", "state", "flushed_store_ts",
+    "config_epoch", "cl_min_offset", "cq_flushed_pos", "last_store_ts", "flush_seq", "queue_slots_used", "state", "flushed_store_ts",
 ]
 _names = ["magic", "version", "queue_slots", "segment_bytes", "creator_pid", "created_ms"]
 _offsets = [0, 8, 16, 24, 32, 40]
@@ -79,10 +75,9 @@ HEADER_DTYPE = np.dtype({"names": _names, "formats": [np.int64] * len(_names),
 TOPIC_BYTES_MAX = 127
 QUEUE_DTYPE = np.dtype({
     "names": ["state", "queue_id", "topic_len", "next_offset", "min_offset", "cq_flushed",
-              "last_store_ts", "topic"],
-    "formats": [np.int32, np.int32, np.int32, np.int64, np.int64, np.int64, np.int64,
-                (np.uint8, 128)],
-    "offsets": [0, 4, 8, 16, 24, 32, 40, 64],
+              "topic"],
+    "formats": [np.int32, np.int32, np.int32, np.int64, np.int64, np.int64, (np.uint8, 128)],
+    "offsets": [0, 4, 8, 16, 24, 32, 64],
     "itemsize": 192,
 })
 
@@ -128,7 +123,6 @@ class StoreState:
         self.queue_next = self.queues["next_offset"]
         self.queue_min = self.queues["min_offset"]
         self.queue_cq_flushed = self.queues["cq_flushed"]
-        self.queue_last_store_ts = self.queues["last_store_ts"]
         self._slot_cache: dict[tuple[str, int], int] = {}
         self._used: np.ndarray | None = None
 
@@ -222,7 +216,6 @@ class StoreState:
             q["next_offset"] = 0
             q["min_offset"] = 0
             q["cq_flushed"] = 0
-            q["last_store_ts"] = 0
             self.queues["state"][slot] = 1
             self._v["queue_slots_used"][0] += 1
         self._slot_cache[(topic, queue_id)] = slot

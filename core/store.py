@@ -140,8 +140,9 @@ class MessageStore:
             end = phy + nbytes
             q0 = int(st.queue_next[slot])
             qnext = np.array([q0], dtype=np.int64)
-            K.stamp_batch(batch.buf, batch.rec_pos, n, phy, self._slot_of if n == 1 else
-                          np.zeros(n, dtype=np.int32), qnext, qoff)
+            if self._slot_of.shape[0] < n:   # one queue per batch: every record in slot 0
+                self._slot_of = np.zeros(n, dtype=np.int32)
+            K.stamp_batch(batch.buf, batch.rec_pos, n, phy, self._slot_of, qnext, qoff)
             q_end = int(qnext[0])
             # 1. reserve (reserve_end last: it is what marks the reservation)
             st.set("reserve_slot", slot)
@@ -170,8 +171,6 @@ class MessageStore:
             st.set("last_store_ts", batch.store_timestamp)
             st.set("write_pos", end)
             st.queue_next[slot] = q_end
-            st.queue_last_store_ts[slot] = batch.store_timestamp
-            st.set("publish_seq", st.get("publish_seq") + 1)
             st.set("reserve_start", end)
             if self.config.sync_flush:
                 st.set("flush_request_pos", end)

@@ -6,7 +6,7 @@ import time
 
 from conftest import SMALL_CQ_UNITS, SMALL_SEGMENT, small_config
 from shmq.core.records import encode
-from shmq.core.retention import HOUR_MS, clean_expired
+from shmq.core.retention import clean_expired
 from shmq.core.store import GetMessageStatus, close_clean, open_local
 
 
@@ -90,4 +90,3 @@ def test_expired_by_file_age_uses_file_reserved_time(store_dir):
     store2, _ = filled(store_dir + "2", fileReservedTime=1)   # younger than fileReservedTime
     age_segments(store_dir + "2", 0.5, now)
     assert clean_expired(store2, now, manual=True, disk_ratio=0.1).segments_deleted == []
-    assert HOUR_MS == 3_600_000
