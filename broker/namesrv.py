@@ -677,3 +677,58 @@ def unregister_broker_request(*, cluster: str, broker_name: str, broker_addr: st
     return RemotingCommand(code=int(RequestCode.UNREGISTER_BROKER),
                            ext={"brokerName": broker_name, "brokerAddr": broker_addr,
                                 "clusterName": cluster, "brokerId": str(broker_id)})
+
+
+# ------------------------------------------------------------------ process
+def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None) -> None:
+    """Run a NameServer on ``host:port`` until SIGTERM (``shmq namesrv``, or
+    the broker's embedded one, which dies with its parent)."""
+    import signal
+    import socket
+
+    from .reactor import Reactor
+    from shmq.ipc.control import die_with_parent
+    from shmq.ipc.remoting import encode
+
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s namesrv %(levelname)s %(name)s %(message)s")
+    ns = NameServer()
+    reactor = Reactor()
+    lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind((host, port))
+    lsock.listen(1024)
+    lsock.setblocking(False)
+
+    def on_command(conn, cmd):
+        reply = ns.process(cmd, conn.peer)
+        if reply is not None:
+            conn.send(encode(reply))
+
+    def on_accept():
+        try:
+            sock, addr = lsock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        reactor.add_connection(sock, f"{addr[0]}:{addr[1]}", on_command,
+                               lambda conn: ns.connection_closed(conn.peer))
+
+    reactor.add_reader(lsock, on_accept)
+    reactor.every(10.0, ns.scan_expired)
+    reactor.every(30.0, lambda: reactor.close_idle(120))
+
+    def on_term(signum, frame):
+        reactor.stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    if parent_pid is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if on_ready is not None:
+        on_ready(lsock.getsockname())
+    try:
+        reactor.run()
+    finally:
+        reactor.close()
+        lsock.close()

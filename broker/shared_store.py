@@ -66,6 +66,12 @@ def attach(config: StoreConfig, role: str = "worker") -> tuple[MessageStore, Con
         raise
 
 
+def extra_region(cb: ControlBlock, store: MessageStore) -> memoryview:
+    """The shared memory an owner asked for beyond the store's state
+    (``StoreOwner(extra_bytes=...)``): the broker's registries."""
+    return cb.region()[state_bytes(store.state.queue_slots):]
+
+
 def wait_flushed(store: MessageStore, cb: ControlBlock, end: int) -> bool:
     """Block a SYNC_FLUSH send until its bytes are durable; False on
     syncFlushTimeout (the caller answers FLUSH_DISK_TIMEOUT)."""
@@ -79,8 +85,9 @@ def wait_flushed(store: MessageStore, cb: ControlBlock, end: int) -> bool:
 
 
 class StoreOwner:
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: StoreConfig, extra_bytes: int = 0):
         self.config = config
+        self.extra_bytes = extra_bytes   # shared memory for the caller, after the state
         self.root = config.storePathRootDir
         self.lockfile: StoreLock | None = None
         self.cb: ControlBlock | None = None
@@ -100,7 +107,8 @@ class StoreOwner:
             rec = recover(cfg, REAL_FILES)
             self.report = rec.report
             log.info("%s", rec.report.summary())
-            self.cb = ControlBlock.create(self.root, state_bytes(cfg.maxQueueSlots),
+            self.cb = ControlBlock.create(self.root,
+                                          state_bytes(cfg.maxQueueSlots) + self.extra_bytes,
                                           cfg.maxProcessSlots)
             state = StoreState(self.cb.region(), self.cb.lock, cfg.maxQueueSlots)
             state.initialize(cfg.mappedFileSizeCommitLog)

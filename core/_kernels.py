@@ -595,3 +595,62 @@ def min_phy_from(cq, first_unit, max_units, cl_min):
         if ld_i64(cq, p) >= cl_min:
             return k
     return max_units
+
+
+# ------------------------------------------------------------- batch bodies
+# split_batch statuses
+BATCH_OK = 0
+BATCH_TRUNCATED = -1      # an entry runs past the body, or a length is negative
+BATCH_TOO_MANY = -2       # more entries than the caller allowed
+BATCH_PROPS_TOO_LONG = -3  # properties + the batch suffix exceed 32767 bytes
+
+
+@njit(**_JIT)
+def split_batch(body, max_entries, suffix, props_out, meta):
+    """Split a SEND_BATCH_MESSAGE body (reference §5.5: per entry int32 total |
+    int32 magic | int32 crc | int32 flag | int32 body length | body | int16
+    properties length | properties) into ``meta[i] = (flag, body_off,
+    body_len, props_off, props_len)``, copying each entry's properties into
+    ``props_out`` followed by ``suffix`` (the batch's own properties), with a
+    \\x02 between them when the entry's do not end with one. ``props_out``
+    must hold ``len(body) + max_entries * (len(suffix) + 1)`` bytes.
+    Returns (entries, status)."""
+    n = body.shape[0]
+    p = 0
+    i = 0
+    q = 0
+    slen = suffix.shape[0]
+    while p < n:
+        if i == max_entries:
+            return i, BATCH_TOO_MANY
+        if p + 20 > n:
+            return i, BATCH_TRUNCATED
+        total = ld_i32(body, p)
+        blen = ld_i32(body, p + 16)
+        if total < 22 or blen < 0 or p + total > n or 20 + blen + 2 > total:
+            return i, BATCH_TRUNCATED
+        plen = ld_i16(body, p + 20 + blen)
+        if plen < 0 or 20 + blen + 2 + plen != total:
+            return i, BATCH_TRUNCATED
+        pstart = p + 20 + blen + 2
+        sep = 1 if slen > 0 and plen > 0 and body[pstart + plen - 1] != 2 else 0
+        out_len = plen + sep + slen
+        if out_len > 32767:
+            return i, BATCH_PROPS_TOO_LONG
+        meta[i, 0] = ld_i32(body, p + 12)
+        meta[i, 1] = p + 20
+        meta[i, 2] = blen
+        meta[i, 3] = q
+        meta[i, 4] = out_len
+        for k in range(plen):
+            props_out[q + k] = body[pstart + k]
+        q += plen
+        if sep:
+            props_out[q] = 2
+            q += 1
+        for k in range(slen):
+            props_out[q + k] = suffix[k]
+        q += slen
+        p += total
+        i += 1
+    return i, BATCH_OK

@@ -117,14 +117,36 @@ def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] =
     n = len(bodies)
     if n == 0:
         raise ValueError("empty batch")
+    body_buf, body_off, body_len = _concat(bodies, "bodies", n)
+    props_buf, props_off, props_len = _concat(properties, "properties", n)
+    shared = None if props_off is not _ZERO1 else bytes(properties)
+    return encode_arrays(topic, body_buf, body_off, body_len, props_buf, props_off, props_len,
+                         queue_ids=queue_ids, flag=flag, sysflag=sysflag,
+                         born_timestamp=born_timestamp, reconsume_times=reconsume_times,
+                         prepared_offset=prepared_offset, born_host=born_host,
+                         store_host=store_host, store_timestamp=store_timestamp,
+                         max_message_bytes=max_message_bytes, shared_properties=shared)
+
+
+def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_len: np.ndarray,
+                  props_buf: np.ndarray, props_off: np.ndarray, props_len: np.ndarray, *,
+                  queue_ids=0, flag=0, sysflag=0, born_timestamp=None, reconsume_times=0,
+                  prepared_offset=0, born_host: tuple[str, int] = ("127.0.0.1", 0),
+                  store_host: tuple[str, int] = ("127.0.0.1", 10911),
+                  store_timestamp: int | None = None, max_message_bytes: int = 4 * 1024 * 1024,
+                  shared_properties: bytes | None = None) -> EncodedBatch:
+    """``encode`` over bodies and properties already laid out in buffers
+    (offsets and lengths per message; properties arrays of length 1 are one
+    string for all, ``shared_properties`` if the caller has it as bytes)."""
+    n = body_len.shape[0]
+    if n == 0:
+        raise ValueError("empty batch")
     tb = topic.encode()
     if not 0 < len(tb) <= L.TOPIC_BYTES_MAX:
         raise ValueError(f"topic {topic!r}: must be 1..{L.TOPIC_BYTES_MAX} bytes in UTF-8")
-    body_buf, body_off, body_len = _concat(bodies, "bodies", n)
     if int(body_len.max()) > max_message_bytes:
         raise ValueError(f"message body of {int(body_len.max())} bytes exceeds "
                          f"maxMessageSize={max_message_bytes}")
-    props_buf, props_off, props_len = _concat(properties, "properties", n)
     if int(props_len.max()) > L.PROPERTIES_BYTES_MAX:
         raise ValueError(f"properties of {int(props_len.max())} bytes exceed "
                          f"{L.PROPERTIES_BYTES_MAX}")
@@ -153,8 +175,10 @@ def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] =
             n, values, body_buf, body_off, body_len, props_buf, props_off, props_len, topic_arr,
             born_row, store_row, host_flags, ts)
         qid, single = int(qids[0]), bool((qids == qids[0]).all())
-    if props_off is _ZERO1:
-        codes = np.full(n, shared_tags_code(bytes(properties)), np.int64)
+    if props_len.shape[0] == 1 and n != 1 or shared_properties is not None:
+        shared = shared_properties if shared_properties is not None else props_buf[
+            int(props_off[0]):int(props_off[0] + props_len[0])].tobytes()
+        codes = np.full(n, shared_tags_code(shared), np.int64)
     else:
         codes = tags_codes(props_buf, props_off, props_len)
     return EncodedBatch(topic=topic, buf=out, rec_pos=rec_pos, sizes=sizes, queue_id=qid,
@@ -211,6 +235,48 @@ def tags_codes(props_buf: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> np.
 def _tags_code_one(buf: np.ndarray, off: int, n: int) -> int:
     vpos, vlen = K.find_property(buf, off, n, _TAGS_KEY)
     return int(K.java_hash_utf8(buf, vpos, vlen)) if vpos >= 0 and vlen > 0 else 0
+
+
+_BATCH_ERRORS = {
+    K.BATCH_TRUNCATED: "batch body is malformed: an entry's lengths do not add up",
+    K.BATCH_TOO_MANY: "batch has more than {max} messages",
+    K.BATCH_PROPS_TOO_LONG: "a message's properties, with the batch's, exceed 32767 bytes",
+}
+
+
+@dataclass(frozen=True)
+class BatchBody:
+    """The messages of a SEND_BATCH_MESSAGE body, laid out for ``encode_arrays``."""
+    body_buf: np.ndarray
+    body_off: np.ndarray
+    body_len: np.ndarray
+    props_buf: np.ndarray
+    props_off: np.ndarray
+    props_len: np.ndarray
+    flags: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return int(self.body_len.shape[0])
+
+
+def split_batch_body(body, suffix: bytes, max_entries: int = 1 << 16) -> BatchBody:
+    """Parse a batch body (reference §5.5); every entry's properties get
+    ``suffix`` appended (the batch's own properties). ValueError names what
+    is wrong with a malformed body."""
+    buf = np.frombuffer(body, np.uint8)
+    sfx = np.frombuffer(suffix, np.uint8)
+    limit = min(max_entries, buf.shape[0] // 22 + 1)
+    props = np.empty(buf.shape[0] + limit * (sfx.shape[0] + 1), np.uint8)
+    meta = np.empty((limit, 5), np.int64)
+    n, status = K.split_batch(buf, limit, sfx, props, meta)
+    if status != K.BATCH_OK:
+        raise ValueError(_BATCH_ERRORS[status].format(max=max_entries))
+    if n == 0:
+        raise ValueError("batch body holds no message")
+    m = meta[:n]
+    return BatchBody(buf, m[:, 1].copy(), m[:, 2].copy(), props, m[:, 3].copy(), m[:, 4].copy(),
+                     m[:, 0].copy())
 
 
 # --------------------------------------------------------------------- decode

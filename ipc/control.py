@@ -56,6 +56,8 @@ _HDR = ["magic", "version", "proc_slots", "region_offset", "region_bytes", "owne
 WANT_PUBLISH = 1   # has parked pulls: wake me when messages are published
 WANT_FLUSH = 2     # has parked sync sends: wake me when flushed_pos moves
 LOCKING = 4        # waiting for or holding the append lock
+WANT_CLIENTS = 8   # a broker worker: wake me when a consumer group changes
+WANT_CONFIG = 16   # the broker's services: wake me when the topic table changes
 
 # roles
 ROLE_FLUSHER = 1

@@ -1,6 +1,2 @@
-"""shmq's command line (admin, store inspector, bench runner) and the Spark
-data source will live here.
-
-Nothing is built yet: the package exists so that the install layout of
-DESIGN §2 (``shmq.tools`` → ``tools/``) is in place from the start.
-"""
+"""shmq's command line (``shmq broker``, ``shmq namesrv``); the admin tools,
+store inspector, bench runner and Spark data source join it later."""

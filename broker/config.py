@@ -1,0 +1,154 @@
+"""Broker configuration: RocketMQ's ``broker.conf``, key=value, RocketMQ's names.
+
+``BrokerConfig`` holds the broker's own settings (``BrokerConfig`` and
+``NettyServerConfig`` names in RocketMQ) and a ``StoreConfig`` for the store's
+(``MessageStoreConfig``). ``load(path, overrides)`` reads a ``broker.conf``;
+settings shmq does not know are reported and ignored, so a real RocketMQ
+``broker.conf`` works unchanged. ``describe()`` lists every setting with its
+value and default (``shmq broker -m``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from shmq.core.config import StoreConfig, _convert
+
+# The topic producers name to have the broker create a new topic (TopicValidator).
+DEFAULT_TOPIC = "TBW102"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    brokerName: str = "broker-a"
+    brokerClusterName: str = "DefaultCluster"
+    # 0 = master (replication is not built yet: every shmq broker is a master)
+    brokerId: int = 0
+    # the address clients are told to use (route data, stored STOREHOST)
+    brokerIP1: str = "127.0.0.1"
+    listenPort: int = 10911
+    # NameServer addresses this broker registers with, "host:port;host:port";
+    # empty = the embedded NameServer
+    namesrvAddr: str = ""
+    autoCreateTopicEnable: bool = True
+    autoCreateSubscriptionGroup: bool = True
+    # queues of a topic created on first send (capped by the producer's own number)
+    defaultTopicQueueNums: int = 8
+    # 6 = read + write
+    brokerPermission: int = 6
+    longPollingEnable: bool = True
+    # ms a pull parks when long polling is off
+    shortPollingTimeMills: int = 1000
+    # ms between registrations with the NameServer
+    registerNameServerPeriod: int = 30_000
+    maxTransferBytesOnMessageInMemory: int = 256 * 1024
+    maxTransferCountOnMessageInMemory: int = 32
+    # queues of each consumer group's %RETRY% topic
+    retryQueueNums: int = 1
+    # ms between consumer offset saves (config/consumerOffset.json)
+    flushConsumerOffsetInterval: int = 5000
+    # seconds without traffic before the broker closes a connection
+    serverChannelMaxIdleTimeSeconds: int = 120
+    # shmq: the address the broker listens on (RocketMQ binds every address;
+    # shmq only loopback unless told otherwise)
+    bindAddress: str = "127.0.0.1"
+    # shmq: worker processes (reactors); 0 = one per CPU
+    workerProcessNums: int = 0
+    # shmq: run a NameServer process inside the broker
+    embeddedNamesrv: bool = True
+    # shmq: its port
+    namesrvListenPort: int = 9876
+    # shmq: the Unix socket; empty = <storePathRootDir>/broker.sock
+    unixSocketPath: str = ""
+    # shmq: bytes queued for one connection before the broker stops reading
+    # its requests (back-pressure on a client that does not read replies)
+    outboundBufferMaxBytes: int = 8 * 1024 * 1024
+    # shmq: pull bodies of at least this many bytes leave by sendfile(2);
+    # smaller ones by one sendmsg(2) of mapping slices (perf/pull_transfer)
+    transferSendfileMinBytes: int = 16 * 1024
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+    def __post_init__(self):
+        errors = []
+        for name in ("listenPort", "namesrvListenPort"):
+            if not 0 <= getattr(self, name) <= 65535:
+                errors.append(f"{name}={getattr(self, name)}: not a port")
+        if self.workerProcessNums < 0:
+            errors.append(f"workerProcessNums={self.workerProcessNums}: must be >= 0")
+        if not 1 <= self.defaultTopicQueueNums <= 1024:
+            errors.append(f"defaultTopicQueueNums={self.defaultTopicQueueNums}: must be 1..1024")
+        if self.outboundBufferMaxBytes < 64 * 1024:
+            errors.append(f"outboundBufferMaxBytes={self.outboundBufferMaxBytes}: at least 65536")
+        if not self.embeddedNamesrv and not self.namesrvAddr:
+            pass   # a broker with no NameServer at all: clients use its address directly
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    @property
+    def workers(self) -> int:
+        return self.workerProcessNums or os.cpu_count() or 1
+
+    @property
+    def addr(self) -> str:
+        return f"{self.brokerIP1}:{self.listenPort}"
+
+    @property
+    def unix_path(self) -> str:
+        return self.unixSocketPath or os.path.join(self.store.storePathRootDir, "broker.sock")
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        if self.namesrvAddr:
+            return [a.strip() for a in self.namesrvAddr.split(";") if a.strip()]
+        if self.embeddedNamesrv:
+            return [f"127.0.0.1:{self.namesrvListenPort}"]
+        return []
+
+    @classmethod
+    def from_strings(cls, values: dict[str, str]) -> tuple["BrokerConfig", list[str]]:
+        """Build from broker.conf strings; returns (config, unknown keys)."""
+        store_names = {f.name for f in dataclasses.fields(StoreConfig)}
+        kwargs = {}
+        own = {f.name: f for f in dataclasses.fields(cls) if f.name != "store"}
+        unknown = []
+        for k, v in values.items():
+            if k in own:
+                kwargs[k] = _convert(k, own[k].type, v)
+            elif k not in store_names:
+                unknown.append(k)
+        return cls(store=StoreConfig.from_strings(values), **kwargs), unknown
+
+    def describe(self) -> list[tuple[str, object, object]]:
+        """(name, value, default) of every setting, broker's then store's."""
+        out = []
+        for obj, kind in ((self, BrokerConfig), (self.store, StoreConfig)):
+            for f in dataclasses.fields(kind):
+                if f.name == "store":
+                    continue
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                out.append((f.name, getattr(obj, f.name), default))
+        return out
+
+
+def parse_conf(text: str, source: str = "broker.conf") -> dict[str, str]:
+    """key=value lines; '#' starts a comment line; blank lines ignored."""
+    values = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#") or line.startswith("!"):
+            continue
+        if "=" not in line:
+            raise ValueError(f"{source}:{n}: expected key=value, got {line!r}")
+        k, v = line.split("=", 1)
+        values[k.strip()] = v.strip()
+    return values
+
+
+def load(path: str | None, overrides: dict[str, str] | None = None) -> tuple[BrokerConfig, list[str]]:
+    values = {}
+    if path:
+        with open(path, encoding="utf-8") as f:
+            values = parse_conf(f.read(), path)
+    values.update(overrides or {})
+    return BrokerConfig.from_strings(values)

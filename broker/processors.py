@@ -1,0 +1,806 @@
+"""Request processors: RocketMQ 4.x request code → handler, run on the worker that read it.
+
+``Processors`` is a worker's whole request-handling state: the store, the
+shared tables, the subscriptions its clients registered, and what it has
+parked (pulls waiting for messages, SYNC_FLUSH sends waiting for the disk).
+``on_command`` runs one request to completion: it answers at once, or parks
+and answers when the control block wakes the worker (new messages, flush
+progress, a consumer group that changed) or a deadline passes. Replies echo
+the request's opaque and serialization; errors carry RocketMQ's response
+code and a remark; an unknown code gets REQUEST_CODE_NOT_SUPPORTED; no
+request can raise out of here.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from shmq.core.checkpoint import parse_json_lenient
+from shmq.core.consumequeue import ALL_TAGS
+from shmq.core.layout import java_string_hash
+from shmq.core.records import CorruptRecord, decode, encode_arrays, split_batch_body
+from shmq.core.state import StoreFullError
+from shmq.core.store import GetMessageStatus, MessageStore
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.codes import not_supported_remark
+from shmq.ipc.control import WANT_CLIENTS, WANT_FLUSH, WANT_PUBLISH, ControlBlock
+from shmq.ipc.remoting import FLAG_ONEWAY, JSON, VERSION_4_9_7, RemotingCommand, encode_head
+
+from .config import BrokerConfig
+from .reactor import Connection, FileRange, Reactor
+from .registry import LOCK_LEASE_MS, Registry, consumer_key, lock_key
+from .topics import (NOT_ALLOWED_SEND_TOPICS, PERM_READ, PERM_WRITE,
+                     RETRY_GROUP_TOPIC_PREFIX, Tables, topic_error)
+
+log = logging.getLogger("shmq.broker")
+
+# SendMessageRequestHeaderV2's one-letter keys (reference §3.1)
+V2_KEYS = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums",
+           "e": "queueId", "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties",
+           "j": "reconsumeTimes", "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch",
+           "n": "bname"}
+PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 0x1, 0x2, 0x4
+MULTI_TAGS_FLAG = 0x2
+PULL_STATUS_CODE = {
+    GetMessageStatus.FOUND: R.SUCCESS,
+    GetMessageStatus.NO_MATCHED_MESSAGE: R.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.MESSAGE_WAS_REMOVING: R.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.OFFSET_FOUND_NULL: R.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_ONE: R.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_BADLY: R.PULL_OFFSET_MOVED,
+    GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
+}
+QUERY_SCAN_MAX = 50_000     # messages a QUERY_MESSAGE scans at most (no IndexFile yet)
+SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+
+
+class BadRequest(Exception):
+    def __init__(self, code: int, remark: str):
+        super().__init__(remark)
+        self.code, self.remark = code, remark
+
+
+class Header:
+    """Typed access to a request's extFields; a missing or malformed field is
+    a SYSTEM_ERROR naming it (what RocketMQ's header decoding answers)."""
+
+    def __init__(self, ext: dict[str, str]):
+        self.ext = ext
+
+    def str(self, name: str, default: str | None = None, required: bool = True) -> str | None:
+        v = self.ext.get(name)
+        if v is None:
+            if required and default is None:
+                raise BadRequest(R.SYSTEM_ERROR, f"the request header has no {name}")
+            return default
+        return v
+
+    def int(self, name: str, default: int | None = None) -> int:
+        v = self.ext.get(name)
+        if v is None or v == "":
+            if default is None:
+                raise BadRequest(R.SYSTEM_ERROR, f"the request header has no {name}")
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            raise BadRequest(R.SYSTEM_ERROR, f"the request header's {name}={v!r} is not a number") from None
+
+    def bool(self, name: str, default: bool = False) -> bool:
+        v = self.ext.get(name)
+        return default if v is None else v.lower() == "true"
+
+
+@dataclass
+class Subscription:
+    topic: str
+    sub_string: str
+    codes: np.ndarray          # sorted tag codes; empty = every message
+    version: int
+    expression_type: str
+
+
+def parse_subscription(topic: str, sub: str | None, expression_type: str | None = None,
+                       version: int = 0) -> Subscription:
+    """FilterAPI.buildSubscriptionData for TAG expressions: '*'/empty = all,
+    else tags split on '||'; codes are Java String.hashCode of each tag."""
+    etype = (expression_type or "TAG").upper()
+    s = (sub or "").strip()
+    if etype != "TAG":
+        raise BadRequest(R.SYSTEM_ERROR, "The broker does not support consumer to filter "
+                                         "message by " + etype)
+    if not s or s == "*":
+        return Subscription(topic, "*", ALL_TAGS, version, etype)
+    tags = [t.strip() for t in s.split("||") if t.strip()]
+    if not tags:
+        raise BadRequest(R.SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription[{sub}] failed")
+    codes = np.array(sorted({java_string_hash(t) for t in tags}), dtype=np.int64)
+    return Subscription(topic, s, codes, version, etype)
+
+
+def peer_host(peer: str) -> tuple[str, int]:
+    host, _, port = peer.rpartition(":")
+    try:
+        ipaddress.ip_address(host)
+        return host, int(port)
+    except ValueError:
+        return "127.0.0.1", 0     # a Unix-socket client
+
+
+@dataclass
+class ParkedPull:
+    conn: Connection
+    cmd: RemotingCommand
+    offset: int
+    deadline: float
+
+
+@dataclass
+class ParkedSend:
+    conn: Connection
+    cmd: RemotingCommand
+    reply: RemotingCommand
+    end: int
+    deadline: float
+
+
+class Processors:
+    def __init__(self, config: BrokerConfig, store: MessageStore, cb: ControlBlock,
+                 tables: Tables, registry: Registry, reactor: Reactor):
+        self.config = config
+        self.store = store
+        self.cb = cb
+        self.tables = tables
+        self.registry = registry
+        self.reactor = reactor
+        self.store_host = (config.brokerIP1, config.listenPort)
+        ip = ipaddress.ip_address(config.brokerIP1).packed
+        self.msgid_prefix = (ip + config.listenPort.to_bytes(4, "big")).hex().upper()
+        self.cluster_prop = f"CLUSTER\x01{config.brokerClusterName}"
+        self.seg_bytes = config.store.mappedFileSizeCommitLog
+        self.parked_pulls: dict[tuple[str, int], list[ParkedPull]] = {}
+        self.parked_sends: list[ParkedSend] = []
+        self.subs: dict[tuple[str, str], Subscription] = {}
+        self.group_conns: dict[str, dict[str, Connection]] = {}
+        self.notified: dict[str, list[str]] = {}
+        self.seen_clients_epoch = -1
+        self.boot_ms = int(time.time() * 1000)
+        self.put_count = 0
+        self.handlers = {
+            RC.SEND_MESSAGE: self.send, RC.SEND_MESSAGE_V2: self.send,
+            RC.SEND_BATCH_MESSAGE: self.send,
+            RC.PULL_MESSAGE: self.pull,
+            RC.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
+            RC.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset,
+            RC.GET_MAX_OFFSET: self.get_max_offset, RC.GET_MIN_OFFSET: self.get_min_offset,
+            RC.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset,
+            RC.GET_EARLIEST_MSG_STORETIME: self.earliest_store_time,
+            RC.HEART_BEAT: self.heartbeat, RC.UNREGISTER_CLIENT: self.unregister_client,
+            RC.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
+            RC.LOCK_BATCH_MQ: self.lock_batch, RC.UNLOCK_BATCH_MQ: self.unlock_batch,
+            RC.VIEW_MESSAGE_BY_ID: self.view_message, RC.QUERY_MESSAGE: self.query_message,
+            RC.UPDATE_AND_CREATE_TOPIC: self.create_topic,
+            RC.DELETE_TOPIC_IN_BROKER: self.delete_topic,
+            RC.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
+            RC.GET_BROKER_RUNTIME_INFO: self.runtime_info,
+        }
+
+    # ---------------------------------------------------------------- dispatch
+    def on_command(self, conn: Connection, cmd: RemotingCommand) -> None:
+        if cmd.is_response:
+            return    # a client acknowledging one of our notifications
+        handler = self.handlers.get(cmd.code)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: request %d %s body %d bytes", conn.peer, cmd.code, cmd.ext, len(cmd.body))
+        try:
+            if handler is None:
+                self.respond(conn, cmd, cmd.reply(R.REQUEST_CODE_NOT_SUPPORTED,
+                                                  not_supported_remark(cmd.code)))
+            else:
+                handler(conn, cmd)
+        except BadRequest as e:
+            self.respond(conn, cmd, cmd.reply(e.code, e.remark))
+        except StoreFullError as e:
+            self.respond(conn, cmd, cmd.reply(R.SERVICE_NOT_AVAILABLE, str(e)))
+        except OSError as e:
+            log.error("request %d from %s: %s", cmd.code, conn.peer, e)
+            self.respond(conn, cmd, cmd.reply(R.SERVICE_NOT_AVAILABLE,
+                                              f"service not available now: {e}"))
+        except Exception as e:
+            log.exception("request %d from %s failed", cmd.code, conn.peer)
+            self.respond(conn, cmd, cmd.reply(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
+
+    def respond(self, conn: Connection, cmd: RemotingCommand, reply: RemotingCommand,
+                parts=None) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: reply to %d: %d %s %s", conn.peer, cmd.code, reply.code, reply.remark,
+                      reply.ext)
+        if cmd.is_oneway:
+            return
+        if parts is None:
+            parts = (reply.body,) if reply.body else ()
+            nbytes = len(reply.body)
+        else:
+            nbytes = sum(p.n if isinstance(p, FileRange) else p.nbytes for p in parts)
+        conn.send(encode_head(reply, nbytes), parts)
+
+    def reply_json(self, conn, cmd, obj, code: int = R.SUCCESS) -> None:
+        self.respond(conn, cmd, cmd.reply(code, body=orjson.dumps(obj)))
+
+    # -------------------------------------------------------------------- send
+    def _topic_for_send(self, h: Header, topic: str) -> dict:
+        if not self.config.brokerPermission & PERM_WRITE:
+            raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
+                                              f"message is forbidden")
+        err = topic_error(topic)
+        if err:
+            raise BadRequest(R.SYSTEM_ERROR, err)
+        if topic in NOT_ALLOWED_SEND_TOPICS:
+            raise BadRequest(R.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+        tables = self.tables
+        tc = tables.topics.get(topic)
+        if tc is None:
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                tc = tables.retry_topic(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
+            else:
+                tc = tables.create_topic_on_send(topic, h.str("defaultTopic"),
+                                                 h.int("defaultTopicQueueNums", 4))
+            if tc is None:
+                raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not tc["perm"] & PERM_WRITE:
+            raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
+        return tc
+
+    def send(self, conn: Connection, cmd: RemotingCommand) -> None:
+        ext = cmd.ext
+        if cmd.code != RC.SEND_MESSAGE:
+            ext = {V2_KEYS.get(k, k): v for k, v in ext.items()}
+        h = Header(ext)
+        topic = h.str("topic")
+        h.str("producerGroup")
+        tc = self._topic_for_send(h, topic)
+        nq = int(tc["writeQueueNums"])
+        qid = h.int("queueId")
+        if qid < 0:
+            qid = random.randrange(max(1, nq))
+        if qid >= max(nq, int(tc["readQueueNums"])):
+            raise BadRequest(R.SYSTEM_ERROR, f"request queueId[{qid}] is illegal, topic: {topic} "
+                                             f"writeQueueNums: {nq}")
+        sysflag = h.int("sysFlag")
+        if tc.get("topicFilterType") == "MULTI_TAG":
+            sysflag |= MULTI_TAGS_FLAG
+        props = (h.str("properties", "") or "").rstrip("\x02")
+        if "CLUSTER\x01" not in props:
+            props = f"{props}\x02{self.cluster_prop}" if props else self.cluster_prop
+        pb = props.encode()
+        body = cmd.body
+        common = dict(queue_ids=qid, sysflag=sysflag, born_timestamp=h.int("bornTimestamp"),
+                      reconsume_times=h.int("reconsumeTimes", 0),
+                      born_host=peer_host(conn.peer), store_host=self.store_host,
+                      max_message_bytes=self.config.store.maxMessageSize)
+        try:
+            if h.bool("batch"):
+                bb = split_batch_body(body, pb)
+                flags = bb.flags
+                flag = int(flags[0]) if (flags == flags[0]).all() else flags
+                batch = encode_arrays(topic, bb.body_buf, bb.body_off, bb.body_len, bb.props_buf,
+                                      bb.props_off, bb.props_len, flag=flag, **common)
+            else:
+                if not len(body):
+                    raise ValueError("the message body is empty")
+                bbuf = np.frombuffer(body, np.uint8)
+                pbuf = np.frombuffer(pb, np.uint8)
+                batch = encode_arrays(topic, bbuf, np.zeros(1, np.int64),
+                                      np.array([bbuf.shape[0]], np.int64), pbuf,
+                                      np.zeros(1, np.int64), np.array([pbuf.shape[0]], np.int64),
+                                      flag=h.int("flag"), shared_properties=pb, **common)
+        except ValueError as e:
+            raise BadRequest(R.MESSAGE_ILLEGAL, str(e)) from None
+        r = self.store.append(batch)
+        self.put_count += batch.count
+        pre = self.msgid_prefix
+        if batch.count == 1:
+            msg_id = f"{pre}{r.phy_offset:016X}"
+        else:
+            msg_id = ",".join(f"{pre}{p:016X}" for p in r.rec_phy.tolist())
+        reply = cmd.reply(R.SUCCESS, ext={"msgId": msg_id, "queueId": str(qid),
+                                          "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
+        if self.config.store.sync_flush and self.store.state.flushed_pos < r.end \
+                and "WAIT\x01false" not in props:
+            self._park_send(conn, cmd, reply, r.end)
+            return
+        self.respond(conn, cmd, reply)
+
+    def _park_send(self, conn, cmd, reply, end) -> None:
+        timeout = self.config.store.syncFlushTimeout / 1000
+        self.parked_sends.append(ParkedSend(conn, cmd, reply, end, time.monotonic() + timeout))
+        self.cb.set_flag(WANT_FLUSH, True)
+        if len(self.parked_sends) == 1:
+            self.reactor.call_later(timeout, self.check_parked_sends)
+        if self.store.state.flushed_pos >= end:   # flushed before the flag was up
+            self.reactor.call_soon(self.check_parked_sends)
+
+    def check_parked_sends(self) -> None:
+        if not self.parked_sends:
+            return
+        flushed = self.store.state.flushed_pos
+        now = time.monotonic()
+        keep = []
+        for p in self.parked_sends:
+            if p.end <= flushed:
+                self.respond(p.conn, p.cmd, p.reply)
+            elif now >= p.deadline:
+                p.reply.code = R.FLUSH_DISK_TIMEOUT
+                p.reply.remark = "flush the message to disk timed out (syncFlushTimeout)"
+                self.respond(p.conn, p.cmd, p.reply)
+            elif not p.conn.closed:
+                keep.append(p)
+        self.parked_sends = keep
+        if not keep:
+            self.cb.set_flag(WANT_FLUSH, False)
+        else:
+            self.reactor.call_later(max(0.0, min(p.deadline for p in keep) - now) + 0.001,
+                                    self.check_parked_sends)
+
+    # -------------------------------------------------------------------- pull
+    def pull(self, conn: Connection, cmd: RemotingCommand, allow_suspend: bool = True) -> None:
+        h = Header(cmd.ext)
+        group, topic = h.str("consumerGroup"), h.str("topic")
+        qid, offset = h.int("queueId"), h.int("queueOffset")
+        max_msgs = h.int("maxMsgNums")
+        sysflag = h.int("sysFlag")
+        if not self.config.brokerPermission & PERM_READ:
+            raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] pulling "
+                                              f"message is forbidden")
+        if self.tables.group(group, self.config.autoCreateSubscriptionGroup) is None:
+            raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST,
+                             f"subscription group [{group}] does not exist")
+        tc = self.tables.topics.get(topic)
+        if tc is None:
+            raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not tc["perm"] & PERM_READ:
+            raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+        if not 0 <= qid < int(tc["readQueueNums"]):
+            raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
+                                             f"topicConfig.readQueueNums:[{tc['readQueueNums']}]")
+        if sysflag & PULL_SUBSCRIPTION and h.str("subscription", required=False) is not None:
+            sub = parse_subscription(topic, h.str("subscription"), h.str("expressionType", "TAG"))
+        else:
+            sub = self.subs.get((group, topic))
+            if sub is None:   # not registered with this worker: serve all, clients re-filter
+                sub = parse_subscription(topic, "*")
+        if allow_suspend and sysflag & PULL_COMMIT_OFFSET:
+            self.registry.commit_offset(topic, group, qid, h.int("commitOffset"))
+        c = self.config
+        r = self.store.get_message(topic, qid, offset,
+                                   max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
+                                   sub.codes, c.maxTransferBytesOnMessageInMemory)
+        st = r.status
+        if st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+            code = R.PULL_OFFSET_MOVED if offset != 0 else R.PULL_NOT_FOUND
+        else:
+            code = PULL_STATUS_CODE[st]
+        if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
+            hold = h.int("suspendTimeoutMillis", 15000) if c.longPollingEnable else c.shortPollingTimeMills
+            self._park_pull(conn, cmd, topic, qid, offset, max(0, hold) / 1000)
+            return
+        ext = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(r.next_offset),
+               "minOffset": str(r.min_offset), "maxOffset": str(r.max_offset)}
+        # the reply to a parked pull goes out in JSON, as RocketMQ's does
+        reply = cmd.reply(code, st.value, ext)
+        if not allow_suspend:
+            reply.serialize_type = JSON
+        if code == R.SUCCESS:
+            self.respond(conn, cmd, reply, self._body_parts(r.phys, r.sizes))
+        else:
+            self.respond(conn, cmd, reply)
+
+    def _body_parts(self, phys: np.ndarray, sizes: np.ndarray) -> list:
+        """The records as few ranges as possible (adjacent ones joined): big
+        ranges by sendfile from the segment file, small ones as slices of
+        the mapping (one sendmsg for all)."""
+        p, s = phys.tolist(), sizes.tolist()
+        n = len(p)
+        parts = []
+        cl = self.store.cl
+        seg = self.seg_bytes
+        big = self.config.transferSendfileMinBytes
+        i = 0
+        while i < n:
+            start = p[i]
+            end = start + s[i]
+            i += 1
+            while i < n and p[i] == end:
+                end += s[i]
+                i += 1
+            base = start - start % seg
+            if end - start >= big:
+                parts.append(FileRange(cl.handle(base).fd, start - base, end - start))
+            else:
+                parts.append(memoryview(cl.view(start, end - start)))
+        return parts
+
+    def _park_pull(self, conn, cmd, topic, qid, offset, hold_s) -> None:
+        p = ParkedPull(conn, cmd, offset, time.monotonic() + hold_s)
+        self.parked_pulls.setdefault((topic, qid), []).append(p)
+        self.cb.set_flag(WANT_PUBLISH, True)
+        self.reactor.call_later(hold_s + 0.001, self.check_parked_pulls)
+        if self.store.max_offset(topic, qid) > offset:   # arrived before the flag was up
+            self.reactor.call_soon(self.check_parked_pulls)
+
+    def check_parked_pulls(self) -> None:
+        if not self.parked_pulls:
+            return
+        now = time.monotonic()
+        for key in list(self.parked_pulls):
+            mx = self.store.max_offset(*key)
+            waiting = []
+            for p in self.parked_pulls[key]:
+                if p.conn.closed:
+                    continue
+                if mx > p.offset or now >= p.deadline:
+                    try:
+                        self.pull(p.conn, p.cmd, allow_suspend=False)
+                    except BadRequest as e:
+                        self.respond(p.conn, p.cmd, p.cmd.reply(e.code, e.remark))
+                else:
+                    waiting.append(p)
+            if waiting:
+                self.parked_pulls[key] = waiting
+            else:
+                del self.parked_pulls[key]
+        if not self.parked_pulls:
+            self.cb.set_flag(WANT_PUBLISH, False)
+
+    # ----------------------------------------------------------------- offsets
+    def query_consumer_offset(self, conn, cmd) -> None:
+        h = Header(cmd.ext)
+        group, topic, qid = h.str("consumerGroup"), h.str("topic"), h.int("queueId")
+        off = self.registry.get_offset(topic, group, qid)
+        if off >= 0:
+            self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"offset": str(off)}))
+        elif self.store.min_offset(topic, qid) <= 0:
+            # A new group on a queue that still has its first message: from 0
+            # (ConsumerManageProcessor.queryConsumerOffset).
+            self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"offset": "0"}))
+        else:
+            self.respond(conn, cmd, cmd.reply(R.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe"))
+
+    def update_consumer_offset(self, conn, cmd) -> None:
+        h = Header(cmd.ext)
+        self.registry.commit_offset(h.str("topic"), h.str("consumerGroup"), h.int("queueId"),
+                                    h.int("commitOffset"))
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def _queue(self, cmd) -> tuple[str, int]:
+        h = Header(cmd.ext)
+        return h.str("topic"), h.int("queueId")
+
+    def get_max_offset(self, conn, cmd) -> None:
+        topic, qid = self._queue(cmd)
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"offset": str(self.store.max_offset(topic, qid))}))
+
+    def get_min_offset(self, conn, cmd) -> None:
+        topic, qid = self._queue(cmd)
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"offset": str(self.store.min_offset(topic, qid))}))
+
+    def _store_time(self, topic: str, qid: int, offset: int) -> int | None:
+        r = self.store.get_message(topic, qid, offset, 1, max_bytes=1 << 62)
+        if r.status is not GetMessageStatus.FOUND or r.next_offset != offset + 1:
+            return None
+        head = self.store.record_view(int(r.phys[0]), 80)
+        pos = 56 + (12 if int.from_bytes(head[36:40].tobytes(), "big") & 0x10 else 0)
+        return int.from_bytes(head[pos:pos + 8].tobytes(), "big", signed=True)
+
+    def search_offset(self, conn, cmd) -> None:
+        """The queue offset whose store time is nearest ``timestamp``
+        (ConsumeQueue.getOffsetInQueueByTime): binary search by store time."""
+        topic, qid = self._queue(cmd)
+        ts = Header(cmd.ext).int("timestamp")
+        lo, hi = self.store.min_offset(topic, qid), self.store.max_offset(topic, qid) - 1
+        best = 0
+        if lo <= hi:
+            first, last = self._store_time(topic, qid, lo), self._store_time(topic, qid, hi)
+            if first is None or ts <= first:
+                best = lo
+            elif last is not None and ts >= last:
+                best = hi
+            else:
+                while lo < hi:                      # first offset with time >= ts
+                    mid = (lo + hi) // 2
+                    t = self._store_time(topic, qid, mid)
+                    if t is not None and t < ts:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                best = lo
+                t_at = self._store_time(topic, qid, lo)
+                t_before = self._store_time(topic, qid, lo - 1)
+                if t_at != ts and t_before is not None and t_at is not None \
+                        and ts - t_before < t_at - ts:
+                    best = lo - 1
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"offset": str(best)}))
+
+    def earliest_store_time(self, conn, cmd) -> None:
+        topic, qid = self._queue(cmd)
+        t = self._store_time(topic, qid, self.store.min_offset(topic, qid))
+        if t is None:
+            raise BadRequest(R.SYSTEM_ERROR, f"the queue {topic}:{qid} holds no message")
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"timestamp": str(t)}))
+
+    # ----------------------------------------------------------------- clients
+    def _json_body(self, cmd) -> dict:
+        try:
+            data = orjson.loads(cmd.body)
+        except orjson.JSONDecodeError:
+            try:
+                data = parse_json_lenient(bytes(cmd.body).decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise BadRequest(R.SYSTEM_ERROR, f"the request body is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise BadRequest(R.SYSTEM_ERROR, "the request body is not a JSON object")
+        return data
+
+    def heartbeat(self, conn: Connection, cmd: RemotingCommand) -> None:
+        data = self._json_body(cmd)
+        cid = data.get("clientID")
+        if not isinstance(cid, str) or not cid:
+            raise BadRequest(R.SYSTEM_ERROR, "the heartbeat has no clientID")
+        conn.attrs["client_id"] = cid
+        now = int(time.time() * 1000)
+        changed = False
+        for c in data.get("consumerDataSet") or []:
+            g = c.get("groupName")
+            if not isinstance(g, str) or not g:
+                raise BadRequest(R.SYSTEM_ERROR, "a consumerData in the heartbeat has no groupName")
+            if self.tables.group(g, self.config.autoCreateSubscriptionGroup) is None:
+                raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                 f"subscription group [{g}] does not exist")
+            self.tables.retry_topic(g)
+            for sd in c.get("subscriptionDataSet") or []:
+                topic = sd.get("topic")
+                if isinstance(topic, str):
+                    etype = sd.get("expressionType") or "TAG"
+                    try:
+                        self.subs[(g, topic)] = parse_subscription(
+                            topic, sd.get("subString"), etype, int(sd.get("subVersion") or 0))
+                    except BadRequest:
+                        self.subs.pop((g, topic), None)   # SQL92: issue 4; serve all meanwhile
+            key = consumer_key(g, cid)
+            t = self.registry.consumers
+            new = t.find(key) < 0
+            row = t.upsert(key)
+            t.v[row, 0] = self.cb.slot
+            t.v[row, 1] = now
+            t.v[row, 2] = conn.id
+            t.v[row, 3] = 1 if str(c.get("messageModel", "")).upper() == "BROADCASTING" else 0
+            self.group_conns.setdefault(g, {})[cid] = conn
+            conn.attrs.setdefault("groups", set()).add(g)
+            changed |= new
+        if changed:
+            self.clients_changed()
+        reply = cmd.reply(R.SUCCESS)
+        reply.version = VERSION_4_9_7
+        self.respond(conn, cmd, reply)
+
+    def _drop_client(self, conn: Connection, cid: str, groups) -> None:
+        t = self.registry.consumers
+        changed = False
+        for g in list(groups):
+            row = t.find(consumer_key(g, cid))
+            if row >= 0 and t.v[row, 0] == self.cb.slot and t.v[row, 2] == conn.id:
+                t.delete(row)
+                changed = True
+            members = self.group_conns.get(g)
+            if members and members.get(cid) is conn:
+                del members[cid]
+                if not members:
+                    del self.group_conns[g]
+                    self.notified.pop(g, None)
+        if changed:
+            self.clients_changed()
+
+    def connection_closed(self, conn: Connection) -> None:
+        cid = conn.attrs.get("client_id")
+        if cid:
+            self._drop_client(conn, cid, conn.attrs.get("groups", ()))
+
+    def unregister_client(self, conn, cmd) -> None:
+        h = Header(cmd.ext)
+        cid = h.str("clientID")
+        group = h.str("consumerGroup", required=False)
+        if group:
+            self._drop_client(conn, cid, [group])
+            conn.attrs.get("groups", set()).discard(group)
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def clients_changed(self) -> None:
+        """A group gained or lost a member: every worker re-checks its groups."""
+        self.cb.wake_flagged(WANT_CLIENTS)
+        self.reactor.call_soon(self.check_clients)
+
+    def check_clients(self) -> None:
+        """Send NOTIFY_CONSUMER_IDS_CHANGED to this worker's consumers of each
+        group whose membership changed (RocketMQ: Broker2Client)."""
+        epoch = self.registry.consumers.epoch
+        if epoch == self.seen_clients_epoch:
+            return
+        self.seen_clients_epoch = epoch
+        members = self.registry.members_by_group()
+        for g, conns in self.group_conns.items():
+            now = members.get(g, [])
+            if self.notified.get(g) == now:
+                continue
+            if g in self.notified:
+                note = RemotingCommand(RC.NOTIFY_CONSUMER_IDS_CHANGED, flag=FLAG_ONEWAY,
+                                       ext={"consumerGroup": g})
+                head = encode_head(note, 0)
+                for conn in conns.values():
+                    conn.send(head)
+            self.notified[g] = now
+
+    def consumer_list(self, conn, cmd) -> None:
+        g = Header(cmd.ext).str("consumerGroup")
+        members = self.registry.group_members(g)
+        if not members:
+            raise BadRequest(R.SYSTEM_ERROR, f"no consumer for this group, {g}")
+        self.reply_json(conn, cmd, {"consumerIdList": members})
+
+    def _mq_body(self, cmd) -> tuple[str, str, list[dict]]:
+        data = self._json_body(cmd)
+        g, cid, mqs = data.get("consumerGroup"), data.get("clientId"), data.get("mqSet") or []
+        if not isinstance(g, str) or not isinstance(cid, str) or not isinstance(mqs, list):
+            raise BadRequest(R.SYSTEM_ERROR, "the body needs consumerGroup, clientId and mqSet")
+        return g, cid, [m for m in mqs if isinstance(m, dict)]
+
+    def lock_batch(self, conn, cmd) -> None:
+        """Orderly consumption: lease each queue to one client for 60 s."""
+        g, cid, mqs = self._mq_body(cmd)
+        t = self.registry.locks
+        now = int(time.time() * 1000)
+        ok = []
+        owner = cid.encode()
+        with t.lock.held():
+            for mq in mqs:
+                key = lock_key(g, str(mq.get("topic")), str(mq.get("brokerName")),
+                               int(mq.get("queueId", -1)))
+                row = t.find(key)
+                if row < 0 or t.payload(row) == owner or now - t.v[row, 0] > LOCK_LEASE_MS:
+                    row = t.upsert(key, owner)
+                    t.v[row, 0] = now
+                    ok.append(mq)
+        self.reply_json(conn, cmd, {"lockOKMQSet": ok})
+
+    def unlock_batch(self, conn, cmd) -> None:
+        g, cid, mqs = self._mq_body(cmd)
+        t = self.registry.locks
+        owner = cid.encode()
+        with t.lock.held():
+            for mq in mqs:
+                row = t.find(lock_key(g, str(mq.get("topic")), str(mq.get("brokerName")),
+                                      int(mq.get("queueId", -1))))
+                if row >= 0 and t.payload(row) == owner:
+                    t.delete(row)
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    # ---------------------------------------------------------------- messages
+    def _record_at(self, phy: int):
+        st = self.store.state
+        if not st.get("cl_min_offset") <= phy < st.write_pos:
+            return None
+        size = int.from_bytes(self.store.record_view(phy, 4).tobytes(), "big", signed=True)
+        if size <= 0 or phy + size > st.write_pos:
+            return None
+        raw = self.store.record_view(phy, size)
+        try:
+            decode(raw, 0, check_crc=False)
+        except CorruptRecord:
+            return None
+        return raw
+
+    def view_message(self, conn, cmd) -> None:
+        phy = Header(cmd.ext).int("offset")
+        raw = self._record_at(phy)
+        if raw is None:
+            raise BadRequest(R.SYSTEM_ERROR, f"can not find message by the offset, {phy}")
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS), [memoryview(raw)])
+
+    def query_message(self, conn, cmd) -> None:
+        """Messages of a topic whose KEYS (or UNIQ_KEY) hold ``key``, stored
+        between the two timestamps. Scans the topic's queues from the
+        begin time (at most QUERY_SCAN_MAX messages; an IndexFile comes later)."""
+        h = Header(cmd.ext)
+        topic, key = h.str("topic"), h.str("key")
+        max_num = 32 if h.bool("_UNIQUE_KEY_QUERY") else max(1, h.int("maxNum"))
+        begin, end = h.int("beginTimestamp"), h.int("endTimestamp")
+        tc = self.tables.topics.get(topic)
+        if tc is None:
+            raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        found: list = []
+        scanned = 0
+        for qid in range(int(tc["readQueueNums"])):
+            off = self._offset_by_time(topic, qid, begin)
+            mx = self.store.max_offset(topic, qid)
+            while off < mx and len(found) < max_num and scanned < QUERY_SCAN_MAX:
+                r = self.store.get_message(topic, qid, off, 256, max_bytes=1 << 62)
+                if r.status is not GetMessageStatus.FOUND:
+                    break
+                for phy in r.phys.tolist():
+                    scanned += 1
+                    m = self.store.read_message(phy)
+                    if m.store_timestamp > end:
+                        off = mx
+                        break
+                    p = m.properties
+                    if key in p.get("KEYS", "").split(" ") or p.get("UNIQ_KEY") == key:
+                        found.append(self.store.record_view(phy, m.total_size))
+                        if len(found) >= max_num:
+                            break
+                else:
+                    off = r.next_offset
+        if not found:
+            raise BadRequest(R.QUERY_NOT_FOUND, f"can not find message, maybe time range not "
+                                                f"correct (scanned {scanned} messages)")
+        reply = cmd.reply(R.SUCCESS, ext={"indexLastUpdateTimestamp": str(self.store.state.get("last_store_ts")),
+                                          "indexLastUpdatePhyoffset": str(self.store.state.write_pos)})
+        self.respond(conn, cmd, reply, [memoryview(f) for f in found])
+
+    def _offset_by_time(self, topic: str, qid: int, ts: int) -> int:
+        lo, hi = self.store.min_offset(topic, qid), self.store.max_offset(topic, qid)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t = self._store_time(topic, qid, mid)
+            if t is not None and t < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # ------------------------------------------------------------------ admin
+    def create_topic(self, conn, cmd) -> None:
+        h = Header(cmd.ext)
+        topic = h.str("topic")
+        err = topic_error(topic)
+        if err:
+            raise BadRequest(R.SYSTEM_ERROR, err)
+        if topic == self.config.brokerClusterName:
+            raise BadRequest(R.SYSTEM_ERROR, f"the topic[{topic}] is conflict with system reserved words")
+        read, write = h.int("readQueueNums"), h.int("writeQueueNums")
+        if not (1 <= read <= 1024 and 1 <= write <= 1024):
+            raise BadRequest(R.SYSTEM_ERROR, "readQueueNums and writeQueueNums must be 1..1024")
+        ftype = h.str("topicFilterType", "SINGLE_TAG")
+        if ftype not in ("SINGLE_TAG", "MULTI_TAG"):
+            raise BadRequest(R.SYSTEM_ERROR, f"topicFilterType={ftype!r}: SINGLE_TAG or MULTI_TAG")
+        from .topics import topic_config
+        self.tables.topics.update({topic: topic_config(topic, read, write, h.int("perm", 6),
+                                                       ftype, h.int("topicSysFlag", 0),
+                                                       h.bool("order"))})
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def delete_topic(self, conn, cmd) -> None:
+        topic = Header(cmd.ext).str("topic")
+        self.tables.topics.update({topic: None})
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def all_topic_config(self, conn, cmd) -> None:
+        self.reply_json(conn, cmd, {"topicConfigTable": self.tables.topics.current(),
+                                    "dataVersion": self.tables.topics.data_version()})
+
+    def runtime_info(self, conn, cmd) -> None:
+        st = self.store.state
+        table = {"brokerVersionDesc": "V4_9_7", "brokerVersion": str(VERSION_4_9_7),
+                 "bootTimestamp": str(self.boot_ms),
+                 "commitLogMaxOffset": str(st.write_pos),
+                 "commitLogMinOffset": str(st.get("cl_min_offset")),
+                 "commitLogFlushedOffset": str(st.flushed_pos),
+                 "msgPutTotalThisWorker": str(self.put_count),
+                 "queueCount": str(int(st.get("queue_slots_used"))),
+                 "flushDiskType": self.config.store.flushDiskType}
+        self.reply_json(conn, cmd, {"table": table})

@@ -1,0 +1,307 @@
+"""A single-threaded reactor (epoll via ``selectors``): connections, timers, readers.
+
+Every broker process that serves sockets (a worker, the NameServer) runs one
+``Reactor``. A ``Connection`` reads bytes into the sans-I/O ``FrameDecoder``
+and hands each complete command to the process's handler, which runs it to
+completion and answers with ``Connection.send``; it may also answer later (a
+parked pull, a sync send waiting for the flush), so replies on a connection
+go out in whatever order they are ready.
+
+Output is a queue of memory slices and file ranges. ``send`` writes at once
+what the socket takes (one ``sendmsg`` for adjacent memory pieces, ``sendfile``
+for file ranges) and queues the rest; slices of shared mappings that must
+wait are copied first, so no mapping stays pinned by a slow client. A
+connection with more than ``out_max`` bytes queued stops being read until it
+drains to half that: a client that stops reading replies only stops itself.
+A malformed frame closes that connection and is logged; nothing else.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import selectors
+import socket
+import time
+from collections import deque
+from typing import Callable
+
+from shmq.ipc.remoting import FrameDecoder, RemoteProtocolError, RemotingCommand
+
+log = logging.getLogger("shmq.reactor")
+
+RECV_BYTES = 256 * 1024
+IOV_MAX = 512
+
+
+class FileRange:
+    """``n`` bytes of an open file from ``off``, sent by sendfile(2)."""
+    __slots__ = ("fd", "off", "n")
+
+    def __init__(self, fd: int, off: int, n: int):
+        self.fd, self.off, self.n = fd, off, n
+
+
+class Connection:
+    _ids = itertools.count(1)
+
+    def __init__(self, reactor: "Reactor", sock: socket.socket, peer: str,
+                 on_command: Callable[["Connection", RemotingCommand], None],
+                 on_close: Callable[["Connection"], None] | None, out_max: int):
+        self.id = next(self._ids)
+        self.reactor = reactor
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.decoder = FrameDecoder()
+        self.on_command = on_command
+        self.on_close = on_close
+        self.out: deque = deque()
+        self.out_bytes = 0
+        self.out_max = out_max
+        self.reading = True
+        self.writing = False
+        self.closed = False
+        self.last_active = time.monotonic()
+        self.attrs: dict = {}      # what processors remember about this client
+
+    # ------------------------------------------------------------ reading
+    def _on_readable(self) -> None:
+        try:
+            data = self.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.close(f"read failed: {e}")
+            return
+        if not data:
+            self.close("closed by peer")
+            return
+        self.last_active = time.monotonic()
+        self.decoder.receive_data(data)
+        while not self.closed:
+            try:
+                cmd = self.decoder.next_command()
+            except RemoteProtocolError as e:
+                self.close(f"protocol error: {e}")
+                return
+            if cmd is None:
+                return
+            self.on_command(self, cmd)
+            if not self.reading:   # back-pressure: the rest waits in the decoder
+                return
+
+    # ------------------------------------------------------------ writing
+    def send(self, head: bytes, parts=()) -> None:
+        """Queue ``head`` then each of ``parts`` (bytes, memoryview, FileRange)
+        and write what the socket takes now."""
+        if self.closed:
+            return
+        self.out.append(memoryview(head))
+        self.out_bytes += len(head)
+        for p in parts:
+            if isinstance(p, FileRange):
+                if p.n:
+                    self.out.append(p)
+                    self.out_bytes += p.n
+            else:
+                mv = memoryview(p).cast("B")
+                if mv.nbytes:
+                    self.out.append(mv)
+                    self.out_bytes += mv.nbytes
+        self._flush()
+        if self.out and not self.closed:
+            # Whatever waits must not pin shared mappings: copy the slices.
+            self.out = deque(p if isinstance(p, FileRange) or isinstance(p.obj, bytes)
+                             else memoryview(p.tobytes()) for p in self.out)
+            self._update_interest()
+
+    def _flush(self) -> None:
+        out = self.out
+        try:
+            while out:
+                first = out[0]
+                if isinstance(first, FileRange):
+                    n = os.sendfile(self.fd, first.fd, first.off, first.n)
+                    self.out_bytes -= n
+                    if n == first.n:
+                        out.popleft()
+                        continue
+                    first.off += n
+                    first.n -= n
+                    if n == 0:
+                        return
+                    continue
+                bufs = []
+                for p in out:
+                    if isinstance(p, FileRange) or len(bufs) == IOV_MAX:
+                        break
+                    bufs.append(p)
+                n = self.sock.sendmsg(bufs) if len(bufs) > 1 else self.sock.send(bufs[0])
+                self.out_bytes -= n
+                while n:
+                    p = out[0]
+                    if n >= p.nbytes:
+                        n -= p.nbytes
+                        out.popleft()
+                    else:
+                        out[0] = p[n:]
+                        n = 0
+                        return
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.close(f"write failed: {e}")
+
+    def _on_writable(self) -> None:
+        self._flush()
+        self._update_interest()
+
+    def _update_interest(self) -> None:
+        if self.closed:
+            return
+        want_write = bool(self.out)
+        if self.out_bytes > self.out_max:
+            want_read = False
+        elif self.out_bytes <= self.out_max // 2:
+            want_read = True
+        else:
+            want_read = self.reading
+        if (want_read, want_write) == (self.reading, self.writing):
+            return
+        resumed = want_read and not self.reading
+        self.reading, self.writing = want_read, want_write
+        events = (selectors.EVENT_READ if want_read else 0) | (selectors.EVENT_WRITE if want_write else 0)
+        sel = self.reactor.sel
+        if events:
+            try:
+                sel.modify(self.sock, events, self)
+            except KeyError:
+                sel.register(self.sock, events, self)
+        else:
+            try:
+                sel.unregister(self.sock)
+            except KeyError:
+                pass
+        if resumed:   # commands that arrived while we were not reading
+            self.reactor.call_soon(self._drain_decoder)
+
+    def _drain_decoder(self) -> None:
+        while not self.closed and self.reading:
+            try:
+                cmd = self.decoder.next_command()
+            except RemoteProtocolError as e:
+                self.close(f"protocol error: {e}")
+                return
+            if cmd is None:
+                return
+            self.on_command(self, cmd)
+
+    def close(self, reason: str = "closed") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        level = logging.DEBUG if reason in ("closed by peer", "closed") else logging.WARNING
+        log.log(level, "connection %s: %s", self.peer, reason)
+        try:
+            self.reactor.sel.unregister(self.sock)
+        except (KeyError, ValueError):
+            pass
+        self.reactor.conns.pop(self.id, None)
+        self.sock.close()
+        self.out.clear()
+        self.out_bytes = 0
+        if self.on_close is not None:
+            self.on_close(self)
+
+
+class _Reader:
+    __slots__ = ("callback",)
+
+    def __init__(self, callback):
+        self.callback = callback
+
+
+class Reactor:
+    def __init__(self):
+        self.sel = selectors.DefaultSelector()
+        self.conns: dict[int, Connection] = {}
+        self._timers: list = []
+        self._seq = itertools.count()
+        self._soon: deque = deque()
+        self.stopping = False
+
+    def add_reader(self, fileobj, callback: Callable[[], None]) -> None:
+        self.sel.register(fileobj, selectors.EVENT_READ, _Reader(callback))
+
+    def remove_reader(self, fileobj) -> None:
+        self.sel.unregister(fileobj)
+
+    def add_connection(self, sock: socket.socket, peer: str, on_command, on_close=None,
+                       out_max: int = 8 << 20) -> Connection:
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(self, sock, peer, on_command, on_close, out_max)
+        self.conns[conn.id] = conn
+        self.sel.register(sock, selectors.EVENT_READ, conn)
+        return conn
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> list:
+        """Run ``fn`` after ``delay_s``; returns a handle for ``cancel``."""
+        entry = [time.monotonic() + delay_s, next(self._seq), fn]
+        heapq.heappush(self._timers, entry)
+        return entry
+
+    @staticmethod
+    def cancel(entry: list) -> None:
+        entry[2] = None
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self._soon.append(fn)
+
+    def every(self, period_s: float, fn: Callable[[], None]) -> None:
+        def tick():
+            try:
+                fn()
+            finally:
+                self.call_later(period_s, tick)
+        self.call_later(period_s, tick)
+
+    def run(self) -> None:
+        while not self.stopping:
+            self.run_once()
+
+    def run_once(self) -> None:
+        timeout = None
+        if self._soon:
+            timeout = 0
+        elif self._timers:
+            timeout = max(0.0, self._timers[0][0] - time.monotonic())
+        for key, mask in self.sel.select(timeout if timeout is None else min(timeout, 1.0)):
+            obj = key.data
+            if isinstance(obj, Connection):
+                if mask & selectors.EVENT_WRITE and not obj.closed:
+                    obj._on_writable()
+                if mask & selectors.EVENT_READ and not obj.closed:
+                    obj._on_readable()
+            else:
+                obj.callback()
+        while self._soon:
+            self._soon.popleft()()
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, fn = heapq.heappop(self._timers)
+            if fn is not None:
+                fn()
+
+    def close_idle(self, idle_s: float) -> None:
+        cutoff = time.monotonic() - idle_s
+        for conn in [c for c in self.conns.values() if c.last_active < cutoff]:
+            conn.close(f"idle for more than {idle_s:.0f} s")
+
+    def close(self) -> None:
+        for conn in list(self.conns.values()):
+            conn.close("shutting down")
+        self.sel.close()

@@ -1,0 +1,125 @@
+"""The services process: the broker's background duties, off the request path.
+
+- registers the broker with every NameServer every ``registerNameServerPeriod``
+  and at once when the topic table changes (a topic created on first send
+  must be routable before consumers poll again), and unregisters at shutdown;
+- saves consumer offsets to ``config/consumerOffset.json`` every
+  ``flushConsumerOffsetInterval`` and at shutdown;
+- expires consumers silent for 120 s (their groups are then re-balanced).
+
+Delay levels, transaction check-back and the IndexFile join it later.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from shmq.ipc.channel import RemotingClient
+from shmq.ipc.codes import ResponseCode
+from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent
+
+from .config import BrokerConfig
+from .namesrv import register_broker_request, unregister_broker_request
+from .registry import Registry
+from .shared_store import attach, extra_region
+from .topics import Tables
+
+log = logging.getLogger("shmq.services")
+TICK_S = 0.1
+EXPIRE_EVERY_S = 10.0
+
+
+class Services:
+    def __init__(self, config: BrokerConfig, tables: Tables, registry: Registry, wake_clients):
+        self.config = config
+        self.tables = tables
+        self.registry = registry
+        self.wake_clients = wake_clients
+        self.registered_epoch = -1
+        self.next_register = 0.0
+        self.next_offsets = 0.0
+        self.next_expire = 0.0
+        self.saved_offsets: dict | None = None
+        # One lasting connection per NameServer: a NameServer drops a broker
+        # whose connection closes (RocketMQ: BrokerHousekeepingService).
+        self.channels: dict[str, RemotingClient] = {}
+
+    def step(self, now: float) -> None:
+        epoch = self.tables.topics.state.get("config_epoch")
+        if epoch != self.registered_epoch or now >= self.next_register:
+            self.register_all()
+            self.registered_epoch = epoch
+            self.next_register = now + self.config.registerNameServerPeriod / 1000
+        if now >= self.next_offsets:
+            self.save_offsets()
+            self.next_offsets = now + self.config.flushConsumerOffsetInterval / 1000
+        if now >= self.next_expire:
+            if self.registry.expire_clients():
+                self.wake_clients()
+            self.next_expire = now + EXPIRE_EVERY_S
+
+    def save_offsets(self) -> None:
+        table = self.registry.offset_table()
+        if table != self.saved_offsets:
+            self.registry.save_offsets()
+            self.saved_offsets = table
+
+    def _call_all(self, make) -> None:
+        for addr in self.config.namesrv_addrs:
+            try:
+                c = self.channels.get(addr)
+                if c is None:
+                    c = self.channels[addr] = RemotingClient(addr, timeout=3.0)
+                r = c.invoke(make(), timeout=3.0)
+                if r.code != ResponseCode.SUCCESS:
+                    log.warning("NameServer %s answered %d: %s", addr, r.code, r.remark)
+            except OSError as e:
+                log.warning("NameServer %s: %s", addr, e)
+                c = self.channels.pop(addr, None)
+                if c is not None:
+                    c.close()
+
+    def register_all(self) -> None:
+        c = self.config
+        topics = self.tables.topics.current()
+        self._call_all(lambda: register_broker_request(
+            cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
+            broker_id=c.brokerId, topic_configs=topics,
+            data_version=self.tables.topics.data_version(), ha_addr=""))
+
+    def unregister_all(self) -> None:
+        c = self.config
+        self._call_all(lambda: unregister_broker_request(
+            cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
+            broker_id=c.brokerId))
+
+
+def services_main(config: BrokerConfig, boss_pid: int) -> None:
+    die_with_parent(boss_pid)
+    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s services %(levelname)s %(name)s %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    store, cb = attach(config.store, "other")
+    registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
+    svc = Services(config, Tables(config, store.state), registry,
+                   lambda: cb.wake_flagged(WANT_CLIENTS))
+    stopping = []
+
+    def on_term(signum, frame):
+        stopping.append(signum)
+        cb.wake(cb.slot)
+
+    signal.signal(signal.SIGTERM, on_term)
+    cb.set_flag(WANT_CONFIG, True)    # topics changed: register at once
+    try:
+        while not stopping:
+            svc.step(time.monotonic())
+            cb.heartbeat()
+            cb.wait(TICK_S)
+        svc.save_offsets()
+        svc.unregister_all()
+    finally:
+        cb.close()
+        store.close()

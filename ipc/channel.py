@@ -1,0 +1,107 @@
+"""A blocking RocketMQ remoting connection: what the broker uses to call a NameServer
+and what the Python client builds on.
+
+``RemotingClient`` connects over TCP (``"host:port"``) or a Unix socket
+(``"unix:/path/broker.sock"``), assigns each request an ``opaque`` and matches
+replies to requests by it, so requests can be pipelined: ``send`` several,
+then ``recv`` their replies in whatever order the broker answers. ``invoke``
+is send + wait for that request's reply. Requests the broker sends to us
+(NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) are queued on
+``requests`` for the caller to look at.
+"""
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from collections import deque
+
+from .remoting import FLAG_ONEWAY, FrameDecoder, RemotingCommand, encode
+
+_RECV_BYTES = 1 << 20
+
+
+class RemotingTimeout(TimeoutError):
+    pass
+
+
+def connect(addr: str, timeout: float = 5.0) -> socket.socket:
+    if addr.startswith("unix:"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        s.connect(addr[5:])
+    else:
+        host, _, port = addr.rpartition(":")
+        s = socket.create_connection((host, int(port)), timeout=timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.settimeout(None)
+    return s
+
+
+class RemotingClient:
+    _opaques = itertools.count(1)
+
+    def __init__(self, addr: str, timeout: float = 5.0):
+        self.addr = addr
+        self.sock = connect(addr, timeout)
+        self.decoder = FrameDecoder()
+        self.replies: dict[int, RemotingCommand] = {}
+        self.requests: deque[RemotingCommand] = deque()
+
+    def send(self, cmd: RemotingCommand) -> int:
+        """Send a request without waiting; returns its opaque."""
+        cmd.opaque = next(self._opaques) & 0x7FFFFFFF
+        self.sock.sendall(encode(cmd))
+        return cmd.opaque
+
+    def send_many(self, cmds: list[RemotingCommand]) -> list[int]:
+        """Pipeline several requests in one write."""
+        frames = []
+        for cmd in cmds:
+            cmd.opaque = next(self._opaques) & 0x7FFFFFFF
+            frames.append(encode(cmd))
+        self.sock.sendall(b"".join(frames))
+        return [c.opaque for c in cmds]
+
+    def recv(self, opaque: int | None = None, timeout: float = 5.0) -> RemotingCommand:
+        """The reply to ``opaque`` (None: the next reply to anything)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if opaque is None and self.replies:
+                return self.replies.pop(next(iter(self.replies)))
+            if opaque is not None and opaque in self.replies:
+                return self.replies.pop(opaque)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemotingTimeout(f"no reply from {self.addr} within {timeout} s")
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(_RECV_BYTES)
+            except socket.timeout:
+                continue
+            finally:
+                self.sock.settimeout(None)
+            if not data:
+                raise ConnectionError(f"{self.addr} closed the connection")
+            self.decoder.receive_data(data)
+            while (cmd := self.decoder.next_command()) is not None:
+                if cmd.is_response:
+                    self.replies[cmd.opaque] = cmd
+                else:
+                    self.requests.append(cmd)
+
+    def invoke(self, cmd: RemotingCommand, timeout: float = 5.0) -> RemotingCommand:
+        return self.recv(self.send(cmd), timeout)
+
+    def invoke_oneway(self, cmd: RemotingCommand) -> None:
+        cmd.flag |= FLAG_ONEWAY
+        self.send(cmd)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "RemotingClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,159 @@
+"""Small keyed tables in shared memory, for registries every worker shares.
+
+Consumer offsets, the consumer registry and the queue locks of a broker are
+read and written by whichever worker holds a client's connection, so they
+live in shared memory beside the store's state, one ``SharedTable`` each::
+
+    header (64 B): rows, epoch (+1 on every insert and delete), used
+    rows × 384 B:  0 state i8 (0 free, 1 used) | 8 hash i8 | 16 key_len i8 |
+                  24 payload_len i8 | 32 v i8[4] | 64 key u1[192] | 256 payload u1[128]
+
+A row's key never changes while it is used; readers find a key by comparing
+the hash column (vectorised) and then the key bytes, and cache key → row.
+Values are plain int64 stores (atomic on x86-64); inserts, deletes and
+payload changes take the table's lock, an ``flock`` on a file that the
+kernel releases when its holder dies, so a crashed worker never wedges the
+others. A row is written fields first, ``state`` last.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import zlib
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+
+KEY_BYTES_MAX = 192
+PAYLOAD_BYTES_MAX = 128
+ROW_DTYPE = np.dtype({
+    "names": ["state", "hash", "key_len", "payload_len", "v", "key", "payload"],
+    "formats": [np.int64, np.int64, np.int64, np.int64, (np.int64, 4),
+                (np.uint8, KEY_BYTES_MAX), (np.uint8, PAYLOAD_BYTES_MAX)],
+    "offsets": [0, 8, 16, 24, 32, 64, 256],
+    "itemsize": 384,
+})
+HEADER_BYTES = 64
+_HDR = np.dtype({"names": ["rows", "epoch", "used"], "formats": [np.int64] * 3,
+                 "offsets": [0, 8, 16], "itemsize": HEADER_BYTES})
+
+
+class TableFull(RuntimeError):
+    pass
+
+
+def table_bytes(rows: int) -> int:
+    return HEADER_BYTES + rows * ROW_DTYPE.itemsize
+
+
+def _hash(key: bytes) -> int:
+    return zlib.crc32(key) | (len(key) << 32)
+
+
+class FileLock:
+    """An exclusive flock on ``path``, per process, re-entrant."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._depth = 0
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        if self._depth == 0:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class SharedTable:
+    def __init__(self, buf, offset: int, lock: FileLock, rows: int | None = None):
+        self.header = np.ndarray((1,), _HDR, buf, offset)
+        if rows is not None:
+            self.header["rows"] = rows
+        n = int(self.header["rows"][0])
+        self.rows = np.ndarray((n,), ROW_DTYPE, buf, offset + HEADER_BYTES)
+        self.state = self.rows["state"]
+        self.hashes = self.rows["hash"]
+        self.v = self.rows["v"]
+        self.lock = lock
+        self._cache: dict[bytes, int] = {}
+
+    @property
+    def epoch(self) -> int:
+        return int(self.header["epoch"][0])
+
+    def find(self, key: bytes) -> int:
+        """Row of ``key``, or -1."""
+        row = self._cache.get(key)
+        if row is not None and self.state[row] == 1 and self.key(row) == key:
+            return row
+        h = _hash(key)
+        for r in np.flatnonzero((self.hashes == h) & (self.state == 1)).tolist():
+            if self.key(r) == key:
+                self._cache[key] = r
+                return r
+        self._cache.pop(key, None)
+        return -1
+
+    def upsert(self, key: bytes, payload: bytes | None = None) -> int:
+        """Row of ``key``, created (values 0) if absent; sets the payload if given."""
+        row = self.find(key)
+        if row >= 0 and payload is None:
+            return row
+        if len(key) > KEY_BYTES_MAX:
+            raise ValueError(f"key of {len(key)} bytes exceeds {KEY_BYTES_MAX}")
+        if payload is not None and len(payload) > PAYLOAD_BYTES_MAX:
+            raise ValueError(f"value of {len(payload)} bytes exceeds {PAYLOAD_BYTES_MAX}")
+        with self.lock.held():
+            row = self.find(key)
+            if row < 0:
+                free = np.flatnonzero(self.state == 0)
+                if not free.shape[0]:
+                    raise TableFull(f"all {self.rows.shape[0]} rows are used")
+                row = int(free[0])
+                r = self.rows[row]
+                r["key"][:len(key)] = np.frombuffer(key, np.uint8)
+                r["key_len"] = len(key)
+                r["hash"] = _hash(key)
+                r["v"] = 0
+                r["payload_len"] = 0
+                self.state[row] = 1
+                self.header["used"] += 1
+                self.header["epoch"] += 1
+                self._cache[key] = row
+            if payload is not None:
+                r = self.rows[row]
+                r["payload"][:len(payload)] = np.frombuffer(payload, np.uint8)
+                r["payload_len"] = len(payload)
+        return row
+
+    def delete(self, row: int) -> None:
+        with self.lock.held():
+            if self.state[row] == 1:
+                self.state[row] = 0
+                self.header["used"] -= 1
+                self.header["epoch"] += 1
+
+    def key(self, row: int) -> bytes:
+        r = self.rows[row]
+        return r["key"][:int(r["key_len"])].tobytes()
+
+    def payload(self, row: int) -> bytes:
+        r = self.rows[row]
+        return r["payload"][:int(r["payload_len"])].tobytes()
+
+    def used(self) -> np.ndarray:
+        return np.flatnonzero(self.state == 1)
+
+    def items(self) -> Iterator[tuple[int, bytes]]:
+        for row in self.used().tolist():
+            yield row, self.key(row)

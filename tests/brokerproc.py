@@ -1,0 +1,114 @@
+"""Run a real ``shmq broker`` process for a test: free ports, a temp store, the ready line.
+
+    with start_broker(tmp_path, flushDiskType="SYNC_FLUSH") as b:
+        RemotingClient(b.addr) ... ; b.kill9() ; b.stop()
+
+Everything listens on 127.0.0.1 (and the store's Unix socket). The broker's
+stderr goes to ``<tmp>/broker.log`` (printed when start-up fails).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+READY = re.compile(r"^shmq broker ready tcp=(\S+) unix=(\S+) namesrv=(\S+) store=(\S+)")
+SMALL = dict(mappedFileSizeCommitLog=str(16 << 20), maxMessageSize=str(1 << 20),
+             maxQueueSlots="4096", workerProcessNums="2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProc:
+    def __init__(self, tmp, conf: dict):
+        self.tmp = str(tmp)
+        self.conf = conf
+        self.conf_path = os.path.join(self.tmp, "broker.conf")
+        with open(self.conf_path, "w") as f:
+            f.writelines(f"{k}={v}\n" for k, v in conf.items())
+        self.log_path = os.path.join(self.tmp, "broker.log")
+        self.proc: subprocess.Popen | None = None
+        self.addr = self.unix = self.namesrv = self.store = None
+
+    def start(self, timeout: float = 90) -> "BrokerProc":
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
+                                     stdout=subprocess.PIPE, stderr=log, text=True,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            m = READY.match(line)
+            if m:
+                tcp, self.unix, self.namesrv, self.store = m.groups()
+                self.addr = tcp
+                return self
+        self.kill9()
+        raise RuntimeError(f"broker did not start; log:\n{self.log()[-4000:]}")
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait: the clean shutdown path. Returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            raise
+
+    def kill9(self) -> None:
+        """kill -9 the boss; its children die with it (PDEATHSIG)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def children(self) -> dict[str, int]:
+        """name → pid of the boss's child processes (namesrv, flusher, workers, services)."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.proc.pid:
+                    continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode()
+            except (OSError, ValueError, IndexError):
+                continue
+            out[f"{pid}"] = cmd
+        return out
+
+    def __enter__(self) -> "BrokerProc":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop()
+        finally:
+            self.kill9()
+
+
+def start_broker(tmp, **conf) -> BrokerProc:
+    store = os.path.join(str(tmp), "store")
+    base = dict(storePathRootDir=store, listenPort=str(free_port()),
+                namesrvListenPort=str(free_port()), brokerIP1="127.0.0.1", **SMALL)
+    base.update({k: str(v) for k, v in conf.items()})
+    return BrokerProc(tmp, base).start()

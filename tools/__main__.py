@@ -1,0 +1,5 @@
+import sys
+
+from shmq.tools.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""``shmq``: the command line.
+
+    shmq broker [-c broker.conf] [-n namesrvAddr] [-m]   a broker (+ embedded NameServer)
+    shmq namesrv [-p port] [--bind host]                  a NameServer alone
+
+``broker`` with no arguments runs on the embedded default: store in
+``~/store``, TCP 127.0.0.1:10911, ``<store>/broker.sock``, NameServer
+127.0.0.1:9876; it prints where it listens once it serves. ``-m`` prints
+every setting with its value and default and exits.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _broker(args) -> int:
+    from shmq.broker.boss import run_broker
+    from shmq.broker.config import load
+
+    overrides = {}
+    if args.namesrv:
+        overrides["namesrvAddr"] = args.namesrv
+    try:
+        config, unknown = load(args.config, overrides)
+    except (OSError, ValueError) as e:
+        print(f"shmq broker: {e}", file=sys.stderr)
+        return 2
+    for k in unknown:
+        print(f"shmq broker: ignoring unknown setting {k!r}", file=sys.stderr)
+    if args.print_config:
+        for name, value, default in config.describe():
+            mark = "" if value == default else "   (default " + repr(default) + ")"
+            print(f"{name}={value}{mark}")
+        return 0
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s boss %(levelname)s %(name)s %(message)s")
+    try:
+        return run_broker(config)
+    except Exception as e:   # a clear line, not a traceback, for start-up failures
+        logging.getLogger("shmq").debug("start-up failed", exc_info=True)
+        print(f"shmq broker: {e}", file=sys.stderr)
+        return 1
+
+
+def _namesrv(args) -> int:
+    from shmq.broker.namesrv import serve
+
+    def ready(addr):
+        print(f"shmq namesrv ready tcp={addr[0]}:{addr[1]}", flush=True)
+
+    try:
+        serve(args.bind, args.port, on_ready=ready)
+    except OSError as e:
+        print(f"shmq namesrv: cannot listen on {args.bind}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="shmq", description="shmq: a RocketMQ 4.x-compatible broker")
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("broker", help="run a broker (and an embedded NameServer)")
+    b.add_argument("-c", "--config", help="broker.conf: key=value lines with RocketMQ's names")
+    b.add_argument("-n", "--namesrv", help="NameServer address(es), host:port;host:port")
+    b.add_argument("-m", "--print-config", action="store_true",
+                   help="print every setting with its value and default, then exit")
+    b.set_defaults(func=_broker)
+    n = sub.add_parser("namesrv", help="run a NameServer alone")
+    n.add_argument("-p", "--port", type=int, default=9876)
+    n.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    n.set_defaults(func=_namesrv)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
