@@ -24,19 +24,61 @@ import sys
 import tempfile
 import time
 
-from perf import append, recovery, sync_flush, write_path
+from perf import (append, broker, net_limits, pull_transfer, recovery, redis_peer, sync_flush,
+                  write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
 class Context:
     """Sizes for this run and limits measured once, on first use."""
 
-    def __init__(self, quick: bool, scratch: str):
+    def __init__(self, quick: bool, scratch: str, install_peers: bool = False):
         self.quick = quick
         self.scratch = scratch
+        # may the harness install a missing peer (redis-server) with apt-get?
+        self.install_peers = install_peers
         self._memcpy = None
         self._fsync = None
         self._seqwrite: dict[int, float] = {}
+        self._rtt: dict[str, dict] = {}
+        self._bulk: dict[str, dict] = {}
+        # peer figures measured in this run (redis_peer), for the benches that
+        # print them beside their own
+        self.peers: dict[str, float] = {}
+        # things several benches share (a running broker), by name
+        self.shared: dict[str, object] = {}
+        self._closers: list = []
+
+    def on_close(self, fn) -> None:
+        """Run ``fn`` when the run ends (stop a broker started for several benches)."""
+        self._closers.append(fn)
+
+    def close(self) -> None:
+        errors = []
+        while self._closers:
+            try:
+                self._closers.pop()()
+            except Exception as e:   # stop the others, then report
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def net_rtt(self, transport: str) -> dict:
+        """Raw request/response round trip over ``transport`` (one measurement per run)."""
+        if transport not in self._rtt:
+            self._rtt[transport] = net_limits.best_of_placements(
+                lambda cpus: net_limits.round_trip(transport, self.scratch,
+                                                   0.4 if self.quick else 2.0, cpus=cpus), "rate")
+        return self._rtt[transport]
+
+    def net_bulk(self, transport: str) -> dict:
+        """Raw one-way socket bandwidth over ``transport`` (one measurement per run)."""
+        if transport not in self._bulk:
+            self._bulk[transport] = net_limits.best_of_placements(
+                lambda cpus: net_limits.bulk(transport, self.scratch,
+                                             (256 if self.quick else 2048) << 20,
+                                             rounds=3 if self.quick else 5, cpus=cpus), "bps")
+        return self._bulk[transport]
 
     def sub(self, name: str) -> str:
         d = tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch)
@@ -70,6 +112,14 @@ BENCHES = {
     "sync_flush": sync_flush.run,
     "recovery": recovery.run,
     "flush_write_path": write_path.run,
+    "net_limits": net_limits.run,
+    "pull_transfer": pull_transfer.run,
+    "redis_peer": redis_peer.run,
+    "broker_send": broker.run_send,
+    "broker_produce": broker.run_produce,
+    "broker_consume": broker.run_consume,
+    "broker_latency": broker.run_latency,
+    "broker_sync_flush": broker.run_sync_flush,
 }
 
 
@@ -78,6 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(BENCHES)}")
     ap.add_argument("--quick", action="store_true", help="small sizes: the suite in under a minute")
     ap.add_argument("--out", help="also append the JSON lines to this file")
+    ap.add_argument("--install-peers", action="store_true",
+                    help="as root, apt-get install a missing peer (redis-server); also when $CI is set")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if not any(b.startswith(n) for b in BENCHES)]
     if unknown:
@@ -86,7 +138,7 @@ def main(argv=None) -> int:
     base = os.environ.get("SHMQ_PERF_DIR", os.path.join(os.getcwd(), ".perf-scratch"))
     os.makedirs(base, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="run-", dir=base)
-    ctx = Context(args.quick, scratch)
+    ctx = Context(args.quick, scratch, install_peers=args.install_peers)
     out = open(args.out, "a") if args.out else None
     t0 = time.perf_counter()
     try:
@@ -97,7 +149,10 @@ def main(argv=None) -> int:
                 if out:
                     out.write(line + "\n")
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            ctx.close()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         if out:
             out.close()
     print(f"# {len(chosen)} benchmarks in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

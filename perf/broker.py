@@ -1,0 +1,621 @@
+"""The broker end to end: a real ``shmq broker`` process, clients speaking the
+RocketMQ 4.x remoting protocol over the Unix socket and TCP loopback.
+
+Each bench prints its figure beside the raw limit for the same work on the
+same transport, measured in the same run (perf.net_limits):
+
+- broker_send: one-at-a-time SEND_MESSAGE_V2 (310) of 100 B from one
+  connection — msg/s, p50/p99 — against the raw request/response round trip
+  (target ratio ≥ 0.70);
+- broker_produce: batches (320) of 32 and of 256 100-byte messages from
+  PRODUCERS processes, each its own connection and queue, WINDOW requests in
+  flight — msg/s (target ≥ 1,000,000), limit: raw bulk socket bandwidth in
+  messages of this size, with Redis pipelined XADD beside it when
+  redis_peer ran first;
+- broker_consume: a backlog of 1 KiB messages pulled (11) with maxMsgNums
+  32 by one consumer process, WINDOW pulls in flight over QUEUES queues —
+  body bytes/s against raw bulk socket bandwidth (target ratio ≥ 0.5);
+- broker_latency: produce → consume latency, p50/p99, at a fixed rate,
+  the consumer parked in a long poll (sysFlag suspend) and every body
+  stamped with CLOCK_MONOTONIC at send — against the raw round trip p50;
+- broker_sync_flush: SYNC_FLUSH broker, 1 and 16 connections (processes)
+  each sending one message at a time — msg/s against the raw fdatasync rate,
+  with Redis ``appendfsync always`` under the same load beside it.
+
+One ASYNC_FLUSH broker serves the first four benches (started on first use,
+stopped at the end of the run); broker_sync_flush starts its own. Every
+bench checks what it did: reply codes, queue offsets, the queues' maxOffset
+against the acknowledged count, sample bodies read back by a pull.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from perf.net_limits import FORK, TRANSPORTS, _check_exit
+from shmq.client.remoting import RemotingClient
+from shmq.ipc.remoting import RemotingCommand
+
+SEND_MESSAGE_V2 = 310
+SEND_BATCH_MESSAGE = 320
+PULL_MESSAGE = 11
+UPDATE_AND_CREATE_TOPIC = 17
+SUCCESS, FLUSH_DISK_TIMEOUT, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY = 0, 10, 19, 20
+PULL_SUSPEND, PULL_SUBSCRIPTION = 0x2, 0x4
+MAGIC = -626843481                          # 0xDAA320A7, §5.1
+GROUP = "perf_group"
+PRODUCER_GROUP = "perf_producer"
+PROPS = "TAGS\x01t\x02KEYS\x01k"
+
+PRODUCERS = 4
+WINDOW = 4
+QUEUES = 4
+SYNC_CONNS = (1, 16)
+TIMEOUT_S = 15.0
+
+
+# ------------------------------------------------------------------ the broker process
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    """``python -m shmq.tools broker -c conf``, up until ``stop()``."""
+
+    def __init__(self, ctx, flush: str):
+        root = ctx.sub(f"broker-{flush}")
+        store = os.path.join(root, "store")
+        conf = {"storePathRootDir": store, "listenPort": free_port(),
+                "namesrvListenPort": free_port(), "embeddedNamesrv": "false",
+                "flushDiskType": flush, "workerProcessNums": 2,
+                "mappedFileSizeCommitLog": (256 if ctx.quick else 1024) << 20}
+        if len(os.path.join(store, "broker.sock")) > 100:       # sun_path is 108 bytes
+            conf["unixSocketPath"] = os.path.join(f"/tmp/shmq-perf-{os.getpid()}-{flush}.sock")
+        self.conf_path = os.path.join(root, "broker.conf")
+        with open(self.conf_path, "w") as f:
+            f.writelines(f"{k}={v}\n" for k, v in conf.items())
+        self.flush = flush
+        self.log_path = os.path.join(root, "broker.log")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.log, cwd=root)
+        line = self._ready_line(60.0)
+        fields = dict(tok.split("=", 1) for tok in line.split()[3:] if "=" in tok)
+        self.tcp, self.unix = fields["tcp"], fields["unix"]
+        self.out: deque[str] = deque(maxlen=100)
+        self._drain = threading.Thread(target=self._drain_stdout, daemon=True)
+        self._drain.start()
+
+    def _ready_line(self, timeout: float) -> str:
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        seen = []
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(max(0.0, deadline - time.monotonic())):
+                    continue
+                line = self.proc.stdout.readline().decode(errors="replace")
+                if not line:                                  # EOF: it died
+                    self.proc.wait(5)
+                    raise RuntimeError(f"broker exited with {self.proc.returncode} before ready: "
+                                       f"{''.join(seen)[-500:]}{self.log_tail()}")
+                seen.append(line)
+                if line.startswith("shmq broker ready"):
+                    return line.strip()
+        finally:
+            sel.close()
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError(f"broker not ready within {timeout} s: {self.log_tail()}")
+
+    def _drain_stdout(self) -> None:
+        for line in self.proc.stdout:
+            self.out.append(line.decode(errors="replace"))
+
+    def log_tail(self, n: int = 2000) -> str:
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read()[-n:].decode(errors="replace")
+
+    def addr(self, transport: str) -> str:
+        return self.tcp if transport == "tcp" else f"unix:{self.unix}"
+
+    def alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the broker died (exit {self.proc.returncode}): {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise RuntimeError(f"the broker did not stop on SIGTERM: {self.log_tail()}")
+        self._drain.join(5)
+        self.log.close()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"the broker exited with {self.proc.returncode}: {self.log_tail()}")
+
+
+def broker(ctx, flush: str = "ASYNC_FLUSH") -> Broker:
+    """The run's broker with this flush type, started on first use."""
+    key = f"broker-{flush}"
+    b = ctx.shared.get(key)
+    if b is None:
+        b = ctx.shared[key] = Broker(ctx, flush)
+        ctx.on_close(b.stop)
+    b.alive()
+    return b
+
+
+# ------------------------------------------------------------------ protocol
+def check(reply: RemotingCommand, *codes: int, what: str = "") -> RemotingCommand:
+    if reply.code not in (codes or (SUCCESS,)):
+        raise RuntimeError(f"{what or 'request'}: reply code {reply.code} ({reply.remark})")
+    return reply
+
+
+def create_topic(client: RemotingClient, topic: str, queues: int) -> None:
+    cmd = RemotingCommand(UPDATE_AND_CREATE_TOPIC, ext={
+        "topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues),
+        "writeQueueNums": str(queues), "perm": "6", "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": "0", "order": "false"})
+    check(client.invoke(cmd, timeout=TIMEOUT_S), what=f"create topic {topic}")
+
+
+def send_cmd(topic: str, qid: int, body: bytes, props: str = PROPS) -> RemotingCommand:
+    return RemotingCommand(SEND_MESSAGE_V2, body=body, ext={
+        "a": PRODUCER_GROUP, "b": topic, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
+        "g": str(int(time.time() * 1000)), "h": "0", "i": props, "j": "0", "k": "false",
+        "m": "false"})
+
+
+def batch_body(bodies: list[bytes], props: bytes = PROPS.encode()) -> bytes:
+    """§5.5: int32 total | int32 magic 0 | int32 crc 0 | int32 flag | int32 len | body |
+    int16 props len | props, per message."""
+    out = []
+    for b in bodies:
+        out.append(struct.pack(">iiiii", 20 + len(b) + 2 + len(props), 0, 0, 0, len(b)))
+        out.append(b)
+        out.append(struct.pack(">h", len(props)))
+        out.append(props)
+    return b"".join(out)
+
+
+def batch_cmd(topic: str, qid: int, body: bytes) -> RemotingCommand:
+    return RemotingCommand(SEND_BATCH_MESSAGE, body=body, ext={
+        "a": PRODUCER_GROUP, "b": topic, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
+        "g": str(int(time.time() * 1000)), "h": "0", "i": "", "j": "0", "k": "false",
+        "m": "true"})
+
+
+def pull_cmd(topic: str, qid: int, offset: int, max_msgs: int = 32, suspend_ms: int = 0,
+             group: str = GROUP) -> RemotingCommand:
+    return RemotingCommand(PULL_MESSAGE, ext={
+        "consumerGroup": group, "topic": topic, "queueId": str(qid), "queueOffset": str(offset),
+        "maxMsgNums": str(max_msgs),
+        "sysFlag": str(PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)),
+        "commitOffset": "0", "suspendTimeoutMillis": str(suspend_ms), "subVersion": "0",
+        "subscription": "*"})
+
+
+def records(body) -> list[tuple[int, int, bytes, int]]:
+    """(queueId, queueOffset, body, record bytes) of each stored record (§5.1)."""
+    out = []
+    pos, n = 0, len(body)
+    while pos < n:
+        total, magic = struct.unpack_from(">ii", body, pos)
+        if magic != MAGIC or not 0 < total <= n - pos:
+            raise AssertionError(f"record at {pos}: magic {magic:#x}, size {total}")
+        (qid,) = struct.unpack_from(">i", body, pos + 12)
+        (qoff,) = struct.unpack_from(">q", body, pos + 20)
+        (sysflag,) = struct.unpack_from(">i", body, pos + 36)
+        at = pos + 48 + (20 if sysflag & 0x10 else 8) + 8 + (20 if sysflag & 0x20 else 8) + 12
+        (blen,) = struct.unpack_from(">i", body, at)
+        out.append((qid, qoff, bytes(body[at + 4:at + 4 + blen]), total))
+        pos += total
+    return out
+
+
+def queue_end(client: RemotingClient, topic: str, qid: int) -> tuple[int, bytes | None]:
+    """(maxOffset, body of the last message) of a queue, read by pulls."""
+    r = check(client.invoke(pull_cmd(topic, qid, 0, 1), timeout=TIMEOUT_S),
+              SUCCESS, PULL_NOT_FOUND, what="pull")
+    mx = int(r.ext["maxOffset"])
+    if mx == 0:
+        return 0, None
+    r = check(client.invoke(pull_cmd(topic, qid, mx - 1, 1), timeout=TIMEOUT_S), what="pull last")
+    recs = records(r.body)
+    if len(recs) != 1 or recs[0][1] != mx - 1 or recs[0][0] != qid:
+        raise AssertionError(f"{topic}/{qid}: pull at {mx - 1} returned {[(q, o) for q, o, _, _ in recs]}")
+    return mx, recs[0][2]
+
+
+def verify_queues(client, topic: str, expect: dict[int, tuple[int, bytes]]) -> None:
+    """Every queue holds exactly the expected count and ends with the expected body."""
+    for qid, (count, last) in expect.items():
+        mx, body = queue_end(client, topic, qid)
+        if mx != count:
+            raise AssertionError(f"{topic}/{qid}: maxOffset {mx}, acknowledged {count}")
+        if count and body != last:
+            raise AssertionError(f"{topic}/{qid}: the last message is not the one sent")
+
+
+_LETTERS = bytes(range(65, 91)) * ((64 << 10) // 26 + 2)
+
+
+def body_of(tag: int, i: int, n: int = 100) -> bytes:
+    """Message ``i`` of producer/queue ``tag``: recognisable, ``n`` bytes."""
+    head = b"%04d:%010d:" % (tag, i)
+    return head + _LETTERS[i % 26:i % 26 + n - len(head)]
+
+
+def spawn(target, args) -> tuple:
+    a, b = FORK.Pipe()
+    p = FORK.Process(target=target, args=(*args, b), daemon=True)
+    p.start()
+    return p, a
+
+
+def gather(kids: list, pipes: list, go, what: str) -> list:
+    for a in pipes:
+        got = a.recv() if a.poll(60) else None
+        if isinstance(got, BaseException):
+            raise RuntimeError(f"{what}: a client failed") from got
+        if got != "ready":
+            raise RuntimeError(f"{what}: a client did not get ready ({got!r})")
+    go.set()
+    out = []
+    for a in pipes:
+        if not a.poll(300):
+            raise RuntimeError(f"{what}: a client did not report")
+        got = a.recv()
+        if isinstance(got, BaseException):
+            raise RuntimeError(f"{what}: a client failed") from got
+        out.append(got)
+    for p in kids:
+        _check_exit(p, what)
+    return out
+
+
+def _child(fn):
+    """Run a client process body; send its exception back instead of dying silently."""
+    def body(*args):
+        pipe = args[-1]
+        try:
+            fn(*args)
+        except BaseException as e:
+            pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
+            raise
+    return body
+
+
+# ------------------------------------------------------------------ (a) one-at-a-time send
+def run_send(ctx, result):
+    b = broker(ctx)
+    seconds = 0.5 if ctx.quick else 3.0
+    for tr in TRANSPORTS:
+        topic = f"PerfSend_{tr}"
+        rt = ctx.net_rtt(tr)
+        with RemotingClient(b.addr(tr)) as c:
+            create_topic(c, topic, 1)
+            i = 0
+            for _ in range(500):                                  # warm the path
+                check(c.invoke(send_cmd(topic, 0, body_of(1, i)), timeout=TIMEOUT_S))
+                i += 1
+            lat = []
+            pc = time.perf_counter
+            t0 = t = pc()
+            end = t0 + seconds
+            while t < end:
+                r = c.invoke(send_cmd(topic, 0, body_of(1, i)), timeout=TIMEOUT_S)
+                t2 = pc()
+                if r.code != SUCCESS or int(r.ext["queueOffset"]) != i:
+                    raise AssertionError(f"send {i}: code {r.code}, queueOffset {r.ext.get('queueOffset')}")
+                lat.append(t2 - t)
+                t = t2
+                i += 1
+            rate = len(lat) / (t - t0)
+            verify_queues(c, topic, {0: (i, body_of(1, i - 1))})
+        a = np.array(lat) * 1e6
+        yield result(f"broker_send_1conn_{tr}", rate, "msg/s", rt["rate"],
+                     f"raw request/response round trip ({tr}, one in flight)",
+                     p50_us=round(float(np.percentile(a, 50)), 2),
+                     p99_us=round(float(np.percentile(a, 99)), 2),
+                     raw_p50_us=round(rt["p50_us"], 2), raw_p99_us=round(rt["p99_us"], 2),
+                     messages=len(lat), body_bytes=100, target_ratio=0.70)
+
+
+# ------------------------------------------------------------------ (b) batched produce
+@_child
+def _batch_producer(addr, topic, qid, batch, seconds, go, pipe):
+    bodies = [body_of(qid, j) for j in range(batch)]
+    payload = batch_body(bodies)
+    with RemotingClient(addr) as c:
+        check(c.invoke(batch_cmd(topic, qid, payload), timeout=TIMEOUT_S), what="warm batch")
+        pipe.send("ready")
+        go.wait()
+        offsets = []
+        inflight = 0
+        t0 = time.monotonic()
+        end = t0 + seconds
+        for _ in range(WINDOW):
+            c.send(batch_cmd(topic, qid, payload))
+            inflight += 1
+        while inflight:
+            r = c.recv(timeout=TIMEOUT_S)
+            inflight -= 1
+            if r.code != SUCCESS:
+                raise RuntimeError(f"batch send: code {r.code} ({r.remark})")
+            offsets.append(int(r.ext["queueOffset"]))
+            if time.monotonic() < end:
+                c.send(batch_cmd(topic, qid, payload))
+                inflight += 1
+        t1 = time.monotonic()
+    n = len(offsets)
+    if sorted(offsets) != list(range(batch, batch * (n + 1), batch)):
+        raise AssertionError(f"queue {qid}: batch offsets are not dense: {sorted(offsets)[:5]}…")
+    pipe.send((t0, t1, n * batch, batch * (n + 1), bodies[-1], len(payload)))
+
+
+def run_produce(ctx, result):
+    b = broker(ctx)
+    seconds = 0.8 if ctx.quick else 3.0
+    for batch in (32, 256):
+        for tr in TRANSPORTS:
+            topic = f"PerfBatch{batch}_{tr}"
+            with RemotingClient(b.addr(tr)) as c:
+                create_topic(c, topic, PRODUCERS)
+            go = FORK.Event()
+            kids, pipes = zip(*(spawn(_batch_producer, (b.addr(tr), topic, q, batch, seconds, go))
+                                for q in range(PRODUCERS)))
+            got = gather(list(kids), list(pipes), go, "batch producer")
+            n = sum(g[2] for g in got)
+            rate = n / (max(g[1] for g in got) - min(g[0] for g in got))
+            with RemotingClient(b.addr(tr)) as c:
+                verify_queues(c, topic, {q: (g[3], g[4]) for q, g in enumerate(got)})
+            wire = got[0][5] / batch              # request body bytes per message
+            limit = ctx.net_bulk(tr)["bps"] / wire
+            peer = ctx.peers.get(f"redis_xadd_everysec_b{batch}")
+            yield result(f"broker_produce_100B_b{batch}_{tr}", rate, "msg/s", limit,
+                         f"raw bulk socket bandwidth ({tr}) in {wire:.0f}-byte batch entries",
+                         messages=n, batch=batch, producers=PRODUCERS, requests_in_flight=WINDOW,
+                         target=1_000_000, redis_xadd_same_batch=round(peer) if peer else None,
+                         over_redis=round(rate / peer, 3) if peer else None)
+
+
+# ------------------------------------------------------------------ (c) consume a backlog
+def produce_backlog(addr: str, topic: str, per_queue: int, body_bytes: int = 1024) -> dict:
+    """Fill QUEUES queues with ``per_queue`` messages each; the last body of each."""
+    batch = 256
+    with RemotingClient(addr) as c:
+        create_topic(c, topic, QUEUES)
+        todo = deque((q, off) for off in range(0, per_queue, batch) for q in range(QUEUES))
+        pending = {}
+        last = {}
+
+        def issue():
+            q, off = todo.popleft()
+            k = min(batch, per_queue - off)
+            bodies = [body_of(q, off + j, body_bytes) for j in range(k)]
+            last[q] = bodies[-1]
+            pending[c.send(batch_cmd(topic, q, batch_body(bodies)))] = (q, off)
+
+        # one connection: its requests run in order, so each queue's offsets
+        # are known in advance (checked on every reply)
+        while todo or pending:
+            while todo and len(pending) < WINDOW:
+                issue()
+            r = c.recv(timeout=TIMEOUT_S)
+            q, off = pending.pop(r.opaque)
+            check(r, what="backlog batch")
+            if int(r.ext["queueOffset"]) != off:
+                raise AssertionError(f"backlog {q}: queueOffset {r.ext['queueOffset']} != {off}")
+        verify_queues(c, topic, {q: (per_queue, last[q]) for q in range(QUEUES)})
+    return last
+
+
+@_child
+def _consumer(addr, topic, per_queue, go, pipe):
+    with RemotingClient(addr) as c:
+        # learn the record size from one pull (same body, topic, properties: all equal)
+        r = check(c.invoke(pull_cmd(topic, 0, 0, 1), timeout=TIMEOUT_S), what="first pull")
+        rec = records(r.body)[0][3]
+        pipe.send("ready")
+        go.wait()
+        todo = deque((q, off, min(32, per_queue - off))
+                     for off in range(0, per_queue, 32) for q in range(QUEUES))
+        pending = {}
+        nbytes = msgs = replies = 0
+        t0 = time.monotonic()
+        while todo or pending:
+            while todo and len(pending) < WINDOW:
+                q, off, want = todo.popleft()
+                pending[c.send(pull_cmd(topic, q, off, want))] = (q, off, want)
+            r = c.recv(timeout=TIMEOUT_S)
+            q, off, want = pending.pop(r.opaque)
+            if r.code != SUCCESS:
+                raise RuntimeError(f"pull {q}@{off}: code {r.code} ({r.remark})")
+            k = int(r.ext["nextBeginOffset"]) - off
+            if not 0 < k <= want or len(r.body) != k * rec:
+                raise AssertionError(f"pull {q}@{off}: {k} messages in {len(r.body)} bytes "
+                                     f"(asked {want}, record {rec} B)")
+            if replies % 64 == 0:                          # sample: first record checked
+                qid, qoff, body, _ = records(r.body[:rec])[0]
+                if (qid, qoff) != (q, off) or body != body_of(q, off, len(body)):
+                    raise AssertionError(f"pull {q}@{off}: got record {qid}@{qoff}")
+            if k < want:
+                todo.appendleft((q, off + k, want - k))
+            nbytes += len(r.body)
+            msgs += k
+            replies += 1
+        t1 = time.monotonic()
+    if msgs != QUEUES * per_queue:
+        raise AssertionError(f"consumed {msgs} of {QUEUES * per_queue}")
+    pipe.send((t0, t1, nbytes, msgs, replies, rec))
+
+
+def run_consume(ctx, result):
+    b = broker(ctx)
+    total = 64_000 if ctx.quick else 1_000_000
+    per_queue = total // QUEUES
+    topic = "PerfBacklog"
+    t = time.monotonic()
+    produce_backlog(b.addr("unix"), topic, per_queue)
+    fill_s = time.monotonic() - t
+    for tr in TRANSPORTS:
+        go = FORK.Event()
+        p, a = spawn(_consumer, (b.addr(tr), topic, per_queue, go))
+        t0, t1, nbytes, msgs, replies, rec = gather([p], [a], go, "consumer")[0]
+        bps = nbytes / (t1 - t0)
+        yield result(f"broker_consume_1KiB_{tr}", bps, "B/s", ctx.net_bulk(tr)["bps"],
+                     f"raw bulk socket bandwidth ({tr})", messages=msgs, msg_per_s=round(msgs / (t1 - t0)),
+                     record_bytes=rec, pulls=replies, max_msg_nums=32, pulls_in_flight=WINDOW,
+                     queues=QUEUES, target_ratio=0.5, backlog_fill_s=round(fill_s, 2))
+
+
+# ------------------------------------------------------------------ (d) produce -> consume latency
+_STAMP = struct.Struct(">qq")
+
+
+@_child
+def _latency_consumer(addr, topic, count, go, pipe):
+    lat = []
+    with RemotingClient(addr) as c:
+        pipe.send("ready")
+        go.wait()
+        off = 0
+        while off < count:
+            r = c.invoke(pull_cmd(topic, 0, off, 32, suspend_ms=5000), timeout=TIMEOUT_S)
+            now = time.monotonic_ns()
+            if r.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
+                continue
+            check(r, what=f"latency pull @{off}")
+            for qid, qoff, body, _ in records(r.body):
+                seq, stamp = _STAMP.unpack_from(body)
+                if (qid, qoff, seq) != (0, off, off):
+                    raise AssertionError(f"expected message {off}, got seq {seq} at {qid}@{qoff}")
+                lat.append(now - stamp)
+                off += 1
+            if int(r.ext["nextBeginOffset"]) != off:
+                raise AssertionError(f"nextBeginOffset {r.ext['nextBeginOffset']} != {off}")
+    pipe.send(lat)
+
+
+def run_latency(ctx, result):
+    b = broker(ctx)
+    rate = 2000
+    seconds = 1.5 if ctx.quick else 5.0
+    count = int(rate * seconds)
+    pad = bytes(100 - _STAMP.size)
+    for tr in TRANSPORTS:
+        topic = f"PerfLatency_{tr}"
+        with RemotingClient(b.addr(tr)) as c:
+            create_topic(c, topic, 1)
+            go = FORK.Event()
+            p, a = spawn(_latency_consumer, (b.addr(tr), topic, count, go))
+            got = a.recv() if a.poll(60) else None
+            if got != "ready":
+                raise RuntimeError(f"latency consumer did not get ready: {got!r}")
+            go.set()
+            time.sleep(0.2)                       # let its first pull park
+            t0 = time.monotonic()
+            late = 0
+            for i in range(count):
+                due = t0 + i / rate
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                elif wait < -0.01:
+                    late += 1
+                r = c.invoke(send_cmd(topic, 0, _STAMP.pack(i, time.monotonic_ns()) + pad),
+                             timeout=TIMEOUT_S)
+                if r.code != SUCCESS or int(r.ext["queueOffset"]) != i:
+                    raise AssertionError(f"latency send {i}: {r.code} {r.ext.get('queueOffset')}")
+            sent_s = time.monotonic() - t0
+        if not a.poll(60):
+            raise RuntimeError("latency consumer did not finish")
+        lat = a.recv()
+        if isinstance(lat, BaseException):
+            raise RuntimeError("latency consumer failed") from lat
+        _check_exit(p, "latency consumer")
+        if len(lat) != count:
+            raise AssertionError(f"consumed {len(lat)} of {count}")
+        us = np.array(lat) / 1e3
+        rt = ctx.net_rtt(tr)
+        p50 = float(np.percentile(us, 50))
+        yield result(f"broker_latency_{tr}", p50, "us p50", rt["p50_us"],
+                     f"raw request/response round trip p50 ({tr}); ratio = times the raw p50",
+                     p99_us=round(float(np.percentile(us, 99)), 1), max_us=round(float(us.max()), 1),
+                     messages=count, rate_msg_s=round(count / sent_s), target_rate=rate,
+                     late_sends=late, suspend_ms=5000)
+
+
+# ------------------------------------------------------------------ (e) SYNC_FLUSH
+@_child
+def _sync_producer(addr, topic, qid, seconds, go, pipe):
+    with RemotingClient(addr) as c:
+        check(c.invoke(send_cmd(topic, qid, body_of(qid, 0)), timeout=TIMEOUT_S), what="warm")
+        pipe.send("ready")
+        go.wait()
+        acked = timeouts = 0
+        i = 1
+        t0 = time.monotonic()
+        end = t0 + seconds
+        while time.monotonic() < end:
+            r = c.invoke(send_cmd(topic, qid, body_of(qid, i)), timeout=TIMEOUT_S)
+            if r.code == SUCCESS:
+                acked += 1
+            elif r.code == FLUSH_DISK_TIMEOUT:
+                timeouts += 1
+            else:
+                raise RuntimeError(f"sync send: code {r.code} ({r.remark})")
+            if int(r.ext["queueOffset"]) != i:
+                raise AssertionError(f"sync send {i}: queueOffset {r.ext['queueOffset']}")
+            i += 1
+        t1 = time.monotonic()
+    pipe.send((t0, t1, acked, timeouts, i, body_of(qid, i - 1)))
+
+
+def run_sync_flush(ctx, result):
+    b = broker(ctx, "SYNC_FLUSH")
+    seconds = 0.8 if ctx.quick else 3.0
+    fsync_rate, fsync_p50 = ctx.fdatasync()
+    for tr in TRANSPORTS:
+        for conns in SYNC_CONNS:
+            topic = f"PerfSync{conns}_{tr}"
+            with RemotingClient(b.addr(tr)) as c:
+                create_topic(c, topic, conns)
+            go = FORK.Event()
+            kids, pipes = zip(*(spawn(_sync_producer, (b.addr(tr), topic, q, seconds, go))
+                                for q in range(conns)))
+            got = gather(list(kids), list(pipes), go, "sync producer")
+            with RemotingClient(b.addr(tr)) as c:
+                verify_queues(c, topic, {q: (g[4], g[5]) for q, g in enumerate(got)})
+            acked = sum(g[2] for g in got)
+            rate = acked / (max(g[1] for g in got) - min(g[0] for g in got))
+            peer = ctx.peers.get(f"redis_xadd_always_{conns}conn")
+            peer_b32 = ctx.peers.get("redis_xadd_always_b32")
+            yield result(f"broker_sync_flush_{conns}conn_{tr}", rate, "msg/s", fsync_rate,
+                         "raw fdatasync/s (4 KiB overwrite)", connections=conns,
+                         messages=acked, flush_timeouts=sum(g[3] for g in got),
+                         fdatasync_p50_us=round(fsync_p50, 1),
+                         redis_always_same_load=round(peer) if peer else None,
+                         over_redis=round(rate / peer, 3) if peer else None,
+                         redis_always_pipelined_b32=round(peer_b32) if peer_b32 else None)
