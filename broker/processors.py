@@ -95,7 +95,7 @@ class Header:
 
     def bool(self, name: str, default: bool = False) -> bool:
         v = self.ext.get(name)
-        return default if v is None else v.lower() == "true"
+        return default if v is None else v.lower() in ("true", "1")   # C++ sends 0/1
 
 
 @dataclass

@@ -1,0 +1,90 @@
+"""RocketMQ 4.x requests a producer or consumer sends, and the records pulls return.
+
+Builders return ``RemotingCommand``s ready for ``RemotingClient``:
+``send_message`` (SEND_MESSAGE_V2, or SEND_BATCH_MESSAGE with ``batch_body``),
+``pull_message``, ``create_topic``; ``decode_records`` turns a pull (or
+VIEW/QUERY) body back into ``StoredMessage``s.
+"""
+from __future__ import annotations
+
+import struct
+import time
+
+from shmq.core.layout import properties_to_string
+from shmq.core.records import StoredMessage, decode
+from shmq.ipc.codes import RequestCode
+from shmq.ipc.remoting import RemotingCommand
+
+PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 0x1, 0x2, 0x4
+_ENTRY = struct.Struct(">iiiii")
+
+
+def properties(tags: str | None = None, keys: str | list[str] | None = None,
+               extra: dict[str, str] | None = None) -> str:
+    d = dict(extra or {})
+    if tags:
+        d["TAGS"] = tags
+    if keys:
+        d["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
+    return properties_to_string(d)
+
+
+def send_message(topic: str, body: bytes, *, tags: str | None = None, keys=None,
+                 queue_id: int = -1, group: str = "shmq-producer", props: dict | None = None,
+                 default_queues: int = 4, flag: int = 0, sysflag: int = 0) -> RemotingCommand:
+    return RemotingCommand(RequestCode.SEND_MESSAGE_V2, body=body, ext={
+        "a": group, "b": topic, "c": "TBW102", "d": str(default_queues), "e": str(queue_id),
+        "f": str(sysflag), "g": str(int(time.time() * 1000)), "h": str(flag),
+        "i": properties(tags, keys, props), "j": "0", "k": "false", "m": "false"})
+
+
+def batch_body(messages: list[tuple[bytes, str]]) -> bytes:
+    """(body, properties string) pairs as a SEND_BATCH_MESSAGE body (reference §5.5)."""
+    out = []
+    for body, props in messages:
+        pb = props.encode()
+        out.append(_ENTRY.pack(20 + len(body) + 2 + len(pb), 0, 0, 0, len(body)))
+        out.append(body)
+        out.append(struct.pack(">h", len(pb)))
+        out.append(pb)
+    return b"".join(out)
+
+
+def send_batch(topic: str, messages: list[tuple[bytes, str]], *, queue_id: int = -1,
+               group: str = "shmq-producer") -> RemotingCommand:
+    cmd = send_message(topic, batch_body(messages), queue_id=queue_id, group=group)
+    cmd.code = RequestCode.SEND_BATCH_MESSAGE
+    cmd.ext["m"] = "true"
+    cmd.ext["i"] = ""
+    return cmd
+
+
+def pull_message(topic: str, queue_id: int, offset: int, *, group: str = "shmq-consumer",
+                 max_msgs: int = 32, subscription: str = "*", suspend_ms: int = 0,
+                 commit_offset: int | None = None) -> RemotingCommand:
+    flag = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)
+    if commit_offset is not None:
+        flag |= PULL_COMMIT_OFFSET
+    return RemotingCommand(RequestCode.PULL_MESSAGE, ext={
+        "consumerGroup": group, "topic": topic, "queueId": str(queue_id),
+        "queueOffset": str(offset), "maxMsgNums": str(max_msgs), "sysFlag": str(flag),
+        "commitOffset": str(commit_offset or 0), "suspendTimeoutMillis": str(suspend_ms),
+        "subscription": subscription, "subVersion": "0", "expressionType": "TAG"})
+
+
+def create_topic(topic: str, queues: int = 4, perm: int = 6, order: bool = False) -> RemotingCommand:
+    return RemotingCommand(RequestCode.UPDATE_AND_CREATE_TOPIC, ext={
+        "topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues),
+        "writeQueueNums": str(queues), "perm": str(perm), "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": "0", "order": str(order).lower()})
+
+
+def decode_records(body) -> list[StoredMessage]:
+    out = []
+    pos = 0
+    n = len(body)
+    while pos < n:
+        m = decode(body, pos)
+        out.append(m)
+        pos += m.total_size
+    return out
