@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 
-from shmq.ipc.control import WANT_CLIENTS
+from shmq.ipc.control import WANT_CLIENTS, set_process_name
 
 from .config import BrokerConfig
 from .namesrv import serve as namesrv_serve
@@ -302,6 +302,7 @@ def _terminate(procs: list) -> None:
 
 def run_broker(config: BrokerConfig, out=sys.stdout) -> int:
     """``shmq broker``: start, print the ready line, serve until SIGTERM/SIGINT."""
+    set_process_name("shmq-boss")
     boss = Boss(config)
 
     def on_signal(signum, frame):

@@ -30,7 +30,7 @@ import time
 
 from shmq.core.retention import clean_expired
 from shmq.core.store import MessageStore
-from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent
+from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent, set_process_name
 
 PAGE_BYTES = 4096
 PREPARE_WHEN_LEFT = 0.5   # create the next segment when half of this one is left
@@ -137,6 +137,7 @@ def flusher_main(config, owner_pid: int) -> None:
     from shmq.broker.shared_store import attach
 
     die_with_parent(owner_pid)
+    set_process_name("shmq-flusher")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(message)s")
     store, cb = attach(config, role="flusher")
     f = Flusher(store, cb)

@@ -687,11 +687,12 @@ def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None) ->
     import socket
 
     from .reactor import Reactor
-    from shmq.ipc.control import die_with_parent
+    from shmq.ipc.control import die_with_parent, set_process_name
     from shmq.ipc.remoting import encode
 
     if parent_pid is not None:
         die_with_parent(parent_pid)
+        set_process_name("shmq-namesrv")
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s namesrv %(levelname)s %(name)s %(message)s")
     ns = NameServer()

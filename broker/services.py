@@ -18,7 +18,7 @@ import time
 
 from shmq.ipc.channel import RemotingClient
 from shmq.ipc.codes import ResponseCode
-from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent
+from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
 
 from .config import BrokerConfig
 from .namesrv import register_broker_request, unregister_broker_request
@@ -98,6 +98,7 @@ class Services:
 
 def services_main(config: BrokerConfig, boss_pid: int) -> None:
     die_with_parent(boss_pid)
+    set_process_name("shmq-services")
     logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
                         format="%(asctime)s services %(levelname)s %(name)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)

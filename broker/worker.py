@@ -16,7 +16,7 @@ import signal
 import socket
 import time
 
-from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent
+from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
 
 from .config import BrokerConfig
 from .processors import Processors
@@ -37,6 +37,7 @@ def boss_address(namespace: str) -> bytes:
 
 def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
     die_with_parent(boss_pid)
+    set_process_name(f"shmq-worker-{index}")
     logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s worker-{index} %(levelname)s %(name)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -125,6 +125,12 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+def set_process_name(name: str) -> None:
+    """Name this process for ps/top and /proc/<pid>/comm (15 bytes at most)."""
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    _prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)   # PR_SET_NAME
+
+
 class SemaphoreLock:
     """The cross-process append lock (``acquire``/``release``, as StoreState wants)."""
 

@@ -79,21 +79,21 @@ class BrokerProc:
             self.proc.wait()
 
     def children(self) -> dict[str, int]:
-        """name → pid of the boss's child processes (namesrv, flusher, workers, services)."""
+        """Process name (shmq-worker-0, shmq-flusher, shmq-namesrv, shmq-services)
+        → pid, for the boss's children."""
         out = {}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
                 with open(f"/proc/{pid}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                if ppid != self.proc.pid:
-                    continue
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode()
+                    stat = f.read()
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            out[f"{pid}"] = cmd
+            if ppid == self.proc.pid:
+                out[name] = int(pid)
         return out
 
     def __enter__(self) -> "BrokerProc":
