@@ -1,0 +1,54 @@
+"""The ``shmq`` command as a user runs it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from brokerproc import free_port
+
+
+def shmq(*args, cwd=None, timeout=60, env=None):
+    return subprocess.run([sys.executable, "-m", "shmq.tools", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_dash_m_prints_every_setting_with_its_default(tmp_path):
+    conf = tmp_path / "broker.conf"
+    conf.write_text("# a RocketMQ broker.conf\nbrokerName=broker-b\nflushDiskType=SYNC_FLUSH\n"
+                    "brokerRole=ASYNC_MASTER\n")
+    r = shmq("broker", "-c", str(conf), "-m")
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split("=", 1) for line in r.stdout.splitlines())
+    assert lines["brokerName"].startswith("broker-b") and "default 'broker-a'" in lines["brokerName"]
+    assert lines["listenPort"] == "10911" and lines["namesrvListenPort"] == "9876"
+    assert lines["flushDiskType"].startswith("SYNC_FLUSH")
+    assert "fileReservedTime" in lines and "defaultTopicQueueNums" in lines
+    assert "ignoring unknown setting 'brokerRole'" in r.stderr
+
+
+def test_bad_settings_are_named(tmp_path):
+    conf = tmp_path / "broker.conf"
+    conf.write_text("listenPort=abc\n")
+    r = shmq("broker", "-c", str(conf))
+    assert r.returncode == 2 and "listenPort='abc': not an integer" in r.stderr
+    conf.write_text("flushDiskType=SOMETIMES\n")
+    r = shmq("broker", "-c", str(conf))
+    assert r.returncode == 2 and "flushDiskType" in r.stderr
+    r = shmq("broker", "-c", str(tmp_path / "missing.conf"))
+    assert r.returncode == 2 and "missing.conf" in r.stderr
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        conf = tmp_path / "broker.conf"
+        conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nlistenPort={port}\n"
+                        f"namesrvListenPort={free_port()}\nworkerProcessNums=1\n")
+        r = shmq("broker", "-c", str(conf), timeout=120)
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    # and the store was left clean for the next start
+    assert not os.path.exists(tmp_path / "store" / "abort")
