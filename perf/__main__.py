@@ -1,15 +1,19 @@
-"""The benchmark runner: ``python -m perf [--quick] [--out FILE] [name ...]``.
+"""The benchmark runner: ``python -m perf [--quick] [--out FILE] [--install-peers] [name ...]``.
 
 Prints one JSON object per result line::
 
     {"bench": ..., "value": ..., "unit": ..., "limit": ..., "limit_name": ...,
      "ratio": value / limit, ...extra fields}
 
-Limits are measured in the same run (``perf.limits``), once, before the
-benchmarks that use them. Every benchmark checks its own result (counts,
-offsets, read-back) and fails loudly rather than print a number for work it
-did not do. ``--quick`` shrinks every size so the whole suite finishes in
-under a minute (CI); names select benchmarks (prefix match).
+Limits are measured in the same run (``perf.limits``, ``perf.net_limits``),
+once, before the benchmarks that use them. Every benchmark checks its own
+result (counts, offsets, read-back) and fails loudly rather than print a
+number for work it did not do. A bench whose peer is missing prints
+``{"bench": ..., "skipped": reason}`` instead. ``--quick`` shrinks every size
+for CI (the store benches in under a minute; the network, peer and broker
+benches together in under a minute more); names select benchmarks (prefix
+match: ``broker`` runs every broker bench). Peer figures (Redis) are printed
+beside the broker's when the peer bench ran earlier in the same run.
 
 Scratch files go to $SHMQ_PERF_DIR or ./.perf-scratch: keep it on the disk
 you want measured (a tmpfs makes fdatasync free and the numbers meaningless).
@@ -68,7 +72,8 @@ class Context:
         if transport not in self._rtt:
             self._rtt[transport] = net_limits.best_of_placements(
                 lambda cpus: net_limits.round_trip(transport, self.scratch,
-                                                   0.4 if self.quick else 2.0, cpus=cpus), "rate")
+                                                   0.4 if self.quick else 2.0, cpus=cpus), "rate",
+                also=("p50_us", "p99_us"))
         return self._rtt[transport]
 
     def net_bulk(self, transport: str) -> dict:

@@ -335,7 +335,9 @@ def run_send(ctx, result):
             verify_queues(c, topic, {0: (i, body_of(1, i - 1))})
         a = np.array(lat) * 1e6
         yield result(f"broker_send_1conn_{tr}", rate, "msg/s", rt["rate"],
-                     f"raw request/response round trip ({tr}, one in flight)",
+                     f"raw request/response round trip ({tr}, one in flight, "
+                     f"best placement: {rt['placement']})",
+                     limit_cross_core=round(rt.get("rate_cross_core", 0)),
                      p50_us=round(float(np.percentile(a, 50)), 2),
                      p99_us=round(float(np.percentile(a, 99)), 2),
                      raw_p50_us=round(rt["p50_us"], 2), raw_p99_us=round(rt["p99_us"], 2),
@@ -484,8 +486,12 @@ def run_consume(ctx, result):
         p, a = spawn(_consumer, (b.addr(tr), topic, per_queue, go))
         t0, t1, nbytes, msgs, replies, rec = gather([p], [a], go, "consumer")[0]
         bps = nbytes / (t1 - t0)
-        yield result(f"broker_consume_1KiB_{tr}", bps, "B/s", ctx.net_bulk(tr)["bps"],
-                     f"raw bulk socket bandwidth ({tr})", messages=msgs, msg_per_s=round(msgs / (t1 - t0)),
+        bulk = ctx.net_bulk(tr)
+        yield result(f"broker_consume_1KiB_{tr}", bps, "B/s", bulk["bps"],
+                     f"raw bulk socket bandwidth ({tr}, best placement: {bulk['placement']})",
+                     limit_cross_core=round(bulk.get("bps_cross_core", 0)),
+                     limit_same_core=round(bulk["bps_same_core"]),
+                     messages=msgs, msg_per_s=round(msgs / (t1 - t0)),
                      record_bytes=rec, pulls=replies, max_msg_nums=32, pulls_in_flight=WINDOW,
                      queues=QUEUES, target_ratio=0.5, backlog_fill_s=round(fill_s, 2))
 

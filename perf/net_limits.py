@@ -311,14 +311,16 @@ def bulk(transport: str, scratch: str, nbytes: int, rounds: int = 3,
     return {"bps": best, "bytes": count * chunk_bytes, "chunk_bytes": chunk_bytes, **bufs}
 
 
-def best_of_placements(measure, key: str) -> dict:
-    """Run ``measure(cpus)`` for every placement; the best result, with
-    ``{key}_<placement>`` for each and ``placement`` naming the best."""
+def best_of_placements(measure, key: str, also: tuple[str, ...] = ()) -> dict:
+    """Run ``measure(cpus)`` for every placement; the best result by ``key``,
+    with ``<field>_<placement>`` for ``key`` and ``also`` from every placement
+    and ``placement`` naming the best."""
     runs = {name: measure(cpus) for name, cpus in placements().items()}
     name = max(runs, key=lambda k: runs[k][key])
     out = dict(runs[name], placement=name)
     for k, r in runs.items():
-        out[f"{key}_{k}"] = r[key]
+        for f in (key, *also):
+            out[f"{f}_{k}"] = r[f]
     return out
 
 
@@ -330,7 +332,8 @@ def run(ctx, result):
                      "itself (raw Python request/response, one in flight)",
                      p50_us=round(rt["p50_us"], 2), p99_us=round(rt["p99_us"], 2),
                      requests=rt["n"], frame_bytes=rt["frame_bytes"], placement=rt["placement"],
-                     **{k: round(v) for k, v in rt.items() if k.startswith("rate_")})
+                     **{k: round(v, 2) for k, v in rt.items()
+                        if k.startswith(("rate_", "p50_us_", "p99_us_"))})
     for tr in TRANSPORTS:
         b = ctx.net_bulk(tr)
         yield result(f"net_bulk_{tr}", b["bps"], "B/s", b["bps"],
