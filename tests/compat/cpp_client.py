@@ -1,0 +1,176 @@
+"""Drives the real RocketMQ C++ core (PyPI `rocketmq==0.4.4`, a ctypes wrapper
+over librocketmq) for the compatibility tests; it is not a test double.
+
+Run it with HOME set to a scratch directory: librocketmq writes its logs and
+local offset files under $HOME.
+
+Subcommands (every line on stdout is one JSON object):
+
+``produce --namesrv A --group G --topic T``
+    Reads requests from stdin, one JSON object a line, and answers each with
+    one line. Requests: ``{"mode": "sync"|"oneway"|"orderly"|"batch", "body":
+    str, "tags": str, "keys": str, "props": {..}, "arg": int}``; batch takes
+    ``"msgs": [{"body", "tags", "keys"}, ...]``. ``orderly`` uses the wrapper's
+    hashing selector: queue = arg % number of queues. Answers:
+    ``{"event": "sent", "mode", "body", "status", "msgId", "offset"}`` or
+    ``{"event": "error", "body", "error"}``. EOF on stdin ends it.
+
+``consume --namesrv A --group G --topic T [--expr E] [--broadcast] [--orderly]``
+    Prints ``{"event": "started"}``, then ``{"event": "recv", "body", "tags",
+    "keys", "queueId", "queueOffset", "msgId", "props"}`` per message consumed,
+    and ``{"event": "stopped"}`` after a clean shutdown. Stops on EOF or a
+    ``stop`` line on stdin, on SIGTERM, or after ``--max-seconds``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+import traceback
+
+_out_lock = threading.Lock()
+
+
+def emit(**obj) -> None:
+    line = json.dumps(obj, sort_keys=True)
+    with _out_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def _text(v) -> str | None:
+    if v is None:
+        return None
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _message(topic: str, spec: dict):
+    from rocketmq.client import Message
+    m = Message(topic)
+    if spec.get("tags"):
+        m.set_tags(spec["tags"])
+    if spec.get("keys"):
+        m.set_keys(spec["keys"])
+    for k, v in (spec.get("props") or {}).items():
+        m.set_property(k, v)
+    m.set_body(spec.get("body", ""))
+    return m
+
+
+def produce(args) -> int:
+    from rocketmq.client import Producer, SendStatus
+    p = Producer(args.group, timeout=args.send_timeout_ms)
+    p.set_namesrv_addr(args.namesrv)
+    p.start()
+    emit(event="started")
+    try:
+        for line in sys.stdin:
+            line = line.strip()
+            if not line:
+                continue
+            if line == "stop":
+                break
+            req = json.loads(line)
+            mode = req.get("mode", "sync")
+            try:
+                if mode == "sync":
+                    r = p.send_sync(_message(args.topic, req))
+                elif mode == "oneway":
+                    p.send_oneway(_message(args.topic, req))
+                    emit(event="sent", mode=mode, body=req.get("body"), status="OK", msgId=None, offset=None)
+                    continue
+                elif mode == "orderly":
+                    r = p.send_orderly(_message(args.topic, req), int(req["arg"]))
+                elif mode == "batch":
+                    r = p.send_batch([_message(args.topic, m) for m in req["msgs"]])
+                else:
+                    emit(event="error", body=req.get("body"), error=f"unknown mode {mode}")
+                    continue
+                emit(event="sent", mode=mode, body=req.get("body"),
+                     bodies=[m.get("body") for m in req.get("msgs", [])] or None,
+                     status="OK" if r.status == SendStatus.OK else str(int(r.status)),
+                     msgId=r.msg_id, offset=r.offset)
+            except Exception as e:      # report, keep serving: the test decides
+                emit(event="error", mode=mode, body=req.get("body"), error=f"{type(e).__name__}: {e}")
+    finally:
+        p.shutdown()
+        emit(event="stopped")
+    return 0
+
+
+def consume(args) -> int:
+    from rocketmq.client import PushConsumer
+    from rocketmq.ffi import MessageModel
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_message(msg):
+        props = {}
+        for k in args.show_props:
+            v = msg.get_property(k)
+            if v:
+                props[k] = _text(v)
+        emit(event="recv", body=_text(msg.body), tags=_text(msg.tags), keys=_text(msg.keys),
+             queueId=msg.queue_id, queueOffset=msg.queue_offset, msgId=msg.id,
+             reconsumeTimes=msg.reconsume_times, props=props, t=time.time())
+        if args.consume_delay_ms:
+            time.sleep(args.consume_delay_ms / 1000)
+
+    model = MessageModel.BROADCASTING if args.broadcast else MessageModel.CLUSTERING
+    c = PushConsumer(args.group, orderly=args.orderly, message_model=model)
+    c.set_namesrv_addr(args.namesrv)
+    if args.instance:
+        c.set_instance_name(args.instance)
+    c.set_thread_count(args.threads)
+    c.subscribe(args.topic, on_message, args.expr)
+    c.start()
+    emit(event="started")
+
+    def read_stdin():
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+    threading.Thread(target=read_stdin, daemon=True).start()
+    stop.wait(args.max_seconds)
+    c.shutdown()
+    emit(event="stopped")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("produce")
+    pc = sub.add_parser("consume")
+    for p in (pp, pc):
+        p.add_argument("--namesrv", required=True)
+        p.add_argument("--group", required=True)
+        p.add_argument("--topic", required=True)
+    pp.add_argument("--send-timeout-ms", type=int, default=5000)
+    pc.add_argument("--expr", default="*")
+    pc.add_argument("--broadcast", action="store_true")
+    pc.add_argument("--orderly", action="store_true")
+    pc.add_argument("--instance", default=None, help="instance name (two consumers in one process need distinct ones)")
+    pc.add_argument("--threads", type=int, default=2)
+    pc.add_argument("--max-seconds", type=float, default=120.0)
+    pc.add_argument("--consume-delay-ms", type=int, default=0)
+    pc.add_argument("--show-props", nargs="*", default=[], help="property names to report per message")
+    args = ap.parse_args(argv)
+    try:
+        import rocketmq.client  # noqa: F401
+    except Exception as e:
+        emit(event="error", error=f"cannot import rocketmq: {e}")
+        return 3
+    try:
+        return produce(args) if args.cmd == "produce" else consume(args)
+    except Exception as e:
+        emit(event="error", error=f"{type(e).__name__}: {e}", trace=traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+'use strict';
+/*
+ * Drives the real pure-JS RocketMQ client `ali-ons@3.12.0` for the
+ * compatibility tests; it is not a test double. Same protocol as
+ * cpp_client.py: every stdout line is one JSON object; the library's own
+ * logging goes to stderr.
+ *
+ *   node ons_client.js produce --namesrv A --group G --topic T
+ *     stdin: {"mode": "sync"|"sharding", "body", "tags", "keys", "props", "shardingKey"}
+ *     stdout: {"event": "sent", "mode", "body", "status", "msgId", "queueId", "offset"}
+ *             or {"event": "error", "body", "error"}
+ *     ali-ons has no oneway send, no batch send and no queue-selector callback:
+ *     "sharding" sets the __SHARDING_KEY property, which ali-ons maps to a fixed
+ *     queue (md5(key) % number of write queues).
+ *
+ *   node ons_client.js consume --namesrv A --group G --topic T [--expr E]
+ *        [--broadcast] [--from-first] [--instance N] [--max-seconds S]
+ *     stdout: {"event": "started"}, {"event": "recv", ...} per message,
+ *             {"event": "stopped"} after close() (which persists offsets).
+ *     Stops on a "stop" line or EOF on stdin, SIGTERM, or --max-seconds.
+ *
+ * ali-ons is loaded from $ONS_MODULES (a node_modules directory), else from
+ * <repo>/.compat-cache/node/node_modules, else from the normal resolution.
+ */
+const path = require('path');
+const readline = require('readline');
+
+function loadOns() {
+  const dirs = [];
+  if (process.env.ONS_MODULES) dirs.push(process.env.ONS_MODULES);
+  dirs.push(path.join(__dirname, '..', '..', '.compat-cache', 'node', 'node_modules'));
+  for (const d of dirs) {
+    try {
+      return require(path.join(d, 'ali-ons'));
+    } catch (err) {
+      if (err.code !== 'MODULE_NOT_FOUND') throw err;
+    }
+  }
+  return require('ali-ons');
+}
+
+function emit(obj) {
+  process.stdout.write(JSON.stringify(obj) + '\n');
+}
+
+function parseArgs(argv) {
+  const args = { cmd: argv[0], expr: '*', broadcast: false, fromFirst: false, maxSeconds: 120, instance: null };
+  for (let i = 1; i < argv.length; i++) {
+    const a = argv[i];
+    const next = () => argv[++i];
+    switch (a) {
+      case '--namesrv': args.namesrv = next(); break;
+      case '--group': args.group = next(); break;
+      case '--topic': args.topic = next(); break;
+      case '--expr': args.expr = next(); break;
+      case '--broadcast': args.broadcast = true; break;
+      case '--from-first': args.fromFirst = true; break;
+      case '--instance': args.instance = next(); break;
+      case '--max-seconds': args.maxSeconds = Number(next()); break;
+      default: throw new Error(`unknown argument ${a}`);
+    }
+  }
+  if (!args.namesrv || !args.group || !args.topic) throw new Error('--namesrv, --group and --topic are required');
+  return args;
+}
+
+// The library logs warnings and errors; keep stdout for our JSON lines.
+const logger = {
+  info() {},
+  debug() {},
+  warn(...a) { console.error('[ons warn]', ...a); },
+  error(...a) { console.error('[ons error]', ...a); },
+};
+
+// ali-ons asserts an HTTP client for resolving name servers from an Aliyun
+// address server; with nameSrv given it never calls it, so it must not.
+const httpclient = {
+  async request(url) { throw new Error(`unexpected HTTP request to ${url}: nameSrv is set`); },
+};
+
+function common(args) {
+  const o = { httpclient, nameSrv: args.namesrv, logger };
+  if (args.instance) o.instanceName = args.instance;
+  return o;
+}
+
+async function produce(args) {
+  const { Producer, Message } = loadOns();
+  const producer = new Producer(Object.assign(common(args), { producerGroup: args.group }));
+  producer.on('error', err => console.error('[producer error]', err && err.message));
+  await producer.ready();
+  emit({ event: 'started' });
+  const rl = readline.createInterface({ input: process.stdin });
+  for await (const raw of rl) {
+    const line = raw.trim();
+    if (!line) continue;
+    if (line === 'stop') break;
+    const req = JSON.parse(line);
+    const mode = req.mode || 'sync';
+    try {
+      if (mode !== 'sync' && mode !== 'sharding') throw new Error(`ali-ons cannot send in mode ${mode}`);
+      const msg = new Message(args.topic, req.tags || null, req.body || '');
+      if (req.keys) msg.keys = String(req.keys).split(' ');
+      for (const [k, v] of Object.entries(req.props || {})) msg.properties[k] = v;
+      if (mode === 'sharding') msg.shardingKey = String(req.shardingKey);
+      const r = await producer.send(msg);
+      emit({ event: 'sent', mode, body: req.body, status: r.sendStatus, msgId: r.msgId,
+        queueId: r.messageQueue ? Number(r.messageQueue.queueId) : null, offset: r.queueOffset });
+    } catch (err) {
+      emit({ event: 'error', mode, body: req.body, error: `${err.name}: ${err.message}` });
+    }
+  }
+  await producer.close();
+  emit({ event: 'stopped' });
+  process.exit(0);      // ali-ons leaves timers behind that keep node alive
+}
+
+async function consume(args) {
+  const { Consumer } = loadOns();
+  const opts = Object.assign(common(args), {
+    consumerGroup: args.group,
+    isBroadcast: args.broadcast,
+    // one message at a time, per queue in queue order
+    parallelConsumeLimit: 1,
+  });
+  if (args.fromFirst) opts.consumeFromWhere = 'CONSUME_FROM_FIRST_OFFSET';
+  const consumer = new Consumer(opts);
+  consumer.on('error', err => console.error('[consumer error]', err && err.message));
+  consumer.subscribe(args.topic, args.expr, async msg => {
+    emit({
+      event: 'recv', body: msg.body ? msg.body.toString('utf8') : null, tags: msg.tags || null,
+      keys: msg.keys || null, queueId: msg.queueId, queueOffset: Number(msg.queueOffset),
+      msgId: msg.msgId, reconsumeTimes: msg.reconsumeTimes, props: msg.properties, t: Date.now() / 1000,
+    });
+  });
+  await consumer.ready();
+  emit({ event: 'started' });
+
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    try {
+      await consumer.close();
+    } catch (err) {
+      console.error('[close error]', err && err.message);
+    }
+    emit({ event: 'stopped' });
+    process.exit(0);
+  };
+  process.on('SIGTERM', stop);
+  setTimeout(stop, args.maxSeconds * 1000).unref();
+  const rl = readline.createInterface({ input: process.stdin });
+  rl.on('line', l => { if (l.trim() === 'stop') stop(); });
+  rl.on('close', stop);
+}
+
+(async () => {
+  const args = parseArgs(process.argv.slice(2));
+  if (args.cmd === 'produce') await produce(args);
+  else if (args.cmd === 'consume') await consume(args);
+  else throw new Error(`unknown subcommand ${args.cmd}`);
+})().catch(err => {
+  emit({ event: 'error', error: `${err.name}: ${err.message}`, stack: err.stack });
+  process.exit(1);
+});

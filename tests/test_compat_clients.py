@@ -1,0 +1,548 @@
+"""UNCHANGED real RocketMQ 4.x clients against a real shmq broker process.
+
+Clients (installed on demand; the tests skip with the reason only if a
+package registry is unreachable):
+
+* ``cpp``: the C++ core through PyPI ``rocketmq==0.4.4`` (ctypes over
+  librocketmq), driven by tests/compat/cpp_client.py with HOME in a temp dir
+  (librocketmq writes logs and local offsets there);
+* ``ons``: the pure-JS ``ali-ons@3.12.0`` from npm, installed into
+  ``<repo>/.compat-cache/node``, driven by tests/compat/ons_client.js.
+
+Every client runs in its own subprocess and reports what it sent and received
+as JSON lines; every wait is bounded. Loopback only.
+
+What a client cannot do is skipped with the reason:
+* ali-ons 3.12 has no oneway send, no batch send, no queue-selector callback
+  (only the ``__SHARDING_KEY`` property, which it maps to md5(key) % queues)
+  and no orderly (queue-locking) consumer; its consumer handles one queue's
+  messages in order with ``parallelConsumeLimit: 1``, which the order test uses.
+* ali-ons never falls back to TBW102: topics are created first with
+  UPDATE_AND_CREATE_TOPIC (17), as ``mqadmin updateTopic`` does. One C++ test
+  relies on autoCreateTopicEnable instead.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+COMPAT = Path(__file__).resolve().parent / "compat"
+CACHE = REPO / ".compat-cache"
+ONS_VERSION = "3.12.0"
+CPP_PYPI = "rocketmq==0.4.4"
+QUEUES = 4
+WAIT = 30.0                     # bound on every "until all expected messages are seen"
+CLIENTS = ["cpp", "ons"]
+
+
+# ------------------------------------------------------------------ installing the clients
+def _run(argv, timeout, **kw):
+    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="session")
+def cpp_client(tmp_path_factory):
+    """The PyPI C++ wrapper importable by sys.executable (installed if missing)."""
+    home = tmp_path_factory.mktemp("cpp-import-home")
+    env = dict(os.environ, HOME=str(home))
+    check = [sys.executable, "-c", "import rocketmq.client"]
+    if _run(check, 60, env=env).returncode != 0:
+        try:
+            r = _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", CPP_PYPI], 600)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"pip install {CPP_PYPI} timed out (package registry unreachable?)")
+        if r.returncode != 0:
+            pytest.skip(f"pip install {CPP_PYPI} failed (package registry unreachable?): {r.stdout[-500:]}")
+        r = _run(check, 60, env=env)
+        assert r.returncode == 0, f"{CPP_PYPI} installed but does not import: {r.stdout}"
+    return "cpp"
+
+
+@pytest.fixture(scope="session")
+def ons_client():
+    """ali-ons@3.12.0 under <repo>/.compat-cache/node (npm-installed if missing)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    prefix = CACHE / "node"
+    pkg = prefix / "node_modules" / "ali-ons" / "package.json"
+
+    def installed() -> bool:
+        try:
+            return json.loads(pkg.read_text())["version"] == ONS_VERSION
+        except (OSError, ValueError, KeyError):
+            return False
+
+    if not installed():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip("npm is not installed, cannot fetch ali-ons")
+        prefix.mkdir(parents=True, exist_ok=True)
+        try:
+            r = _run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                      "--loglevel=error", "--save-exact", f"ali-ons@{ONS_VERSION}"], 600)
+        except subprocess.TimeoutExpired:
+            pytest.skip("npm install ali-ons timed out (registry unreachable?)")
+        if r.returncode != 0 or not installed():
+            pytest.skip(f"npm install ali-ons@{ONS_VERSION} failed (registry unreachable?): {r.stdout[-500:]}")
+    return "ons"
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request):
+    return request.getfixturevalue(f"{request.param}_client")
+
+
+# ------------------------------------------------------------------ the broker
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    brokerproc = pytest.importorskip("brokerproc", reason="tests/brokerproc.py (start_broker) not there yet")
+    root = tmp_path_factory.mktemp("compat-broker")
+    b = brokerproc.start_broker(root, defaultTopicQueueNums=QUEUES, autoCreateTopicEnable="true",
+                                brokerIP1="127.0.0.1", workerProcessNums=2)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def live_broker(broker):
+    assert broker.proc.poll() is None, f"the broker process exited with {broker.proc.returncode}"
+    return broker
+
+
+def create_topic(broker, topic: str, queues: int = QUEUES) -> None:
+    """UPDATE_AND_CREATE_TOPIC (17), as `mqadmin updateTopic` sends it."""
+    from shmq.client.remoting import RemotingClient
+    from shmq.ipc.remoting import RemotingCommand
+    c = RemotingClient(broker.addr)
+    try:
+        reply = c.invoke(RemotingCommand(17, ext={
+            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues),
+            "writeQueueNums": str(queues), "perm": "6", "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0", "order": "false"}), timeout=5)
+    finally:
+        c.close()
+    assert reply.code == 0, f"UPDATE_AND_CREATE_TOPIC {topic}: code {reply.code} remark {reply.remark!r}"
+
+
+def broker_offsets(broker, group: str, topic: str) -> dict[int, tuple[int, int]]:
+    """queueId -> (committed consumer offset or None, max offset), asked of the broker."""
+    from shmq.client.remoting import RemotingClient
+    from shmq.ipc.remoting import RemotingCommand
+    c = RemotingClient(broker.addr)
+    out = {}
+    try:
+        for q in range(QUEUES):
+            r = c.invoke(RemotingCommand(14, ext={"consumerGroup": group, "topic": topic, "queueId": str(q)}), timeout=5)
+            m = c.invoke(RemotingCommand(30, ext={"topic": topic, "queueId": str(q)}), timeout=5)
+            out[q] = (int(r.ext["offset"]) if r.code == 0 else f"code {r.code} {r.remark!r}",
+                      int(m.ext["offset"]) if m.code == 0 else f"code {m.code} {m.remark!r}")
+    finally:
+        c.close()
+    return out
+
+
+# ------------------------------------------------------------------ client processes
+class ClientProc:
+    """One client driver in a subprocess; collects its JSON lines."""
+
+    def __init__(self, kind: str, role: str, broker, tmp: Path, topic: str, group: str, *extra: str,
+                 name: str | None = None):
+        self.kind, self.role = kind, role
+        self.name = name or f"{kind}-{role}-{group}"
+        logs = tmp / "client-logs"
+        logs.mkdir(exist_ok=True)
+        self.stderr_path = logs / f"{self.name}-{uuid.uuid4().hex[:6]}.stderr"
+        env = dict(os.environ)
+        if kind == "cpp":
+            home = tmp / "cpp-home"
+            home.mkdir(exist_ok=True)
+            env["HOME"] = str(home)
+            argv = [sys.executable, str(COMPAT / "cpp_client.py"), role]
+        else:
+            env["ONS_MODULES"] = str(CACHE / "node" / "node_modules")
+            argv = [shutil.which("node"), str(COMPAT / "ons_client.js"), role]
+        argv += ["--namesrv", broker.namesrv, "--group", group, "--topic", topic, *extra]
+        self.events: list[dict] = []
+        self._lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self._stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     env=env, text=True, bufsize=1, cwd=str(tmp))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                ev = {"event": "garbage", "line": line}
+            ev["_at"] = round(time.monotonic() - self.t0, 3)
+            with self._lock:
+                self.events.append(ev)
+
+    def of(self, kind: str) -> list[dict]:
+        with self._lock:
+            return [e for e in self.events if e.get("event") == kind]
+
+    def wait(self, pred, timeout: float = WAIT) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            if self.proc.poll() is not None:
+                time.sleep(0.3)           # let the reader drain the last lines
+                return bool(pred())
+            time.sleep(0.1)
+        return bool(pred())
+
+    def started(self, timeout: float = WAIT) -> None:
+        ok = self.wait(lambda: self.of("started") or self.of("error"), timeout)
+        assert ok and self.of("started"), f"{self.name} did not start: {self.diag()}"
+
+    def request(self, obj: dict) -> None:
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self, timeout: float = 25) -> int:
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write("stop\n")
+                self.proc.stdin.flush()
+                self.proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait(10)
+        self._reader.join(5)
+        self._stderr.close()
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def diag(self) -> str:
+        with self._lock:
+            errs = [e for e in self.events if e.get("event") in ("error", "garbage")]
+        try:
+            tail = self.stderr_path.read_text(errors="replace")[-1500:]
+        except OSError:
+            tail = ""
+        return f"[{self.name} rc={self.proc.poll()} errors={errs[:5]} stderr tail={tail!r}]"
+
+
+class Clients:
+    """Starts client processes for one test and never leaves one behind."""
+
+    def __init__(self, broker, tmp: Path):
+        self.broker, self.tmp, self.procs = broker, tmp, []
+
+    def consumer(self, kind, topic, group, *extra, name=None) -> ClientProc:
+        p = ClientProc(kind, "consume", self.broker, self.tmp, topic, group, "--max-seconds", "150", *extra,
+                       name=name)
+        self.procs.append(p)
+        return p
+
+    def produce(self, kind, topic, reqs: list[dict], group: str | None = None, timeout: float = 60) -> list[dict]:
+        """Send every request through one producer process; return its answers in order."""
+        p = ClientProc(kind, "produce", self.broker, self.tmp, topic, group or f"PG_{topic}")
+        self.procs.append(p)
+        p.started()
+        for r in reqs:
+            p.request(r)
+        ok = p.wait(lambda: len(p.of("sent")) + len(p.of("error")) >= len(reqs), timeout)
+        p.stop()
+        answers = [e for e in p.events if e.get("event") in ("sent", "error")]
+        assert ok, f"{kind} producer answered {len(answers)} of {len(reqs)}: {p.diag()}"
+        errors = [a for a in answers if a["event"] == "error"]
+        assert not errors, f"{kind} producer send errors on topic {topic}: {errors[:3]} {p.diag()}"
+        return answers
+
+    def close(self):
+        for p in self.procs:
+            if p.proc.poll() is None:
+                p.stop(timeout=15)
+            p.kill()
+
+
+@pytest.fixture
+def clients(live_broker, tmp_path):
+    c = Clients(live_broker, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def payload(prefix: str, n: int, tags=("TagA", "TagB")) -> list[dict]:
+    return [{"mode": "sync", "body": f"{prefix}-{i}", "tags": tags[i % len(tags)],
+             "keys": f"key-{prefix}-{i} order-{i % 3}"} for i in range(n)]
+
+
+def received(c: ClientProc, prefix: str) -> list[dict]:
+    return [e for e in c.of("recv") if (e.get("body") or "").startswith(prefix + "-")]
+
+
+def bodies(events) -> set[str]:
+    return {e["body"] for e in events}
+
+
+def expect_all(c: ClientProc, want: set[str], prefix: str, timeout: float = WAIT) -> None:
+    ok = c.wait(lambda: want <= bodies(received(c, prefix)), timeout)
+    got = bodies(received(c, prefix))
+    assert ok, (f"{c.name}: {len(want - got)} of {len(want)} messages never consumed within {timeout}s "
+                f"(e.g. {sorted(want - got)[:5]}); got {len(got)} {c.diag()}")
+
+
+# ------------------------------------------------------------------ scenarios
+def test_sync_send_tags_keys_round_trip(client, clients, live_broker):
+    """Sync sends with tags and keys (and, for C++, oneway sends) are consumed
+    back with the same bodies, tags and keys; a TagA subscription gets only TagA."""
+    topic, prefix = unique(f"Basic_{client}"), unique("m")
+    if client == "ons":
+        create_topic(live_broker, topic)
+    # C++: no topic created first; the first send goes through TBW102 and
+    # relies on autoCreateTopicEnable (and on the route reaching the NameServer at once)
+    reqs = payload(prefix, 12)
+    if client == "cpp":
+        reqs += [{"mode": "oneway", "body": f"{prefix}-ow{i}", "tags": "TagA", "keys": f"key-{prefix}-ow{i}"}
+                 for i in range(4)]
+    answers = clients.produce(client, topic, reqs)
+    assert all(a["status"] in ("OK", "SEND_OK") for a in answers), answers
+    sync = [a for a in answers if a["mode"] == "sync"]
+    assert len({a["msgId"] for a in sync}) == len(sync) and all(a["msgId"] for a in sync)
+
+    everything = clients.consumer(client, topic, unique("CG_all"), "--expr", "*")
+    only_a = clients.consumer(client, topic, unique("CG_tagA"), "--expr", "TagA")
+    everything.started()
+    only_a.started()
+    want = {r["body"] for r in reqs}
+    expect_all(everything, want, prefix)
+    by_body = {e["body"]: e for e in received(everything, prefix)}
+    for r in reqs:
+        e = by_body[r["body"]]
+        assert (e["tags"], e["keys"]) == (r["tags"], r["keys"]), (r, e)
+        assert 0 <= e["queueId"] < QUEUES
+    want_a = {r["body"] for r in reqs if r["tags"] == "TagA"}
+    expect_all(only_a, want_a, prefix)
+    time.sleep(1.0)
+    leaked = [e for e in received(only_a, prefix) if e["tags"] != "TagA"]
+    assert not leaked, f"a TagA subscription was handed other tags: {leaked[:3]}"
+
+
+def test_batch_send(client, clients, live_broker):
+    if client == "ons":
+        pytest.skip("ali-ons 3.12 has no batch send (Producer has send() only)")
+    topic, prefix = unique("Batch_cpp"), unique("b")
+    create_topic(live_broker, topic)
+    msgs = [{"body": f"{prefix}-{i}", "tags": "TagBatch", "keys": f"key-{prefix}-{i}"} for i in range(6)]
+    [ans] = clients.produce(client, topic, [{"mode": "batch", "msgs": msgs}])
+    assert ans["status"] == "OK", ans
+    c = clients.consumer(client, topic, unique("CG_batch"))
+    c.started()
+    expect_all(c, {m["body"] for m in msgs}, prefix)
+    got = {e["body"]: e for e in received(c, prefix)}
+    for m in msgs:
+        assert (got[m["body"]]["tags"], got[m["body"]]["keys"]) == (m["tags"], m["keys"]), got[m["body"]]
+    # one batch goes to one queue, at consecutive offsets
+    assert len({e["queueId"] for e in got.values()}) == 1, got
+    offs = sorted(e["queueOffset"] for e in got.values())
+    assert offs == list(range(offs[0], offs[0] + len(msgs))), offs
+
+
+def test_ordered_send_and_orderly_consumption(client, clients, live_broker):
+    """A sharding key / selector argument pins a fixed queue; per-queue order holds."""
+    topic, prefix = unique(f"Order_{client}"), unique("o")
+    create_topic(live_broker, topic)
+    shards, per = 4, 10
+    reqs = []
+    for i in range(per):
+        for s in range(shards):
+            body = f"{prefix}-s{s}-{i:03d}"
+            if client == "cpp":
+                reqs.append({"mode": "orderly", "arg": s, "body": body, "tags": "TagO", "keys": f"s{s}"})
+            else:
+                reqs.append({"mode": "sharding", "shardingKey": f"shard-{s}", "body": body, "tags": "TagO",
+                             "keys": f"s{s}"})
+    answers = clients.produce(client, topic, reqs)
+    assert all(a["status"] in ("OK", "SEND_OK") for a in answers), answers
+    if client == "ons":
+        qids = collections.defaultdict(set)
+        for r, a in zip(reqs, answers):
+            qids[r["shardingKey"]].add(a["queueId"])
+        assert all(len(v) == 1 for v in qids.values()), f"one sharding key went to several queues: {dict(qids)}"
+        expected_q = {f"s{s}": next(iter(qids[f'shard-{s}'])) for s in range(shards)}
+    else:
+        expected_q = {f"s{s}": s % QUEUES for s in range(shards)}   # hashing selector: arg % queues
+
+    extra = ["--orderly"] if client == "cpp" else []
+    c = clients.consumer(client, topic, unique("CG_order"), *extra)
+    c.started()
+    expect_all(c, {r["body"] for r in reqs}, prefix)
+    seen = received(c, prefix)
+    for e in seen:
+        assert e["queueId"] == expected_q[e["keys"]], f"message {e['body']} consumed from queue {e['queueId']}"
+    for s in range(shards):
+        seq = [e["body"] for e in seen if e["keys"] == f"s{s}"]
+        first = list(dict.fromkeys(seq))          # drop redeliveries, keep first-seen order
+        assert first == sorted(first), f"shard {s} consumed out of order: {first}"
+
+
+def warm_up(clients, kind, topic, consumers, ready, limit: float = 40.0) -> None:
+    """Send rounds of marker messages (one per queue: both producers pick
+    queues round-robin) until ``ready(consumers, rounds)`` holds, ``rounds``
+    being the marker bodies of each round sent so far; so that the consumers
+    have finished starting and rebalancing before the payload is sent."""
+    deadline = time.monotonic() + limit
+    p = ClientProc(kind, "produce", clients.broker, clients.tmp, topic, f"PG_warm_{topic}", name=f"{kind}-warm")
+    clients.procs.append(p)
+    p.started()
+    rounds: list[set[str]] = []
+    try:
+        while time.monotonic() < deadline:
+            if ready(consumers, rounds):
+                return
+            rounds.append({f"warm-{len(rounds)}-{q}" for q in range(QUEUES)})
+            for body in sorted(rounds[-1]):
+                p.request({"mode": "sync", "body": body, "tags": "Warm"})
+            time.sleep(0.5)
+        state = {c.name: sorted(markers(c)) for c in consumers}
+        raise AssertionError(f"consumers not ready after {limit}s of markers (queues each consumed markers "
+                             f"from: {state}); " + " ".join(c.diag() for c in consumers) + p.diag())
+    finally:
+        p.stop()
+
+
+def marker_bodies(c: ClientProc) -> set[str]:
+    return {e["body"] for e in c.of("recv") if (e.get("body") or "").startswith("warm-")}
+
+
+def markers(c: ClientProc) -> set[int]:
+    return {e["queueId"] for e in c.of("recv") if (e.get("body") or "").startswith("warm-")}
+
+
+def split_settled(consumers, rounds) -> bool:
+    """The round before last was consumed completely, each marker by exactly
+    one consumer, and every consumer took part: the rebalance has converged."""
+    if len(rounds) < 2:
+        return False
+    last = rounds[-2]
+    parts = [marker_bodies(c) & last for c in consumers]
+    return all(parts) and set().union(*parts) == last and sum(map(len, parts)) == len(last)
+
+
+def every_queue_seen(consumers, rounds) -> bool:
+    return all(len(markers(c)) == QUEUES for c in consumers)
+
+
+def test_clustering_splits_queues_between_two_consumers(client, clients, live_broker):
+    topic, prefix, group = unique(f"Cluster_{client}"), unique("c"), unique("CG_cluster")
+    create_topic(live_broker, topic)
+    a = clients.consumer(client, topic, group, name=f"{client}-cluster-A")
+    b = clients.consumer(client, topic, group, name=f"{client}-cluster-B")
+    a.started()
+    b.started()
+    warm_up(clients, client, topic, [a, b], split_settled)
+    reqs = payload(prefix, 40)
+    clients.produce(client, topic, reqs)
+    want = {r["body"] for r in reqs}
+    ok = a.wait(lambda: want <= bodies(received(a, prefix)) | bodies(received(b, prefix)))
+    got_a, got_b = bodies(received(a, prefix)), bodies(received(b, prefix))
+    assert ok, f"lost {sorted(want - got_a - got_b)[:5]}... ({len(want - got_a - got_b)} of 40) {a.diag()} {b.diag()}"
+    print(f"clustering {client}: A {len(got_a)} msgs queues {sorted({e['queueId'] for e in received(a, prefix)})}, "
+          f"B {len(got_b)} msgs queues {sorted({e['queueId'] for e in received(b, prefix)})}")
+    assert got_a and got_b, f"one consumer got nothing: A {len(got_a)}, B {len(got_b)}"
+    qa = {e["queueId"] for e in received(a, prefix)}
+    qb = {e["queueId"] for e in received(b, prefix)}
+    # ali-ons ignores NOTIFY_CONSUMER_IDS_CHANGED and may overlap until its
+    # next 10 s rebalance; the payload is sent once the markers show a settled
+    # split, so the queues must be disjoint for both clients
+    assert not (qa & qb), f"both consumers consumed queues {qa & qb} (A {qa}, B {qb})"
+
+
+def test_broadcasting_delivers_every_message_to_each_consumer(client, clients, live_broker):
+    topic, prefix, group = unique(f"Bcast_{client}"), unique("bc"), unique("CG_bcast")
+    create_topic(live_broker, topic)
+    a = clients.consumer(client, topic, group, "--broadcast", "--instance", "bcA", name=f"{client}-bcast-A")
+    b = clients.consumer(client, topic, group, "--broadcast", "--instance", "bcB", name=f"{client}-bcast-B")
+    a.started()
+    b.started()
+    # broadcasting consumers start at the max offset: wait until each has
+    # pulled markers from every queue before sending what must all arrive
+    warm_up(clients, client, topic, [a, b], every_queue_seen)
+    reqs = payload(prefix, 20)
+    clients.produce(client, topic, reqs)
+    want = {r["body"] for r in reqs}
+    expect_all(a, want, prefix)
+    expect_all(b, want, prefix)
+    print(f"broadcasting {client}: A {len(received(a, prefix))} B {len(received(b, prefix))} of {len(want)}")
+
+
+def test_consumer_resumes_from_committed_offset(client, clients, live_broker):
+    """Consume, stop cleanly, send more, restart: the earlier messages are not
+    redelivered (beyond one uncommitted message per queue) and the later are."""
+    topic, group = unique(f"Resume_{client}"), unique("CG_resume")
+    first, second = unique("r1"), unique("r2")
+    create_topic(live_broker, topic)
+    reqs1 = payload(first, 20)
+    clients.produce(client, topic, reqs1)
+    c1 = clients.consumer(client, topic, group, name=f"{client}-resume-1")
+    c1.started()
+    expect_all(c1, {r["body"] for r in reqs1}, first)
+    time.sleep(1.0)
+    assert c1.stop() == 0, c1.diag()
+    assert c1.of("stopped"), f"consumer did not shut down cleanly {c1.diag()}"
+    committed = broker_offsets(live_broker, group, topic)
+    assert all(off == mx for off, mx in committed.values()), \
+        f"after a clean stop the broker holds offsets {{queue: (committed, max)}} = {committed}"
+
+    reqs2 = payload(second, 20)
+    clients.produce(client, topic, reqs2)
+    c2 = clients.consumer(client, topic, group, name=f"{client}-resume-2")
+    c2.started()
+    expect_all(c2, {r["body"] for r in reqs2}, second)
+    time.sleep(2.0)
+    again = bodies(received(c2, first))
+    print(f"resume {client}: committed {committed}; after restart {len(received(c2, second))} new, "
+          f"{len(again)} redelivered")
+    assert len(again) <= QUEUES, f"{len(again)} of the 20 consumed messages were redelivered: {sorted(again)}"
+
+
+def test_cross_client_interop(cpp_client, ons_client, clients, live_broker):
+    """What one client sends, the other consumes with the same body, tags and keys."""
+    for sender, receiver in (("cpp", "ons"), ("ons", "cpp")):
+        topic, prefix = unique(f"X_{sender}_{receiver}"), unique("x")
+        create_topic(live_broker, topic)
+        reqs = payload(prefix, 8)
+        clients.produce(sender, topic, reqs)
+        c = clients.consumer(receiver, topic, unique("CG_x"))
+        c.started()
+        expect_all(c, {r["body"] for r in reqs}, prefix)
+        got = {e["body"]: e for e in received(c, prefix)}
+        for r in reqs:
+            assert (got[r["body"]]["tags"], got[r["body"]]["keys"]) == (r["tags"], r["keys"]), (sender, r)
+        c.stop()
