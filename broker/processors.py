@@ -504,28 +504,16 @@ class Processors:
         (ConsumeQueue.getOffsetInQueueByTime): binary search by store time."""
         topic, qid = self._queue(cmd)
         ts = Header(cmd.ext).int("timestamp")
-        lo, hi = self.store.min_offset(topic, qid), self.store.max_offset(topic, qid) - 1
-        best = 0
-        if lo <= hi:
-            first, last = self._store_time(topic, qid, lo), self._store_time(topic, qid, hi)
-            if first is None or ts <= first:
-                best = lo
-            elif last is not None and ts >= last:
-                best = hi
-            else:
-                while lo < hi:                      # first offset with time >= ts
-                    mid = (lo + hi) // 2
-                    t = self._store_time(topic, qid, mid)
-                    if t is not None and t < ts:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                best = lo
-                t_at = self._store_time(topic, qid, lo)
-                t_before = self._store_time(topic, qid, lo - 1)
-                if t_at != ts and t_before is not None and t_at is not None \
-                        and ts - t_before < t_at - ts:
-                    best = lo - 1
+        lo, hi = self.store.min_offset(topic, qid), self.store.max_offset(topic, qid)
+        best = self._offset_by_time(topic, qid, ts)       # first offset stored at or after ts
+        if best >= hi:
+            best = max(lo, hi - 1)
+        elif best > lo:
+            t_at = self._store_time(topic, qid, best)
+            t_before = self._store_time(topic, qid, best - 1)
+            if t_at is not None and t_before is not None and t_at != ts \
+                    and ts - t_before < t_at - ts:
+                best -= 1
         self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"offset": str(best)}))
 
     def earliest_store_time(self, conn, cmd) -> None:

@@ -80,17 +80,7 @@ class Connection:
             return
         self.last_active = time.monotonic()
         self.decoder.receive_data(data)
-        while not self.closed:
-            try:
-                cmd = self.decoder.next_command()
-            except RemoteProtocolError as e:
-                self.close(f"protocol error: {e}")
-                return
-            if cmd is None:
-                return
-            self.on_command(self, cmd)
-            if not self.reading:   # back-pressure: the rest waits in the decoder
-                return
+        self._drain_decoder()
 
     # ------------------------------------------------------------ writing
     def send(self, head: bytes, parts=()) -> None:
@@ -188,6 +178,8 @@ class Connection:
             self.reactor.call_soon(self._drain_decoder)
 
     def _drain_decoder(self) -> None:
+        """Run every complete command; under back-pressure (not reading) the
+        rest waits in the decoder until the output drains."""
         while not self.closed and self.reading:
             try:
                 cmd = self.decoder.next_command()
