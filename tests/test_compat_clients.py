@@ -162,7 +162,7 @@ class ClientProc:
 
     def __init__(self, kind: str, role: str, broker, tmp: Path, topic: str, group: str, *extra: str,
                  name: str | None = None):
-        self.kind, self.role = kind, role
+        self.kind, self.role, self.tmp = kind, role, tmp
         self.name = name or f"{kind}-{role}-{group}"
         logs = tmp / "client-logs"
         logs.mkdir(exist_ok=True)
@@ -248,7 +248,13 @@ class ClientProc:
             tail = self.stderr_path.read_text(errors="replace")[-1500:]
         except OSError:
             tail = ""
-        return f"[{self.name} rc={self.proc.poll()} errors={errs[:5]} stderr tail={tail!r}]"
+        native = ""
+        if self.kind == "cpp":      # librocketmq logs to $HOME/logs/rocketmq-cpp/<pid>_rocketmq-cpp.log.*
+            logs = sorted((self.tmp / "cpp-home" / "logs" / "rocketmq-cpp").glob(f"{self.proc.pid}_*"))
+            lines = [ln for f in logs for ln in f.read_text(errors="replace").splitlines()
+                     if "(error)" in ln and "session_credentials" not in ln]
+            native = f" librocketmq errors={lines[-6:]!r}"
+        return f"[{self.name} rc={self.proc.poll()} errors={errs[:5]} stderr tail={tail!r}{native}]"
 
 
 class Clients:
@@ -546,3 +552,93 @@ def test_cross_client_interop(cpp_client, ons_client, clients, live_broker):
         for r in reqs:
             assert (got[r["body"]]["tags"], got[r["body"]]["keys"]) == (r["tags"], r["keys"]), (sender, r)
         c.stop()
+
+
+def test_failed_consumption_is_redelivered_through_the_retry_topic(client, clients, live_broker):
+    """The consumer answers RECONSUME_LATER (C++) / ACTION_RETRY (ali-ons) to the
+    first delivery: the client sends it back (CONSUMER_SEND_MSG_BACK, 36) and the
+    group gets it again, from %RETRY%<group>, with reconsumeTimes >= 1, after
+    the broker's delay (level 3 = 10 s for the first retry)."""
+    topic, prefix, group = unique(f"Retry_{client}"), unique("rt"), unique("CG_retry")
+    create_topic(live_broker, topic)
+    # the first heartbeat creates %RETRY%<group>; a consumer started after it
+    # finds that topic's route at once instead of at its next 30 s route poll
+    primer = clients.consumer(client, topic, group, name=f"{client}-retry-primer")
+    primer.started()
+    time.sleep(1.5)
+    assert primer.stop() == 0, primer.diag()
+    c = clients.consumer(client, topic, group, "--fail-once-prefix", prefix, name=f"{client}-retry")
+    c.started()
+    reqs = payload(prefix, 4)
+    clients.produce(client, topic, reqs)
+    want = {r["body"] for r in reqs}
+
+    def retried():
+        return {e["body"] for e in received(c, prefix) if not e["failed"] and e["reconsumeTimes"] >= 1}
+    ok = c.wait(lambda: want <= retried(), 60)
+    failed = {e["body"] for e in received(c, prefix) if e["failed"]}
+    assert failed == want, f"first deliveries failed on purpose: {sorted(failed)} {c.diag()}"
+    assert ok, f"never redelivered after RECONSUME_LATER: {sorted(want - retried())} {c.diag()}"
+    by_body = {e["body"]: e for e in received(c, prefix) if not e["failed"]}
+    first_try = {e["body"]: e for e in received(c, prefix) if e["failed"]}
+    for r in reqs:
+        e = by_body[r["body"]]
+        assert (e["tags"], e["keys"]) == (r["tags"], r["keys"]), (r, e)
+        # delay level 0 in the send-back lets the broker choose 3 + reconsumeTimes
+        # (10 s); an immediate redelivery means the client fell back to sending a
+        # copy to %RETRY%<group> itself because the broker refused the send-back
+        delay = e["t"] - first_try[r["body"]]["t"]
+        assert delay >= 5, (f"{r['body']} came back after {delay:.1f}s, not after the broker's retry delay: "
+                            f"did CONSUMER_SEND_MSG_BACK (36) fail? {c.diag()}")
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    brokerproc = pytest.importorskip("brokerproc", reason="tests/brokerproc.py (start_broker) not there yet")
+    root = tmp_path / "own-broker"
+    root.mkdir()
+    b = brokerproc.start_broker(root, defaultTopicQueueNums=QUEUES, autoCreateTopicEnable="true",
+                                brokerIP1="127.0.0.1", workerProcessNums=2)
+    try:
+        yield b
+    finally:
+        try:
+            b.stop()
+        finally:
+            b.kill9()
+
+
+def test_messages_and_offsets_survive_a_broker_restart(client, own_broker, tmp_path):
+    """Consume, stop the consumer, SIGTERM the broker and start it again on the
+    same store and ports: a restarted consumer gets only what was sent after,
+    and a new group still reads everything from offset 0."""
+    b = own_broker
+    clients = Clients(b, tmp_path)
+    try:
+        topic, group = unique(f"Restart_{client}"), unique("CG_restart")
+        first, second = unique("p1"), unique("p2")
+        create_topic(b, topic)
+        reqs1 = payload(first, 12)
+        clients.produce(client, topic, reqs1)
+        c1 = clients.consumer(client, topic, group, name=f"{client}-before-restart")
+        c1.started()
+        expect_all(c1, {r["body"] for r in reqs1}, first)
+        time.sleep(1.0)
+        assert c1.stop() == 0, c1.diag()
+        assert b.stop() == 0, f"broker did not stop cleanly:\n{b.log()[-3000:]}"
+        b.start()
+        assert broker_offsets(b, group, topic) == {q: (3, 3) for q in range(QUEUES)}
+        reqs2 = payload(second, 12)
+        clients.produce(client, topic, reqs2)
+        c2 = clients.consumer(client, topic, group, name=f"{client}-after-restart")
+        c2.started()
+        expect_all(c2, {r["body"] for r in reqs2}, second)
+        time.sleep(1.5)
+        again = bodies(received(c2, first))
+        assert len(again) <= QUEUES, f"{len(again)} messages consumed before the restart came again: {sorted(again)}"
+        fresh = clients.consumer(client, topic, unique("CG_fresh"), name=f"{client}-fresh-after-restart")
+        fresh.started()
+        expect_all(fresh, {r["body"] for r in reqs1}, first)
+        expect_all(fresh, {r["body"] for r in reqs2}, second)
+    finally:
+        clients.close()

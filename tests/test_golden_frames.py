@@ -23,6 +23,8 @@ What these frames show that a broker must handle (beyond reference §1.2):
   zeros: tag codes must be recomputed from ``tagsSet``. ali-ons sends enum
   names and real Java hash codes.
 * ali-ons commits offset -1 for a queue it never consumed (``commitOffset: -1``).
+* C++ CONSUMER_SEND_MSG_BACK (36) carries only group, offset (commit-log
+  offset) and delayLevel: no originMsgId/originTopic/maxReconsumeTimes.
 * C++ JSON headers and JSON bodies end in a newline; C++ always adds
   ``AccessKey``/``OnsChannel``/``Signature``; ali-ons has no ``remark`` key,
   language ``JAVA`` and version 121.
@@ -184,6 +186,16 @@ def test_cpp_orderly_consumer_locks_queues_with_a_json_body():
     assert body["mqSet"] == [{"brokerName": "broker-a", "queueId": 0, "topic": "%RETRY%GoldenOrderCG"}]
 
 
+def test_cpp_send_back_names_only_the_physical_offset():
+    """RECONSUME_LATER: CONSUMER_SEND_MSG_BACK with no originMsgId, originTopic
+    or maxReconsumeTimes; the broker finds the message by its commit-log offset."""
+    cmd = cpp("consumer-send-msg-back", 36)
+    assert {k: v for k, v in cmd.ext.items() if k not in ("AccessKey", "OnsChannel", "Signature")} == \
+        {"group": "GoldenCG", "offset": "0", "delayLevel": "0"}
+    raw = raw_header("cpp-1.2-consumer-send-msg-back.bin")["extFields"]
+    assert isinstance(raw["delayLevel"], int) and isinstance(raw["offset"], str)
+
+
 def test_cpp_unregister_client():
     cmd = cpp("unregister-client", 35)
     assert cmd.ext["clientID"].endswith("@DEFAULT")
@@ -267,6 +279,15 @@ def test_ons_update_offset_is_sent_without_the_oneway_bit():
 def test_ons_commits_minus_one_for_an_unconsumed_queue():
     cmd = ons("update-offset-minus-one", 15)
     assert cmd.ext == {"topic": "GoldenTopic", "consumerGroup": "GoldenCG", "queueId": "0", "commitOffset": "-1"}
+
+
+def test_ons_send_back():
+    """ACTION_RETRY: CONSUMER_SEND_MSG_BACK with delay level 0 (broker's choice);
+    if it fails, ali-ons sends a copy to %RETRY%<group> itself."""
+    cmd = ons("consumer-send-msg-back", 36)
+    assert cmd.ext == {"offset": "0", "group": "GoldenCG", "delayLevel": "0",
+                       "originMsgId": "7F00000100004DA70000000000000000", "originTopic": "GoldenTopic",
+                       "unitMode": "false", "maxReconsumeTimes": "16"}
 
 
 def test_ons_unregister_client():

@@ -107,17 +107,37 @@ def consume(args) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
-    def on_message(msg):
+    def on_message(msg) -> bool:
+        """Report one delivery; True asks for a redelivery (RECONSUME_LATER)."""
         props = {}
         for k in args.show_props:
             v = msg.get_property(k)
             if v:
                 props[k] = _text(v)
-        emit(event="recv", body=_text(msg.body), tags=_text(msg.tags), keys=_text(msg.keys),
+        body = _text(msg.body)
+        fail = bool(args.fail_once_prefix) and (body or "").startswith(args.fail_once_prefix) \
+            and msg.reconsume_times == 0
+        emit(event="recv", body=body, tags=_text(msg.tags), keys=_text(msg.keys),
              queueId=msg.queue_id, queueOffset=msg.queue_offset, msgId=msg.id,
-             reconsumeTimes=msg.reconsume_times, props=props, t=time.time())
+             reconsumeTimes=msg.reconsume_times, props=props, failed=fail, t=time.time())
         if args.consume_delay_ms:
             time.sleep(args.consume_delay_ms / 1000)
+        return fail
+
+    # The wrapper's subscribe() cannot ask for a redelivery: it re-raises the
+    # callback's exception, and ctypes then returns 0 (CONSUME_SUCCESS). So
+    # register the message callback ourselves with the same two library calls
+    # (Subscribe + RegisterMessageCallback[Orderly]), returning the status.
+    from rocketmq.client import RecvMessage
+    from rocketmq.exceptions import ffi_check
+    from rocketmq.ffi import dll
+
+    def raw_callback(_consumer, cmsg):
+        try:
+            return 1 if on_message(RecvMessage(cmsg)) else 0     # RECONSUME_LATER / CONSUME_SUCCESS
+        except Exception:
+            traceback.print_exc()
+            return 1
 
     model = MessageModel.BROADCASTING if args.broadcast else MessageModel.CLUSTERING
     c = PushConsumer(args.group, orderly=args.orderly, message_model=model)
@@ -125,7 +145,8 @@ def consume(args) -> int:
     if args.instance:
         c.set_instance_name(args.instance)
     c.set_thread_count(args.threads)
-    c.subscribe(args.topic, on_message, args.expr)
+    ffi_check(dll.Subscribe(c._handle, args.topic.encode(), args.expr.encode()))
+    c._register_callback(raw_callback)
     c.start()
     emit(event="started")
 
@@ -158,6 +179,8 @@ def main(argv=None) -> int:
     pc.add_argument("--threads", type=int, default=2)
     pc.add_argument("--max-seconds", type=float, default=120.0)
     pc.add_argument("--consume-delay-ms", type=int, default=0)
+    pc.add_argument("--fail-once-prefix", default="",
+                    help="answer RECONSUME_LATER to the first delivery of bodies starting with this")
     pc.add_argument("--show-props", nargs="*", default=[], help="property names to report per message")
     args = ap.parse_args(argv)
     try:

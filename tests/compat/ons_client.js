@@ -15,6 +15,7 @@
  *
  *   node ons_client.js consume --namesrv A --group G --topic T [--expr E]
  *        [--broadcast] [--from-first] [--instance N] [--max-seconds S]
+ *        [--fail-once-prefix P]   (ACTION_RETRY on the first delivery of bodies starting with P)
  *     stdout: {"event": "started"}, {"event": "recv", ...} per message,
  *             {"event": "stopped"} after close() (which persists offsets).
  *     Stops on a "stop" line or EOF on stdin, SIGTERM, or --max-seconds.
@@ -44,7 +45,8 @@ function emit(obj) {
 }
 
 function parseArgs(argv) {
-  const args = { cmd: argv[0], expr: '*', broadcast: false, fromFirst: false, maxSeconds: 120, instance: null };
+  const args = { cmd: argv[0], expr: '*', broadcast: false, fromFirst: false, maxSeconds: 120, instance: null,
+    failOncePrefix: '' };
   for (let i = 1; i < argv.length; i++) {
     const a = argv[i];
     const next = () => argv[++i];
@@ -57,6 +59,7 @@ function parseArgs(argv) {
       case '--from-first': args.fromFirst = true; break;
       case '--instance': args.instance = next(); break;
       case '--max-seconds': args.maxSeconds = Number(next()); break;
+      case '--fail-once-prefix': args.failOncePrefix = next(); break;
       default: throw new Error(`unknown argument ${a}`);
     }
   }
@@ -127,11 +130,15 @@ async function consume(args) {
   const consumer = new Consumer(opts);
   consumer.on('error', err => console.error('[consumer error]', err && err.message));
   consumer.subscribe(args.topic, args.expr, async msg => {
+    const body = msg.body ? msg.body.toString('utf8') : null;
+    const failed = !!args.failOncePrefix && (body || '').startsWith(args.failOncePrefix) && !msg.reconsumeTimes;
     emit({
-      event: 'recv', body: msg.body ? msg.body.toString('utf8') : null, tags: msg.tags || null,
+      event: 'recv', body, tags: msg.tags || null,
       keys: msg.keys || null, queueId: msg.queueId, queueOffset: Number(msg.queueOffset),
-      msgId: msg.msgId, reconsumeTimes: msg.reconsumeTimes, props: msg.properties, t: Date.now() / 1000,
+      msgId: msg.msgId, reconsumeTimes: msg.reconsumeTimes, props: msg.properties, failed, t: Date.now() / 1000,
     });
+    // ACTION_RETRY: ali-ons sends the message back (CONSUMER_SEND_MSG_BACK, delay level 0)
+    if (failed) return Consumer.ACTION_RETRY;
   });
   await consumer.ready();
   emit({ event: 'started' });
