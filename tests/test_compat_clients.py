@@ -554,6 +554,8 @@ def test_cross_client_interop(cpp_client, ons_client, clients, live_broker):
         c.stop()
 
 
+@pytest.mark.skip(reason="issue 4: the broker does not build CONSUMER_SEND_MSG_BACK (36) and "
+                         "delay levels yet; this is that issue's acceptance test")
 def test_failed_consumption_is_redelivered_through_the_retry_topic(client, clients, live_broker):
     """The consumer answers RECONSUME_LATER (C++) / ACTION_RETRY (ali-ons) to the
     first delivery: the client sends it back (CONSUMER_SEND_MSG_BACK, 36) and the
