@@ -23,6 +23,8 @@ import multiprocessing
 import os
 import time
 
+import posix_ipc
+
 from shmq.core.checkpoint import abort_path
 from shmq.core.config import StoreConfig
 from shmq.core.files import REAL_FILES, StoreLock
@@ -30,8 +32,8 @@ from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, recover
 from shmq.core.state import STATE_RUNNING, StoreState, state_bytes
 from shmq.core.store import MessageStore, flush_all, init_state
-from shmq.ipc.control import (FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
-                              WANT_FLUSH, WANT_PUBLISH, ControlBlock, NotRunning)
+from shmq.ipc.control import (LOCK_GRACE_S, FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
+                              WANT_FLUSH, WANT_PUBLISH, ControlBlock, NotRunning, pid_alive)
 
 log = logging.getLogger("shmq.store")
 
@@ -172,9 +174,34 @@ class StoreOwner:
                 self.flusher.join()
         if self.store is not None:
             self.supervise(restart_flusher=False)
+            self._take_back_lock()
             flush_all(self.store)
             self.store.files.unlink(abort_path(self.root))
         self._release()
+
+    def _take_back_lock(self, wait_s: float = 10.0) -> None:
+        """Never hang at shutdown on an append lock a dead process left that
+        supervise did not recognise as held (it can miss one that died
+        between taking and recording the lock under heavy load): if the lock
+        stays taken with no live holder, repair and release it."""
+        cb = self.cb
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                cb.sem.acquire(0.5)
+                cb.sem.release()
+                return
+            except posix_ipc.BusyError:
+                holder = int(cb.hdr_lock_owner[0])
+                live = holder and pid_alive(holder, int(cb.hdr_lock_owner_start[0]))
+                if not live and time.monotonic() > deadline - wait_s + 2 * LOCK_GRACE_S:
+                    what = self.store.repair_after_death()
+                    cb.release_dead_lock()
+                    log.warning("append lock left taken by a dead process: %s, released", what)
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the append lock is held by live pid {holder}; "
+                                       f"cannot flush at shutdown")
 
     def _release(self) -> None:
         if self.store is not None:
