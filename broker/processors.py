@@ -37,7 +37,7 @@ from .config import BrokerConfig
 from .reactor import Connection, FileRange, Reactor
 from .registry import LOCK_LEASE_MS, Registry, consumer_key, lock_key
 from .topics import (NOT_ALLOWED_SEND_TOPICS, PERM_READ, PERM_WRITE,
-                     RETRY_GROUP_TOPIC_PREFIX, Tables, topic_error)
+                     RETRY_GROUP_TOPIC_PREFIX, Tables, topic_config, topic_error)
 
 log = logging.getLogger("shmq.broker")
 
@@ -766,7 +766,6 @@ class Processors:
         ftype = h.str("topicFilterType", "SINGLE_TAG")
         if ftype not in ("SINGLE_TAG", "MULTI_TAG"):
             raise BadRequest(R.SYSTEM_ERROR, f"topicFilterType={ftype!r}: SINGLE_TAG or MULTI_TAG")
-        from .topics import topic_config
         self.tables.topics.update({topic: topic_config(topic, read, write, h.int("perm", 6),
                                                        ftype, h.int("topicSysFlag", 0),
                                                        h.bool("order"))})

@@ -257,6 +257,7 @@ def test_topics_are_created_listed_routed_and_deleted(broker, request):
     topic = topic_name(request)
     with RemotingClient(broker.addr) as c, RemotingClient(broker.namesrv) as ns:
         make_topic(c, topic, 3)
+        assert c.invoke(send_message(topic, b"x", queue_id=0)).code == R.SUCCESS
         r = c.invoke(RemotingCommand(RC.GET_ALL_TOPIC_CONFIG))
         tc = orjson.loads(r.body)["topicConfigTable"][topic]
         assert (tc["readQueueNums"], tc["writeQueueNums"], tc["perm"]) == (3, 3, 6)
