@@ -15,6 +15,26 @@ from dataclasses import dataclass, field
 
 from shmq.core.config import StoreConfig, _convert
 
+_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """``messageDelayLevel`` ("1s 5s … 2h") → delay in ms of levels 1..n."""
+    out = []
+    for item in text.split():
+        unit = _UNITS.get(item[-1:].lower())
+        try:
+            n = int(item[:-1])
+        except ValueError:
+            n = -1
+        if unit is None or n < 0:
+            raise ValueError(f"messageDelayLevel item {item!r}: want a number and s, m, h or d")
+        out.append(n * unit)
+    if not out:
+        raise ValueError("messageDelayLevel is empty")
+    return tuple(out)
+
+
 # The topic producers name to have the broker create a new topic (TopicValidator).
 DEFAULT_TOPIC = "TBW102"
 
@@ -50,6 +70,30 @@ class BrokerConfig:
     flushConsumerOffsetInterval: int = 5000
     # seconds without traffic before the broker closes a connection
     serverChannelMaxIdleTimeSeconds: int = 120
+    # --- message features (RocketMQ's names; MessageStoreConfig's for the first five)
+    # delay of each level, 1..n (units s, m, h, d)
+    messageDelayLevel: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    # ms between saves of config/delayOffset.json
+    flushDelayOffsetInterval: int = 10_000
+    # messages with TIMER_DELIVER_MS / TIMER_DELAY_MS / TIMER_DELAY_SEC wait for their time
+    timerWheelEnable: bool = True
+    # ms: the timer's slot (a message is delivered at or after its time, within one slot)
+    timerPrecisionMs: int = 1000
+    # s: the longest timer delay accepted (RocketMQ 5 defaults to 3 days; shmq to 7)
+    timerMaxDelaySec: int = 7 * 86400
+    # ms a half message waits before its producer is asked to resolve it
+    transactionTimeOut: int = 6000
+    # ms between transaction check rounds
+    transactionCheckInterval: int = 60_000
+    # checks of one half message before it is rolled back
+    transactionCheckMax: int = 15
+    rejectTransactionMessage: bool = False
+    # SQL92 property filters on pull
+    enablePropertyFilter: bool = False
+    # apply SQL92 filters to %RETRY% topics too
+    filterSupportRetry: bool = False
+    # messages a QUERY_MESSAGE by unique key returns at most
+    defaultQueryMaxNum: int = 32
     # shmq: the address the broker listens on (RocketMQ binds every address;
     # shmq only loopback unless told otherwise)
     bindAddress: str = "127.0.0.1"
@@ -80,10 +124,20 @@ class BrokerConfig:
             errors.append(f"defaultTopicQueueNums={self.defaultTopicQueueNums}: must be 1..1024")
         if self.outboundBufferMaxBytes < 64 * 1024:
             errors.append(f"outboundBufferMaxBytes={self.outboundBufferMaxBytes}: at least 65536")
-        if not self.embeddedNamesrv and not self.namesrvAddr:
-            pass   # a broker with no NameServer at all: clients use its address directly
+        try:
+            parse_delay_levels(self.messageDelayLevel)
+        except ValueError as e:
+            errors.append(str(e))
+        for name in ("flushDelayOffsetInterval", "timerPrecisionMs", "timerMaxDelaySec",
+                     "transactionCheckInterval", "transactionCheckMax"):
+            if getattr(self, name) <= 0:
+                errors.append(f"{name}={getattr(self, name)}: must be positive")
         if errors:
             raise ValueError("; ".join(errors))
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        return parse_delay_levels(self.messageDelayLevel)
 
     @property
     def workers(self) -> int:

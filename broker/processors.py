@@ -23,7 +23,9 @@ import orjson
 
 from shmq.core.checkpoint import parse_json_lenient
 from shmq.core.consumequeue import ALL_TAGS
-from shmq.core.layout import java_string_hash
+from shmq.core.layout import (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_NOT,
+                              SYSFLAG_TRANSACTION_ROLLBACK, java_string_hash,
+                              properties_to_string, string_to_properties)
 from shmq.core.records import CorruptRecord, decode, encode_arrays, split_batch_body
 from shmq.core.state import StoreFullError
 from shmq.core.store import GetMessageStatus, MessageStore
@@ -35,9 +37,13 @@ from shmq.ipc.remoting import FLAG_ONEWAY, JSON, VERSION_4_9_7, RemotingCommand,
 
 from .config import BrokerConfig
 from .reactor import Connection, FileRange, Reactor
-from .registry import LOCK_LEASE_MS, Registry, consumer_key, lock_key
-from .topics import (NOT_ALLOWED_SEND_TOPICS, PERM_READ, PERM_WRITE,
-                     RETRY_GROUP_TOPIC_PREFIX, Tables, topic_config, topic_error)
+from .registry import LOCK_LEASE_MS, Registry, consumer_key, lock_key, post_notice
+from .delivery import (DELAY, ORIGIN_MESSAGE_ID, PGROUP, RETRY_TOPIC, UNIQ_KEY, BadRequest,
+                       check_body, needs_routing, repost, reset_body, route_send, stored)
+from .transactions import resolve_half
+from .topics import (DLQ_GROUP_TOPIC_PREFIX, NOT_ALLOWED_SEND_TOPICS, PERM_READ, PERM_WRITE,
+                     RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC, Tables, topic_config,
+                     topic_error)
 
 log = logging.getLogger("shmq.broker")
 
@@ -59,12 +65,6 @@ PULL_STATUS_CODE = {
 }
 QUERY_SCAN_MAX = 50_000     # messages a QUERY_MESSAGE scans at most (no IndexFile yet)
 SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
-
-
-class BadRequest(Exception):
-    def __init__(self, code: int, remark: str):
-        super().__init__(remark)
-        self.code, self.remark = code, remark
 
 
 class Header:
@@ -171,8 +171,12 @@ class Processors:
         self.group_conns: dict[str, dict[str, Connection]] = {}
         self.notified: dict[str, list[str]] = {}
         self.seen_clients_epoch = -1
+        self.producer_conns: dict[int, Connection] = {}
+        self.seen_resets: dict[bytes, int] = {}
+        self.seen_notices_epoch = -1
         self.boot_ms = int(time.time() * 1000)
         self.put_count = 0
+        self.delay_levels = config.delay_levels_ms
         self.handlers = {
             RC.SEND_MESSAGE: self.send, RC.SEND_MESSAGE_V2: self.send,
             RC.SEND_BATCH_MESSAGE: self.send,
@@ -190,6 +194,9 @@ class Processors:
             RC.DELETE_TOPIC_IN_BROKER: self.delete_topic,
             RC.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
             RC.GET_BROKER_RUNTIME_INFO: self.runtime_info,
+            RC.CONSUMER_SEND_MSG_BACK: self.send_back,
+            RC.END_TRANSACTION: self.end_transaction,
+            RC.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
         }
 
     # ---------------------------------------------------------------- dispatch
@@ -279,30 +286,50 @@ class Processors:
         props = (h.str("properties", "") or "").rstrip("\x02")
         if "CLUSTER\x01" not in props:
             props = f"{props}\x02{self.cluster_prop}" if props else self.cluster_prop
+        is_batch = h.bool("batch")
+        now = int(time.time() * 1000)
+        routed = None
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not is_batch:
+            topic, qid, props = self._retry_or_dlq(h, topic, qid, props)
+        if needs_routing(props, sysflag):
+            if is_batch:
+                raise BadRequest(R.MESSAGE_ILLEGAL, "a batch cannot carry a delay, a delivery "
+                                                    "time or a transaction")
+            c = self.config
+            routed = route_send(topic, qid, sysflag, props, now_ms=now,
+                                delay_levels=self.delay_levels, timer_enable=c.timerWheelEnable,
+                                timer_max_delay_ms=c.timerMaxDelaySec * 1000,
+                                reject_transactions=c.rejectTransactionMessage)
+            sysflag, props = routed.sysflag, routed.properties
         pb = props.encode()
         body = cmd.body
-        common = dict(queue_ids=qid, sysflag=sysflag, born_timestamp=h.int("bornTimestamp"),
+        common = dict(queue_ids=qid if routed is None else routed.queue_id, sysflag=sysflag,
+                      born_timestamp=h.int("bornTimestamp"),
                       reconsume_times=h.int("reconsumeTimes", 0),
                       born_host=peer_host(conn.peer), store_host=self.store_host,
-                      max_message_bytes=self.config.store.maxMessageSize)
+                      max_message_bytes=self.config.store.maxMessageSize, store_timestamp=now)
+        store_topic = topic if routed is None else routed.topic
         try:
-            if h.bool("batch"):
+            if is_batch:
                 bb = split_batch_body(body, pb)
                 flags = bb.flags
                 flag = int(flags[0]) if (flags == flags[0]).all() else flags
-                batch = encode_arrays(topic, bb.body_buf, bb.body_off, bb.body_len, bb.props_buf,
-                                      bb.props_off, bb.props_len, flag=flag, **common)
+                batch = encode_arrays(store_topic, bb.body_buf, bb.body_off, bb.body_len,
+                                      bb.props_buf, bb.props_off, bb.props_len, flag=flag,
+                                      **common)
             else:
                 if not len(body):
                     raise ValueError("the message body is empty")
                 bbuf = np.frombuffer(body, np.uint8)
                 pbuf = np.frombuffer(pb, np.uint8)
-                batch = encode_arrays(topic, bbuf, np.zeros(1, np.int64),
+                batch = encode_arrays(store_topic, bbuf, np.zeros(1, np.int64),
                                       np.array([bbuf.shape[0]], np.int64), pbuf,
                                       np.zeros(1, np.int64), np.array([pbuf.shape[0]], np.int64),
                                       flag=h.int("flag"), shared_properties=pb, **common)
         except ValueError as e:
             raise BadRequest(R.MESSAGE_ILLEGAL, str(e)) from None
+        if routed is not None and routed.tags_code is not None:
+            batch.tags_codes[:] = routed.tags_code
         r = self.store.append(batch)
         self.put_count += batch.count
         pre = self.msgid_prefix
@@ -317,6 +344,28 @@ class Processors:
             self._park_send(conn, cmd, reply, r.end)
             return
         self.respond(conn, cmd, reply)
+
+    def _retry_or_dlq(self, h: Header, topic: str, qid: int, props: str) -> tuple[str, int, str]:
+        """A consumer's own re-send to %RETRY%group goes to %DLQ%group once it
+        has been consumed maxReconsumeTimes times (handleRetryAndDLQ)."""
+        group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+        gc = self.tables.group(group, self.config.autoCreateSubscriptionGroup)
+        if gc is None:
+            raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
+        max_times = h.int("maxReconsumeTimes", int(gc.get("retryMaxTimes", 16)))
+        if h.int("reconsumeTimes", 0) < max_times:
+            return topic, qid, props
+        d = string_to_properties(props)
+        d.pop(DELAY, None)
+        self._dlq_topic(group)
+        return DLQ_GROUP_TOPIC_PREFIX + group, 0, properties_to_string(d)
+
+    def _dlq_topic(self, group: str) -> dict:
+        tc = self.tables.dlq_topic(group)
+        if not tc["perm"] & PERM_WRITE:
+            raise BadRequest(R.NO_PERMISSION, f"the topic[{tc['topicName']}] sending message "
+                                              f"is forbidden")
+        return tc
 
     def _park_send(self, conn, cmd, reply, end) -> None:
         timeout = self.config.store.syncFlushTimeout / 1000
@@ -542,8 +591,17 @@ class Processors:
         if not isinstance(cid, str) or not cid:
             raise BadRequest(R.SYSTEM_ERROR, "the heartbeat has no clientID")
         conn.attrs["client_id"] = cid
+        conn.attrs["language"] = cmd.language
         now = int(time.time() * 1000)
         changed = False
+        for p in data.get("producerDataSet") or []:
+            g = p.get("groupName") if isinstance(p, dict) else None
+            if isinstance(g, str) and g and g != "CLIENT_INNER_PRODUCER":
+                row = self.registry.producers.upsert(consumer_key(g, cid))
+                t = self.registry.producers
+                t.v[row, 0], t.v[row, 1], t.v[row, 2] = self.cb.slot, now, conn.id
+                self.producer_conns[conn.id] = conn
+                conn.attrs.setdefault("producer_groups", set()).add(g)
         for c in data.get("consumerDataSet") or []:
             g = c.get("groupName")
             if not isinstance(g, str) or not g:
@@ -599,6 +657,12 @@ class Processors:
         cid = conn.attrs.get("client_id")
         if cid:
             self._drop_client(conn, cid, conn.attrs.get("groups", ()))
+            t = self.registry.producers
+            for g in conn.attrs.get("producer_groups", ()):
+                row = t.find(consumer_key(g, cid))
+                if row >= 0 and t.v[row, 0] == self.cb.slot and t.v[row, 2] == conn.id:
+                    t.delete(row)
+        self.producer_conns.pop(conn.id, None)
 
     def unregister_client(self, conn, cmd) -> None:
         h = Header(cmd.ext)
@@ -750,6 +814,155 @@ class Processors:
             else:
                 hi = mid
         return lo
+
+    # ---------------------------------------------- retry, transactions, reset
+    def send_back(self, conn, cmd) -> None:
+        """CONSUMER_SEND_MSG_BACK: a message the consumer failed goes to
+        %RETRY%group after the back-off of its next level (3 + times
+        consumed), or to %DLQ%group once consumed maxReconsumeTimes times
+        (SendMessageProcessor.asyncConsumerSendMsgBack)."""
+        h = Header(cmd.ext)
+        group, phy, delay = h.str("group"), h.int("offset"), h.int("delayLevel")
+        if not self.config.brokerPermission & PERM_WRITE:
+            raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
+                                              f"message is forbidden")
+        gc = self.tables.group(group, self.config.autoCreateSubscriptionGroup)
+        if gc is None:
+            raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
+        retry_queues = int(gc.get("retryQueueNums", 1))
+        if retry_queues <= 0:
+            self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+            return
+        m = stored(self.store, phy)
+        if m is None:
+            raise BadRequest(R.SYSTEM_ERROR, f"look message by offset failed, {phy}")
+        d = m.properties
+        d.setdefault(RETRY_TOPIC, m.topic)
+        d.setdefault(ORIGIN_MESSAGE_ID, d.get(ORIGIN_MESSAGE_ID) or m.offset_msg_id())
+        max_times = h.int("maxReconsumeTimes", -1)
+        if max_times < 0:
+            max_times = int(gc.get("retryMaxTimes", 16))
+        if m.reconsume_times >= max_times or delay < 0:
+            self._dlq_topic(group)
+            topic, qid = DLQ_GROUP_TOPIC_PREFIX + group, 0
+            d.pop(DELAY, None)
+        else:
+            tc = self.tables.retry_topic(group)
+            if not tc["perm"] & PERM_WRITE:
+                raise BadRequest(R.NO_PERMISSION, f"the topic[{tc['topicName']}] sending message "
+                                                  f"is forbidden")
+            topic, qid = tc["topicName"], random.randrange(max(1, retry_queues))
+            d[DELAY] = str(delay or 3 + m.reconsume_times)
+        c = self.config
+        r = route_send(topic, qid, m.sysflag, properties_to_string(d),
+                       now_ms=int(time.time() * 1000), delay_levels=self.delay_levels,
+                       timer_enable=c.timerWheelEnable, timer_max_delay_ms=c.timerMaxDelaySec * 1000,
+                       reject_transactions=c.rejectTransactionMessage)
+        batch = repost(m, r.topic, r.queue_id, r.properties, store_host=self.store_host,
+                       reconsume_times=m.reconsume_times + 1, tags_code=r.tags_code)
+        self.store.append(batch)
+        self.put_count += 1
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def end_transaction(self, conn, cmd) -> None:
+        """END_TRANSACTION: commit posts the half message to its real topic,
+        rollback drops it; either way an op message records it. A half
+        message is resolved once, whichever worker and however many times
+        the producer answers (EndTransactionProcessor)."""
+        h = Header(cmd.ext)
+        group, qoff, phy = h.str("producerGroup"), h.int("tranStateTableOffset"), h.int("commitLogOffset")
+        kind = h.int("commitOrRollback")
+        if kind == SYSFLAG_TRANSACTION_NOT:
+            return                       # "unknown": RocketMQ answers nothing and waits for the check
+        if kind not in (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK):
+            raise BadRequest(R.SYSTEM_ERROR, f"commitOrRollback={kind}: want 8 (commit) or 12 (rollback)")
+        if not self.config.brokerPermission & PERM_WRITE:
+            raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
+                                              f"message is forbidden")
+        m = stored(self.store, phy)
+        if m is None or m.topic != TRANS_HALF_TOPIC:
+            raise BadRequest(R.SYSTEM_ERROR, "Find prepared transaction message failed")
+        if m.properties.get(PGROUP) != group:
+            raise BadRequest(R.SYSTEM_ERROR, "The producer group wrong")
+        if m.queue_offset != qoff:
+            raise BadRequest(R.SYSTEM_ERROR, "The transaction state table offset wrong")
+        if resolve_half(self.store, self.registry, self.store_host, m, kind):
+            self.put_count += 1
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def reset_offset(self, conn, cmd) -> None:
+        """INVOKE_BROKER_TO_RESET_OFFSET (回溯消费): commit each queue's offset
+        at ``timestamp`` (-1: the end) for the group and tell its online
+        consumers (RESET_CONSUMER_CLIENT_OFFSET); without ``isForce`` an
+        offset only moves back (Broker2Client.resetOffset)."""
+        h = Header(cmd.ext)
+        topic, group, ts = h.str("topic"), h.str("group"), h.int("timestamp")
+        force = h.bool("isForce", True)
+        tc = self.tables.topics.get(topic)
+        if tc is None:
+            raise BadRequest(R.TOPIC_NOT_EXIST, f"[reset-offset] request reset offset, but the "
+                                                f"topic[{topic}] not exist")
+        table = {}
+        for qid in range(int(tc["writeQueueNums"])):
+            current = self.registry.get_offset(topic, group, qid)
+            if current < 0 and self.tables.groups.get(group) is None:
+                raise BadRequest(R.SYSTEM_ERROR, f"THe consumer group <{group}> not exist")
+            at = self.store.max_offset(topic, qid) if ts == -1 else self._offset_by_time(topic, qid, ts)
+            if not force and 0 <= current < at:
+                at = current
+            table[qid] = at
+        for qid, at in table.items():
+            self.registry.commit_offset(topic, group, qid, at)
+        post_notice(self.registry.notices, f"reset\0{group}\0{topic}".encode(), ts)
+        self.cb.wake_flagged(WANT_CLIENTS)
+        self.reactor.call_soon(self.deliver_notices)
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS, body=reset_body(
+            topic, self.config.brokerName, table, cmd.language)))
+
+    def deliver_notices(self) -> None:
+        """Send what other processes left for this worker's clients: transaction
+        checks to producers, offset resets to consumers."""
+        t = self.registry.notices
+        if t.epoch == self.seen_notices_epoch:
+            return
+        self.seen_notices_epoch = t.epoch
+        for row, key in t.items():
+            if key.startswith(b"check\0"):
+                if t.v[row, 0] == self.cb.slot:
+                    self._send_check(int(t.v[row, 1]), int(t.v[row, 2]), t.payload(row).decode())
+                    t.delete(row)
+            elif key.startswith(b"reset\0"):
+                seq = int(t.v[row, 3])
+                if self.seen_resets.get(key, 0) != seq:
+                    self.seen_resets[key] = seq
+                    _, group, topic = key.decode().split("\0")
+                    self._send_reset(group, topic, int(t.v[row, 0]))
+
+    def _send_check(self, conn_id: int, phy: int, group: str) -> None:
+        conn = self.producer_conns.get(conn_id)
+        m = stored(self.store, phy)
+        if conn is None or conn.closed or m is None:
+            return
+        body = check_body(m, self.store_host)
+        uniq = m.properties.get(UNIQ_KEY, "")
+        note = RemotingCommand(RC.CHECK_TRANSACTION_STATE, flag=FLAG_ONEWAY, ext={
+            "tranStateTableOffset": str(m.queue_offset), "commitLogOffset": str(phy),
+            "msgId": uniq, "transactionId": uniq, "offsetMsgId": m.offset_msg_id()})
+        conn.send(encode_head(note, len(body)), (body,))
+
+    def _send_reset(self, group: str, topic: str, ts: int) -> None:
+        conns = self.group_conns.get(group)
+        tc = self.tables.topics.get(topic)
+        if not conns or tc is None:
+            return
+        table = {qid: self.registry.get_offset(topic, group, qid)
+                 for qid in range(int(tc["writeQueueNums"]))}
+        for conn in conns.values():
+            lang = conn.attrs.get("language", "JAVA")
+            body = reset_body(topic, self.config.brokerName, table, lang)
+            note = RemotingCommand(RC.RESET_CONSUMER_CLIENT_OFFSET, flag=FLAG_ONEWAY, ext={
+                "topic": topic, "group": group, "timestamp": str(ts), "isForce": "true"})
+            conn.send(encode_head(note, len(body)), (memoryview(body),))
 
     # ------------------------------------------------------------------ admin
     def create_topic(self, conn, cmd) -> None:

@@ -5,9 +5,10 @@
   must be routable before consumers poll again), and unregisters at shutdown;
 - saves consumer offsets to ``config/consumerOffset.json`` every
   ``flushConsumerOffsetInterval`` and at shutdown;
-- expires consumers silent for 120 s (their groups are then re-balanced).
-
-Delay levels, transaction check-back and the IndexFile join it later.
+- expires consumers silent for 120 s (their groups are then re-balanced);
+- re-posts delayed messages when due (``schedule``) and asks producers about
+  unresolved transactions (``transactions``), exactly once across its own
+  ``kill -9`` (``delivery.Reposter``).
 """
 from __future__ import annotations
 
@@ -16,15 +17,19 @@ import os
 import signal
 import time
 
+from shmq.core.store import MessageStore
 from shmq.ipc.channel import RemotingClient
 from shmq.ipc.codes import ResponseCode
 from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
 
 from .config import BrokerConfig
 from .namesrv import register_broker_request, unregister_broker_request
+from .delivery import Progress, Reposter
 from .registry import Registry
+from .schedule import DelayService
 from .shared_store import attach, extra_region
 from .topics import Tables
+from .transactions import TransactionService
 
 log = logging.getLogger("shmq.services")
 TICK_S = 0.1
@@ -32,11 +37,30 @@ EXPIRE_EVERY_S = 10.0
 
 
 class Services:
-    def __init__(self, config: BrokerConfig, tables: Tables, registry: Registry, wake_clients):
+    def __init__(self, config: BrokerConfig, tables: Tables, registry: Registry, wake_clients,
+                 store: MessageStore | None = None, wake_slot=None):
         self.config = config
         self.tables = tables
         self.registry = registry
         self.wake_clients = wake_clients
+        self.store = store
+        self.features: list = []
+        if store is not None:
+            root = config.store.storePathRootDir
+            host = (config.brokerIP1, config.listenPort)
+            self.progress = Progress(root)
+            self.reposter = Reposter(store, self.progress)
+            what = self.reposter.recover()
+            if what != "none":
+                log.warning("the last services process was killed mid re-post: %s", what)
+            self.delay = DelayService(store, self.progress, self.reposter,
+                                      config.delay_levels_ms, host, root)
+            self.delay.load()
+            self.transactions = TransactionService(config, store, registry, self.progress, host,
+                                                   wake_slot)
+            self.transactions.start()
+            self.features = [self.delay, self.transactions]
+        self.next_delay_save = 0.0
         self.registered_epoch = -1
         self.next_register = 0.0
         self.next_offsets = 0.0
@@ -55,10 +79,20 @@ class Services:
         if now >= self.next_offsets:
             self.save_offsets()
             self.next_offsets = now + self.config.flushConsumerOffsetInterval / 1000
+        now_ms = int(time.time() * 1000)
+        for feature in self.features:
+            feature.step(now_ms)
+        if self.features and now >= self.next_delay_save:
+            self.save_progress()
+            self.next_delay_save = now + self.config.flushDelayOffsetInterval / 1000
         if now >= self.next_expire:
             if self.registry.expire_clients():
                 self.wake_clients()
             self.next_expire = now + EXPIRE_EVERY_S
+
+    def save_progress(self) -> None:
+        self.progress.flush()
+        self.delay.save()
 
     def save_offsets(self) -> None:
         table = self.registry.offset_table()
@@ -105,7 +139,7 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
     store, cb = attach(config.store, "other")
     registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
     svc = Services(config, Tables(config, store.state), registry,
-                   lambda: cb.wake_flagged(WANT_CLIENTS))
+                   lambda: cb.wake_flagged(WANT_CLIENTS), store, cb.wake)
     stopping = []
 
     def on_term(signum, frame):
@@ -120,6 +154,7 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
             cb.heartbeat()
             cb.wait(TICK_S)
         svc.save_offsets()
+        svc.save_progress()
         svc.unregister_all()
     finally:
         cb.close()

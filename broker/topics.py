@@ -30,12 +30,14 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 # Producers may not send to these (AbstractSendMessageProcessor.msgCheck).
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC,
                                      TRANS_CHECK_MAX_TIME_TOPIC, SELF_TEST_TOPIC,
-                                     OFFSET_MOVED_EVENT})
+                                     OFFSET_MOVED_EVENT, TIMER_TOPIC})
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+DLQ_QUEUE_NUMS = 1
 
 
 def topic_error(topic: str | None) -> str | None:
@@ -130,7 +132,14 @@ class Tables:
                 OFFSET_MOVED_EVENT: topic_config(OFFSET_MOVED_EVENT, 1, 1),
                 c.brokerClusterName: topic_config(c.brokerClusterName, 16, 16,
                                                   PERM_READ | PERM_WRITE),
-                c.brokerName: topic_config(c.brokerName, 1, 1, PERM_READ | PERM_WRITE)}
+                c.brokerName: topic_config(c.brokerName, 1, 1, PERM_READ | PERM_WRITE),
+                SCHEDULE_TOPIC: topic_config(SCHEDULE_TOPIC, len(c.delay_levels_ms),
+                                             len(c.delay_levels_ms)),
+                TRANS_HALF_TOPIC: topic_config(TRANS_HALF_TOPIC, 1, 1),
+                TRANS_OP_HALF_TOPIC: topic_config(TRANS_OP_HALF_TOPIC, 1, 1),
+                TRANS_CHECK_MAX_TIME_TOPIC: topic_config(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1)}
+        if c.timerWheelEnable:
+            want[TIMER_TOPIC] = topic_config(TIMER_TOPIC, 1, 1)
         if c.autoCreateTopicEnable:
             n = c.defaultTopicQueueNums
             want[DEFAULT_TOPIC] = topic_config(DEFAULT_TOPIC, n, n,
@@ -162,6 +171,15 @@ class Tables:
         if tc is None:
             n = self.config.retryQueueNums
             tc = topic_config(name, n, n)
+            self.topics.update({name: tc})
+        return tc
+
+    def dlq_topic(self, group: str) -> dict:
+        """%DLQ%group: one queue, read and write (RocketMQ 4.9.2+)."""
+        name = DLQ_GROUP_TOPIC_PREFIX + group
+        tc = self.topics.get(name)
+        if tc is None:
+            tc = topic_config(name, DLQ_QUEUE_NUMS, DLQ_QUEUE_NUMS)
             self.topics.update({name: tc})
         return tc
 

@@ -73,6 +73,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
         procs.check_parked_pulls()
         procs.check_parked_sends()
         procs.check_clients()
+        procs.deliver_notices()
 
     ticks = [0]
 
@@ -80,6 +81,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
         cb.heartbeat()
         procs.check_parked_pulls()
         procs.check_clients()
+        procs.deliver_notices()
         ticks[0] += 1
         if ticks[0] % 10 == 0:
             reactor.close_idle(config.serverChannelMaxIdleTimeSeconds)

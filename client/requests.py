@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 import time
 
+import orjson
+
 from shmq.core.layout import properties_to_string
 from shmq.core.records import StoredMessage, decode
 from shmq.ipc.codes import RequestCode
@@ -88,3 +90,35 @@ def decode_records(body) -> list[StoredMessage]:
         out.append(m)
         pos += m.total_size
     return out
+
+
+def send_back(group: str, phy_offset: int, delay_level: int = 0,
+              max_reconsume_times: int | None = None, origin_msg_id: str = "",
+              origin_topic: str = "") -> RemotingCommand:
+    """CONSUMER_SEND_MSG_BACK: the message at ``phy_offset`` failed; retry it later."""
+    ext = {"group": group, "offset": str(phy_offset), "delayLevel": str(delay_level),
+           "originMsgId": origin_msg_id, "originTopic": origin_topic, "unitMode": "false"}
+    if max_reconsume_times is not None:
+        ext["maxReconsumeTimes"] = str(max_reconsume_times)
+    return RemotingCommand(RequestCode.CONSUMER_SEND_MSG_BACK, ext=ext)
+
+
+COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0
+
+
+def end_transaction(group: str, half_queue_offset: int, half_phy: int, state: int,
+                    msg_id: str = "", from_check: bool = False) -> RemotingCommand:
+    """END_TRANSACTION: COMMIT (8), ROLLBACK (12) or UNKNOWN (0) for a half message."""
+    return RemotingCommand(RequestCode.END_TRANSACTION, ext={
+        "producerGroup": group, "tranStateTableOffset": str(half_queue_offset),
+        "commitLogOffset": str(half_phy), "commitOrRollback": str(state),
+        "fromTransactionCheck": str(from_check).lower(), "msgId": msg_id,
+        "transactionId": msg_id})
+
+
+def heartbeat(client_id: str, producer_groups=(), consumers: list[dict] | None = None) -> RemotingCommand:
+    """HEART_BEAT with producer groups and consumer data (reference §4.2)."""
+    body = {"clientID": client_id,
+            "producerDataSet": [{"groupName": g} for g in producer_groups],
+            "consumerDataSet": consumers or []}
+    return RemotingCommand(RequestCode.HEART_BEAT, body=orjson.dumps(body))

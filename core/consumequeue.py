@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _kernels as K
 from .files import FileLayer, Handle
-from .layout import CQ_UNIT_BYTES, offset_to_file_name
+from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, offset_to_file_name
 
 # A tag filter that matches everything ("*").
 ALL_TAGS = np.zeros(0, dtype=np.int64)
@@ -114,6 +114,17 @@ class ConsumeQueues:
         u = cq[rel * CQ_UNIT_BYTES:(rel + 1) * CQ_UNIT_BYTES].view(np.uint8)
         rec = np.frombuffer(u.tobytes(), dtype=[("p", ">i8"), ("s", ">i4"), ("t", ">i8")])[0]
         return int(rec["p"]), int(rec["s"]), int(rec["t"])
+
+    def units(self, topic: str, queue_id: int, offset: int, count: int) -> np.ndarray | None:
+        """A copy of up to ``count`` units from ``offset``, within one file, as
+        a ``CQ_UNIT_DTYPE`` array; None if the file is missing."""
+        fi, rel = divmod(offset, self.units_per_file)
+        cq = self.mapped(topic, queue_id, fi, create=False)
+        if cq is None:
+            return None
+        n = min(count, self.units_per_file - rel)
+        raw = cq[rel * CQ_UNIT_BYTES:(rel + n) * CQ_UNIT_BYTES]
+        return np.frombuffer(raw.tobytes(), dtype=CQ_UNIT_DTYPE)
 
     def scan(self, topic: str, queue_id: int, offset: int, units_max: int, codes: np.ndarray,
              max_msgs: int, max_bytes: int, out_phy: np.ndarray, out_size: np.ndarray):

@@ -185,6 +185,24 @@ def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_l
                         tags_codes=codes, store_timestamp=ts, single_queue=single)
 
 
+def concat_batches(batches: list[EncodedBatch]) -> EncodedBatch:
+    """One batch of the records of several, all for one topic and queue
+    (they are appended together: all or none)."""
+    if len(batches) == 1:
+        return batches[0]
+    first = batches[0]
+    if any(b.topic != first.topic or b.queue_id != first.queue_id or not b.single_queue
+           for b in batches):
+        raise ValueError("concat_batches: the batches go to different queues")
+    starts = np.cumsum([0] + [b.nbytes for b in batches[:-1]])
+    return EncodedBatch(
+        topic=first.topic, buf=np.concatenate([b.buf for b in batches]),
+        rec_pos=np.concatenate([b.rec_pos + s for b, s in zip(batches, starts)]),
+        sizes=np.concatenate([b.sizes for b in batches]), queue_id=first.queue_id,
+        tags_codes=np.concatenate([b.tags_codes for b in batches]),
+        store_timestamp=max(b.store_timestamp for b in batches), single_queue=True)
+
+
 def _encode_general(n, values, body_buf, body_off, body_len, props_buf, props_off, props_len,
                     topic_arr, born_row, store_row, host_flags, ts):
     """Every setting per message (the meta matrix of ``_kernels.encode_batch``)."""

@@ -36,7 +36,7 @@ from .commitlog import CommitLog
 from .config import StoreConfig
 from .consumequeue import ALL_TAGS, ConsumeQueues
 from .files import REAL_FILES, FileLayer
-from .layout import CQ_UNIT_BYTES, END_FILE_MIN_BLANK_BYTES
+from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, END_FILE_MIN_BLANK_BYTES
 from .checkpoint import Checkpoint, abort_path
 from .records import EncodedBatch, StoredMessage, decode
 from .recovery import Recovered, RecoveryReport, recover
@@ -88,6 +88,7 @@ class GetResult:
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_NO_UNITS = np.zeros(0, dtype=CQ_UNIT_DTYPE)
 
 
 class MessageStore:
@@ -269,6 +270,18 @@ class MessageStore:
         if not phys.shape[0]:
             return result(GetMessageStatus.NO_MATCHED_MESSAGE, offset + scanned)
         return result(GetMessageStatus.FOUND, offset + scanned, phys, sizes)
+
+    def queue_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> np.ndarray:
+        """The published ConsumeQueue units from ``offset`` (at most
+        ``max_units``, within one file) as a ``CQ_UNIT_DTYPE`` array: the
+        background services read delivery times from the tags codes of
+        their internal queues this way, without touching the CommitLog."""
+        mx = self.max_offset(topic, queue_id)
+        offset = max(offset, self.min_offset(topic, queue_id))
+        if offset >= mx:
+            return _NO_UNITS
+        got = self.cqs.units(topic, queue_id, offset, min(max_units, mx - offset))
+        return _NO_UNITS if got is None else got
 
     def release_deleted(self) -> None:
         """Close this process's handles on files retention has deleted, so

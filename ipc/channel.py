@@ -71,24 +71,34 @@ class RemotingClient:
                 return self.replies.pop(next(iter(self.replies)))
             if opaque is not None and opaque in self.replies:
                 return self.replies.pop(opaque)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RemotingTimeout(f"no reply from {self.addr} within {timeout} s")
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(_RECV_BYTES)
-            except socket.timeout:
-                continue
-            finally:
-                self.sock.settimeout(None)
-            if not data:
-                raise ConnectionError(f"{self.addr} closed the connection")
-            self.decoder.receive_data(data)
-            while (cmd := self.decoder.next_command()) is not None:
-                if cmd.is_response:
-                    self.replies[cmd.opaque] = cmd
-                else:
-                    self.requests.append(cmd)
+            self._receive(deadline, f"no reply from {self.addr} within {timeout} s")
+
+    def next_request(self, timeout: float = 5.0) -> RemotingCommand:
+        """The next request the broker sent us (CHECK_TRANSACTION_STATE, …)."""
+        deadline = time.monotonic() + timeout
+        while not self.requests:
+            self._receive(deadline, f"no request from {self.addr} within {timeout} s")
+        return self.requests.popleft()
+
+    def _receive(self, deadline: float, timeout_message: str) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RemotingTimeout(timeout_message)
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(_RECV_BYTES)
+        except socket.timeout:
+            return
+        finally:
+            self.sock.settimeout(None)
+        if not data:
+            raise ConnectionError(f"{self.addr} closed the connection")
+        self.decoder.receive_data(data)
+        while (cmd := self.decoder.next_command()) is not None:
+            if cmd.is_response:
+                self.replies[cmd.opaque] = cmd
+            else:
+                self.requests.append(cmd)
 
     def invoke(self, cmd: RemotingCommand, timeout: float = 5.0) -> RemotingCommand:
         return self.recv(self.send(cmd), timeout)
