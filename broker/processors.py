@@ -28,14 +28,15 @@ from shmq.core.layout import (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_NO
                               properties_to_string, string_to_properties)
 from shmq.core.records import CorruptRecord, decode, encode_arrays, split_batch_body
 from shmq.core.state import StoreFullError
-from shmq.core.store import GetMessageStatus, MessageStore
+from shmq.core.store import GetMessageStatus, GetResult, MessageStore
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.codes import not_supported_remark
 from shmq.ipc.control import WANT_CLIENTS, WANT_FLUSH, WANT_PUBLISH, ControlBlock
 from shmq.ipc.remoting import FLAG_ONEWAY, JSON, VERSION_4_9_7, RemotingCommand, encode_head
 
-from .config import BrokerConfig
+from .config import BrokerConfig, parse_conf
+from .sql92 import FilterSyntaxError, Sql92Filter, compile_sql92
 from .reactor import Connection, FileRange, Reactor
 from .registry import LOCK_LEASE_MS, Registry, consumer_key, lock_key, post_notice
 from .delivery import (DELAY, ORIGIN_MESSAGE_ID, PGROUP, RETRY_TOPIC, UNIQ_KEY, BadRequest,
@@ -63,6 +64,7 @@ PULL_STATUS_CODE = {
     GetMessageStatus.OFFSET_OVERFLOW_BADLY: R.PULL_OFFSET_MOVED,
     GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
 }
+SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
 QUERY_SCAN_MAX = 50_000     # messages a QUERY_MESSAGE scans at most (no IndexFile yet)
 SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 
@@ -105,14 +107,26 @@ class Subscription:
     codes: np.ndarray          # sorted tag codes; empty = every message
     version: int
     expression_type: str
+    sql: Sql92Filter | None = None
+    error: BadRequest | None = None    # a registered expression the broker cannot use
 
 
 def parse_subscription(topic: str, sub: str | None, expression_type: str | None = None,
-                       version: int = 0) -> Subscription:
-    """FilterAPI.buildSubscriptionData for TAG expressions: '*'/empty = all,
-    else tags split on '||'; codes are Java String.hashCode of each tag."""
+                       version: int = 0, sql_enabled: bool = False) -> Subscription:
+    """FilterAPI.buildSubscriptionData: TAG expressions ('*'/empty = all, else
+    tags split on '||'; codes are Java String.hashCode of each tag) or SQL92
+    expressions over the message properties (enablePropertyFilter)."""
     etype = (expression_type or "TAG").upper()
     s = (sub or "").strip()
+    if etype == "SQL92":
+        if not sql_enabled:
+            raise BadRequest(R.SYSTEM_ERROR, "The broker does not support consumer to filter "
+                                             "message by SQL92")
+        try:
+            return Subscription(topic, s, ALL_TAGS, version, etype, compile_sql92(s))
+        except FilterSyntaxError as e:
+            raise BadRequest(R.SUBSCRIPTION_PARSE_FAILED,
+                             f"parse the consumer's subscription[{sub}] failed: {e}") from None
     if etype != "TAG":
         raise BadRequest(R.SYSTEM_ERROR, "The broker does not support consumer to filter "
                                          "message by " + etype)
@@ -197,6 +211,9 @@ class Processors:
             RC.CONSUMER_SEND_MSG_BACK: self.send_back,
             RC.END_TRANSACTION: self.end_transaction,
             RC.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
+            RC.UPDATE_BROKER_CONFIG: self.update_broker_config,
+            RC.CHECK_CLIENT_CONFIG: self.check_client_config,
+            RC.GET_BROKER_CONFIG: self.get_broker_config,
         }
 
     # ---------------------------------------------------------------- dispatch
@@ -243,7 +260,7 @@ class Processors:
 
     # -------------------------------------------------------------------- send
     def _topic_for_send(self, h: Header, topic: str) -> dict:
-        if not self.config.brokerPermission & PERM_WRITE:
+        if not self.tables.broker_permission() & PERM_WRITE:
             raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
                                               f"message is forbidden")
         err = topic_error(topic)
@@ -405,7 +422,7 @@ class Processors:
         qid, offset = h.int("queueId"), h.int("queueOffset")
         max_msgs = h.int("maxMsgNums")
         sysflag = h.int("sysFlag")
-        if not self.config.brokerPermission & PERM_READ:
+        if not self.tables.broker_permission() & PERM_READ:
             raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] pulling "
                                               f"message is forbidden")
         if self.tables.group(group, self.config.autoCreateSubscriptionGroup) is None:
@@ -419,18 +436,24 @@ class Processors:
         if not 0 <= qid < int(tc["readQueueNums"]):
             raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
                                              f"topicConfig.readQueueNums:[{tc['readQueueNums']}]")
+        c = self.config
         if sysflag & PULL_SUBSCRIPTION and h.str("subscription", required=False) is not None:
-            sub = parse_subscription(topic, h.str("subscription"), h.str("expressionType", "TAG"))
+            sub = parse_subscription(topic, h.str("subscription"), h.str("expressionType", "TAG"),
+                                     sql_enabled=c.enablePropertyFilter)
         else:
             sub = self.subs.get((group, topic))
             if sub is None:   # not registered with this worker: serve all, clients re-filter
                 sub = parse_subscription(topic, "*")
+        if sub.error is not None:
+            raise sub.error
         if allow_suspend and sysflag & PULL_COMMIT_OFFSET:
             self.registry.commit_offset(topic, group, qid, h.int("commitOffset"))
-        c = self.config
         r = self.store.get_message(topic, qid, offset,
                                    max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
                                    sub.codes, c.maxTransferBytesOnMessageInMemory)
+        if sub.sql is not None and (c.filterSupportRetry
+                                    or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
+            r = self._sql_filtered(r, sub.sql, topic, qid, max_msgs)
         st = r.status
         if st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
             code = R.PULL_OFFSET_MOVED if offset != 0 else R.PULL_NOT_FOUND
@@ -450,6 +473,32 @@ class Processors:
             self.respond(conn, cmd, reply, self._body_parts(r.phys, r.sizes))
         else:
             self.respond(conn, cmd, reply)
+
+    def _sql_filtered(self, r: GetResult, sql: Sql92Filter, topic: str, qid: int,
+                      max_msgs: int) -> GetResult:
+        """Keep the records whose properties match ``sql``, reading on while
+        none did (up to SQL_SCAN_ROUNDS reads), as RocketMQ's getMessage
+        filters by CommitLog after the ConsumeQueue."""
+        c = self.config
+        for _ in range(SQL_SCAN_ROUNDS):
+            if r.status is not GetMessageStatus.FOUND:
+                return r
+            keep = [i for i, (p, n) in enumerate(zip(r.phys.tolist(), r.sizes.tolist()))
+                    if sql.matches(self._properties(p, n))]
+            if keep:
+                return GetResult(r.status, r.next_offset, r.min_offset, r.max_offset,
+                                 r.phys[keep], r.sizes[keep])
+            if r.next_offset >= r.max_offset:
+                break
+            r = self.store.get_message(topic, qid, r.next_offset,
+                                       max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
+                                       ALL_TAGS, c.maxTransferBytesOnMessageInMemory)
+        return GetResult(GetMessageStatus.NO_MATCHED_MESSAGE, r.next_offset, r.min_offset,
+                         r.max_offset, r.phys[:0], r.sizes[:0])
+
+    def _properties(self, phy: int, size: int) -> dict[str, str]:
+        raw = self.store.record_view(phy, size)
+        return decode(raw, 0, check_crc=False).properties
 
     def _body_parts(self, phys: np.ndarray, sizes: np.ndarray) -> list:
         """The records as few ranges as possible (adjacent ones joined): big
@@ -616,9 +665,13 @@ class Processors:
                     etype = sd.get("expressionType") or "TAG"
                     try:
                         self.subs[(g, topic)] = parse_subscription(
-                            topic, sd.get("subString"), etype, int(sd.get("subVersion") or 0))
-                    except BadRequest:
-                        self.subs.pop((g, topic), None)   # SQL92: issue 4; serve all meanwhile
+                            topic, sd.get("subString"), etype, int(sd.get("subVersion") or 0),
+                            self.config.enablePropertyFilter)
+                    except BadRequest as e:   # its pulls get the error
+                        log.warning("%s: group %s cannot subscribe %s: %s", conn.peer, g, topic,
+                                    e.remark)
+                        self.subs[(g, topic)] = Subscription(topic, str(sd.get("subString")),
+                                                             ALL_TAGS, 0, etype, error=e)
             key = consumer_key(g, cid)
             t = self.registry.consumers
             new = t.find(key) < 0
@@ -697,6 +750,16 @@ class Processors:
                 for conn in conns.values():
                     conn.send(head)
             self.notified[g] = now
+
+    def check_client_config(self, conn, cmd) -> None:
+        """CHECK_CLIENT_CONFIG: a Java consumer asks, at subscribe, whether the
+        broker can apply its filter; a bad SQL92 expression is refused here."""
+        sd = self._json_body(cmd).get("subscriptionData")
+        if not isinstance(sd, dict):
+            raise BadRequest(R.SYSTEM_ERROR, "the body has no subscriptionData")
+        parse_subscription(str(sd.get("topic")), sd.get("subString"), sd.get("expressionType"),
+                           sql_enabled=self.config.enablePropertyFilter)
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
 
     def consumer_list(self, conn, cmd) -> None:
         g = Header(cmd.ext).str("consumerGroup")
@@ -823,7 +886,7 @@ class Processors:
         (SendMessageProcessor.asyncConsumerSendMsgBack)."""
         h = Header(cmd.ext)
         group, phy, delay = h.str("group"), h.int("offset"), h.int("delayLevel")
-        if not self.config.brokerPermission & PERM_WRITE:
+        if not self.tables.broker_permission() & PERM_WRITE:
             raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
                                               f"message is forbidden")
         gc = self.tables.group(group, self.config.autoCreateSubscriptionGroup)
@@ -876,7 +939,7 @@ class Processors:
             return                       # "unknown": RocketMQ answers nothing and waits for the check
         if kind not in (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK):
             raise BadRequest(R.SYSTEM_ERROR, f"commitOrRollback={kind}: want 8 (commit) or 12 (rollback)")
-        if not self.config.brokerPermission & PERM_WRITE:
+        if not self.tables.broker_permission() & PERM_WRITE:
             raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
                                               f"message is forbidden")
         m = stored(self.store, phy)
@@ -992,6 +1055,32 @@ class Processors:
     def all_topic_config(self, conn, cmd) -> None:
         self.reply_json(conn, cmd, {"topicConfigTable": self.tables.topics.current(),
                                     "dataVersion": self.tables.topics.data_version()})
+
+    def update_broker_config(self, conn, cmd) -> None:
+        """UPDATE_BROKER_CONFIG: a properties body (key=value lines). Every
+        key is checked and kept in config/brokerConfig.json (applied at the
+        next start); brokerPermission applies at once (wipe write permission
+        to drain a broker before a restart)."""
+        try:
+            values = parse_conf(bytes(cmd.body).decode("utf-8"), "the request body")
+            BrokerConfig.from_strings({**self.tables.broker.current(), **values})
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(R.SYSTEM_ERROR, f"update broker config failed: {e}") from None
+        known = {name for name, _, _ in self.config.describe()}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise BadRequest(R.SYSTEM_ERROR, f"update broker config failed: unknown settings "
+                                             f"{', '.join(unknown)}")
+        self.tables.broker.update(values)
+        log.info("broker config updated: %s", values)
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def get_broker_config(self, conn, cmd) -> None:
+        runtime = self.tables.broker.current()
+        lines = [f"{name}={runtime.get(name, value)}" for name, value, _ in self.config.describe()]
+        reply = cmd.reply(R.SUCCESS, body="\n".join(lines).encode() + b"\n",
+                          ext={"version": orjson.dumps(self.tables.broker.data_version()).decode()})
+        self.respond(conn, cmd, reply)
 
     def runtime_info(self, conn, cmd) -> None:
         st = self.store.state

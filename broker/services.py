@@ -118,10 +118,20 @@ class Services:
     def register_all(self) -> None:
         c = self.config
         topics = self.tables.topics.current()
+        perm = self.tables.broker_permission()
+        if perm & 6 != 6:    # a read-only (drained) broker: routes say so (registerBrokerAll)
+            topics = {k: {**v, "perm": v["perm"] & perm} for k, v in topics.items()}
         self._call_all(lambda: register_broker_request(
             cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
             broker_id=c.brokerId, topic_configs=topics,
-            data_version=self.tables.topics.data_version(), ha_addr=""))
+            data_version=self._data_version(), ha_addr=""))
+
+    def _data_version(self) -> dict:
+        """The topics' data version, moved by broker config changes too (a
+        NameServer takes the topics of a registration only if it moved)."""
+        t, b = self.tables.topics.data_version(), self.tables.broker.data_version()
+        return {"timestamp": max(t["timestamp"], b["timestamp"]),
+                "counter": t["counter"] + b["counter"]}
 
     def unregister_all(self) -> None:
         c = self.config

@@ -124,6 +124,14 @@ class Tables:
         self.groups = _Table(root, "subscriptionGroup.json", "subscriptionGroupTable", state,
                              self.lock)
         self.topics.on_change = on_change
+        # UPDATE_BROKER_CONFIG's changes, kept across restarts (RocketMQ
+        # persists them too); brokerPermission applies at once everywhere
+        self.broker = _Table(root, "brokerConfig.json", "brokerConfigTable", state, self.lock)
+        self.broker.on_change = on_change
+
+    def broker_permission(self) -> int:
+        v = self.broker.current().get("brokerPermission")
+        return int(v) if v is not None else self.config.brokerPermission
 
     def ensure_system_topics(self) -> None:
         """The topics a RocketMQ broker creates at start (TopicConfigManager)."""

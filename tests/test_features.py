@@ -7,7 +7,9 @@ every 300 ms) so that each test waits about a second, not minutes.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import threading
 import time
 
 import orjson
@@ -23,7 +25,8 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
 
 FAST = dict(messageDelayLevel=" ".join(["1s"] * 18), transactionTimeOut=300,
-            transactionCheckInterval=300, transactionCheckMax=3, timerPrecisionMs=100)
+            transactionCheckInterval=300, transactionCheckMax=3, timerPrecisionMs=100,
+            enablePropertyFilter="true")
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +210,191 @@ def test_unresolved_half_is_checked_with_its_producer_then_rolled_back(broker, r
         late = producer.invoke(end_transaction(group, q2, p2, COMMIT, "TXO"))
         assert late.code == R.SUCCESS
         assert [m.body for m in pull(producer, topic)] == [b"ask-me"]   # resolved already
+
+
+def all_messages(c, topic, queues, group="g"):
+    out = []
+    for qid in range(queues):
+        off = 0
+        while True:
+            r = c.invoke(pull_message(topic, qid, off, group=group, max_msgs=32))
+            if r.code != R.SUCCESS:
+                break
+            out += decode_records(r.body)
+            off = int(r.ext["nextBeginOffset"])
+    return out
+
+
+def test_kill_9_of_the_services_process_neither_loses_nor_repeats_delayed_messages(broker, request):
+    topic, n = topic_name(request), 3000
+    rng = random.Random(4)
+    with RemotingClient(broker.addr) as c:
+        make_topic(c, topic, 4)
+
+        def produce():
+            with RemotingClient(broker.addr) as p:
+                for start in range(0, n, 100):
+                    ids = p.send_many([send_message(topic, f"m{i}".encode(), queue_id=i % 4,
+                                                    props={"DELAY": "1", "UNIQ_KEY": f"K{i}"})
+                                       for i in range(start, start + 100)])
+                    for o in ids:
+                        assert p.recv(o).code == R.SUCCESS
+                    time.sleep(0.05)
+
+        sender = threading.Thread(target=produce)
+        sender.start()
+        kills = 0
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.3, 1.0))
+            pid = broker.children().get("shmq-services")
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                kills += 1
+        sender.join()
+        assert kills >= 3
+        deadline = time.monotonic() + 30
+        got = []
+        while time.monotonic() < deadline and len(got) < n:
+            time.sleep(0.5)
+            got = all_messages(c, topic, 4)
+        time.sleep(1.5)
+        got = all_messages(c, topic, 4)
+        keys = [m.properties["UNIQ_KEY"] for m in got]
+        assert len(keys) == n and set(keys) == {f"K{i}" for i in range(n)}
+
+
+# ------------------------------------------------------------ reset by time
+def consumer_data(group, topic):
+    return {"groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+            "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+            "subscriptionDataSet": [{"topic": topic, "subString": "*", "tagsSet": [],
+                                     "codeSet": [], "subVersion": 1, "expressionType": "TAG",
+                                     "classFilterMode": False}]}
+
+
+def reset_request(topic, group, ts, force=True):
+    return RemotingCommand(RC.INVOKE_BROKER_TO_RESET_OFFSET, ext={
+        "topic": topic, "group": group, "timestamp": str(ts), "isForce": str(force).lower()})
+
+
+def test_reset_offsets_by_time_moves_the_group_and_tells_its_consumers(broker, request):
+    topic, group = topic_name(request), "G_reset"
+    with RemotingClient(broker.addr) as admin, RemotingClient(f"unix:{broker.unix}") as consumer:
+        make_topic(admin, topic, 2)
+        for i in range(3):
+            send(admin, topic, f"early{i}".encode(), queue_id=i % 2)
+        time.sleep(0.05)
+        cut = int(time.time() * 1000)
+        time.sleep(0.05)
+        for i in range(3):
+            send(admin, topic, f"late{i}".encode(), queue_id=i % 2)
+        hb = heartbeat("cid-reset", consumers=[consumer_data(group, topic)])
+        assert consumer.invoke(hb).code == R.SUCCESS
+        for qid in (0, 1):
+            upd = RemotingCommand(RC.UPDATE_CONSUMER_OFFSET, ext={
+                "consumerGroup": group, "topic": topic, "queueId": str(qid), "commitOffset": "3"})
+            assert admin.invoke(upd).code == R.SUCCESS
+        r = admin.invoke(reset_request(topic, group, cut))
+        assert r.code == R.SUCCESS, r.remark
+        assert b'"queueId":0,"topic":"' in r.body and b"}:2" in r.body and b"}:1" in r.body
+        note = consumer.next_request(timeout=5)
+        assert note.code == RC.RESET_CONSUMER_CLIENT_OFFSET
+        assert (note.ext["topic"], note.ext["group"], note.ext["timestamp"]) == (topic, group, str(cut))
+        assert b"}:2" in note.body and b"}:1" in note.body
+        for qid, want in ((0, 2), (1, 1)):
+            q = admin.invoke(RemotingCommand(RC.QUERY_CONSUMER_OFFSET, ext={
+                "consumerGroup": group, "topic": topic, "queueId": str(qid)}))
+            assert q.ext["offset"] == str(want)
+        # -1 = the end; an unknown topic is an error naming it
+        assert admin.invoke(reset_request(topic, group, -1)).code == R.SUCCESS
+        q = admin.invoke(RemotingCommand(RC.QUERY_CONSUMER_OFFSET, ext={
+            "consumerGroup": group, "topic": topic, "queueId": "0"}))
+        assert q.ext["offset"] == "4"
+        r = admin.invoke(reset_request("NoSuchTopic", group, cut))
+        assert r.code == R.TOPIC_NOT_EXIST and "NoSuchTopic" in r.remark
+
+
+# ------------------------------------------------------------------- SQL92
+def sql_pull(c, topic, expr, offset=0):
+    cmd = pull_message(topic, 0, offset, group="gsql", max_msgs=32, subscription=expr)
+    cmd.ext["expressionType"] = "SQL92"
+    return c.invoke(cmd)
+
+
+def test_sql92_filter_on_user_properties(client, request):
+    topic = topic_name(request)
+    make_topic(client, topic)
+    for i in range(40):
+        send(client, topic, f"m{i}".encode(), tags="even" if i % 2 == 0 else "odd",
+             props={"a": str(i), "region": "eu" if i < 20 else "us"})
+    r = sql_pull(client, topic, "a BETWEEN 10 AND 14 AND region = 'eu' OR a IN ('39')")
+    assert r.code == R.SUCCESS, r.remark
+    assert [m.body for m in decode_records(r.body)] == [b"m10", b"m11", b"m12", b"m13", b"m14"]
+    r = sql_pull(client, topic, "a > 36 AND TAGS = 'odd'", offset=0)
+    got = []
+    while r.code in (R.SUCCESS, R.PULL_RETRY_IMMEDIATELY) and len(got) < 2:
+        got += [m.body for m in decode_records(r.body)] if r.code == R.SUCCESS else []
+        r = sql_pull(client, topic, "a > 36 AND TAGS = 'odd'", int(r.ext["nextBeginOffset"]))
+    assert got == [b"m37", b"m39"]
+    r = sql_pull(client, topic, "nothere IS NULL AND NOT (region <> 'us')")
+    assert decode_records(r.body)[0].body == b"m20"
+
+
+def test_a_bad_sql92_expression_is_refused_at_subscribe_and_pull(client, request):
+    topic = topic_name(request)
+    make_topic(client, topic)
+    r = sql_pull(client, topic, "a > ")
+    assert r.code == R.SUBSCRIPTION_PARSE_FAILED and "a > " in r.remark
+    body = orjson.dumps({"clientId": "c1", "group": "gsql", "subscriptionData": {
+        "topic": topic, "subString": "a = 'x", "expressionType": "SQL92"}})
+    r = client.invoke(RemotingCommand(RC.CHECK_CLIENT_CONFIG, body=body))
+    assert r.code == R.SUBSCRIPTION_PARSE_FAILED and "a = 'x" in r.remark
+    ok = orjson.dumps({"clientId": "c1", "group": "gsql", "subscriptionData": {
+        "topic": topic, "subString": "a = 'x'", "expressionType": "SQL92"}})
+    assert client.invoke(RemotingCommand(RC.CHECK_CLIENT_CONFIG, body=ok)).code == R.SUCCESS
+
+
+# ------------------------------------------------------------- permissions
+def broker_config(c, **values):
+    body = "".join(f"{k}={v}\n" for k, v in values.items()).encode()
+    return c.invoke(RemotingCommand(RC.UPDATE_BROKER_CONFIG, body=body))
+
+
+def route_perm(broker, topic):
+    with RemotingClient(broker.namesrv) as ns:
+        r = ns.invoke(RemotingCommand(RC.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}))
+        return orjson.loads(r.body)["queueDatas"][0]["perm"] if r.code == R.SUCCESS else None
+
+
+def test_topic_perm_and_a_drained_broker_answer_no_permission(broker, client, request):
+    topic = topic_name(request)
+    make_topic(client, topic + "_ro", perm=4)
+    make_topic(client, topic + "_wo", perm=2)
+    r = client.invoke(send_message(topic + "_ro", b"x", queue_id=0))
+    assert r.code == R.NO_PERMISSION and "forbidden" in r.remark
+    send(client, topic + "_wo", b"x")
+    r = client.invoke(pull_message(topic + "_wo", 0, 0))
+    assert r.code == R.NO_PERMISSION
+    make_topic(client, topic)
+    send(client, topic, b"before")
+    try:
+        assert broker_config(client, brokerPermission=4).code == R.SUCCESS
+        r = client.invoke(send_message(topic, b"drained", queue_id=0))
+        assert r.code == R.NO_PERMISSION and "broker-a" in r.remark
+        with RemotingClient(f"unix:{broker.unix}") as other:      # every worker sees it
+            assert other.invoke(send_message(topic, b"x", queue_id=0)).code == R.NO_PERMISSION
+        assert [m.body for m in pull(client, topic)] == [b"before"]   # still readable
+        deadline = time.monotonic() + 5
+        while route_perm(broker, topic) != 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert route_perm(broker, topic) == 4      # producers routed elsewhere
+        cfg = client.invoke(RemotingCommand(RC.GET_BROKER_CONFIG)).body.decode()
+        assert "brokerPermission=4" in cfg.splitlines()
+        bad = broker_config(client, brokerPermission="rw")
+        assert bad.code == R.SYSTEM_ERROR and "brokerPermission" in bad.remark
+        bad = broker_config(client, noSuchSetting=1)
+        assert bad.code == R.SYSTEM_ERROR and "noSuchSetting" in bad.remark
+    finally:
+        assert broker_config(client, brokerPermission=6).code == R.SUCCESS
+    send(client, topic, b"after")

@@ -1,0 +1,110 @@
+"""The services process's re-posts, exactly once: a kill at any point of
+``Reposter.put`` is finished or redone on restart, never doubled or lost.
+
+In-process, on a real store: the "kill" is a put that stops after one of its
+steps (its note written; its append done; its cursor moved), followed by a
+fresh ``Reposter.recover`` as a restarted process would run it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from shmq.broker.delivery import (DELAY_CURSOR, NOTE_SET, Progress, Reposter, restore_real,
+                                  route_send)
+from shmq.broker.schedule import DelayService
+from shmq.broker.topics import SCHEDULE_TOPIC
+from shmq.core.config import StoreConfig
+from shmq.core.records import encode, properties_bytes
+from shmq.core.store import open_local
+
+LEVELS = (1000, 2000)
+HOST = ("127.0.0.1", 10911)
+
+
+@pytest.fixture
+def store(tmp_path):
+    (tmp_path / "config").mkdir()
+    s, _ = open_local(StoreConfig(storePathRootDir=str(tmp_path), mappedFileSizeCommitLog=1 << 20, maxMessageSize=65536))
+    yield s
+    s.close()
+
+
+def park(store, n, now=1_000):
+    """n messages sent with DELAY=1 at ``now`` (due at now + 1 s)."""
+    for i in range(n):
+        r = route_send("Real", 0, 0, f"DELAY\x011\x02UNIQ_KEY\x01U{i}", now_ms=now,
+                       delay_levels=LEVELS, timer_enable=True, timer_max_delay_ms=10**9,
+                       reject_transactions=False)
+        b = encode(r.topic, [f"m{i}".encode()], properties=r.properties.encode(),
+                   queue_ids=r.queue_id)
+        b.tags_codes[:] = r.tags_code
+        store.append(b)
+
+
+def delivered(store):
+    return [m.properties["UNIQ_KEY"] for m in store.read_queue("Real", 0)]
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stop_after", ["note", "append", "cursor"])
+def test_a_put_killed_after_any_step_is_finished_or_redone_once(store, stop_after):
+    park(store, 5)
+    p = Progress(store.root)
+    r = Reposter(store, p)
+    real_append, real_set = store.append, Progress.__setitem__
+
+    def append(batch):
+        if stop_after == "note":
+            raise Killed
+        res = real_append(batch)
+        if stop_after == "append":
+            raise Killed
+        return res
+
+    def setitem(self, i, v):
+        real_set(self, i, v)
+        if stop_after == "cursor" and i == DELAY_CURSOR + 1:
+            raise Killed
+
+    store.append = append
+    Progress.__setitem__ = setitem
+    try:
+        with pytest.raises(Killed):
+            DelayService(store, p, r, LEVELS, HOST, store.root).step(now_ms=10_000)
+    finally:
+        store.append = real_append
+        Progress.__setitem__ = real_set
+    assert p[NOTE_SET] == 1
+    p2 = Progress(store.root)                      # the restarted process
+    r2 = Reposter(store, p2)
+    assert r2.recover() == ("redo" if stop_after == "note" else "finished")
+    DelayService(store, p2, r2, LEVELS, HOST, store.root).step(now_ms=10_000)
+    assert delivered(store) == [f"U{i}" for i in range(5)]
+    assert p2[DELAY_CURSOR + 1] == 5
+
+
+def test_only_due_messages_move_and_the_cursor_survives_a_restart(store):
+    park(store, 3, now=1_000)
+    park(store, 2, now=5_000)
+    p = Progress(store.root)
+    svc = DelayService(store, p, Reposter(store, p), LEVELS, HOST, store.root)
+    assert svc.step(now_ms=2_500) == 3
+    assert svc.next_due_ms() == 6_000
+    p2 = Progress(store.root)
+    svc2 = DelayService(store, p2, Reposter(store, p2), LEVELS, HOST, store.root)
+    assert svc2.step(now_ms=2_600) == 0
+    assert svc2.step(now_ms=6_000) == 2
+    assert delivered(store) == ["U0", "U1", "U2", "U0", "U1"]
+    m = store.read_queue("Real", 0)[0]
+    assert m.properties["REAL_TOPIC"] == "Real" and "DELAY" not in m.properties
+    assert store.max_offset(SCHEDULE_TOPIC, 0) == 5
+
+
+def test_restore_real_keeps_what_the_producer_set(store):
+    park(store, 1)
+    parked = store.read_queue(SCHEDULE_TOPIC, 0)[0]
+    b = restore_real(parked, HOST)
+    assert (b.topic, b.queue_id) == ("Real", 0)
