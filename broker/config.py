@@ -77,8 +77,9 @@ class BrokerConfig:
     flushDelayOffsetInterval: int = 10_000
     # messages with TIMER_DELIVER_MS / TIMER_DELAY_MS / TIMER_DELAY_SEC wait for their time
     timerWheelEnable: bool = True
-    # ms: the timer's slot (a message is delivered at or after its time, within one slot)
-    timerPrecisionMs: int = 1000
+    # ms: the timer's slot: a message is delivered at or after its time, within
+    # about one slot (RocketMQ 5 defaults to 1000)
+    timerPrecisionMs: int = 100
     # s: the longest timer delay accepted (RocketMQ 5 defaults to 3 days; shmq to 7)
     timerMaxDelaySec: int = 7 * 86400
     # ms a half message waits before its producer is asked to resolve it

@@ -229,7 +229,7 @@ PROGRESS_SLOTS = 512
 NOTE_SET, NOTE_SRC, NOTE_QNEXT, NOTE_CURSOR, NOTE_VALUE, NOTE_QID, NOTE_TOPIC_LEN = range(7)
 NOTE_TOPIC = 8                       # 16 slots = 128 bytes of topic name
 DELAY_CURSOR = 32                    # + level: next offset of SCHEDULE_TOPIC_XXXX queue level-1
-TIMER_FIRE_SLOT, TIMER_FIRED_IN_SLOT = 128, 129
+TIMER_CURSOR = 128                   # slot << 24 | messages fired in that slot
 TRANS_HALF_CURSOR, TRANS_OP_CURSOR = 136, 137
 
 

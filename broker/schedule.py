@@ -1,4 +1,4 @@
-"""Delay levels: the services process's re-post of due messages.
+"""Delay levels and delivery times: the services process's re-post of due messages.
 
 A message sent with ``DELAY=n`` waits in ``SCHEDULE_TOPIC_XXXX`` queue n − 1,
 its ConsumeQueue tags code the time it is due (store time + level delay).
@@ -12,6 +12,7 @@ is also written to RocketMQ's ``config/delayOffset.json``.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -19,9 +20,11 @@ from shmq.core.checkpoint import load_table, save_table
 from shmq.core.files import REAL_FILES
 from shmq.core.records import concat_batches
 from shmq.core.store import MessageStore
+from shmq.core.timer import TimerWheel
 
-from .delivery import DELAY_CURSOR, REAL_TOPIC, Progress, Reposter, restore_real
-from .topics import SCHEDULE_TOPIC
+from .delivery import (DELAY_CURSOR, REAL_QID, REAL_TOPIC, TIMER_CURSOR, TIMER_DEQUEUE_MS,
+                       TIMER_ENQUEUE_MS, Progress, Reposter, restore_real)
+from .topics import SCHEDULE_TOPIC, TIMER_TOPIC
 
 log = logging.getLogger("shmq.schedule")
 UNITS_PER_READ = 512
@@ -115,3 +118,92 @@ class DelayService:
                 t = int(units["tags_code"][0])
                 best = t if best is None else min(best, t)
         return best
+
+
+FIRED_BITS = 24                       # the timer cursor: slot << 24 | messages fired in it
+FIRED_MASK = (1 << FIRED_BITS) - 1
+
+
+def timer_cursor(slot: int, fired: int) -> int:
+    return slot << FIRED_BITS | fired
+
+
+def timer_restore(m, store_host, now_ms: int | None = None):
+    """A timer message to its real topic and queue (RocketMQ 5's
+    TimerMessageStore.convert): REAL_TOPIC/REAL_QID removed, TIMER_OUT_MS kept
+    (it stops a second timing), the wheel's enqueue and dequeue times added."""
+    now = str(now_ms if now_ms is not None else int(time.time() * 1000))
+    return restore_real(m, store_host, drop=(REAL_TOPIC, REAL_QID),
+                        add={TIMER_ENQUEUE_MS: str(m.store_timestamp), TIMER_DEQUEUE_MS: now})
+
+
+class TimerService:
+    """Arbitrary delivery times: the timer topic's units (tags code = due
+    time) go into a timing wheel (``core.timer``: a persistent log plus an
+    in-memory slot index, O(1) per message); each tick the due slots are
+    re-posted in order. One cursor, ``slot << 24 | fired``, moves with every
+    re-post, so a restart resumes exactly inside a slot."""
+
+    def __init__(self, store: MessageStore, progress: Progress, reposter: Reposter,
+                 precision_ms: int, store_host: tuple[str, int], root: str):
+        self.store = store
+        self.p = progress
+        self.reposter = reposter
+        self.precision = precision_ms
+        self.store_host = store_host
+        self.wheel = TimerWheel(root)
+        cur = self.p[TIMER_CURSOR]
+        self.open_slot, self.open_fired = cur >> FIRED_BITS, cur & FIRED_MASK
+        self.wheel.open(self.open_slot, self.open_fired)
+        if self.wheel.pending:
+            log.info("timer wheel: %s", self.wheel.recovery)
+
+    def close(self) -> None:
+        self.wheel.flush()
+        self.wheel.close()
+
+    def _enqueue(self, fire_slot: int) -> int:
+        n = 0
+        while True:
+            nxt = self.wheel.next_cq_offset
+            if nxt < 0:
+                nxt = self.store.min_offset(TIMER_TOPIC, 0)
+            units = self.store.queue_units(TIMER_TOPIC, 0, nxt, UNITS_PER_READ * 8)
+            if not units.shape[0]:
+                return n
+            due = units["tags_code"].astype(np.int64)
+            slots = -(-due // self.precision)              # ceil: never early
+            self.wheel.add(np.arange(nxt, nxt + units.shape[0], dtype=np.int64),
+                           units["phy_offset"].astype(np.int64), units["size"].astype(np.int64),
+                           slots, fire_slot)
+            n += units.shape[0]
+
+    def step(self, now_ms: int) -> int:
+        cur = self.p[TIMER_CURSOR]
+        slot, fired = cur >> FIRED_BITS, cur & FIRED_MASK
+        self._enqueue(slot)
+        now_slot = now_ms // self.precision
+        done = 0
+        while True:
+            s = self.wheel.next_due_slot()
+            if s is None or s > now_slot:
+                break
+            if s != slot:
+                slot, fired = s, 0
+                self.reposter.advance(TIMER_CURSOR, timer_cursor(slot, 0))
+            phys, _ = self.wheel.slot_entries(s)
+            skip = fired - (self.open_fired if s == self.open_slot else 0)
+            todo = phys[skip:].tolist()
+            done += repost_run(self.store, self.reposter, self.store_host, todo, TIMER_CURSOR,
+                               timer_cursor(s, fired),
+                               lambda m, host: timer_restore(m, host, now_ms))
+            slot, fired = s + 1, 0
+            self.reposter.advance(TIMER_CURSOR, timer_cursor(slot, 0))
+            self.wheel.release(slot)
+        if slot <= now_slot:
+            self.reposter.advance(TIMER_CURSOR, timer_cursor(now_slot + 1, 0))
+            self.wheel.release(now_slot + 1)
+        return done
+
+    def flush(self) -> None:
+        self.wheel.flush()

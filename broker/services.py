@@ -26,7 +26,7 @@ from .config import BrokerConfig
 from .namesrv import register_broker_request, unregister_broker_request
 from .delivery import Progress, Reposter
 from .registry import Registry
-from .schedule import DelayService
+from .schedule import DelayService, TimerService
 from .shared_store import attach, extra_region
 from .topics import Tables
 from .transactions import TransactionService
@@ -60,6 +60,11 @@ class Services:
                                                    wake_slot)
             self.transactions.start()
             self.features = [self.delay, self.transactions]
+            self.timer = None
+            if config.timerWheelEnable:
+                self.timer = TimerService(store, self.progress, self.reposter,
+                                          config.timerPrecisionMs, host, root)
+                self.features.append(self.timer)
         self.next_delay_save = 0.0
         self.registered_epoch = -1
         self.next_register = 0.0
@@ -91,6 +96,8 @@ class Services:
             self.next_expire = now + EXPIRE_EVERY_S
 
     def save_progress(self) -> None:
+        if self.timer is not None:
+            self.timer.flush()
         self.progress.flush()
         self.delay.save()
 
@@ -167,5 +174,7 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
         svc.save_progress()
         svc.unregister_all()
     finally:
+        if svc.timer is not None:
+            svc.timer.close()
         cb.close()
         store.close()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from shmq.broker.delivery import (DELAY_CURSOR, NOTE_SET, Progress, Reposter, restore_real,
-                                  route_send)
-from shmq.broker.schedule import DelayService
+import shmq.broker.schedule as sched
+from shmq.broker.delivery import (DELAY_CURSOR, NOTE_SET, TIMER_CURSOR, Progress, Reposter,
+                                  restore_real, route_send)
+from shmq.broker.schedule import DelayService, TimerService
 from shmq.broker.topics import SCHEDULE_TOPIC
 from shmq.core.config import StoreConfig
 from shmq.core.records import encode, properties_bytes
@@ -108,3 +109,67 @@ def test_restore_real_keeps_what_the_producer_set(store):
     parked = store.read_queue(SCHEDULE_TOPIC, 0)[0]
     b = restore_real(parked, HOST)
     assert (b.topic, b.queue_id) == ("Real", 0)
+
+
+def park_timers(store, n, now, delay_ms):
+    for i in range(n):
+        r = route_send("Real", 0, 0, f"TIMER_DELAY_MS\x01{delay_ms}\x02UNIQ_KEY\x01T{i}",
+                       now_ms=now, delay_levels=LEVELS, timer_enable=True,
+                       timer_max_delay_ms=10**9, reject_transactions=False)
+        b = encode(r.topic, [f"t{i}".encode()], properties=r.properties.encode(),
+                   queue_ids=r.queue_id)
+        if r.tags_code is not None:
+            b.tags_codes[:] = r.tags_code
+        store.append(b)
+
+
+@pytest.mark.parametrize("stop_after", ["note", "append", "cursor"])
+def test_a_timer_slot_killed_mid_way_is_resumed_exactly(store, stop_after):
+    park_timers(store, 6, now=1_000, delay_ms=500)        # all due at 1.5 s: one slot
+    p = Progress(store.root)
+    svc = TimerService(store, p, Reposter(store, p), 100, HOST, store.root)
+    assert svc.step(now_ms=1_200) == 0                      # logged, not due
+    real_append = store.append
+    calls = []
+
+    def append(batch):                                       # the second re-post dies
+        calls.append(1)
+        if len(calls) == 2 and stop_after == "note":
+            raise Killed
+        res = real_append(batch)
+        if len(calls) == 2 and stop_after == "append":
+            raise Killed
+        return res
+
+    real_set = Progress.__setitem__
+
+    def setitem(self, i, v):
+        real_set(self, i, v)
+        if stop_after == "cursor" and i == TIMER_CURSOR and len(calls) == 2:
+            raise Killed
+
+    store.append = append
+    Progress.__setitem__ = setitem
+    batch_max = sched.REPOST_BATCH_MAX
+    sched.REPOST_BATCH_MAX = 3                               # two appends for six messages
+    try:
+        with pytest.raises(Killed):
+            svc.step(now_ms=1_600)
+    finally:
+        store.append = real_append
+        Progress.__setitem__ = real_set
+        sched.REPOST_BATCH_MAX = batch_max
+    svc.close()
+    p2 = Progress(store.root)
+    r2 = Reposter(store, p2)
+    r2.recover()
+    svc2 = TimerService(store, p2, r2, 100, HOST, store.root)
+    svc2.step(now_ms=1_700)
+    got = store.read_queue("Real", 0)
+    assert [m.properties["UNIQ_KEY"] for m in got] == [f"T{i}" for i in range(6)]
+    assert all("REAL_TOPIC" not in m.properties and "TIMER_OUT_MS" in m.properties for m in got)
+    park_timers(store, 2, now=1_700, delay_ms=-5)           # already due: straight through
+    park_timers(store, 1, now=1_700, delay_ms=100_000)
+    svc2.step(now_ms=1_800)
+    assert len(store.read_queue("Real", 0)) == 6 + 2
+    svc2.close()

@@ -225,6 +225,13 @@ def all_messages(c, topic, queues, group="g"):
     return out
 
 
+def delayed(i: int) -> dict:
+    """Half the messages by delay level, half by delivery time."""
+    if i % 2:
+        return {"TIMER_DELAY_MS": str(700 + i % 500), "UNIQ_KEY": f"K{i}"}
+    return {"DELAY": "1", "UNIQ_KEY": f"K{i}"}
+
+
 def test_kill_9_of_the_services_process_neither_loses_nor_repeats_delayed_messages(broker, request):
     topic, n = topic_name(request), 3000
     rng = random.Random(4)
@@ -235,7 +242,7 @@ def test_kill_9_of_the_services_process_neither_loses_nor_repeats_delayed_messag
             with RemotingClient(broker.addr) as p:
                 for start in range(0, n, 100):
                     ids = p.send_many([send_message(topic, f"m{i}".encode(), queue_id=i % 4,
-                                                    props={"DELAY": "1", "UNIQ_KEY": f"K{i}"})
+                                                    props=delayed(i))
                                        for i in range(start, start + 100)])
                     for o in ids:
                         assert p.recv(o).code == R.SUCCESS
