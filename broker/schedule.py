@@ -205,5 +205,9 @@ class TimerService:
             self.wheel.release(now_slot + 1)
         return done
 
+    def next_due_ms(self) -> int | None:
+        s = self.wheel.next_due_slot()
+        return None if s is None else s * self.precision
+
     def flush(self) -> None:
         self.wheel.flush()

@@ -45,6 +45,7 @@ class Services:
         self.wake_clients = wake_clients
         self.store = store
         self.features: list = []
+        self.timer = None
         if store is not None:
             root = config.store.storePathRootDir
             host = (config.brokerIP1, config.listenPort)
@@ -60,7 +61,6 @@ class Services:
                                                    wake_slot)
             self.transactions.start()
             self.features = [self.delay, self.transactions]
-            self.timer = None
             if config.timerWheelEnable:
                 self.timer = TimerService(store, self.progress, self.reposter,
                                           config.timerPrecisionMs, host, root)
@@ -94,6 +94,15 @@ class Services:
             if self.registry.expire_clients():
                 self.wake_clients()
             self.next_expire = now + EXPIRE_EVERY_S
+
+    def sleep_s(self) -> float:
+        """Until the next tick, or sooner if a timer slot falls due first."""
+        if self.timer is None:
+            return TICK_S
+        due = self.timer.next_due_ms()
+        if due is None:
+            return TICK_S
+        return min(TICK_S, max(0.0, due / 1000 - time.time()))
 
     def save_progress(self) -> None:
         if self.timer is not None:
@@ -169,7 +178,7 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
         while not stopping:
             svc.step(time.monotonic())
             cb.heartbeat()
-            cb.wait(TICK_S)
+            cb.wait(svc.sleep_s())
         svc.save_offsets()
         svc.save_progress()
         svc.unregister_all()

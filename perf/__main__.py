@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from perf import (append, broker, net_limits, pull_transfer, recovery, redis_peer, sync_flush,
+from perf import (append, broker, features, net_limits, pull_transfer, recovery, redis_peer, sync_flush,
                   write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
@@ -125,6 +125,10 @@ BENCHES = {
     "broker_consume": broker.run_consume,
     "broker_latency": broker.run_latency,
     "broker_sync_flush": broker.run_sync_flush,
+    "broker_timer": features.run_timer,
+    "broker_timer_burst": features.run_timer_burst,
+    "broker_delay": features.run_delay,
+    "broker_sql_filter": features.run_sql_filter,
 }
 
 

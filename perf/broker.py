@@ -74,15 +74,15 @@ def free_port() -> int:
 class Broker:
     """``python -m shmq.tools broker -c conf``, up until ``stop()``."""
 
-    def __init__(self, ctx, flush: str):
-        root = ctx.sub(f"broker-{flush}")
+    def __init__(self, ctx, flush: str, name: str = "", **extra):
+        root = ctx.sub(f"broker-{name or flush}")
         store = os.path.join(root, "store")
         conf = {"storePathRootDir": store, "listenPort": free_port(),
                 "namesrvListenPort": free_port(), "embeddedNamesrv": "false",
                 "flushDiskType": flush, "workerProcessNums": 2,
-                "mappedFileSizeCommitLog": (256 if ctx.quick else 1024) << 20}
+                "mappedFileSizeCommitLog": (256 if ctx.quick else 1024) << 20, **extra}
         if len(os.path.join(store, "broker.sock")) > 100:       # sun_path is 108 bytes
-            conf["unixSocketPath"] = os.path.join(f"/tmp/shmq-perf-{os.getpid()}-{flush}.sock")
+            conf["unixSocketPath"] = f"/tmp/shmq-perf-{os.getpid()}-{name or flush}.sock"
         self.conf_path = os.path.join(root, "broker.conf")
         with open(self.conf_path, "w") as f:
             f.writelines(f"{k}={v}\n" for k, v in conf.items())
