@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from shmq.core.checkpoint import parse_json_lenient
+from shmq.core.index import IndexService
 from shmq.core.consumequeue import ALL_TAGS
 from shmq.core.layout import (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_NOT,
                               SYSFLAG_TRANSACTION_ROLLBACK, java_string_hash,
@@ -65,7 +66,6 @@ PULL_STATUS_CODE = {
     GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
 }
 SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
-QUERY_SCAN_MAX = 50_000     # messages a QUERY_MESSAGE scans at most (no IndexFile yet)
 SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 
 
@@ -191,6 +191,7 @@ class Processors:
         self.boot_ms = int(time.time() * 1000)
         self.put_count = 0
         self.delay_levels = config.delay_levels_ms
+        self.index: IndexService | None = None      # opened on the first query
         self.handlers = {
             RC.SEND_MESSAGE: self.send, RC.SEND_MESSAGE_V2: self.send,
             RC.SEND_BATCH_MESSAGE: self.send,
@@ -828,43 +829,30 @@ class Processors:
         self.respond(conn, cmd, cmd.reply(R.SUCCESS), [memoryview(raw)])
 
     def query_message(self, conn, cmd) -> None:
-        """Messages of a topic whose KEYS (or UNIQ_KEY) hold ``key``, stored
-        between the two timestamps. Scans the topic's queues from the
-        begin time (at most QUERY_SCAN_MAX messages; an IndexFile comes later)."""
+        """QUERY_MESSAGE: the messages of a topic whose KEYS hold ``key`` (or,
+        with _UNIQUE_KEY_QUERY, whose UNIQ_KEY is it), stored between the two
+        timestamps, found through the IndexFile (IndexService.queryOffset):
+        at most maxNum (defaultQueryMaxNum for a unique key; 64 in any case)."""
         h = Header(cmd.ext)
         topic, key = h.str("topic"), h.str("key")
-        max_num = 32 if h.bool("_UNIQUE_KEY_QUERY") else max(1, h.int("maxNum"))
+        unique = h.bool("_UNIQUE_KEY_QUERY")
+        max_num = self.config.defaultQueryMaxNum if unique else max(1, h.int("maxNum"))
         begin, end = h.int("beginTimestamp"), h.int("endTimestamp")
-        tc = self.tables.topics.get(topic)
-        if tc is None:
-            raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-        found: list = []
-        scanned = 0
-        for qid in range(int(tc["readQueueNums"])):
-            off = self._offset_by_time(topic, qid, begin)
-            mx = self.store.max_offset(topic, qid)
-            while off < mx and len(found) < max_num and scanned < QUERY_SCAN_MAX:
-                r = self.store.get_message(topic, qid, off, 256, max_bytes=1 << 62)
-                if r.status is not GetMessageStatus.FOUND:
-                    break
-                for phy in r.phys.tolist():
-                    scanned += 1
-                    m = self.store.read_message(phy)
-                    if m.store_timestamp > end:
-                        off = mx
-                        break
-                    p = m.properties
-                    if key in p.get("KEYS", "").split(" ") or p.get("UNIQ_KEY") == key:
-                        found.append(self.store.record_view(phy, m.total_size))
-                        if len(found) >= max_num:
-                            break
-                else:
-                    off = r.next_offset
+        if self.index is None:
+            self.index = IndexService(self.config.store, read_only=True)
+        found = []
+        for phy in self.index.query(topic, key, max_num, begin, end):
+            m = stored(self.store, phy)
+            if m is None or m.topic != topic:
+                continue
+            p = m.properties
+            if key in p.get("KEYS", "").split(" ") or p.get("UNIQ_KEY") == key:   # hash collisions
+                found.append(self.store.record_view(phy, m.total_size))
         if not found:
-            raise BadRequest(R.QUERY_NOT_FOUND, f"can not find message, maybe time range not "
-                                                f"correct (scanned {scanned} messages)")
-        reply = cmd.reply(R.SUCCESS, ext={"indexLastUpdateTimestamp": str(self.store.state.get("last_store_ts")),
-                                          "indexLastUpdatePhyoffset": str(self.store.state.write_pos)})
+            raise BadRequest(R.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
+        reply = cmd.reply(R.SUCCESS, ext={
+            "indexLastUpdateTimestamp": str(self.index.last_update_timestamp),
+            "indexLastUpdatePhyoffset": str(self.index.last_update_phy_offset)})
         self.respond(conn, cmd, reply, [memoryview(f) for f in found])
 
     def _offset_by_time(self, topic: str, qid: int, ts: int) -> int:

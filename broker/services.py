@@ -8,7 +8,8 @@
 - expires consumers silent for 120 s (their groups are then re-balanced);
 - re-posts delayed messages when due (``schedule``) and asks producers about
   unresolved transactions (``transactions``), exactly once across its own
-  ``kill -9`` (``delivery.Reposter``).
+  ``kill -9`` (``delivery.Reposter``);
+- builds the IndexFile (query by key and by unique id).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import signal
 import time
 
+from shmq.core.index import IndexService
 from shmq.core.store import MessageStore
 from shmq.ipc.channel import RemotingClient
 from shmq.ipc.codes import ResponseCode
@@ -34,6 +36,16 @@ from .transactions import TransactionService
 log = logging.getLogger("shmq.services")
 TICK_S = 0.1
 EXPIRE_EVERY_S = 10.0
+
+
+class IndexBuilder:
+    """Keeps the IndexFile up with the CommitLog (keys and unique ids)."""
+
+    def __init__(self, index: IndexService, store: MessageStore):
+        self.index, self.store = index, store
+
+    def step(self, now_ms: int) -> int:
+        return self.index.build(self.store)
 
 
 class Services:
@@ -60,7 +72,8 @@ class Services:
             self.transactions = TransactionService(config, store, registry, self.progress, host,
                                                    wake_slot)
             self.transactions.start()
-            self.features = [self.delay, self.transactions]
+            self.index = IndexService(config.store)
+            self.features = [self.delay, self.transactions, IndexBuilder(self.index, store)]
             if config.timerWheelEnable:
                 self.timer = TimerService(store, self.progress, self.reposter,
                                           config.timerPrecisionMs, host, root)
@@ -107,6 +120,8 @@ class Services:
     def save_progress(self) -> None:
         if self.timer is not None:
             self.timer.flush()
+        self.index.flush()
+        self.index.delete_below(self.store.state.get("cl_min_offset"))
         self.progress.flush()
         self.delay.save()
 
@@ -185,5 +200,8 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
     finally:
         if svc.timer is not None:
             svc.timer.close()
+        if store is not None and hasattr(svc, "index"):
+            svc.index.flush()
+            svc.index.close()
         cb.close()
         store.close()

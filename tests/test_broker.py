@@ -246,7 +246,10 @@ def test_view_by_id_and_query_by_key(client, request):
     assert r.code == R.SYSTEM_ERROR
     q = {"topic": topic, "key": "order-1", "maxNum": "32", "beginTimestamp": str(t0),
          "endTimestamp": str(t0 + 3_600_000)}
-    r = client.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext=q))
+    deadline = time.monotonic() + 5        # the services process indexes within a tick
+    while (r := client.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext=q))).code != R.SUCCESS \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert r.code == R.SUCCESS
     assert sorted(m.body for m in decode_records(r.body)) == [b"v1", b"v4"]
     r = client.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext={**q, "key": "nope"}))

@@ -405,3 +405,33 @@ def test_topic_perm_and_a_drained_broker_answer_no_permission(broker, client, re
     finally:
         assert broker_config(client, brokerPermission=6).code == R.SUCCESS
     send(client, topic, b"after")
+
+
+# ------------------------------------------------------------------- query
+def query(c, topic, key, unique=False, begin=0, end=None, max_num=32):
+    ext = {"topic": topic, "key": key, "maxNum": str(max_num), "beginTimestamp": str(begin),
+           "endTimestamp": str(end or int(time.time() * 1000) + 60_000)}
+    if unique:
+        ext["_UNIQUE_KEY_QUERY"] = "true"
+    return c.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext=ext))
+
+
+def test_query_by_key_and_by_unique_id_through_the_index(client, request):
+    topic = topic_name(request)
+    make_topic(client, topic, 2)
+    t0 = int(time.time() * 1000)
+    for i in range(50):
+        send(client, topic, b"q%d" % i, queue_id=i % 2, keys=[f"order-{i % 5}", "all"],
+             props={"UNIQ_KEY": f"UQ{i:04d}"})
+    deadline = time.monotonic() + 5
+    while (r := query(client, topic, "order-3")).code != R.SUCCESS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert r.code == R.SUCCESS, r.remark
+    assert sorted(m.body for m in decode_records(r.body)) == sorted(b"q%d" % i for i in range(3, 50, 5))
+    assert int(r.ext["indexLastUpdatePhyoffset"]) > 0 and int(r.ext["indexLastUpdateTimestamp"]) >= t0 // 1000 * 1000
+    r = query(client, topic, "UQ0042", unique=True)
+    assert [m.body for m in decode_records(r.body)] == [b"q42"]
+    r = query(client, topic, "all", max_num=7)
+    assert len(decode_records(r.body)) == 7                              # maxNum honoured
+    assert query(client, topic, "order-3", end=t0 - 5000).code == R.QUERY_NOT_FOUND   # time bound
+    assert query(client, "Other" + topic[:20], "order-3").code == R.QUERY_NOT_FOUND   # per topic
