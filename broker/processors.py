@@ -27,7 +27,7 @@ from shmq.core.consumequeue import ALL_TAGS
 from shmq.core.layout import (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_NOT,
                               SYSFLAG_TRANSACTION_ROLLBACK, java_string_hash,
                               properties_to_string, string_to_properties)
-from shmq.core.records import CorruptRecord, decode, encode_arrays, split_batch_body
+from shmq.core.records import decode, encode_arrays, split_batch_body
 from shmq.core.state import StoreFullError
 from shmq.core.store import GetMessageStatus, GetResult, MessageStore
 from shmq.ipc.codes import RequestCode as RC
@@ -807,23 +807,10 @@ class Processors:
         self.respond(conn, cmd, cmd.reply(R.SUCCESS))
 
     # ---------------------------------------------------------------- messages
-    def _record_at(self, phy: int):
-        st = self.store.state
-        if not st.get("cl_min_offset") <= phy < st.write_pos:
-            return None
-        size = int.from_bytes(self.store.record_view(phy, 4).tobytes(), "big", signed=True)
-        if size <= 0 or phy + size > st.write_pos:
-            return None
-        raw = self.store.record_view(phy, size)
-        try:
-            decode(raw, 0, check_crc=False)
-        except CorruptRecord:
-            return None
-        return raw
-
     def view_message(self, conn, cmd) -> None:
         phy = Header(cmd.ext).int("offset")
-        raw = self._record_at(phy)
+        m = stored(self.store, phy)
+        raw = None if m is None else self.store.record_view(phy, m.total_size)
         if raw is None:
             raise BadRequest(R.SYSTEM_ERROR, f"can not find message by the offset, {phy}")
         self.respond(conn, cmd, cmd.reply(R.SUCCESS), [memoryview(raw)])

@@ -247,7 +247,7 @@ def test_view_by_id_and_query_by_key(client, request):
     q = {"topic": topic, "key": "order-1", "maxNum": "32", "beginTimestamp": str(t0),
          "endTimestamp": str(t0 + 3_600_000)}
     deadline = time.monotonic() + 5        # the services process indexes within a tick
-    while (r := client.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext=q))).code != R.SUCCESS \
+    while len(decode_records((r := client.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext=q))).body)) < 2 \
             and time.monotonic() < deadline:
         time.sleep(0.05)
     assert r.code == R.SUCCESS
