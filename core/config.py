@@ -61,6 +61,12 @@ class StoreConfig:
     # spaces deletions by deleteCommitLogFilesInterval instead)
     deleteFileBatchMax: int = 10
     checkCRCOnRecover: bool = True
+    # build the IndexFile (QUERY_MESSAGE by key / UNIQ_KEY)
+    messageIndexEnable: bool = True
+    # hash slots per IndexFile (4 bytes each)
+    maxHashSlotNum: int = 5_000_000
+    # entries per IndexFile (20 bytes each)
+    maxIndexNum: int = 20_000_000
     # shmq: (topic, queueId) slots in the shared control block
     maxQueueSlots: int = 65536
     # shmq: processes that can attach to the control block at once
@@ -83,7 +89,8 @@ class StoreConfig:
                           f"{RECORD_BYTES_MAX_OVERHEAD} bytes of record overhead, fit in "
                           f"mappedFileSizeCommitLog={seg}")
         for name in ("flushIntervalCommitLog", "flushIntervalConsumeQueue", "syncFlushTimeout",
-                     "cleanResourceInterval", "maxQueueSlots", "maxProcessSlots"):
+                     "cleanResourceInterval", "maxQueueSlots", "maxProcessSlots",
+                     "maxHashSlotNum", "maxIndexNum"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
         if not 10 <= self.diskMaxUsedSpaceRatio <= 95:
