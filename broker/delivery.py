@@ -23,17 +23,20 @@ from __future__ import annotations
 
 import mmap
 import os
-import random
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
-
-from shmq.core.layout import (OFF_PHYSICALOFFSET, OFF_QUEUEOFFSET, SYSFLAG_TRANSACTION_COMMIT,
-                              SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_NOT,
-                              SYSFLAG_TRANSACTION_PREPARED, properties_to_string,
-                              string_to_properties)
+from shmq.core.layout import (
+    OFF_PHYSICALOFFSET,
+    OFF_QUEUEOFFSET,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_NOT,
+    SYSFLAG_TRANSACTION_PREPARED,
+    properties_to_string,
+    string_to_properties,
+)
 from shmq.core.records import EncodedBatch, StoredMessage, decode, encode
 from shmq.core.store import AppendResult, MessageStore
 from shmq.ipc.codes import ResponseCode as R
@@ -48,8 +51,6 @@ PGROUP = "PGROUP"
 UNIQ_KEY = "UNIQ_KEY"
 RETRY_TOPIC = "RETRY_TOPIC"
 ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
-MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
-TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 TIMER_DELAY_MS = "TIMER_DELAY_MS"
 TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
@@ -332,12 +333,4 @@ def stored(store: MessageStore, phy: int) -> StoredMessage | None:
         return decode(store.record_view(phy, size), 0, check_crc=False)
     except ValueError:
         return None
-
-
-def random_queue(n: int) -> int:
-    return random.randrange(max(1, n))
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 

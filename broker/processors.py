@@ -20,13 +20,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
-
 from shmq.core.checkpoint import parse_json_lenient
-from shmq.core.index import IndexService
 from shmq.core.consumequeue import ALL_TAGS
-from shmq.core.layout import (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_NOT,
-                              SYSFLAG_TRANSACTION_ROLLBACK, java_string_hash,
-                              properties_to_string, string_to_properties)
+from shmq.core.index import IndexService
+from shmq.core.layout import (
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_NOT,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    java_string_hash,
+    properties_to_string,
+    string_to_properties,
+)
 from shmq.core.records import decode, encode_arrays, split_batch_body
 from shmq.core.state import StoreFullError
 from shmq.core.store import GetMessageStatus, GetResult, MessageStore
@@ -34,18 +38,44 @@ from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.codes import not_supported_remark
 from shmq.ipc.control import WANT_CLIENTS, WANT_FLUSH, WANT_PUBLISH, ControlBlock
-from shmq.ipc.remoting import FLAG_ONEWAY, JSON, VERSION_4_9_7, RemotingCommand, encode_head
+from shmq.ipc.remoting import (
+    FLAG_ONEWAY,
+    JSON,
+    VERSION_4_9_7,
+    RemotingCommand,
+    encode_head,
+)
 
 from .config import BrokerConfig, parse_conf
-from .sql92 import FilterSyntaxError, Sql92Filter, compile_sql92
+from .delivery import (
+    DELAY,
+    ORIGIN_MESSAGE_ID,
+    PGROUP,
+    RETRY_TOPIC,
+    UNIQ_KEY,
+    BadRequest,
+    check_body,
+    needs_routing,
+    repost,
+    reset_body,
+    route_send,
+    stored,
+)
 from .reactor import Connection, FileRange, Reactor
 from .registry import LOCK_LEASE_MS, Registry, consumer_key, lock_key, post_notice
-from .delivery import (DELAY, ORIGIN_MESSAGE_ID, PGROUP, RETRY_TOPIC, UNIQ_KEY, BadRequest,
-                       check_body, needs_routing, repost, reset_body, route_send, stored)
+from .sql92 import FilterSyntaxError, Sql92Filter, compile_sql92
+from .topics import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    NOT_ALLOWED_SEND_TOPICS,
+    PERM_READ,
+    PERM_WRITE,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TRANS_HALF_TOPIC,
+    Tables,
+    topic_config,
+    topic_error,
+)
 from .transactions import resolve_half
-from .topics import (DLQ_GROUP_TOPIC_PREFIX, NOT_ALLOWED_SEND_TOPICS, PERM_READ, PERM_WRITE,
-                     RETRY_GROUP_TOPIC_PREFIX, TRANS_HALF_TOPIC, Tables, topic_config,
-                     topic_error)
 
 log = logging.getLogger("shmq.broker")
 

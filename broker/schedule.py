@@ -15,15 +15,23 @@ import logging
 import time
 
 import numpy as np
-
 from shmq.core.checkpoint import load_table, save_table
 from shmq.core.files import REAL_FILES
 from shmq.core.records import concat_batches
 from shmq.core.store import MessageStore
 from shmq.core.timer import TimerWheel
 
-from .delivery import (DELAY_CURSOR, REAL_QID, REAL_TOPIC, TIMER_CURSOR, TIMER_DEQUEUE_MS,
-                       TIMER_ENQUEUE_MS, Progress, Reposter, restore_real)
+from .delivery import (
+    DELAY_CURSOR,
+    REAL_QID,
+    REAL_TOPIC,
+    TIMER_CURSOR,
+    TIMER_DEQUEUE_MS,
+    TIMER_ENQUEUE_MS,
+    Progress,
+    Reposter,
+    restore_real,
+)
 from .topics import SCHEDULE_TOPIC, TIMER_TOPIC
 
 log = logging.getLogger("shmq.schedule")

@@ -22,11 +22,16 @@ from shmq.core.index import IndexService
 from shmq.core.store import MessageStore
 from shmq.ipc.channel import RemotingClient
 from shmq.ipc.codes import ResponseCode
-from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
+from shmq.ipc.control import (
+    WANT_CLIENTS,
+    WANT_CONFIG,
+    die_with_parent,
+    set_process_name,
+)
 
 from .config import BrokerConfig
-from .namesrv import register_broker_request, unregister_broker_request
 from .delivery import Progress, Reposter
+from .namesrv import register_broker_request, unregister_broker_request
 from .registry import Registry
 from .schedule import DelayService, TimerService
 from .shared_store import attach, extra_region

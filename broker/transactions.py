@@ -28,8 +28,17 @@ from shmq.core.records import StoredMessage
 from shmq.core.store import MessageStore
 
 from .config import BrokerConfig
-from .delivery import (CHECK_IMMUNITY_TIME_IN_SECONDS, PGROUP, TRANS_HALF_CURSOR,
-                       TRANS_OP_CURSOR, Progress, commit_half, op_record, repost, stored)
+from .delivery import (
+    CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PGROUP,
+    TRANS_HALF_CURSOR,
+    TRANS_OP_CURSOR,
+    Progress,
+    commit_half,
+    op_record,
+    repost,
+    stored,
+)
 from .registry import Registry, post_notice
 from .topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 

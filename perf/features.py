@@ -21,10 +21,20 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
-from perf.broker import (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY, SUCCESS, TIMEOUT_S, Broker,
-                         check, create_topic, pull_cmd, records, send_cmd)
 from shmq.client.remoting import RemotingClient
+
+from perf.broker import (
+    PULL_NOT_FOUND,
+    PULL_RETRY_IMMEDIATELY,
+    SUCCESS,
+    TIMEOUT_S,
+    Broker,
+    check,
+    create_topic,
+    pull_cmd,
+    records,
+    send_cmd,
+)
 
 WINDOW = 64
 
@@ -68,19 +78,26 @@ def _collect(c: RemotingClient, topic: str, n: int, due_of, deadline_s: float):
     return np.array(late), np.array(arrived)
 
 
-def _scheduled(ctx, result, kind: str):
-    n = 2000 if ctx.quick else 20000
+def _broker(ctx) -> Broker:
+    """The run's broker for these benches (SQL92 on), started on first use."""
     b = ctx.shared.get("broker-features")
     if b is None:
         b = ctx.shared["broker-features"] = Broker(ctx, "ASYNC_FLUSH", "features",
                                                    enablePropertyFilter="true")
         ctx.on_close(b.stop)
     b.alive()
+    return b
+
+
+def _scheduled(ctx, result, kind: str):
+    n = 2000 if ctx.quick else 20000
+    b = _broker(ctx)
     topic, plain = f"Perf_{kind}", f"Perf_{kind}_plain"
     with RemotingClient(b.addr("unix")) as c:
         create_topic(c, topic, 1)
         create_topic(c, plain, 1)
-        body = lambda i: b"%d:" % i + b"x" * 90                     # noqa: E731
+        def body(i: int) -> bytes:
+            return b"%d:" % i + b"x" * 90
         limit = _send_all(c, [send_cmd(plain, 0, body(i), _props({})) for i in range(n)])
         lead = 1500 + n // 10                                       # all sent before any is due
         t0 = int(time.time() * 1000) + lead
@@ -92,7 +109,6 @@ def _scheduled(ctx, result, kind: str):
             props = [_props({"TIMER_DELIVER_MS": str(due[i])}) for i in range(n)]
         else:
             props = [_props({"DELAY": "1"}) for _ in range(n)]
-        sent_at = {}
         cmds = [send_cmd(topic, 0, body(i), props[i]) for i in range(n)]
         t_send = time.time() * 1000
         rate = _send_all(c, cmds)
@@ -148,11 +164,7 @@ def _drain(c: RemotingClient, topic: str, expr: str | None) -> tuple[int, float]
 
 def run_sql_filter(ctx, result):
     n = 20000 if ctx.quick else 200000
-    b = ctx.shared.get("broker-features")
-    if b is None:
-        b = ctx.shared["broker-features"] = Broker(ctx, "ASYNC_FLUSH", "features",
-                                                   enablePropertyFilter="true")
-        ctx.on_close(b.stop)
+    b = _broker(ctx)
     topic = "Perf_sql"
     with RemotingClient(b.addr("unix")) as c:
         create_topic(c, topic, 1)

@@ -8,14 +8,20 @@ fresh ``Reposter.recover`` as a restarted process would run it.
 from __future__ import annotations
 
 import pytest
-
 import shmq.broker.schedule as sched
-from shmq.broker.delivery import (DELAY_CURSOR, NOTE_SET, TIMER_CURSOR, Progress, Reposter,
-                                  restore_real, route_send)
+from shmq.broker.delivery import (
+    DELAY_CURSOR,
+    NOTE_SET,
+    TIMER_CURSOR,
+    Progress,
+    Reposter,
+    restore_real,
+    route_send,
+)
 from shmq.broker.schedule import DelayService, TimerService
 from shmq.broker.topics import SCHEDULE_TOPIC
 from shmq.core.config import StoreConfig
-from shmq.core.records import encode, properties_bytes
+from shmq.core.records import encode
 from shmq.core.store import open_local
 
 LEVELS = (1000, 2000)

@@ -14,12 +14,20 @@ import time
 
 import orjson
 import pytest
-
 from brokerproc import start_broker
 from shmq.client.remoting import RemotingClient
-from shmq.client.requests import (COMMIT, ROLLBACK, UNKNOWN, create_topic, decode_records,
-                                  end_transaction, heartbeat, pull_message, send_back,
-                                  send_message)
+from shmq.client.requests import (
+    COMMIT,
+    ROLLBACK,
+    UNKNOWN,
+    create_topic,
+    decode_records,
+    end_transaction,
+    heartbeat,
+    pull_message,
+    send_back,
+    send_message,
+)
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
