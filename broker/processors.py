@@ -72,6 +72,7 @@ from .topics import (
     RETRY_GROUP_TOPIC_PREFIX,
     TRANS_HALF_TOPIC,
     Tables,
+    group_config,
     topic_config,
     topic_error,
 )
@@ -95,6 +96,7 @@ PULL_STATUS_CODE = {
     GetMessageStatus.OFFSET_OVERFLOW_BADLY: R.PULL_OFFSET_MOVED,
     GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
 }
+VERSION_3_4_9 = 121         # clients from here on may send their own maxReconsumeTimes
 SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
 SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 
@@ -244,6 +246,9 @@ class Processors:
             RC.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
             RC.UPDATE_BROKER_CONFIG: self.update_broker_config,
             RC.CHECK_CLIENT_CONFIG: self.check_client_config,
+            RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update_group,
+            RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.all_groups,
+            RC.DELETE_SUBSCRIPTIONGROUP: self.delete_group,
             RC.GET_BROKER_CONFIG: self.get_broker_config,
         }
 
@@ -907,9 +912,9 @@ class Processors:
         d = m.properties
         d.setdefault(RETRY_TOPIC, m.topic)
         d.setdefault(ORIGIN_MESSAGE_ID, d.get(ORIGIN_MESSAGE_ID) or m.offset_msg_id())
-        max_times = h.int("maxReconsumeTimes", -1)
-        if max_times < 0:
-            max_times = int(gc.get("retryMaxTimes", 16))
+        max_times = int(gc.get("retryMaxTimes", 16))
+        if cmd.version >= VERSION_3_4_9 and h.int("maxReconsumeTimes", -1) >= 0:
+            max_times = h.int("maxReconsumeTimes")     # the client's own limit
         if m.reconsume_times >= max_times or delay < 0:
             self._dlq_topic(group)
             topic, qid = DLQ_GROUP_TOPIC_PREFIX + group, 0
@@ -1055,6 +1060,28 @@ class Processors:
     def delete_topic(self, conn, cmd) -> None:
         topic = Header(cmd.ext).str("topic")
         self.tables.topics.update({topic: None})
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def update_group(self, conn, cmd) -> None:
+        """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: a SubscriptionGroupConfig body;
+        fields it leaves out keep RocketMQ's defaults (retryMaxTimes 16 …)."""
+        body = self._json_body(cmd)
+        name = body.get("groupName")
+        if not isinstance(name, str) or topic_error(name):
+            raise BadRequest(R.SYSTEM_ERROR, f"groupName {name!r} is not a valid group name")
+        cfg = group_config(name)
+        for k, v in body.items():
+            if k in cfg and isinstance(v, type(cfg[k])):
+                cfg[k] = v
+        self.tables.groups.update({name: cfg})
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS))
+
+    def all_groups(self, conn, cmd) -> None:
+        self.reply_json(conn, cmd, {"subscriptionGroupTable": self.tables.groups.current(),
+                                    "dataVersion": self.tables.groups.data_version()})
+
+    def delete_group(self, conn, cmd) -> None:
+        self.tables.groups.update({Header(cmd.ext).str("groupName"): None})
         self.respond(conn, cmd, cmd.reply(R.SUCCESS))
 
     def all_topic_config(self, conn, cmd) -> None:

@@ -480,3 +480,20 @@ def test_delayed_timed_and_half_messages_survive_kill_9_of_the_whole_broker(tmp_
         assert keys == sorted([f"R{i}" for i in range(n)] + ["HALF"])
     finally:
         b.stop()
+
+
+def test_a_group_created_with_its_own_retry_limit_dead_letters_sooner(client, request):
+    topic, group = topic_name(request), "G_limit"
+    make_topic(client, topic)
+    body = orjson.dumps({"groupName": group, "retryMaxTimes": 1, "retryQueueNums": 1})
+    r = client.invoke(RemotingCommand(RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body))
+    assert r.code == R.SUCCESS, r.remark
+    groups = orjson.loads(client.invoke(RemotingCommand(RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)).body)
+    assert groups["subscriptionGroupTable"][group]["retryMaxTimes"] == 1
+    assert groups["subscriptionGroupTable"][group]["consumeEnable"] is True   # defaults kept
+    send(client, topic, b"once")
+    first = pull(client, topic)[0]
+    assert client.invoke(send_back(group, first.phy_offset)).code == R.SUCCESS
+    retried = wait_for(client, "%RETRY%" + group, 1, group=group)[0]
+    assert client.invoke(send_back(group, retried.phy_offset)).code == R.SUCCESS
+    assert [m.body for m in pull(client, "%DLQ%" + group, group=group)] == [b"once"]
