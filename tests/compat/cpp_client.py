@@ -9,17 +9,25 @@ Subcommands (every line on stdout is one JSON object):
 ``produce --namesrv A --group G --topic T``
     Reads requests from stdin, one JSON object a line, and answers each with
     one line. Requests: ``{"mode": "sync"|"oneway"|"orderly"|"batch", "body":
-    str, "tags": str, "keys": str, "props": {..}, "arg": int}``; batch takes
+    str, "tags": str, "keys": str, "props": {..}, "arg": int, "delayLevel": int}``
+    (``delayLevel``: ``Message.set_delay_time_level``, the DELAY property); batch takes
     ``"msgs": [{"body", "tags", "keys"}, ...]``. ``orderly`` uses the wrapper's
     hashing selector: queue = arg % number of queues. Answers:
     ``{"event": "sent", "mode", "body", "status", "msgId", "offset"}`` or
     ``{"event": "error", "body", "error"}``. EOF on stdin ends it.
 
-``consume --namesrv A --group G --topic T [--expr E] [--broadcast] [--orderly]``
+``consume --namesrv A --group G --topic T [--expr E] [--broadcast] [--orderly]
+        [--fail-prefix P --fail-times N]``
     Prints ``{"event": "started"}``, then ``{"event": "recv", "body", "tags",
-    "keys", "queueId", "queueOffset", "msgId", "props"}`` per message consumed,
+    "keys", "queueId", "queueOffset", "msgId", "topic", "reconsumeTimes",
+    "bornTs", "storeTs", "props", "failed", "t"}`` per message consumed,
     and ``{"event": "stopped"}`` after a clean shutdown. Stops on EOF or a
     ``stop`` line on stdin, on SIGTERM, or after ``--max-seconds``.
+    ``--fail-prefix``: answer RECONSUME_LATER while a message whose body starts
+    with P has been consumed fewer than N (``--fail-times``, default 1) times.
+
+The wheel exposes no transaction producer and no max-reconsume-times setting:
+its C API (librocketmq 1.x) has neither, so these drivers cannot use them.
 """
 from __future__ import annotations
 
@@ -57,6 +65,8 @@ def _message(topic: str, spec: dict):
     for k, v in (spec.get("props") or {}).items():
         m.set_property(k, v)
     m.set_body(spec.get("body", ""))
+    if spec.get("delayLevel"):
+        m.set_delay_time_level(int(spec["delayLevel"]))
     return m
 
 
@@ -115,11 +125,12 @@ def consume(args) -> int:
             if v:
                 props[k] = _text(v)
         body = _text(msg.body)
-        fail = bool(args.fail_once_prefix) and (body or "").startswith(args.fail_once_prefix) \
-            and msg.reconsume_times == 0
+        fail = bool(args.fail_prefix) and (body or "").startswith(args.fail_prefix) \
+            and msg.reconsume_times < args.fail_times
         emit(event="recv", body=body, tags=_text(msg.tags), keys=_text(msg.keys),
-             queueId=msg.queue_id, queueOffset=msg.queue_offset, msgId=msg.id,
-             reconsumeTimes=msg.reconsume_times, props=props, failed=fail, t=time.time())
+             queueId=msg.queue_id, queueOffset=msg.queue_offset, msgId=msg.id, topic=msg.topic,
+             reconsumeTimes=msg.reconsume_times, bornTs=msg.born_timestamp,
+             storeTs=msg.store_timestamp, props=props, failed=fail, t=time.time())
         if args.consume_delay_ms:
             time.sleep(args.consume_delay_ms / 1000)
         return fail
@@ -179,8 +190,10 @@ def main(argv=None) -> int:
     pc.add_argument("--threads", type=int, default=2)
     pc.add_argument("--max-seconds", type=float, default=120.0)
     pc.add_argument("--consume-delay-ms", type=int, default=0)
-    pc.add_argument("--fail-once-prefix", default="",
-                    help="answer RECONSUME_LATER to the first delivery of bodies starting with this")
+    pc.add_argument("--fail-prefix", "--fail-once-prefix", dest="fail_prefix", default="",
+                    help="answer RECONSUME_LATER to the first --fail-times deliveries of bodies "
+                         "starting with this")
+    pc.add_argument("--fail-times", type=int, default=1)
     pc.add_argument("--show-props", nargs="*", default=[], help="property names to report per message")
     args = ap.parse_args(argv)
     try:

@@ -6,7 +6,8 @@
  * logging goes to stderr.
  *
  *   node ons_client.js produce --namesrv A --group G --topic T
- *     stdin: {"mode": "sync"|"sharding", "body", "tags", "keys", "props", "shardingKey"}
+ *     stdin: {"mode": "sync"|"sharding", "body", "tags", "keys", "props", "shardingKey", "delayLevel"}
+ *     ("delayLevel": Message#delayTimeLevel, the DELAY property)
  *     stdout: {"event": "sent", "mode", "body", "status", "msgId", "queueId", "offset"}
  *             or {"event": "error", "body", "error"}
  *     ali-ons has no oneway send, no batch send and no queue-selector callback:
@@ -15,7 +16,13 @@
  *
  *   node ons_client.js consume --namesrv A --group G --topic T [--expr E]
  *        [--broadcast] [--from-first] [--instance N] [--max-seconds S]
- *        [--fail-once-prefix P]   (ACTION_RETRY on the first delivery of bodies starting with P)
+ *        [--sql EXPR]             (a SQL92 subscription: {expressionType: 'SQL92', subString: EXPR})
+ *        [--fail-prefix P] [--fail-times N] [--fail-mode retry|throw]
+ *          (fail the first N (default 1) deliveries of bodies starting with P: return
+ *           ACTION_RETRY, or throw; either way ali-ons sends the message back. But
+ *           ali-ons 3.12 consumes %RETRY%<group> through a wrapper handler that drops
+ *           the return value: a redelivered message is retried again only by a throw)
+ *        [--max-reconsume-times N] (ali-ons' maxReconsumeTimes, sent in CONSUMER_SEND_MSG_BACK)
  *     stdout: {"event": "started"}, {"event": "recv", ...} per message,
  *             {"event": "stopped"} after close() (which persists offsets).
  *     Stops on a "stop" line or EOF on stdin, SIGTERM, or --max-seconds.
@@ -46,7 +53,7 @@ function emit(obj) {
 
 function parseArgs(argv) {
   const args = { cmd: argv[0], expr: '*', broadcast: false, fromFirst: false, maxSeconds: 120, instance: null,
-    failOncePrefix: '' };
+    failPrefix: '', failTimes: 1, failMode: 'retry', sql: null };
   for (let i = 1; i < argv.length; i++) {
     const a = argv[i];
     const next = () => argv[++i];
@@ -59,7 +66,12 @@ function parseArgs(argv) {
       case '--from-first': args.fromFirst = true; break;
       case '--instance': args.instance = next(); break;
       case '--max-seconds': args.maxSeconds = Number(next()); break;
-      case '--fail-once-prefix': args.failOncePrefix = next(); break;
+      case '--fail-once-prefix':
+      case '--fail-prefix': args.failPrefix = next(); break;
+      case '--fail-times': args.failTimes = Number(next()); break;
+      case '--fail-mode': args.failMode = next(); break;
+      case '--sql': args.sql = next(); break;
+      case '--max-reconsume-times': args.maxReconsumeTimes = Number(next()); break;
       default: throw new Error(`unknown argument ${a}`);
     }
   }
@@ -106,6 +118,7 @@ async function produce(args) {
       if (req.keys) msg.keys = String(req.keys).split(' ');
       for (const [k, v] of Object.entries(req.props || {})) msg.properties[k] = v;
       if (mode === 'sharding') msg.shardingKey = String(req.shardingKey);
+      if (req.delayLevel) msg.delayTimeLevel = Number(req.delayLevel);
       const r = await producer.send(msg);
       emit({ event: 'sent', mode, body: req.body, status: r.sendStatus, msgId: r.msgId,
         queueId: r.messageQueue ? Number(r.messageQueue.queueId) : null, offset: r.queueOffset });
@@ -127,17 +140,24 @@ async function consume(args) {
     parallelConsumeLimit: 1,
   });
   if (args.fromFirst) opts.consumeFromWhere = 'CONSUME_FROM_FIRST_OFFSET';
+  if (args.maxReconsumeTimes !== undefined) opts.maxReconsumeTimes = args.maxReconsumeTimes;
   const consumer = new Consumer(opts);
   consumer.on('error', err => console.error('[consumer error]', err && err.message));
-  consumer.subscribe(args.topic, args.expr, async msg => {
+  // ali-ons takes a SQL92 expression as {expressionType, subString}: it sends both
+  // in the heartbeat's subscriptionData and in every pull (postSubscriptionWhenPull)
+  const expr = args.sql !== null ? { expressionType: 'SQL92', subString: args.sql } : args.expr;
+  consumer.subscribe(args.topic, expr, async msg => {
     const body = msg.body ? msg.body.toString('utf8') : null;
-    const failed = !!args.failOncePrefix && (body || '').startsWith(args.failOncePrefix) && !msg.reconsumeTimes;
+    const failed = !!args.failPrefix && (body || '').startsWith(args.failPrefix) &&
+      (msg.reconsumeTimes || 0) < args.failTimes;
     emit({
-      event: 'recv', body, tags: msg.tags || null,
+      event: 'recv', body, tags: msg.tags || null, topic: msg.topic,
       keys: msg.keys || null, queueId: msg.queueId, queueOffset: Number(msg.queueOffset),
-      msgId: msg.msgId, reconsumeTimes: msg.reconsumeTimes, props: msg.properties, failed, t: Date.now() / 1000,
+      msgId: msg.msgId, reconsumeTimes: msg.reconsumeTimes, props: msg.properties, failed,
+      bornTs: Number(msg.bornTimestamp), storeTs: Number(msg.storeTimestamp), t: Date.now() / 1000,
     });
-    // ACTION_RETRY: ali-ons sends the message back (CONSUMER_SEND_MSG_BACK, delay level 0)
+    // ACTION_RETRY or a throw: ali-ons sends the message back (CONSUMER_SEND_MSG_BACK, delay level 0)
+    if (failed && args.failMode === 'throw') throw new Error(`failing ${body} on purpose`);
     if (failed) return Consumer.ACTION_RETRY;
   });
   await consumer.ready();
