@@ -1123,5 +1123,7 @@ class Processors:
                  "commitLogFlushedOffset": str(st.flushed_pos),
                  "msgPutTotalThisWorker": str(self.put_count),
                  "queueCount": str(int(st.get("queue_slots_used"))),
-                 "flushDiskType": self.config.store.flushDiskType}
+                 "flushDiskType": self.config.store.flushDiskType,
+                 # shmq: clients on this host may use the Unix socket instead of TCP
+                 "unixSocketPath": self.config.unix_path}
         self.reply_json(conn, cmd, {"table": table})

@@ -1,0 +1,108 @@
+"""The blocking facade: the asyncio client driven from ordinary threads.
+
+Each process gets one event loop in a daemon thread (a new one after a
+fork: the child never touches its parent's loop or sockets). ``Producer``,
+``TransactionProducer`` and the consumers wrap their asyncio twins; every
+call runs on that loop and waits for its result.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from typing import Any, Callable
+
+from .message import Message, MessageQueue, SendResult
+from .producer import (AsyncProducer, AsyncTransactionProducer, Selector, TransactionListener,
+                       TransactionSendResult)
+
+
+class LoopThread:
+    def __init__(self):
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="shmq-client",
+                                       daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+
+_loop: LoopThread | None = None
+_lock = threading.Lock()
+
+
+def loop_thread() -> LoopThread:
+    """This process's client loop (started on first use, again after a fork)."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop.pid != os.getpid():
+            _loop = LoopThread()
+        return _loop
+
+
+class Producer:
+    """DefaultMQProducer: ``start()``, ``send()``, ``send_async()``,
+    ``send_oneway()``, ``send_batch()``, ``shutdown()``."""
+
+    _async_class = AsyncProducer
+
+    def __init__(self, group: str, **settings):
+        self._p = self._make(group, **settings)
+
+    def _make(self, group, **settings):
+        return self._async_class(group, **settings)
+
+    def _run(self, coro):
+        return loop_thread().run(coro)
+
+    def start(self) -> "Producer":
+        self._run(self._p.start())
+        return self
+
+    def shutdown(self) -> None:
+        self._run(self._p.shutdown())
+
+    def __enter__(self) -> "Producer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def send(self, msg: Message, queue: MessageQueue | None = None,
+             selector: Selector | None = None, arg: Any = None,
+             timeout: float | None = None) -> SendResult:
+        return self._run(self._p.send(msg, queue, selector, arg, timeout))
+
+    def send_async(self, msg: Message,
+                   callback: Callable[[SendResult | None, Exception | None], Any] | None = None,
+                   queue: MessageQueue | None = None) -> concurrent.futures.Future:
+        """Returns at once; the future (and ``callback(result, error)``, run on
+        the client's thread) completes when the broker answers."""
+        fut = loop_thread().submit(self._p.send(msg, queue))
+        if callback is not None:
+            fut.add_done_callback(lambda f: callback(None if f.exception() else f.result(),
+                                                     f.exception()))
+        return fut
+
+    def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
+        self._run(self._p.send_oneway(msg, queue))
+
+    def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None) -> SendResult:
+        return self._run(self._p.send_batch(msgs, queue))
+
+
+class TransactionProducer(Producer):
+    """TransactionMQProducer: ``send_message_in_transaction(msg, arg)``; the
+    listener's methods run on the client's thread."""
+
+    def __init__(self, group: str, listener: TransactionListener, **settings):
+        self._p = AsyncTransactionProducer(group, listener, **settings)
+
+    def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
+        return self._run(self._p.send_message_in_transaction(msg, arg))

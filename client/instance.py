@@ -1,0 +1,325 @@
+"""The client's shared machinery (RocketMQ's MQClientInstance): NameServer
+routes, broker connections, heartbeats, and requests brokers send us.
+
+One ``ClientInstance`` per client id serves every producer and consumer of
+a process that shares its settings. It polls the NameServers for the routes
+of the topics in use (every ``poll_name_server_interval``), sends a heartbeat
+naming its producer and consumer groups to every broker it knows (every
+``heartbeat_interval``, and at once when a group starts), keeps one
+connection per broker address and opens a new one when it breaks (a broker
+restart). A broker on this host is reached over its Unix socket when it
+advertises one (``unixSocketPath`` in its runtime info) and ``use_unix_socket``
+is on. A fork gets its own instance: an instance is tied to the pid and
+the event loop that made it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+from dataclasses import dataclass, field
+
+import orjson
+
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import RemotingCommand
+
+from .connection import Connection, RemotingError
+from .message import MessageQueue
+
+log = logging.getLogger("shmq.client")
+PERM_READ, PERM_WRITE = 4, 2
+MASTER_ID = "0"
+
+
+class MQClientError(Exception):
+    """A request the broker or NameServer refused: ``code`` and its remark."""
+
+    def __init__(self, code: int, remark: str | None, what: str = ""):
+        super().__init__(f"{what}: code {code}, {remark}" if what else f"code {code}, {remark}")
+        self.code, self.remark = code, remark
+
+
+@dataclass
+class ClientConfig:
+    """RocketMQ's ClientConfig, by its names in snake case."""
+    namesrv_addr: str = ""                 # "host:port;host:port"; "" = $NAMESRV_ADDR or 127.0.0.1:9876
+    instance_name: str = "DEFAULT"
+    client_ip: str = ""
+    poll_name_server_interval: float = 30.0
+    heartbeat_interval: float = 30.0
+    persist_consumer_offset_interval: float = 5.0
+    request_timeout: float = 3.0
+    use_unix_socket: bool = True           # shmq: the broker's Unix socket when it is on this host
+
+    def namesrv_list(self) -> list[str]:
+        addrs = self.namesrv_addr or os.environ.get("NAMESRV_ADDR") or "127.0.0.1:9876"
+        return [a.strip() for a in addrs.split(";") if a.strip()]
+
+    def ip(self) -> str:
+        if self.client_ip:
+            return self.client_ip
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+    def client_id(self) -> str:
+        name = self.instance_name
+        if name == "DEFAULT":
+            name = str(os.getpid())       # ClientConfig.changeInstanceNameToPID
+        return f"{self.ip()}@{name}"
+
+
+@dataclass
+class TopicRoute:
+    queue_datas: list[dict]
+    broker_addrs: dict[str, dict[str, str]]          # broker name → {brokerId: addr}
+    order_conf: str | None = None
+    publish: list[MessageQueue] = field(default_factory=list)
+    subscribe: list[MessageQueue] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, topic: str, data: dict) -> "TopicRoute":
+        addrs = {b["brokerName"]: {str(k): v for k, v in (b.get("brokerAddrs") or {}).items()}
+                 for b in data.get("brokerDatas") or []}
+        qds = sorted(data.get("queueDatas") or [], key=lambda q: q["brokerName"])
+        route = cls(qds, addrs, data.get("orderTopicConf"))
+        for qd in qds:
+            name = qd["brokerName"]
+            if MASTER_ID not in addrs.get(name, {}):
+                continue
+            if qd.get("perm", 6) & PERM_WRITE:
+                route.publish += [MessageQueue(topic, name, i) for i in range(qd["writeQueueNums"])]
+            if qd.get("perm", 6) & PERM_READ:
+                route.subscribe += [MessageQueue(topic, name, i) for i in range(qd["readQueueNums"])]
+        return route
+
+
+class ClientInstance:
+    _instances: dict[tuple[int, str], "ClientInstance"] = {}
+
+    @classmethod
+    def get(cls, config: ClientConfig) -> "ClientInstance":
+        """The instance for this config's client id in this process and loop."""
+        key = (os.getpid(), config.client_id() + "|" + ";".join(config.namesrv_list()))
+        inst = cls._instances.get(key)
+        if inst is None or inst.loop is not asyncio.get_running_loop() or inst.stopped:
+            inst = cls._instances[key] = cls(config)
+        return inst
+
+    def __init__(self, config: ClientConfig):
+        self.config = config
+        self.client_id = config.client_id()
+        self.loop = asyncio.get_running_loop()
+        self.routes: dict[str, TopicRoute] = {}
+        self.conns: dict[str, Connection] = {}
+        self._conn_locks: dict[str, asyncio.Lock] = {}
+        self.producers: dict[str, object] = {}
+        self.consumers: dict[str, object] = {}
+        self.tasks: list[asyncio.Task] = []
+        self.started = self.stopped = False
+        self._unix: dict[str, str | None] = {}
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        self.tasks = [self.loop.create_task(self._every(self.config.poll_name_server_interval,
+                                                        self.refresh_routes)),
+                      self.loop.create_task(self._every(self.config.heartbeat_interval,
+                                                        self.heartbeat))]
+
+    async def _every(self, period: float, fn) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await fn()
+            except Exception as e:       # a broker or NameServer down: try again next round
+                log.warning("%s: %s", fn.__name__, e)
+
+    async def register(self, kind: str, group: str, member) -> None:
+        table = self.producers if kind == "producer" else self.consumers
+        if group in table and table[group] is not member:
+            raise MQClientError(-1, f"the {kind} group {group} is already in use by this client")
+        table[group] = member
+        await self.start()
+        await self.heartbeat()
+
+    async def unregister(self, kind: str, group: str) -> None:
+        table = self.producers if kind == "producer" else self.consumers
+        table.pop(group, None)
+        ext = {"clientID": self.client_id, f"{kind}Group": group}
+        for addr in self.broker_addrs():
+            try:
+                conn = await self.connection(addr)
+                await conn.invoke(RemotingCommand(RC.UNREGISTER_CLIENT, ext=dict(ext)),
+                                  self.config.request_timeout)
+            except (RemotingError, OSError):
+                pass
+        if not self.producers and not self.consumers:
+            await self.close()
+
+    async def close(self) -> None:
+        self.stopped = True
+        for t in self.tasks:
+            t.cancel()
+        for c in list(self.conns.values()):
+            await c.close()
+        self.conns.clear()
+
+    # ------------------------------------------------------------ routes
+    async def namesrv_invoke(self, cmd: RemotingCommand) -> RemotingCommand:
+        addrs = self.config.namesrv_list()
+        start = random.randrange(len(addrs))
+        last: Exception | None = None
+        for i in range(len(addrs)):
+            addr = addrs[(start + i) % len(addrs)]
+            try:
+                conn = await self.connection(addr, direct=True)
+                return await conn.invoke(RemotingCommand(cmd.code, ext=dict(cmd.ext), body=cmd.body),
+                                         self.config.request_timeout)
+            except RemotingError as e:
+                last = e
+        raise RemotingError(f"no NameServer answered ({'; '.join(addrs)}): {last}")
+
+    async def route(self, topic: str, refresh: bool = False) -> TopicRoute | None:
+        """The topic's route (cached; None if the NameServer knows no such topic)."""
+        r = self.routes.get(topic)
+        if r is not None and not refresh:
+            return r
+        reply = await self.namesrv_invoke(RemotingCommand(RC.GET_ROUTEINFO_BY_TOPIC,
+                                                          ext={"topic": topic}))
+        if reply.code == R.TOPIC_NOT_EXIST:
+            return None
+        if reply.code != R.SUCCESS:
+            raise MQClientError(reply.code, reply.remark, f"route of {topic}")
+        r = self.routes[topic] = TopicRoute.parse(topic, orjson.loads(reply.body))
+        return r
+
+    async def refresh_routes(self) -> None:
+        topics = set(self.routes)
+        for c in self.consumers.values():
+            topics |= set(c.topics())
+        for topic in topics:
+            old = self.routes.get(topic)
+            new = await self.route(topic, refresh=True)
+            if new is not None and old is not None and (new.subscribe != old.subscribe):
+                for c in self.consumers.values():
+                    if topic in c.topics():
+                        c.rebalance_soon()
+
+    def broker_addr(self, broker_name: str) -> str | None:
+        for r in self.routes.values():
+            addr = r.broker_addrs.get(broker_name, {}).get(MASTER_ID)
+            if addr:
+                return addr
+        return None
+
+    def broker_addrs(self) -> set[str]:
+        return {a[MASTER_ID] for r in self.routes.values() for a in r.broker_addrs.values()
+                if MASTER_ID in a}
+
+    # ------------------------------------------------------------ connections
+    async def connection(self, addr: str, direct: bool = False) -> Connection:
+        """The connection to ``addr`` (opened, or re-opened after it broke)."""
+        conn = self.conns.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._conn_locks.setdefault(addr, asyncio.Lock())
+        async with lock:
+            conn = self.conns.get(addr)
+            if conn is not None and not conn.closed:
+                return conn
+            conn = await Connection.open(addr, self._on_request, self.config.request_timeout)
+            if not direct and self.config.use_unix_socket:
+                conn = await self._prefer_unix(addr, conn)
+            self.conns[addr] = conn
+            if not direct:                 # a broker learns our groups at once
+                await self._heartbeat_to(addr, conn, self.heartbeat_body())
+            return conn
+
+    async def _prefer_unix(self, addr: str, conn: Connection) -> Connection:
+        """A broker on this host that advertises its Unix socket is used through it."""
+        host = addr.rpartition(":")[0]
+        if not host.startswith("127.") and host not in (self.config.ip(), "localhost"):
+            return conn
+        path = self._unix.get(addr, "")
+        if path == "":
+            try:
+                r = await conn.invoke(RemotingCommand(RC.GET_BROKER_RUNTIME_INFO),
+                                      self.config.request_timeout)
+                table = orjson.loads(r.body).get("table", {}) if r.code == R.SUCCESS else {}
+            except (RemotingError, ValueError):
+                table = {}
+            path = table.get("unixSocketPath")
+            self._unix[addr] = path = path if path and os.path.exists(path) else None
+        if not path:
+            return conn
+        try:
+            unix = await Connection.open("unix:" + path, self._on_request,
+                                         self.config.request_timeout)
+        except RemotingError:
+            return conn
+        await conn.close()
+        return unix
+
+    async def broker(self, broker_name: str) -> Connection:
+        addr = self.broker_addr(broker_name)
+        if addr is None:
+            raise MQClientError(R.SYSTEM_ERROR, f"the broker {broker_name} is not in any route")
+        return await self.connection(addr)
+
+    async def invoke(self, broker_name: str, cmd: RemotingCommand,
+                     timeout: float | None = None) -> RemotingCommand:
+        conn = await self.broker(broker_name)
+        return await conn.invoke(cmd, timeout or self.config.request_timeout)
+
+    # ------------------------------------------------------------ heartbeats
+    def heartbeat_body(self) -> bytes:
+        return orjson.dumps({
+            "clientID": self.client_id,
+            "producerDataSet": [{"groupName": g} for g in self.producers],
+            "consumerDataSet": [c.consumer_data() for c in self.consumers.values()]})
+
+    async def heartbeat(self) -> None:
+        body = self.heartbeat_body()
+        for addr in self.broker_addrs():
+            try:
+                await self._heartbeat_to(addr, await self.connection(addr), body)
+            except RemotingError as e:
+                log.warning("heartbeat to %s: %s", addr, e)
+
+    async def _heartbeat_to(self, addr: str, conn: Connection, body: bytes) -> None:
+        r = await conn.invoke(RemotingCommand(RC.HEART_BEAT, body=body), self.config.request_timeout)
+        if r.code != R.SUCCESS:
+            log.warning("heartbeat to %s: %d %s", addr, r.code, r.remark)
+
+    # ------------------------------------------------------------ requests from brokers
+    async def _on_request(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        ext = cmd.ext
+        if cmd.code == RC.NOTIFY_CONSUMER_IDS_CHANGED:
+            c = self.consumers.get(ext.get("consumerGroup", ""))
+            if c is not None:
+                c.rebalance_soon()
+            return None
+        if cmd.code == RC.CHECK_TRANSACTION_STATE:
+            for p in self.producers.values():
+                if hasattr(p, "check_transaction_state") and await p.check_transaction_state(conn, cmd):
+                    break
+            return None
+        if cmd.code == RC.RESET_CONSUMER_CLIENT_OFFSET:
+            c = self.consumers.get(ext.get("group", ""))
+            if c is not None:
+                await c.reset_offsets(ext.get("topic", ""), cmd.body)
+            return cmd.reply(R.SUCCESS)
+        if cmd.code == RC.GET_CONSUMER_RUNNING_INFO:
+            c = self.consumers.get(ext.get("consumerGroup", ""))
+            info = c.running_info() if c is not None else {}
+            return cmd.reply(R.SUCCESS, body=orjson.dumps(info))
+        return cmd.reply(R.REQUEST_CODE_NOT_SUPPORTED, f"request {cmd.code} is not supported "
+                                                       f"by the shmq Python client")
