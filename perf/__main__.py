@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from perf import (append, broker, features, net_limits, pull_transfer, recovery, redis_peer, sync_flush,
+from perf import (append, broker, client, features, net_limits, pull_transfer, recovery, redis_peer, sync_flush,
                   write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
@@ -129,6 +129,7 @@ BENCHES = {
     "broker_timer_burst": features.run_timer_burst,
     "broker_delay": features.run_delay,
     "broker_sql_filter": features.run_sql_filter,
+    "client_send": client.run_send,
 }
 
 

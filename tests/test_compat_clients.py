@@ -204,6 +204,8 @@ class ClientProc:
             home.mkdir(exist_ok=True)
             env["HOME"] = str(home)
             argv = [sys.executable, str(COMPAT / "cpp_client.py"), role]
+        elif kind == "shmq":
+            argv = [sys.executable, str(COMPAT / "shmq_client.py"), role]
         else:
             env["ONS_MODULES"] = str(CACHE / "node" / "node_modules")
             argv = [shutil.which("node"), str(COMPAT / "ons_client.js"), role]
@@ -583,6 +585,26 @@ def test_cross_client_interop(cpp_client, ons_client, clients, live_broker):
         for r in reqs:
             assert (got[r["body"]]["tags"], got[r["body"]]["keys"]) == (r["tags"], r["keys"]), (sender, r)
         c.stop()
+
+
+@pytest.mark.parametrize("pair", [("shmq", "cpp"), ("shmq", "ons")],
+                         ids=["shmq-to-cpp", "shmq-to-ons"])
+def test_shmq_client_interop_with_real_clients(pair, request, clients, live_broker):
+    """shmq's own Python client sends to a real client's consumer and consumes
+    what a real client's producer sent: bodies, tags and keys intact."""
+    sender, receiver = pair
+    request.getfixturevalue("cpp_client" if "cpp" in pair else "ons_client")
+    topic, prefix = unique(f"Y_{sender}_{receiver}"), unique("y")
+    create_topic(live_broker, topic)
+    reqs = payload(prefix, 8)
+    clients.produce(sender, topic, reqs)
+    c = clients.consumer(receiver, topic, unique("CG_y"))
+    c.started()
+    expect_all(c, {r["body"] for r in reqs}, prefix)
+    got = {e["body"]: e for e in received(c, prefix)}
+    for r in reqs:
+        assert (got[r["body"]]["tags"], got[r["body"]]["keys"]) == (r["tags"], r["keys"]), (pair, r)
+    c.stop()
 
 
 # ------------------------------------------------------------------ delay, retry, DLQ, transactions, SQL92

@@ -1,0 +1,146 @@
+"""shmq's Python client against the real C++-core client, same broker, same run.
+
+- client_send_async: ``AsyncProducer.send`` of 100-byte messages, WINDOW in
+  flight (asyncio tasks) — msg/s; beside it the raw request/response rate
+  on the same transport (the limit) and the C++ core (PyPI
+  ``rocketmq==0.4.4``) doing ``send_async`` with the same window, when
+  that wheel is installed (``pip install rocketmq==0.4.4``; the compat tests
+  install it) — the target is not slower than the native client.
+- client_send_batch: ``send_batch`` of 16 × 100 B — msg/s, C++
+  ``send_batch`` of the same beside it (librocketmq 1.x fails batches of
+  24 or more of these locally, before sending), and shmq's with 256.
+- client_consume: ``PushConsumer`` (concurrently, batch size 32) draining
+  a backlog of 100-byte messages — msg/s, beside raw socket bulk bandwidth
+  in messages of that size; the C++ PushConsumer on the same backlog.
+
+Both clients talk TCP to the broker (the C++ core has no Unix socket); the
+shmq client is run a second time with its Unix-socket path.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+from perf.broker import Broker, create_topic
+from shmq.client import AsyncProducer, ClientConfig, Message
+from shmq.client.remoting import RemotingClient
+
+WINDOW = 64
+BODY = b"x" * 100
+
+
+def _broker(ctx) -> Broker:
+    b = ctx.shared.get("broker-client")
+    if b is None:
+        b = ctx.shared["broker-client"] = Broker(ctx, "ASYNC_FLUSH", "client",
+                                                 embeddedNamesrv="true")
+        ctx.on_close(b.stop)
+    b.alive()
+    return b
+
+
+def _namesrv(b: Broker) -> str:
+    with open(b.conf_path) as f:
+        conf = dict(line.strip().split("=", 1) for line in f if "=" in line)
+    return f"127.0.0.1:{conf['namesrvListenPort']}"
+
+
+def _route_ready(b: Broker, topic: str) -> None:
+    from shmq.ipc.codes import RequestCode as RC
+    from shmq.ipc.remoting import RemotingCommand
+    deadline = time.monotonic() + 10
+    with RemotingClient(_namesrv(b)) as ns:
+        while ns.invoke(RemotingCommand(RC.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic})).code != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topic} never reached the NameServer")
+            time.sleep(0.05)
+
+
+async def _shmq_send(namesrv: str, topic: str, seconds: float, unix: bool, batch: int) -> float:
+    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, instance_name=f"perf-{unix}")
+    async with AsyncProducer("perf-client", client=cfg) as p:
+        sent = 0
+        msgs = [Message(topic, BODY) for _ in range(batch)]
+        await p.send(msgs[0])                                # route, connection, heartbeat
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            if batch == 1:
+                rs = await asyncio.gather(*[p.send(Message(topic, BODY)) for _ in range(WINDOW)])
+                sent += len(rs)
+            else:
+                rs = await asyncio.gather(*[p.send_batch(msgs) for _ in range(max(1, WINDOW // batch))])
+                sent += batch * len(rs)
+        return sent / (time.perf_counter() - t0)
+
+
+_CPP = textwrap.dedent('''
+    import sys, threading, time
+    from rocketmq.client import Message, Producer
+    namesrv, topic, seconds, batch, window = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    p = Producer("perf-cpp"); p.set_namesrv_addr(namesrv); p.start()
+    def msg():
+        m = Message(topic); m.set_body(b"x" * 100); return m
+    p.send_sync(msg())
+    sent = 0; t0 = time.perf_counter(); end = t0 + seconds
+    if batch == 1:
+        sem = threading.Semaphore(window); lock = threading.Lock(); done = [0]
+        def ok(r):
+            with lock: done[0] += 1
+            sem.release()
+        def bad(e):
+            sem.release()
+        while time.perf_counter() < end:
+            sem.acquire(); p.send_async(msg(), ok, bad); sent += 1
+        for _ in range(window): sem.acquire()
+        sent = done[0]
+    else:
+        while time.perf_counter() < end:
+            p.send_batch([msg() for _ in range(batch)]); sent += batch
+    rate = sent / (time.perf_counter() - t0)
+    p.shutdown(); print(rate)
+''')
+
+
+def _cpp_send(namesrv: str, topic: str, seconds: float, batch: int) -> float | None:
+    home = tempfile.mkdtemp(prefix="cpp-home-")
+    env = dict(os.environ, HOME=home)
+    if subprocess.run([sys.executable, "-c", "import rocketmq.client"], env=env,
+                      capture_output=True).returncode != 0:
+        return None
+    r = subprocess.run([sys.executable, "-c", _CPP, namesrv, topic, str(seconds), str(batch),
+                        str(WINDOW)], env=env, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"the C++ client failed: {r.stderr[-800:]}")
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def run_send(ctx, result):
+    b = _broker(ctx)
+    seconds = 1.0 if ctx.quick else 5.0
+    ns = _namesrv(b)
+    rt = ctx.net_rtt("tcp")
+    for batch, name in ((1, "client_send_async"), (16, "client_send_batch")):
+        topic = f"PerfClient_{batch}"
+        with RemotingClient(b.addr("tcp")) as c:
+            create_topic(c, topic, 4)
+        _route_ready(b, topic)
+        tcp = asyncio.run(_shmq_send(ns, topic, seconds, False, batch))
+        unix = asyncio.run(_shmq_send(ns, topic, seconds, True, batch))
+        cpp = _cpp_send(ns, topic, seconds, batch)
+        extra = {}
+        if batch > 1:
+            extra["batch_256"] = round(asyncio.run(_shmq_send(ns, topic, seconds, False, 256)))
+        yield result(name, tcp, "msg/s", rt["rate"],
+                     "raw request/response round trip (tcp, one in flight)",
+                     unix_socket=round(unix), cpp_client=round(cpp) if cpp else None,
+                     vs_cpp=round(tcp / cpp, 3) if cpp else None,
+                     note=None if cpp else "rocketmq==0.4.4 not installed: no C++ comparison",
+                     window=WINDOW, batch=batch, body_bytes=100, **extra)
+
+

@@ -1,0 +1,130 @@
+"""Drives shmq's own Python client with the same JSON-lines protocol as
+``cpp_client.py`` (see there), so the compatibility tests can pair it with
+the real RocketMQ clients in both directions.
+
+``produce``: modes sync, oneway, orderly (queue = arg % queues), batch.
+``consume``: a push consumer (clustering or ``--broadcast``, ``--orderly``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+
+from shmq.client import Message, Producer
+
+_out_lock = threading.Lock()
+
+
+def emit(**obj) -> None:
+    line = json.dumps(obj, sort_keys=True)
+    with _out_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def _message(topic: str, spec: dict) -> Message:
+    return Message(topic, spec.get("body", "").encode(), tags=spec.get("tags") or None,
+                   keys=spec.get("keys") or None, properties=dict(spec.get("props") or {}),
+                   delay_level=int(spec.get("delayLevel") or 0))
+
+
+def by_modulo(queues, msg, arg):
+    return queues[int(arg) % len(queues)]
+
+
+def produce(args) -> int:
+    p = Producer(args.group, namesrv_addr=args.namesrv).start()
+    emit(event="started")
+    try:
+        for line in sys.stdin:
+            line = line.strip()
+            if not line:
+                continue
+            if line == "stop":
+                break
+            req = json.loads(line)
+            mode = req.get("mode", "sync")
+            try:
+                if mode == "oneway":
+                    p.send_oneway(_message(args.topic, req))
+                    emit(event="sent", mode=mode, body=req.get("body"), status="OK", msgId=None,
+                         offset=None)
+                    continue
+                if mode == "sync":
+                    r = p.send(_message(args.topic, req))
+                elif mode == "orderly":
+                    r = p.send(_message(args.topic, req), selector=by_modulo, arg=req["arg"])
+                elif mode == "batch":
+                    r = p.send_batch([_message(args.topic, m) for m in req["msgs"]])
+                else:
+                    emit(event="error", body=req.get("body"), error=f"unknown mode {mode}")
+                    continue
+                emit(event="sent", mode=mode, body=req.get("body"),
+                     bodies=[m.get("body") for m in req.get("msgs", [])] or None,
+                     status="OK" if r.status.value == "SEND_OK" else r.status.value,
+                     msgId=r.msg_id, offset=r.queue_offset)
+            except Exception as e:      # report, keep serving: the test decides
+                emit(event="error", mode=mode, body=req.get("body"), error=f"{type(e).__name__}: {e}")
+    finally:
+        p.shutdown()
+        emit(event="stopped")
+    return 0
+
+
+def consume(args) -> int:
+    from shmq.client import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, PushConsumer
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_message(msgs, context=None):
+        for msg in msgs:
+            body = msg.body.decode("utf-8", "replace")
+            emit(event="recv", body=body, tags=msg.tags, keys=" ".join(msg.keys) or None,
+                 queueId=msg.queue_id, queueOffset=msg.queue_offset, msgId=msg.msg_id,
+                 topic=msg.topic, reconsumeTimes=msg.reconsume_times, bornTs=msg.born_timestamp,
+                 storeTs=msg.store_timestamp, props={}, failed=False, t=time.time())
+        return ConsumeOrderlyStatus.SUCCESS if args.orderly else ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    c = PushConsumer(args.group, namesrv_addr=args.namesrv,
+                     message_model="BROADCASTING" if args.broadcast else "CLUSTERING",
+                     consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    c.subscribe(args.topic, args.expr)
+    c.register_message_listener(on_message, orderly=args.orderly)
+    c.start()
+    emit(event="started")
+
+    def read_stdin():
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+    threading.Thread(target=read_stdin, daemon=True).start()
+    stop.wait(args.max_seconds)
+    c.shutdown()
+    emit(event="stopped")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("produce")
+    pc = sub.add_parser("consume")
+    for p in (pp, pc):
+        p.add_argument("--namesrv", required=True)
+        p.add_argument("--group", required=True)
+        p.add_argument("--topic", required=True)
+    pc.add_argument("--expr", default="*")
+    pc.add_argument("--broadcast", action="store_true")
+    pc.add_argument("--orderly", action="store_true")
+    pc.add_argument("--max-seconds", type=float, default=120.0)
+    args = ap.parse_args(argv)
+    return produce(args) if args.cmd == "produce" else consume(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
