@@ -1,0 +1,31 @@
+"""Consume OrderTopic orderly: one queue at a time, in order, with a queue lock.
+
+    python examples/ordered_consumer.py [count]
+"""
+import sys
+import threading
+
+from shmq.client import ConsumeOrderlyStatus, PushConsumer
+
+count = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+done = threading.Event()
+seen = []
+
+
+def on_messages(msgs):
+    for m in msgs:
+        print("queue", m.queue_id, m.body.decode())
+        seen.append(m)
+    if len(seen) >= count:
+        done.set()
+    return ConsumeOrderlyStatus.SUCCESS
+
+
+consumer = PushConsumer("ordered-consumer", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+consumer.subscribe("OrderTopic", "*")
+consumer.register_message_listener(on_messages, orderly=True)
+consumer.start()
+try:
+    done.wait(60)
+finally:
+    consumer.shutdown()
