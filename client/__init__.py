@@ -6,16 +6,28 @@ Blocking (``from shmq.client import Producer, Message``)::
         r = p.send(Message("TopicA", b"hello", tags="TagA", keys="order-1"))
         print(r.status, r.msg_id, r.queue, r.queue_offset)
 
-asyncio: ``AsyncProducer``, ``AsyncTransactionProducer`` (same methods, awaited).
+Consumers: ``PushConsumer`` (concurrently or orderly listeners, clustering or
+broadcasting) and ``LitePullConsumer`` (poll, commit, seek). asyncio: the
+``Async…`` classes, same methods, awaited.
 It speaks the RocketMQ 4.x protocol, so it works with shmq and with any 4.x
 broker; it never imports the broker.
 """
-from .blocking import Producer, TransactionProducer
+from .blocking import LitePullConsumer, Producer, PushConsumer, TransactionProducer
+from .consumer import (AsyncPushConsumer, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
+                       ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageListenerConcurrently,
+                       MessageListenerOrderly)
 from .instance import ClientConfig, MQClientError
+from .lite_pull import AsyncLitePullConsumer
 from .message import Message, MessageExt, MessageQueue, SendResult, SendStatus
 from .producer import (AsyncProducer, AsyncTransactionProducer, LocalTransactionState,
                        TransactionListener, select_by_hash)
+from .rebalance import averagely, averagely_by_circle, by_config, consistent_hash
 
-__all__ = ["AsyncProducer", "AsyncTransactionProducer", "ClientConfig", "LocalTransactionState",
-           "MQClientError", "Message", "MessageExt", "MessageQueue", "Producer", "SendResult",
-           "SendStatus", "TransactionListener", "TransactionProducer", "select_by_hash"]
+__all__ = ["AsyncLitePullConsumer", "AsyncProducer", "AsyncPushConsumer",
+           "AsyncTransactionProducer", "ClientConfig", "ConsumeConcurrentlyContext",
+           "ConsumeConcurrentlyStatus", "ConsumeOrderlyContext", "ConsumeOrderlyStatus",
+           "LitePullConsumer", "LocalTransactionState", "MQClientError", "Message",
+           "MessageExt", "MessageListenerConcurrently", "MessageListenerOrderly",
+           "MessageQueue", "Producer", "PushConsumer", "SendResult", "SendStatus",
+           "TransactionListener", "TransactionProducer", "averagely", "averagely_by_circle",
+           "by_config", "consistent_hash", "select_by_hash"]

@@ -106,3 +106,123 @@ class TransactionProducer(Producer):
 
     def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
         return self._run(self._p.send_message_in_transaction(msg, arg))
+
+
+# ---------------------------------------------------------------- consumers
+from .consumer import AsyncPushConsumer  # noqa: E402  (appended with the consumers)
+from .lite_pull import AsyncLitePullConsumer  # noqa: E402
+from .message import MessageExt  # noqa: E402
+
+
+async def _on_loop(fn: Callable, *args: Any) -> Any:
+    """Call ``fn`` on the client's loop (what touches the consumer's state)."""
+    return fn(*args)
+
+
+class PushConsumer:
+    """DefaultMQPushConsumer: ``subscribe()``, ``register_message_listener()``,
+    ``start()``, ``shutdown()``. A plain listener runs in the consumer's
+    thread pool, a coroutine function on the client's thread."""
+
+    def __init__(self, group: str, **settings):
+        self._c = AsyncPushConsumer(group, **settings)
+
+    def _run(self, coro):
+        return loop_thread().run(coro)
+
+    def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
+        self._run(_on_loop(self._c.subscribe, topic, expression, expression_type))
+
+    def unsubscribe(self, topic: str) -> None:
+        self._run(_on_loop(self._c.unsubscribe, topic))
+
+    def register_message_listener(self, listener) -> None:
+        self._run(_on_loop(self._c.register_message_listener, listener))
+
+    def start(self) -> "PushConsumer":
+        self._run(self._c.start())
+        return self
+
+    def shutdown(self) -> None:
+        self._run(self._c.shutdown())
+
+    def suspend(self) -> None:
+        self._run(_on_loop(self._c.suspend))
+
+    def resume(self) -> None:
+        self._run(_on_loop(self._c.resume))
+
+    def assigned_queues(self) -> set[MessageQueue]:
+        return self._run(_on_loop(self._c.assigned_queues))
+
+    def __enter__(self) -> "PushConsumer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+class LitePullConsumer:
+    """DefaultLitePullConsumer: ``subscribe()`` or ``assign()``, ``start()``,
+    ``poll()``, ``commit_sync()``, ``seek()``, ``shutdown()``."""
+
+    def __init__(self, group: str, **settings):
+        self._c = AsyncLitePullConsumer(group, **settings)
+
+    def _run(self, coro):
+        return loop_thread().run(coro)
+
+    def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
+        self._run(_on_loop(self._c.subscribe, topic, expression, expression_type))
+
+    def unsubscribe(self, topic: str) -> None:
+        self._run(_on_loop(self._c.unsubscribe, topic))
+
+    def assign(self, queues) -> None:
+        self._run(_on_loop(self._c.assign, list(queues)))
+
+    def assignment(self) -> set[MessageQueue]:
+        return self._run(_on_loop(self._c.assignment))
+
+    def start(self) -> "LitePullConsumer":
+        self._run(self._c.start())
+        return self
+
+    def shutdown(self) -> None:
+        self._run(self._c.shutdown())
+
+    def __enter__(self) -> "LitePullConsumer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def poll(self, timeout: float | None = None) -> list[MessageExt]:
+        return self._run(self._c.poll(timeout))
+
+    def commit_sync(self, offsets: dict[MessageQueue, int] | None = None, persist: bool = True) -> None:
+        self._run(self._c.commit_sync(offsets, persist))
+
+    def committed(self, mq: MessageQueue) -> int:
+        return self._run(self._c.committed(mq))
+
+    def seek(self, mq: MessageQueue, offset: int) -> None:
+        self._run(self._c.seek(mq, offset))
+
+    def seek_to_begin(self, mq: MessageQueue) -> None:
+        self._run(self._c.seek_to_begin(mq))
+
+    def seek_to_end(self, mq: MessageQueue) -> None:
+        self._run(self._c.seek_to_end(mq))
+
+    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return self._run(self._c.offset_for_timestamp(mq, timestamp_ms))
+
+    def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        return self._run(self._c.fetch_message_queues(topic))
+
+    def pause(self, queues) -> None:
+        self._run(_on_loop(self._c.pause, list(queues)))
+
+    def resume(self, queues) -> None:
+        self._run(_on_loop(self._c.resume, list(queues)))

@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import socket
+import time
 from dataclasses import dataclass, field
 
 import orjson
@@ -68,10 +69,15 @@ class ClientConfig:
             return "127.0.0.1"
 
     def client_id(self) -> str:
-        name = self.instance_name
-        if name == "DEFAULT":
-            name = str(os.getpid())       # ClientConfig.changeInstanceNameToPID
-        return f"{self.ip()}@{name}"
+        if self.instance_name == "DEFAULT" or self._pid != os.getpid():
+            # ClientConfig.changeInstanceNameToPID (4.9.7: pid#nanoTime), once per
+            # config and again in a forked child
+            self.instance_name = f"{os.getpid()}#{time.monotonic_ns()}"
+            self._pid = os.getpid()
+        return f"{self.ip()}@{self.instance_name}"
+
+    def __post_init__(self):
+        self._pid = os.getpid() if self.instance_name != "DEFAULT" else -1
 
 
 @dataclass
@@ -202,13 +208,21 @@ class ClientInstance:
         return r
 
     async def refresh_routes(self) -> None:
+        """Every topic in use; a consumer re-balances when its topic's queues change
+        (or its topic appears). One failing topic does not stop the others."""
         topics = set(self.routes)
         for c in self.consumers.values():
             topics |= set(c.topics())
         for topic in topics:
             old = self.routes.get(topic)
-            new = await self.route(topic, refresh=True)
-            if new is not None and old is not None and (new.subscribe != old.subscribe):
+            try:
+                new = await self.route(topic, refresh=True)
+            except (RemotingError, MQClientError) as e:
+                log.warning("route of %s: %s", topic, e)
+                continue
+            if new is None:
+                self.routes.pop(topic, None)
+            if (new.subscribe if new else None) != (old.subscribe if old else None):
                 for c in self.consumers.values():
                     if topic in c.topics():
                         c.rebalance_soon()

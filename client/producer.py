@@ -180,8 +180,9 @@ class AsyncProducer:
         timeout = timeout or self.config.send_msg_timeout
         uniq = msg.properties.get(UNIQ_KEY) or unique_ids.next()
         deadline = time.monotonic() + timeout
+        queues = await self.publish_queues(msg.topic)      # also loads the route of a given queue
         if queue is None and selector is not None:
-            queue = selector(await self.publish_queues(msg.topic), msg, arg)
+            queue = selector(queues, msg, arg)
         tries = 1 if queue is not None else 1 + self.config.retry_times_when_send_failed
         last: Exception | None = None
         for _ in range(tries):
@@ -219,7 +220,8 @@ class AsyncProducer:
     async def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         """Send without waiting for any answer."""
         self._check(msg)
-        q = queue or self._pick(await self.publish_queues(msg.topic))
+        queues = await self.publish_queues(msg.topic)
+        q = queue or self._pick(queues)
         conn = await self._inst().broker(q.broker_name)
         conn.send_oneway(self._request(msg, q, msg.properties.get(UNIQ_KEY) or unique_ids.next()))
 
@@ -245,7 +247,8 @@ class AsyncProducer:
         if len(body) > self.config.max_message_size:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"the batch is {len(body)} bytes, over "
                                 f"max_message_size {self.config.max_message_size}")
-        q = queue or self._pick(await self.publish_queues(topic))
+        queues = await self.publish_queues(topic)
+        q = queue or self._pick(queues)
         cmd = RemotingCommand(RC.SEND_BATCH_MESSAGE, body=body, ext={
             "a": self.group, "b": topic, "c": self.config.create_topic_key,
             "d": str(self.config.default_topic_queue_nums), "e": str(q.queue_id), "f": "0",

@@ -13,7 +13,7 @@ done = threading.Event()
 seen = []
 
 
-def on_messages(msgs):
+def on_messages(msgs, context):
     seen.extend(msgs)
     for m in msgs:
         print("broadcast", m.msg_id, m.body.decode())

@@ -5,14 +5,14 @@
 import sys
 import threading
 
-from shmq.client import ConsumeOrderlyStatus, PushConsumer
+from shmq.client import ConsumeOrderlyStatus, MessageListenerOrderly, PushConsumer
 
 count = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 done = threading.Event()
 seen = []
 
 
-def on_messages(msgs):
+def on_messages(msgs, context):
     for m in msgs:
         print("queue", m.queue_id, m.body.decode())
         seen.append(m)
@@ -23,7 +23,7 @@ def on_messages(msgs):
 
 consumer = PushConsumer("ordered-consumer", consume_from_where="CONSUME_FROM_FIRST_OFFSET")
 consumer.subscribe("OrderTopic", "*")
-consumer.register_message_listener(on_messages, orderly=True)
+consumer.register_message_listener(MessageListenerOrderly(on_messages))
 consumer.start()
 try:
     done.wait(60)

@@ -12,7 +12,7 @@ done = threading.Event()
 seen = []
 
 
-def on_messages(msgs):
+def on_messages(msgs, context):
     for m in msgs:
         print(m.topic, m.tags, m.msg_id, m.body.decode())
         seen.append(m)

@@ -587,8 +587,8 @@ def test_cross_client_interop(cpp_client, ons_client, clients, live_broker):
         c.stop()
 
 
-@pytest.mark.parametrize("pair", [("shmq", "cpp"), ("shmq", "ons")],
-                         ids=["shmq-to-cpp", "shmq-to-ons"])
+@pytest.mark.parametrize("pair", [("shmq", "cpp"), ("shmq", "ons"), ("cpp", "shmq"), ("ons", "shmq")],
+                         ids=["shmq-to-cpp", "shmq-to-ons", "cpp-to-shmq", "ons-to-shmq"])
 def test_shmq_client_interop_with_real_clients(pair, request, clients, live_broker):
     """shmq's own Python client sends to a real client's consumer and consumes
     what a real client's producer sent: bodies, tags and keys intact."""

@@ -76,7 +76,8 @@ def produce(args) -> int:
 
 
 def consume(args) -> int:
-    from shmq.client import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, PushConsumer
+    from shmq.client import (ConsumeConcurrentlyStatus, ConsumeOrderlyStatus,
+                             MessageListenerConcurrently, MessageListenerOrderly, PushConsumer)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -93,7 +94,8 @@ def consume(args) -> int:
                      message_model="BROADCASTING" if args.broadcast else "CLUSTERING",
                      consume_from_where="CONSUME_FROM_FIRST_OFFSET")
     c.subscribe(args.topic, args.expr)
-    c.register_message_listener(on_message, orderly=args.orderly)
+    wrap = MessageListenerOrderly if args.orderly else MessageListenerConcurrently
+    c.register_message_listener(wrap(on_message))
     c.start()
     emit(event="started")
 

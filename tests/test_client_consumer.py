@@ -1,0 +1,631 @@
+"""shmq's Python consumers: allocation, offsets, push (concurrently and
+orderly), lite pull, against one real broker (delay levels all 1 s, SQL92 on)."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import os
+import random
+import threading
+import time
+
+import orjson
+import pytest
+
+from brokerproc import start_broker
+from shmq.client import (AsyncLitePullConsumer, AsyncProducer, AsyncPushConsumer,
+                         ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, LitePullConsumer, Message,
+                         MessageListenerOrderly, MessageQueue, MQClientError, Producer, PushConsumer,
+                         averagely, averagely_by_circle, by_config, consistent_hash, select_by_hash)
+from shmq.client.consumer import ProcessQueue, SubscriptionData
+from shmq.client.offsets import (ReadOffsetType, compute_pull_from_where, dump_offset_table,
+                                 parse_offset_table)
+from shmq.client.remoting import RemotingClient
+from shmq.client.requests import create_topic, decode_records, pull_message
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import RemotingCommand
+
+OK = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
+FAST = dict(pull_time_delay_millis_when_exception=300, persist_consumer_offset_interval=1.0)
+
+
+# ---------------------------------------------------------------- pure units
+def _mqs(topic, brokers, n):
+    return sorted(MessageQueue(topic, b, i) for b in brokers for i in range(n))
+
+
+def _short(queues):
+    return [f"{q.broker_name[-1]}{q.queue_id}" for q in queues]
+
+
+# Java 4.9.7's strategies run on these inputs (client ids sorted, queues sorted)
+JAVA_ALLOCATIONS = [
+    # (topic, brokers, queues per broker, cids, strategy, {cid: queues})
+    ("T", "ab", 4, ["c1", "c2", "c3"], averagely,
+     {"c1": ["a0", "a1", "a2"], "c2": ["a3", "b0", "b1"], "c3": ["b2", "b3"]}),
+    ("T", "ab", 4, ["c1", "c2", "c3"], averagely_by_circle,
+     {"c1": ["a0", "a3", "b2"], "c2": ["a1", "b0", "b3"], "c3": ["a2", "b1"]}),
+    ("T", "ab", 4, ["c1", "c2", "c3"], consistent_hash,
+     {"c1": ["a0", "b0", "b3"], "c2": ["a1", "a2", "b2"], "c3": ["a3", "b1"]}),
+    ("T", "ab", 4, ["c1", "c2", "c3"], functools.partial(consistent_hash, virtual_node_cnt=3),
+     {"c1": ["a0", "b2"], "c2": ["a2"], "c3": ["a1", "a3", "b0", "b1", "b3"]}),
+    ("T", "a", 8, ["c1", "c2", "c3"], averagely,
+     {"c1": ["a0", "a1", "a2"], "c2": ["a3", "a4", "a5"], "c3": ["a6", "a7"]}),
+    ("T", "a", 8, ["c1", "c2", "c3"], consistent_hash,
+     {"c1": ["a0", "a4"], "c2": ["a1", "a2", "a5", "a6", "a7"], "c3": ["a3"]}),
+    ("T", "a", 2, ["c1", "c2", "c3", "c4"], averagely, {"c1": ["a0"], "c2": ["a1"], "c3": [], "c4": []}),
+    ("T", "a", 2, ["c1", "c2", "c3", "c4"], consistent_hash,
+     {"c1": ["a0"], "c2": [], "c3": [], "c4": ["a1"]}),
+    ("TopicTest", "ab", 4, ["192.168.0.1@123", "192.168.0.2@456"], consistent_hash,
+     {"192.168.0.1@123": ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"], "192.168.0.2@456": []}),
+]
+
+
+@pytest.mark.parametrize("case", JAVA_ALLOCATIONS, ids=lambda c: f"{c[0]}-{len(c[3])}")
+def test_allocation_strategies_give_javas_results(case):
+    topic, brokers, n, cids, strategy, want = case
+    mq_all = _mqs(topic, [f"broker-{b}" for b in brokers], n)
+    got = {cid: _short(strategy("g", cid, mq_all, cids)) for cid in cids}
+    assert got == want
+    if strategy is not consistent_hash:            # every queue exactly once
+        assert sorted(q for qs in got.values() for q in qs) == sorted(_short(mq_all))
+
+
+def test_allocation_edge_cases():
+    mq_all = _mqs("T", ["broker-a"], 4)
+    assert averagely("g", "stranger", mq_all, ["c1", "c2"]) == []        # not a member yet
+    with pytest.raises(ValueError):
+        averagely("g", "c1", [], ["c1"])
+    fixed = [MessageQueue("T", "broker-a", 3)]
+    assert by_config(fixed)("g", "anyone", mq_all, ["c1"]) == fixed
+
+
+def test_fastjson_offset_tables_parse():
+    java = (b'{"offsetTable":{{"brokerName":"broker-a","queueId":0,"topic":"T"}:12,'
+            b'{"brokerName":"broker-a","queueId":1,"topic":"T"}:0}}')
+    want = {MessageQueue("T", "broker-a", 0): 12, MessageQueue("T", "broker-a", 1): 0}
+    assert parse_offset_table(java) == want
+    pretty = ('{\n\t"offsetTable":{{\n\t\t\t"brokerName":"b",\n\t\t\t"queueId":3,'
+              '\n\t\t\t"topic":"x\\"y"\n\t\t}:5280\n\t}\n}')
+    assert parse_offset_table(pretty) == {MessageQueue('x"y', "b", 3): 5280}
+    for_c = b'{"offsetTable":[{"brokerName":"b","offset":7,"queueId":2,"topic":"T"}]}'
+    assert parse_offset_table(for_c) == {MessageQueue("T", "b", 2): 7}
+    assert parse_offset_table(dump_offset_table(want)) == want
+    for bad in (b'{"offsetTable":{', b'{"other":1}', b'{"offsetTable":{"T":1}}', b"[1,2"):
+        with pytest.raises(ValueError):
+            parse_offset_table(bad)
+
+
+class _FakeStore:
+    def __init__(self, stored):
+        self.stored = stored
+
+    async def read_offset(self, mq, how):
+        assert how is ReadOffsetType.READ_FROM_STORE
+        return self.stored
+
+
+class _FakeInstance:
+    """Answers GET_MAX_OFFSET with 100, SEARCH_OFFSET_BY_TIMESTAMP with 42."""
+
+    def broker_addr(self, name):
+        return "addr"
+
+    async def invoke(self, broker, cmd, timeout=None):
+        return cmd.reply(R.SUCCESS, ext={"offset": {RC.GET_MAX_OFFSET: "100",
+                                                    RC.SEARCH_OFFSET_BY_TIMESTAMP: "42"}[cmd.code]})
+
+
+def test_compute_pull_from_where_without_a_stored_offset():
+    mq, retry = MessageQueue("T", "b", 0), MessageQueue("%RETRY%g", "b", 0)
+
+    def start(stored, where, q=mq):
+        return asyncio.run(compute_pull_from_where(_FakeInstance(), _FakeStore(stored), q, where, 1))
+    assert start(7, "CONSUME_FROM_LAST_OFFSET") == 7                  # a stored offset wins
+    assert start(-1, "CONSUME_FROM_LAST_OFFSET") == 100               # QUERY_NOT_FOUND: the end
+    assert start(-1, "CONSUME_FROM_FIRST_OFFSET") == 0
+    assert start(-1, "CONSUME_FROM_TIMESTAMP") == 42
+    assert start(-1, "CONSUME_FROM_LAST_OFFSET", retry) == 0          # retry queues from 0
+    assert start(-1, "CONSUME_FROM_TIMESTAMP", retry) == 100
+    assert start(-2, "CONSUME_FROM_FIRST_OFFSET") == -1               # broker unreachable: later
+
+
+def test_subscription_data_and_heartbeat():
+    sub = SubscriptionData.build("T", " TagA || TagB ||| x || TagA")
+    assert sub.tags_set == ["TagA", "TagB", "| x"]
+    assert sub.code_set[:2] == [2598919, 2598920]                    # Java "TagA".hashCode()
+    assert SubscriptionData.build("T", "*").tags_set == []
+    sql = SubscriptionData.build("T", "a > 1", "SQL92")
+    assert (sql.expression_type, sql.tags_set) == ("SQL92", [])
+    with pytest.raises(ValueError):
+        SubscriptionData.build("T", "", "SQL92")
+    c = AsyncPushConsumer("hb-group", namesrv_addr="127.0.0.1:1", message_model="BROADCASTING")
+    c.subscribe("T", "TagA || TagB")
+    data = orjson.loads(orjson.dumps(c.consumer_data()))
+    assert data["consumeType"] == "CONSUME_PASSIVELY" and data["messageModel"] == "BROADCASTING"
+    [sd] = data["subscriptionDataSet"]
+    assert {k: sd[k] for k in ("topic", "subString", "tagsSet", "codeSet", "expressionType")} == {
+        "topic": "T", "subString": "TagA || TagB", "tagsSet": ["TagA", "TagB"],
+        "codeSet": [2598919, 2598920], "expressionType": "TAG"}
+    info = orjson.loads(orjson.dumps(c.running_info()))         # GET_CONSUMER_RUNNING_INFO
+    assert info["properties"]["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+    assert info["properties"]["allocate_strategy"] == "AVG"
+    with pytest.raises(TypeError):
+        AsyncPushConsumer("g", no_such_setting=1)
+    with pytest.raises(ValueError):
+        AsyncPushConsumer("g", message_model="EVERYONE")
+
+
+def test_process_queue_commits_the_smallest_unconsumed_offset():
+    class M:
+        def __init__(self, off):
+            self.queue_offset, self.body = off, b"x"
+    pq = ProcessQueue()
+    msgs = [M(o) for o in range(10, 15)]
+    assert pq.put_messages(msgs) is True and pq.put_messages([M(15)]) is False
+    assert pq.max_span() == 5 and pq.msg_count == 6
+    assert pq.remove_messages([msgs[1], msgs[2]]) == 10        # 10 is not done yet
+    assert pq.remove_messages([msgs[0]]) == 13
+    assert pq.remove_messages([msgs[3], msgs[4]]) == 15
+    taken = pq.take_messages(1)
+    pq.make_message_to_consume_again(taken)
+    assert [m.queue_offset for m in pq.take_messages(1)] == [15] and pq.commit() == 16
+    assert pq.take_messages(1) == [] and pq.consuming is False
+
+
+# ---------------------------------------------------------------- against a broker
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = start_broker(tmp_path_factory.mktemp("consumer"), enablePropertyFilter="true",
+                     messageDelayLevel=" ".join(["1s"] * 18))
+    yield b
+    assert b.stop() == 0, b.log()[-3000:]
+
+
+def topic_of(request) -> str:
+    return "CC_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[-80:]
+
+
+def make_topic(broker, topic, queues=4):
+    with RemotingClient(broker.addr) as c:
+        assert c.invoke(create_topic(topic, queues)).code == R.SUCCESS
+    deadline = time.monotonic() + 5              # routable before a client asks
+    with RemotingClient(broker.namesrv) as ns:
+        while ns.invoke(RemotingCommand(RC.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic})).code \
+                != R.SUCCESS and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return topic
+
+
+def stored(broker, topic, queues=1):
+    out = []
+    with RemotingClient(broker.addr) as c:
+        for q in range(queues):
+            r = c.invoke(pull_message(topic, q, 0, max_msgs=1000))
+            out += decode_records(r.body) if r.code == R.SUCCESS else []
+    return out
+
+
+async def until(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+async def send_all(broker, topic, bodies, **kw):
+    async with AsyncProducer("pg-" + topic[-40:], namesrv_addr=broker.namesrv) as p:
+        return [await p.send(Message(topic, b, **kw)) for b in bodies]
+
+
+def recorder(into: list, status=OK):
+    async def listener(msgs, context):
+        into.extend(msgs)
+        return status
+    return listener
+
+
+def test_clustering_splits_queues_and_takes_over_when_one_leaves(broker, request):
+    topic = make_topic(broker, topic_of(request))
+    group = "cg-split"
+
+    async def main():
+        got1, got2 = [], []
+        c1 = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, instance_name="c1", **FAST)
+        c2 = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, instance_name="c2", **FAST)
+        for c, got in ((c1, got1), (c2, got2)):
+            c.subscribe(topic)
+            c.register_message_listener(recorder(got))
+            await c.start()
+
+        def mine(c):
+            return {mq for mq in c.assigned_queues() if mq.topic == topic}
+        await until(lambda: len(mine(c1)) == len(mine(c2)) == 2 and not mine(c1) & mine(c2),
+                    what="two consumers holding two queues each")
+        await send_all(broker, topic, [b"a%d" % i for i in range(40)])
+        await until(lambda: len(got1) + len(got2) >= 40, what="the first 40")
+        assert got1 and got2 and {m.queue_id for m in got1}.isdisjoint({m.queue_id for m in got2})
+        await c2.shutdown()
+        await until(lambda: len(mine(c1)) == 4, what="c1 taking every queue")
+        await send_all(broker, topic, [b"b%d" % i for i in range(40)])
+        await until(lambda: len(got1) + len(got2) >= 80, what="all 80")
+        await asyncio.sleep(0.3)
+        await c1.shutdown()
+        counts = collections.Counter(m.body for m in got1 + got2)
+        assert set(counts.values()) == {1} and len(counts) == 80          # exactly once
+    asyncio.run(main())
+
+
+def test_broadcasting_delivers_to_every_consumer(broker, request, tmp_path):
+    topic = make_topic(broker, topic_of(request), 2)
+    group = "cg-broadcast"
+    got = {"b1": [], "b2": []}
+    consumers = []
+    for name in got:
+        c = PushConsumer(group, namesrv_addr=broker.namesrv, instance_name=name,
+                         message_model="BROADCASTING", local_offset_store_dir=str(tmp_path),
+                         consume_from_where="CONSUME_FROM_FIRST_OFFSET", **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(lambda msgs, ctx, into=got[name]: (into.extend(msgs), OK)[1])
+        consumers.append(c.start())
+    with Producer("pg-broadcast", namesrv_addr=broker.namesrv) as p:
+        for i in range(20):
+            p.send(Message(topic, b"m%d" % i))
+    wait_for(lambda: all(len(v) == 20 for v in got.values()), what="20 messages each")
+    for c in consumers:
+        c.shutdown()
+    for name, msgs in got.items():
+        assert sorted(m.body for m in msgs) == sorted(b"m%d" % i for i in range(20))
+        [client_dir] = [d for d in os.listdir(tmp_path) if d.endswith("@" + name)]
+        with open(tmp_path / client_dir / group / "offsets.json") as f:
+            offsets = parse_offset_table(f.read())
+        assert sum(offsets.values()) == 20                       # every queue consumed to its end
+
+
+def test_orderly_consumption_keeps_each_orders_sequence(broker, request):
+    topic = make_topic(broker, topic_of(request))
+    seen: list[tuple[int, int, int]] = []
+    suspended = collections.Counter()
+
+    class Listener(MessageListenerOrderly):
+        def consume_message(self, msgs, context):          # a plain method: a consume thread
+            [m] = msgs
+            order, step = map(int, m.body.split(b":"))
+            if (order, step) == (1, 3) and suspended[(order, step)] < 2:
+                suspended[(order, step)] += 1
+                context.suspend_current_queue_time_millis = 50
+                seen.append((order, step, m.reconsume_times))
+                return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+            time.sleep(random.random() / 500)
+            seen.append((order, step, m.reconsume_times))
+            return ConsumeOrderlyStatus.SUCCESS
+
+    async def main():
+        c = AsyncPushConsumer("cg-orderly", namesrv_addr=broker.namesrv, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(Listener())
+        await c.start()
+        async with AsyncProducer("pg-orderly", namesrv_addr=broker.namesrv) as p:
+            for step in range(10):
+                for order in range(4):
+                    await p.send(Message(topic, b"%d:%d" % (order, step)), selector=select_by_hash,
+                                 arg=order)
+        await until(lambda: len(seen) >= 42, what="40 steps and 2 retries")
+        await c.shutdown()
+    asyncio.run(main())
+    for order in range(4):
+        steps = [(s, t) for o, s, t in seen if o == order]
+        if order == 1:
+            assert steps[3:6] == [(3, 0), (3, 1), (3, 2)]        # retried here, in place
+            steps = [s for s in steps if s[0] != 3 or s[1] == 2]
+        assert [s for s, _ in steps] == list(range(10))
+
+
+def test_orderly_gives_up_to_the_dlq_after_max_reconsume_times(broker, request):
+    topic = make_topic(broker, topic_of(request), 1)
+    group = "cg-orderly-dlq"
+    seen = []
+
+    async def listener(msgs, context):
+        seen.append((msgs[0].body, msgs[0].reconsume_times))
+        context.suspend_current_queue_time_millis = 10
+        return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT if msgs[0].body == b"poison" \
+            else ConsumeOrderlyStatus.SUCCESS
+
+    async def main():
+        c = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, max_reconsume_times=2, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(MessageListenerOrderly(listener))
+        await c.start()
+        await send_all(broker, topic, [b"poison", b"next"])
+        await until(lambda: (b"next", 0) in seen, what="the message after the poison")
+        await c.shutdown()
+    asyncio.run(main())
+    assert seen == [(b"poison", 0), (b"poison", 1), (b"poison", 2), (b"next", 0)]
+    [dead] = stored(broker, "%DLQ%" + group)
+    assert dead.body == b"poison" and dead.properties["RETRY_TOPIC"] == topic
+
+
+def test_reconsume_later_retries_with_back_off_then_dead_letters(broker, request):
+    topic = make_topic(broker, topic_of(request), 2)
+    group = "cg-retry"
+    seen = []
+
+    async def listener(msgs, context):
+        for m in msgs:
+            seen.append((m.body, m.reconsume_times, m.topic))
+        return LATER if msgs[0].body == b"bad" else OK
+
+    async def main():
+        c = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, max_reconsume_times=2, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(listener)
+        await c.start()
+        await send_all(broker, topic, [b"good", b"bad"])
+        await until(lambda: len(stored(broker, "%DLQ%" + group)) == 1, timeout=15,
+                    what="the dead letter")
+        await c.shutdown()
+    asyncio.run(main())
+    assert [(t, topic_) for b, t, topic_ in seen if b == b"bad"] == [(0, topic), (1, topic), (2, topic)]
+    assert [b for b, _, _ in seen].count(b"good") == 1
+    [dead] = stored(broker, "%DLQ%" + group)
+    assert dead.body == b"bad" and dead.reconsume_times == 3     # the DLQ hop counts too
+
+
+def test_a_refused_send_back_is_re_sent_to_the_retry_topic(broker, request, monkeypatch):
+    """When CONSUMER_SEND_MSG_BACK fails the client sends the message to
+    %RETRY%<group> itself; the broker dead-letters it at max_reconsume_times."""
+    import shmq.client.consumer as consumer_module
+    real = consumer_module.send_back
+    monkeypatch.setattr(consumer_module, "send_back",
+                        lambda group, phy, *a, **kw: real(group, 1 << 40, *a, **kw))  # no such record
+    topic = make_topic(broker, topic_of(request), 1)
+    group = "cg-fallback"
+    seen = []
+
+    async def main():
+        c = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, max_reconsume_times=2, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(recorder(seen, LATER))
+        await c.start()
+        await send_all(broker, topic, [b"refused"])
+        await until(lambda: len(stored(broker, "%DLQ%" + group)) == 1, timeout=15,
+                    what="the dead letter")
+        await c.shutdown()
+    asyncio.run(main())
+    assert [(m.body, m.reconsume_times, m.topic) for m in seen] == [(b"refused", 0, topic),
+                                                                    (b"refused", 1, topic)]
+    [dead] = stored(broker, "%DLQ%" + group)
+    assert dead.properties["RETRY_TOPIC"] == topic and dead.properties["ORIGIN_MESSAGE_ID"]
+
+
+def test_a_restarted_consumer_resumes_at_its_committed_offset(broker, request):
+    topic = make_topic(broker, topic_of(request))
+    group = "cg-resume"
+    got = []
+    lock = threading.Lock()
+
+    def listener(msgs, context):                              # runs in a consume thread
+        with lock:
+            got.extend(m.body for m in msgs)
+        return OK
+
+    def consumer():
+        c = PushConsumer(group, namesrv_addr=broker.namesrv, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(listener)
+        return c.start()
+
+    with Producer("pg-resume", namesrv_addr=broker.namesrv) as p:
+        c = consumer()
+        for i in range(30):
+            p.send(Message(topic, b"r%d" % i))
+        wait_for(lambda: len(got) >= 30, what="the first 30")
+        c.shutdown()
+        for i in range(30, 60):
+            p.send(Message(topic, b"r%d" % i))
+    c = consumer()
+    wait_for(lambda: len(got) >= 60, what="the next 30")
+    time.sleep(0.3)
+    c.shutdown()
+    assert sorted(got) == sorted(b"r%d" % i for i in range(60))     # nothing twice, nothing lost
+
+
+def test_consume_from_where_for_a_new_group(broker, request):
+    """A queue that still holds its first message answers a new group's
+    offset query with 0 (ConsumerManageProcessor), so LAST reads it from
+    the start too; without an offset the client applies the setting
+    (test_compute_pull_from_where_without_a_stored_offset)."""
+    topic = make_topic(broker, topic_of(request), 2)
+
+    async def consume(group, where):
+        got = []
+        c = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, consume_from_where=where, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(recorder(got))
+        await c.start()
+        await until(lambda: len(got) >= 5, what=f"5 messages for {where}")
+        await c.shutdown()
+        return sorted(m.body for m in got)
+
+    async def main():
+        await send_all(broker, topic, [b"old%d" % i for i in range(5)])
+        assert await consume("cg-first", "CONSUME_FROM_FIRST_OFFSET") == [b"old%d" % i for i in range(5)]
+        assert await consume("cg-last", "CONSUME_FROM_LAST_OFFSET") == [b"old%d" % i for i in range(5)]
+    asyncio.run(main())
+
+
+def test_tag_and_sql92_filters(broker, request):
+    topic = make_topic(broker, topic_of(request), 2)
+
+    async def main():
+        tags, sql = [], []
+        ct = AsyncPushConsumer("cg-tags", namesrv_addr=broker.namesrv, **FAST)
+        ct.subscribe(topic, "TagA || TagB")
+        ct.register_message_listener(recorder(tags))
+        cs = AsyncPushConsumer("cg-sql", namesrv_addr=broker.namesrv, **FAST)
+        cs.subscribe(topic, "a >= 5 AND color = 'red'", "SQL92")
+        cs.register_message_listener(recorder(sql))
+        await ct.start()
+        await cs.start()
+        async with AsyncProducer("pg-filter", namesrv_addr=broker.namesrv) as p:
+            for i in range(10):
+                await p.send(Message(topic, b"t%d" % i, tags=["TagA", "TagB", "TagC", None, "TagAB"][i % 5],
+                                     properties={"a": str(i), "color": "red" if i % 2 else "blue"}))
+        await until(lambda: len(tags) >= 4 and len(sql) >= 3, what="the filtered messages")
+        await asyncio.sleep(0.3)
+        await ct.shutdown()
+        await cs.shutdown()
+        assert sorted(m.body for m in tags) == [b"t0", b"t1", b"t5", b"t6"]
+        assert sorted(m.body for m in sql) == [b"t5", b"t7", b"t9"]
+        bad = AsyncPushConsumer("cg-bad-sql", namesrv_addr=broker.namesrv)
+        bad.subscribe(topic, "a >", "SQL92")
+        bad.register_message_listener(recorder([]))
+        with pytest.raises(MQClientError, match="Check client in broker error"):
+            await bad.start()
+    asyncio.run(main())
+
+
+def test_flow_control_bounds_the_process_queue(broker, request):
+    topic = make_topic(broker, topic_of(request), 1)
+    most, done = [0], []
+
+    async def main():
+        c = AsyncPushConsumer("cg-flow", namesrv_addr=broker.namesrv, consume_thread_max=1,
+                              pull_batch_size=8, pull_threshold_for_queue=16, **FAST)
+
+        def slow(msgs, context):
+            most[0] = max([most[0], *(pq.msg_count for pq in c.process_queues.values())])
+            time.sleep(0.01)
+            done.extend(msgs)
+            return OK
+        c.subscribe(topic)
+        c.register_message_listener(slow)
+        await send_all(broker, topic, [b"f%d" % i for i in range(100)])
+        await c.start()
+        await until(lambda: len(done) >= 100, what="100 slow messages")
+        await c.shutdown()
+    asyncio.run(main())
+    assert 16 <= most[0] <= 16 + 8          # pulled only while at most the threshold was cached
+
+
+def test_reset_offsets_by_time_reaches_a_live_consumer(broker, request):
+    topic = make_topic(broker, topic_of(request), 2)
+    group = "cg-reset"
+
+    async def main():
+        got = []
+        c = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(recorder(got))
+        await c.start()
+        before = int(time.time() * 1000) - 1000
+        await send_all(broker, topic, [b"x%d" % i for i in range(10)])
+        await until(lambda: len(got) >= 10, what="the first pass")
+        with RemotingClient(broker.addr) as admin:
+            r = admin.invoke(RemotingCommand(RC.INVOKE_BROKER_TO_RESET_OFFSET, ext={
+                "topic": topic, "group": group, "timestamp": str(before), "isForce": "true"}))
+            assert r.code == R.SUCCESS, r.remark
+        await until(lambda: len(got) >= 20, what="the second pass after the reset")
+        await asyncio.sleep(0.3)
+        await c.shutdown()
+        assert collections.Counter(m.body for m in got) == {b"x%d" % i: 2 for i in range(10)}
+    asyncio.run(main())
+
+
+def test_lite_pull_assign_poll_commit_seek(broker, request):
+    topic = make_topic(broker, topic_of(request), 2)
+    with Producer("pg-lite", namesrv_addr=broker.namesrv) as p:
+        queues = [MessageQueue(topic, "broker-a", q) for q in range(2)]
+        for i in range(20):               # a selector: send(queue=) alone finds no route
+            p.send(Message(topic, b"l%d" % i), selector=lambda qs, m, arg: qs[arg], arg=i % 2)
+    c = LitePullConsumer("cg-lite", namesrv_addr=broker.namesrv, auto_commit=False,
+                         consume_from_where="CONSUME_FROM_FIRST_OFFSET", **FAST)
+    assert c.start().fetch_message_queues(topic) == queues
+    c.assign(queues)
+
+    def poll_n(n, timeout=10.0):
+        out, deadline = [], time.monotonic() + timeout
+        while len(out) < n and time.monotonic() < deadline:
+            out += c.poll(0.5)
+        return out
+    try:
+        msgs = poll_n(20)
+        assert sorted(m.body for m in msgs) == sorted(b"l%d" % i for i in range(20))
+        c.commit_sync()
+        assert [c.committed(q) for q in queues] == [10, 10]
+        by_offset = {m.queue_offset: m for m in msgs if m.queue_id == 0}
+        c.seek(queues[0], 3)
+        again = poll_n(7)
+        assert [(m.queue_id, m.queue_offset) for m in again] == [(0, o) for o in range(3, 10)]
+        c.seek_to_end(queues[1])
+        c.seek_to_begin(queues[0])
+        assert sorted(m.queue_offset for m in poll_n(10)) == list(range(10))
+        assert c.poll(0.3) == []
+        ts = by_offset[6].store_timestamp
+        assert by_offset[c.offset_for_timestamp(queues[0], ts)].store_timestamp == ts
+        with pytest.raises(MQClientError, match="Seek offset illegal"):
+            c.seek(queues[0], 99)
+    finally:
+        c.shutdown()
+
+
+def test_lite_pull_subscribe_shares_queues_and_commits(broker, request):
+    topic = make_topic(broker, topic_of(request), 2)
+
+    async def main():
+        await send_all(broker, topic, [b"s%d" % i for i in range(12)])
+        c = AsyncLitePullConsumer("cg-lite-sub", namesrv_addr=broker.namesrv,
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", **FAST)
+        c.subscribe(topic, "*")
+        await c.start()
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 12 and time.monotonic() < deadline:
+            got += await c.poll(0.5)
+        assert sorted(m.body for m in got) == sorted(b"s%d" % i for i in range(12))
+        assert {mq.queue_id for mq in c.assignment()} == {0, 1}
+        await c.shutdown()                                     # auto commit, then persist
+        again = AsyncLitePullConsumer("cg-lite-sub", namesrv_addr=broker.namesrv, **FAST)
+        again.subscribe(topic)
+        await again.start()
+        assert sum([await again.committed(mq) for mq in again.assignment()]) == 12
+        assert await again.poll(0.3) == []
+        await again.shutdown()
+    asyncio.run(main())
+
+
+def test_the_consumer_survives_a_broker_restart(broker, request):
+    topic = make_topic(broker, topic_of(request), 2)
+
+    async def main():
+        got = []
+        c = AsyncPushConsumer("cg-restart", namesrv_addr=broker.namesrv, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(recorder(got))
+        await c.start()
+        await send_all(broker, topic, [b"before%d" % i for i in range(10)])
+        await until(lambda: len(got) >= 10, what="messages before the restart")
+        await asyncio.sleep(1.2)                               # offsets persisted
+        await asyncio.to_thread(broker.stop)
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(broker.start)
+        await send_all(broker, topic, [b"after%d" % i for i in range(10)])
+        await until(lambda: len(got) >= 20, timeout=20, what="messages after the restart")
+        await asyncio.sleep(0.3)
+        await c.shutdown()
+        assert sorted(m.body for m in got) == sorted([b"before%d" % i for i in range(10)] +
+                                                      [b"after%d" % i for i in range(10)])
+    asyncio.run(main())
