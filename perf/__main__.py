@@ -130,6 +130,7 @@ BENCHES = {
     "broker_delay": features.run_delay,
     "broker_sql_filter": features.run_sql_filter,
     "client_send": client.run_send,
+    "client_consume": client.run_consume,
 }
 
 

@@ -9,9 +9,11 @@
 - client_send_batch: ``send_batch`` of 16 × 100 B — msg/s, C++
   ``send_batch`` of the same beside it (librocketmq 1.x fails batches of
   24 or more of these locally, before sending), and shmq's with 256.
-- client_consume: ``PushConsumer`` (concurrently, batch size 32) draining
-  a backlog of 100-byte messages — msg/s, beside raw socket bulk bandwidth
-  in messages of that size; the C++ PushConsumer on the same backlog.
+- client_consume: ``AsyncPushConsumer`` (concurrently, listener batches of
+  32) draining a backlog of 100-byte messages — msg/s from the first
+  delivery to the last, beside raw socket bulk bandwidth in records of that
+  size; the C++ PushConsumer (2 threads, its Python callback per message)
+  on the same backlog with its own group.
 
 Both clients talk TCP to the broker (the C++ core has no Unix socket); the
 shmq client is run a second time with its Unix-socket path.
@@ -144,3 +146,86 @@ def run_send(ctx, result):
                      window=WINDOW, batch=batch, body_bytes=100, **extra)
 
 
+
+
+async def _backlog(namesrv: str, topic: str, n: int) -> None:
+    cfg = ClientConfig(namesrv_addr=namesrv, instance_name="perf-backlog")
+    async with AsyncProducer("perf-backlog", client=cfg) as p:
+        msgs = [Message(topic, BODY) for _ in range(256)]
+        for _ in range(n // 256):
+            await p.send_batch(msgs)
+
+
+async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool) -> float:
+    from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
+    done = asyncio.Event()
+    got = [0, 0.0]
+
+    async def on_messages(msgs, context):
+        if got[0] == 0:
+            got[1] = time.perf_counter()
+        got[0] += len(msgs)
+        if got[0] >= n:
+            done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, instance_name=f"perf-c-{unix}")
+    c = AsyncPushConsumer(f"perf-consume-{unix}", client=cfg,
+                          consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                          consume_message_batch_max_size=32)
+    c.subscribe(topic, "*")
+    c.register_message_listener(on_messages)
+    await c.start()
+    try:
+        await asyncio.wait_for(done.wait(), 120)
+    finally:
+        await c.shutdown()
+    return n / (time.perf_counter() - got[1])
+
+
+_CPP_CONSUME = textwrap.dedent('''
+    import sys, threading, time
+    from rocketmq.client import PushConsumer
+    namesrv, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    got = [0, 0.0]; done = threading.Event(); lock = threading.Lock()
+    def on_message(msg):
+        with lock:
+            if got[0] == 0: got[1] = time.perf_counter()
+            got[0] += 1
+            if got[0] >= n: done.set()
+        return None
+    c = PushConsumer("perf-cpp-consume"); c.set_namesrv_addr(namesrv); c.set_thread_count(2)
+    c.subscribe(topic, on_message); c.start()
+    done.wait(120); rate = got[0] / (time.perf_counter() - got[1]); c.shutdown(); print(rate)
+''')
+
+
+def run_consume(ctx, result):
+    b = _broker(ctx)
+    n = 20_480 if ctx.quick else 204_800
+    ns = _namesrv(b)
+    topic = "PerfClientConsume"
+    with RemotingClient(b.addr("tcp")) as c:
+        create_topic(c, topic, 4)
+    _route_ready(b, topic)
+    asyncio.run(_backlog(ns, topic, n))
+    tcp = asyncio.run(_shmq_consume(ns, topic, n, False))
+    unix = asyncio.run(_shmq_consume(ns, topic, n, True))
+    cpp = None
+    home = tempfile.mkdtemp(prefix="cpp-home-")
+    env = dict(os.environ, HOME=home)
+    if subprocess.run([sys.executable, "-c", "import rocketmq.client"], env=env,
+                      capture_output=True).returncode == 0:
+        r = subprocess.run([sys.executable, "-c", _CPP_CONSUME, ns, topic, str(n)], env=env,
+                           capture_output=True, text=True, timeout=180)
+        if r.returncode != 0:
+            raise RuntimeError(f"the C++ consumer failed: {r.stderr[-800:]}")
+        cpp = float(r.stdout.strip().splitlines()[-1])
+    bulk = ctx.net_bulk("tcp")
+    record = 100 + 91 + len(topic) + 60                   # body, fixed fields, topic, properties
+    yield result("client_consume", tcp, "msg/s", bulk["bps"] / record,
+                 f"raw socket bulk (tcp) in {record}-byte records",
+                 unix_socket=round(unix), cpp_client=round(cpp) if cpp else None,
+                 vs_cpp=round(tcp / cpp, 3) if cpp else None,
+                 note=None if cpp else "rocketmq==0.4.4 not installed: no C++ comparison",
+                 messages=n, body_bytes=100)
