@@ -42,14 +42,17 @@ class Connection:
     @classmethod
     async def open(cls, addr: str, on_request: OnRequest | None = None,
                    timeout: float = 3.0) -> "Connection":
+        # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a
+        # cancellation that races with its result, and the task runs on
         try:
-            if addr.startswith("unix:"):
-                r, w = await asyncio.wait_for(asyncio.open_unix_connection(addr[5:]), timeout)
-            else:
-                host, _, port = addr.rpartition(":")
-                r, w = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
-                w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (OSError, asyncio.TimeoutError) as e:
+            async with asyncio.timeout(timeout):
+                if addr.startswith("unix:"):
+                    r, w = await asyncio.open_unix_connection(addr[5:])
+                else:
+                    host, _, port = addr.rpartition(":")
+                    r, w = await asyncio.open_connection(host, int(port))
+                    w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, TimeoutError) as e:
             raise RemotingError(f"connect to {addr} failed: {e or 'timed out'}") from None
         return cls(addr, r, w, on_request)
 
@@ -61,8 +64,9 @@ class Connection:
         self.pending[cmd.opaque] = fut
         try:
             self.writer.write(encode(cmd))
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
             raise RemotingError(f"no reply from {self.addr} to request {cmd.code} "
                                 f"within {timeout} s") from None
         finally:

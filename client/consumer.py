@@ -517,9 +517,10 @@ class ConsumerBase:
     async def _rebalance_service(self) -> None:
         """RebalanceService: every ``rebalance_interval``, or at once when woken."""
         while True:
-            try:
-                await asyncio.wait_for(self._rebalance_wake.wait(), self.config.rebalance_interval)
-            except asyncio.TimeoutError:
+            try:      # asyncio.timeout: wait_for may swallow a cancellation (3.11)
+                async with asyncio.timeout(self.config.rebalance_interval):
+                    await self._rebalance_wake.wait()
+            except TimeoutError:
                 pass
             self._rebalance_wake.clear()
             try:
@@ -772,8 +773,9 @@ class AsyncPushConsumer(ConsumerBase):
         if not (self.orderly and self.clustering):
             return True
         try:
-            await asyncio.wait_for(pq.consume_lock.acquire(), LOCK_TIMEOUT)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(LOCK_TIMEOUT):
+                await pq.consume_lock.acquire()
+        except TimeoutError:
             pq.try_unlock_times += 1
             log.warning("%s of %s is being consumed; unlock it later (%d tries)", mq, self.group,
                         pq.try_unlock_times)

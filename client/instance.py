@@ -120,6 +120,7 @@ class ClientInstance:
     def __init__(self, config: ClientConfig):
         self.config = config
         self.client_id = config.client_id()
+        self.pid = os.getpid()
         self.loop = asyncio.get_running_loop()
         self.routes: dict[str, TopicRoute] = {}
         self.conns: dict[str, Connection] = {}

@@ -305,9 +305,12 @@ class AsyncLitePullConsumer(ConsumerBase):
         while True:
             left = deadline - time.monotonic()
             try:
-                req = self._requests.get_nowait() if left <= 0 else \
-                    await asyncio.wait_for(self._requests.get(), left)
-            except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                if left <= 0:
+                    req = self._requests.get_nowait()
+                else:
+                    async with asyncio.timeout(left):
+                        req = await self._requests.get()
+            except (asyncio.QueueEmpty, TimeoutError):
                 return []
             st = self.queues.get(req.mq)
             if req.pq.dropped or st is None or st.pq is not req.pq:

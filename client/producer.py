@@ -23,6 +23,7 @@ import enum
 import inspect
 import itertools
 import logging
+import os
 import re
 import struct
 import time
@@ -100,7 +101,7 @@ class AsyncProducer:
 
     # ------------------------------------------------------------ routing
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
-        inst = self._inst()
+        inst = await self._attach()
         route = await inst.route(topic)
         if route is None or not route.publish:
             default = await inst.route(self.config.create_topic_key)
@@ -124,6 +125,16 @@ class AsyncProducer:
             if q.broker_name != self._failed_broker:
                 return q
         return queues[next(self._rr) % n]
+
+    async def _attach(self) -> ClientInstance:
+        """This process's and loop's instance: a producer used in a forked child
+        (or from another loop) registers afresh instead of touching the
+        parent's sockets."""
+        inst = self._inst()
+        if inst.pid != os.getpid() or inst.loop is not asyncio.get_running_loop():
+            self.instance = inst = ClientInstance.get(self.client_config)
+            await inst.register("producer", self.group, self)
+        return inst
 
     def _inst(self) -> ClientInstance:
         if self.instance is None:

@@ -8,8 +8,9 @@ import time
 import pytest
 
 from brokerproc import start_broker
-from shmq.client import (AsyncProducer, LocalTransactionState, Message, MQClientError, Producer,
-                         SendStatus, TransactionListener, TransactionProducer, select_by_hash)
+from shmq.client import (AsyncProducer, ClientConfig, LocalTransactionState, Message,
+                         MQClientError, Producer, SendStatus, TransactionListener,
+                         TransactionProducer, select_by_hash)
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import create_topic, decode_records, pull_message
 from shmq.ipc.codes import ResponseCode as R
@@ -134,3 +135,34 @@ def test_transaction_producer_commits_rolls_back_and_answers_checks(broker, requ
         while len(stored(broker, topic)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
     assert sorted(m.body for m in stored(broker, topic)) == [b"later", b"yes"]
+
+
+def test_a_producer_started_before_fork_sends_from_the_child(broker, request):
+    """The native client breaks under fork; this one re-registers in the child."""
+    import os
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    with Producer("pg-fork", namesrv_addr=broker.namesrv) as p:
+        assert p.send(Message(topic, b"parent")).status is SendStatus.SEND_OK
+        pid = os.fork()
+        if pid == 0:                                       # the child: exit code says it all
+            try:
+                ok = p.send(Message(topic, b"child")).status is SendStatus.SEND_OK
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert p.send(Message(topic, b"parent again")).status is SendStatus.SEND_OK
+    assert sorted(m.body for m in stored(broker, topic)) == [b"child", b"parent", b"parent again"]
+
+
+def test_a_broker_on_this_host_is_reached_over_its_unix_socket(broker, request):
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    for unix in (True, False):
+        cfg = ClientConfig(namesrv_addr=broker.namesrv, use_unix_socket=unix)
+        with Producer("pg-unix", client=cfg) as p:
+            assert p.send(Message(topic, b"x")).status is SendStatus.SEND_OK
+            addrs = {c.addr for c in p._p.instance.conns.values()}
+        assert any(a == f"unix:{broker.unix}" for a in addrs) is unix, addrs
