@@ -625,26 +625,18 @@ class Processors:
         topic, qid = self._queue(cmd)
         self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"offset": str(self.store.min_offset(topic, qid))}))
 
-    def _store_time(self, topic: str, qid: int, offset: int) -> int | None:
-        r = self.store.get_message(topic, qid, offset, 1, max_bytes=1 << 62)
-        if r.status is not GetMessageStatus.FOUND or r.next_offset != offset + 1:
-            return None
-        head = self.store.record_view(int(r.phys[0]), 80)
-        pos = 56 + (12 if int.from_bytes(head[36:40].tobytes(), "big") & 0x10 else 0)
-        return int.from_bytes(head[pos:pos + 8].tobytes(), "big", signed=True)
-
     def search_offset(self, conn, cmd) -> None:
         """The queue offset whose store time is nearest ``timestamp``
         (ConsumeQueue.getOffsetInQueueByTime): binary search by store time."""
         topic, qid = self._queue(cmd)
         ts = Header(cmd.ext).int("timestamp")
         lo, hi = self.store.min_offset(topic, qid), self.store.max_offset(topic, qid)
-        best = self._offset_by_time(topic, qid, ts)       # first offset stored at or after ts
+        best = self.store.offset_by_time(topic, qid, ts)       # first offset stored at or after ts
         if best >= hi:
             best = max(lo, hi - 1)
         elif best > lo:
-            t_at = self._store_time(topic, qid, best)
-            t_before = self._store_time(topic, qid, best - 1)
+            t_at = self.store.store_time(topic, qid, best)
+            t_before = self.store.store_time(topic, qid, best - 1)
             if t_at is not None and t_before is not None and t_at != ts \
                     and ts - t_before < t_at - ts:
                 best -= 1
@@ -652,7 +644,7 @@ class Processors:
 
     def earliest_store_time(self, conn, cmd) -> None:
         topic, qid = self._queue(cmd)
-        t = self._store_time(topic, qid, self.store.min_offset(topic, qid))
+        t = self.store.store_time(topic, qid, self.store.min_offset(topic, qid))
         if t is None:
             raise BadRequest(R.SYSTEM_ERROR, f"the queue {topic}:{qid} holds no message")
         self.respond(conn, cmd, cmd.reply(R.SUCCESS, ext={"timestamp": str(t)}))
@@ -877,17 +869,6 @@ class Processors:
             "indexLastUpdatePhyoffset": str(self.index.last_update_phy_offset)})
         self.respond(conn, cmd, reply, [memoryview(f) for f in found])
 
-    def _offset_by_time(self, topic: str, qid: int, ts: int) -> int:
-        lo, hi = self.store.min_offset(topic, qid), self.store.max_offset(topic, qid)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            t = self._store_time(topic, qid, mid)
-            if t is not None and t < ts:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     # ---------------------------------------------- retry, transactions, reset
     def send_back(self, conn, cmd) -> None:
         """CONSUMER_SEND_MSG_BACK: a message the consumer failed goes to
@@ -980,7 +961,7 @@ class Processors:
             current = self.registry.get_offset(topic, group, qid)
             if current < 0 and self.tables.groups.get(group) is None:
                 raise BadRequest(R.SYSTEM_ERROR, f"THe consumer group <{group}> not exist")
-            at = self.store.max_offset(topic, qid) if ts == -1 else self._offset_by_time(topic, qid, ts)
+            at = self.store.max_offset(topic, qid) if ts == -1 else self.store.offset_by_time(topic, qid, ts)
             if not force and 0 <= current < at:
                 at = current
             table[qid] = at

@@ -31,6 +31,8 @@ from .config import BrokerConfig
 from .delivery import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     PGROUP,
+    REAL_QID,
+    REAL_TOPIC,
     TRANS_HALF_CURSOR,
     TRANS_OP_CURSOR,
     Progress,
@@ -45,28 +47,76 @@ from .topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_
 log = logging.getLogger("shmq.transactions")
 CHECKS_PER_ROUND = 2000
 CURSOR_KEY = b"cursor"      # v0: every half message below this offset is resolved
+RESOLVING, RESOLVED = 1, 2  # a row's v2
 
 
 def resolve_half(store: MessageStore, registry: Registry, store_host, m: StoredMessage,
-                 kind: int, discard: bool = False) -> bool:
+                 kind: int, discard: bool = False, posted: bool = False) -> bool:
     """Commit or roll back the half message ``m`` unless it is resolved
     already; returns whether this call resolved it. ``discard``: a rollback
-    that keeps the message in TRANS_CHECK_MAX_TIME_TOPIC."""
+    that keeps the message in TRANS_CHECK_MAX_TIME_TOPIC; ``posted``: its
+    committed copy is known to be stored already (only the op is missing).
+
+    The row is written first (RESOLVING, with the target queue's next
+    offset) and marked RESOLVED after the op record, all under the table's
+    lock (an flock: a dead holder's is released). A row found RESOLVING was
+    left by a process killed half-way: its appends are finished, the
+    committed copy found (not posted twice) if it got in."""
     t = registry.resolved
     key = str(m.queue_offset).encode()
+    target = _target(m, kind, discard)
     with t.lock.held():
         below = t.find(CURSOR_KEY)
-        if t.find(key) >= 0 or below >= 0 and m.queue_offset < t.v[below, 0]:
+        if below >= 0 and m.queue_offset < t.v[below, 0]:
             return False
-        if kind == SYSFLAG_TRANSACTION_COMMIT:
+        row = t.find(key)
+        if row >= 0 and t.v[row, 2] != RESOLVING:
+            return False
+        if row >= 0:                       # finish what a killed resolver started
+            kind = int(t.v[row, 0])
+            target = _target(m, kind, discard)
+            posted = target is None or copy_of_half(store, m, target, int(t.v[row, 3]))
+        else:
+            row = t.upsert(key)
+            t.v[row, 0], t.v[row, 1] = kind, int(time.time() * 1000)
+            t.v[row, 3] = store.max_offset(*target) if target else 0
+            t.v[row, 2] = RESOLVING
+        if not posted and kind == SYSFLAG_TRANSACTION_COMMIT:
             store.append(commit_half(m, store_host))
-        elif discard:
+        elif not posted and target is not None:
             store.append(repost(m, TRANS_CHECK_MAX_TIME_TOPIC, 0, m.properties,
-                                store_host=store_host))
+                                store_host=store_host, prepared_offset=m.phy_offset))
         store.append(op_record(m.queue_offset, store_host))
-        row = t.upsert(key)
-        t.v[row, 0], t.v[row, 1] = kind, int(time.time() * 1000)
+        t.v[row, 2] = RESOLVED
     return True
+
+
+def _target(m: StoredMessage, kind: int, discard: bool) -> tuple[str, int] | None:
+    """The queue a resolution posts to (None: a plain rollback posts nothing)."""
+    if kind == SYSFLAG_TRANSACTION_COMMIT:
+        d = m.properties
+        qid = d.get(REAL_QID, "0")
+        return d.get(REAL_TOPIC, m.topic), int(qid) if qid.isdigit() else 0
+    return (TRANS_CHECK_MAX_TIME_TOPIC, 0) if discard else None
+
+
+def copy_of_half(store: MessageStore, m: StoredMessage, target: tuple[str, int],
+                 from_offset: int, scan_max: int = 1_000_000) -> bool:
+    """Whether the queue ``target`` holds, from ``from_offset`` on, the
+    record posted for half message ``m`` (its prepared offset is m's)."""
+    topic, qid = target
+    off = max(from_offset, store.min_offset(topic, qid))
+    end = min(store.max_offset(topic, qid), off + scan_max)
+    while off < end:
+        units = store.queue_units(topic, qid, off, 1024)
+        if not units.shape[0]:
+            return False
+        for phy in units["phy_offset"].tolist():
+            r = stored(store, phy)
+            if r is not None and r.prepared_offset == m.phy_offset:
+                return True
+        off += units.shape[0]
+    return False
 
 
 class TransactionService:
@@ -93,7 +143,7 @@ class TransactionService:
             key = str(half).encode()
             if t.find(key) < 0:
                 row = t.upsert(key)
-                t.v[row, 0] = SYSFLAG_TRANSACTION_ROLLBACK
+                t.v[row, 0], t.v[row, 2] = SYSFLAG_TRANSACTION_ROLLBACK, RESOLVED
 
     def step(self, now_ms: int) -> int:
         """Returns how many halves were checked or discarded."""
@@ -168,10 +218,26 @@ class TransactionService:
                     resolve_half(self.store, self.registry, self.store_host, m,
                                  SYSFLAG_TRANSACTION_ROLLBACK, discard=True)
                     continue
+                if half not in self.checks and self._committed_before(m):
+                    continue
                 self.checks[half] = self.checks.get(half, 0) + 1
                 self._ask(m)
             off += units.shape[0]
         return done
+
+    def _committed_before(self, m: StoredMessage) -> bool:
+        """Before a half is first asked about by this process: was it committed
+        by a broker killed before it wrote the op record (shared memory gone)?
+        Then only the op record is written; the producer is not asked again."""
+        target = _target(m, SYSFLAG_TRANSACTION_COMMIT, False)
+        start = self.store.offset_by_time(*target, m.store_timestamp)
+        if not copy_of_half(self.store, m, target, start):
+            return False
+        log.info("half message %d was committed before a crash: recording it", m.queue_offset)
+        resolve_half(self.store, self.registry, self.store_host, m, SYSFLAG_TRANSACTION_COMMIT,
+                     posted=True)
+        self.resolved.add(m.queue_offset)
+        return True
 
     def _ask(self, m: StoredMessage) -> None:
         group = m.properties.get(PGROUP, "")

@@ -283,6 +283,28 @@ class MessageStore:
         got = self.cqs.units(topic, queue_id, offset, min(max_units, mx - offset))
         return _NO_UNITS if got is None else got
 
+    def store_time(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """Store timestamp (ms) of the message at a queue offset, or None."""
+        r = self.get_message(topic, queue_id, offset, 1, max_bytes=1 << 62)
+        if r.status is not GetMessageStatus.FOUND or r.next_offset != offset + 1:
+            return None
+        head = self.record_view(int(r.phys[0]), 80)
+        pos = 56 + (12 if int.from_bytes(head[36:40].tobytes(), "big") & 0x10 else 0)
+        return int.from_bytes(head[pos:pos + 8].tobytes(), "big", signed=True)
+
+    def offset_by_time(self, topic: str, queue_id: int, ts: int) -> int:
+        """The first queue offset stored at or after ``ts`` (binary search by
+        store time; the max offset if none)."""
+        lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t = self.store_time(topic, queue_id, mid)
+            if t is not None and t < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def release_deleted(self) -> None:
         """Close this process's handles on files retention has deleted, so
         their disk space is freed."""

@@ -179,3 +179,72 @@ def test_a_timer_slot_killed_mid_way_is_resumed_exactly(store, stop_after):
     svc2.step(now_ms=1_800)
     assert len(store.read_queue("Real", 0)) == 6 + 2
     svc2.close()
+
+
+# ------------------------------------------------------------ transactions
+def half_message(store, body=b"tx", qid=0):
+    r = route_send("Real", qid, 0x4, "TRAN_MSG\x01true\x02PGROUP\x01pg\x02UNIQ_KEY\x01TX",
+                   now_ms=1_000, delay_levels=LEVELS, timer_enable=True, timer_max_delay_ms=10**9,
+                   reject_transactions=False)
+    b = encode(r.topic, [body], properties=r.properties.encode(), queue_ids=r.queue_id,
+               sysflag=r.sysflag)
+    res = store.append(b)
+    return store.read_message(res.phy_offset)
+
+
+def registry(store):
+    from shmq.broker.registry import Registry, registry_bytes
+    return Registry(memoryview(bytearray(registry_bytes())), store.root, create=True)
+
+
+def committed(store):
+    return [m for m in store.read_queue("Real", 0) if m.sysflag & 0xC == 0x8]
+
+
+def test_a_commit_killed_before_its_op_record_is_finished_not_repeated(store):
+    from shmq.broker import transactions as tx
+    m = half_message(store)
+    reg = registry(store)
+    real_op = tx.op_record
+
+    def op_dies(*a):
+        raise Killed
+    tx.op_record = op_dies                   # the commit is stored, the op record never
+    try:
+        with pytest.raises(Killed):
+            tx.resolve_half(store, reg, HOST, m, 0x8)
+    finally:
+        tx.op_record = real_op
+    assert len(committed(store)) == 1
+    # the producer's answer comes again (or the check's): finished, not posted twice
+    assert tx.resolve_half(store, reg, HOST, m, 0x8) is True
+    assert tx.resolve_half(store, reg, HOST, m, 0x8) is False
+    assert len(committed(store)) == 1
+    assert len(store.read_queue("RMQ_SYS_TRANS_OP_HALF_TOPIC", 0)) == 1
+
+
+def test_after_a_whole_broker_crash_a_stored_commit_is_recorded_not_asked_again(store):
+    from shmq.broker import transactions as tx
+    from shmq.broker.config import BrokerConfig
+    m = half_message(store)
+    real_op = tx.op_record
+
+    def op_dies(*a):
+        raise Killed
+    tx.op_record = op_dies
+    try:
+        with pytest.raises(Killed):
+            tx.resolve_half(store, registry(store), HOST, m, 0x8)
+    finally:
+        tx.op_record = real_op
+    reg = registry(store)                    # shared memory gone with the broker
+    asked = []
+    svc = tx.TransactionService(BrokerConfig(transactionTimeOut=0), store, reg,
+                                Progress(store.root), HOST, asked.append)
+    svc.start()
+    svc.step(now_ms=10**13)
+    assert asked == [] and len(committed(store)) == 1
+    assert len(store.read_queue("RMQ_SYS_TRANS_OP_HALF_TOPIC", 0)) == 1
+    svc.step(now_ms=10**13 + 10**6)          # resolved: the half cursor moves past it
+    assert tx.resolve_half(store, reg, HOST, m, 0x8) is False
+    assert len(committed(store)) == 1
