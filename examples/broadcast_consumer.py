@@ -16,7 +16,8 @@ seen = []
 def on_messages(msgs, context):
     seen.extend(msgs)
     for m in msgs:
-        print("broadcast", m.msg_id, m.body.decode())
+        # one write per line: listeners run on several threads
+        sys.stdout.write(f"broadcast {m.msg_id} {m.body.decode()}\n")
     if len(seen) >= count:
         done.set()
     return ConsumeConcurrentlyStatus.CONSUME_SUCCESS

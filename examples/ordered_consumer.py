@@ -9,13 +9,14 @@ from shmq.client import ConsumeOrderlyStatus, MessageListenerOrderly, PushConsum
 
 count = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 done = threading.Event()
-seen = []
+seen = set()            # delivery is at least once: a queue handed over may replay a message
 
 
 def on_messages(msgs, context):
     for m in msgs:
-        print("queue", m.queue_id, m.body.decode())
-        seen.append(m)
+        # one write per line: listeners run on several threads
+        sys.stdout.write(f"queue {m.queue_id} {m.body.decode()}\n")
+        seen.add(m.msg_id)
     if len(seen) >= count:
         done.set()
     return ConsumeOrderlyStatus.SUCCESS

@@ -14,7 +14,8 @@ seen = []
 
 def on_messages(msgs, context):
     for m in msgs:
-        print(m.topic, m.tags, m.msg_id, m.body.decode())
+        # one write per line: listeners run on several threads
+        sys.stdout.write(f"{m.topic} {m.tags} {m.msg_id} {m.body.decode()}\n")
         seen.append(m)
     if len(seen) >= count:
         done.set()
