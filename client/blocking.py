@@ -46,33 +46,33 @@ def loop_thread() -> LoopThread:
         return _loop
 
 
-class Producer:
-    """DefaultMQProducer: ``start()``, ``send()``, ``send_async()``,
-    ``send_oneway()``, ``send_batch()``, ``shutdown()``."""
-
-    _async_class = AsyncProducer
-
-    def __init__(self, group: str, **settings):
-        self._p = self._make(group, **settings)
-
-    def _make(self, group, **settings):
-        return self._async_class(group, **settings)
+class _Blocking:
+    """The facade of one asyncio client object (``self._p``): each call runs
+    on the client loop and waits."""
 
     def _run(self, coro):
         return loop_thread().run(coro)
 
-    def start(self) -> "Producer":
+    def start(self):
         self._run(self._p.start())
         return self
 
     def shutdown(self) -> None:
         self._run(self._p.shutdown())
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+class Producer(_Blocking):
+    """DefaultMQProducer: ``start()``, ``send()``, ``send_async()``,
+    ``send_oneway()``, ``send_batch()``, ``shutdown()``."""
+
+    def __init__(self, group: str, **settings):
+        self._p = AsyncProducer(group, **settings)
 
     def send(self, msg: Message, queue: MessageQueue | None = None,
              selector: Selector | None = None, arg: Any = None,
@@ -119,110 +119,78 @@ async def _on_loop(fn: Callable, *args: Any) -> Any:
     return fn(*args)
 
 
-class PushConsumer:
+class _Subscriber(_Blocking):
+    def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
+        self._run(_on_loop(self._p.subscribe, topic, expression, expression_type))
+
+    def unsubscribe(self, topic: str) -> None:
+        self._run(_on_loop(self._p.unsubscribe, topic))
+
+
+class PushConsumer(_Subscriber):
     """DefaultMQPushConsumer: ``subscribe()``, ``register_message_listener()``,
     ``start()``, ``shutdown()``. A plain listener runs in the consumer's
     thread pool, a coroutine function on the client's thread."""
 
     def __init__(self, group: str, **settings):
-        self._c = AsyncPushConsumer(group, **settings)
-
-    def _run(self, coro):
-        return loop_thread().run(coro)
-
-    def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
-        self._run(_on_loop(self._c.subscribe, topic, expression, expression_type))
-
-    def unsubscribe(self, topic: str) -> None:
-        self._run(_on_loop(self._c.unsubscribe, topic))
+        self._p = AsyncPushConsumer(group, **settings)
 
     def register_message_listener(self, listener) -> None:
-        self._run(_on_loop(self._c.register_message_listener, listener))
+        self._run(_on_loop(self._p.register_message_listener, listener))
 
-    def start(self) -> "PushConsumer":
-        self._run(self._c.start())
-        return self
-
-    def shutdown(self) -> None:
-        self._run(self._c.shutdown())
 
     def suspend(self) -> None:
-        self._run(_on_loop(self._c.suspend))
+        self._run(_on_loop(self._p.suspend))
 
     def resume(self) -> None:
-        self._run(_on_loop(self._c.resume))
+        self._run(_on_loop(self._p.resume))
 
     def assigned_queues(self) -> set[MessageQueue]:
-        return self._run(_on_loop(self._c.assigned_queues))
-
-    def __enter__(self) -> "PushConsumer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
+        return self._run(_on_loop(self._p.assigned_queues))
 
 
-class LitePullConsumer:
+
+class LitePullConsumer(_Subscriber):
     """DefaultLitePullConsumer: ``subscribe()`` or ``assign()``, ``start()``,
     ``poll()``, ``commit_sync()``, ``seek()``, ``shutdown()``."""
 
     def __init__(self, group: str, **settings):
-        self._c = AsyncLitePullConsumer(group, **settings)
-
-    def _run(self, coro):
-        return loop_thread().run(coro)
-
-    def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
-        self._run(_on_loop(self._c.subscribe, topic, expression, expression_type))
-
-    def unsubscribe(self, topic: str) -> None:
-        self._run(_on_loop(self._c.unsubscribe, topic))
+        self._p = AsyncLitePullConsumer(group, **settings)
 
     def assign(self, queues) -> None:
-        self._run(_on_loop(self._c.assign, list(queues)))
+        self._run(_on_loop(self._p.assign, list(queues)))
 
     def assignment(self) -> set[MessageQueue]:
-        return self._run(_on_loop(self._c.assignment))
+        return self._run(_on_loop(self._p.assignment))
 
-    def start(self) -> "LitePullConsumer":
-        self._run(self._c.start())
-        return self
 
-    def shutdown(self) -> None:
-        self._run(self._c.shutdown())
-
-    def __enter__(self) -> "LitePullConsumer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
 
     def poll(self, timeout: float | None = None) -> list[MessageExt]:
-        return self._run(self._c.poll(timeout))
+        return self._run(self._p.poll(timeout))
 
     def commit_sync(self, offsets: dict[MessageQueue, int] | None = None, persist: bool = True) -> None:
-        self._run(self._c.commit_sync(offsets, persist))
+        self._run(self._p.commit_sync(offsets, persist))
 
     def committed(self, mq: MessageQueue) -> int:
-        return self._run(self._c.committed(mq))
+        return self._run(self._p.committed(mq))
 
     def seek(self, mq: MessageQueue, offset: int) -> None:
-        self._run(self._c.seek(mq, offset))
+        self._run(self._p.seek(mq, offset))
 
     def seek_to_begin(self, mq: MessageQueue) -> None:
-        self._run(self._c.seek_to_begin(mq))
+        self._run(self._p.seek_to_begin(mq))
 
     def seek_to_end(self, mq: MessageQueue) -> None:
-        self._run(self._c.seek_to_end(mq))
+        self._run(self._p.seek_to_end(mq))
 
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return self._run(self._c.offset_for_timestamp(mq, timestamp_ms))
+        return self._run(self._p.offset_for_timestamp(mq, timestamp_ms))
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
-        return self._run(self._c.fetch_message_queues(topic))
+        return self._run(self._p.fetch_message_queues(topic))
 
     def pause(self, queues) -> None:
-        self._run(_on_loop(self._c.pause, list(queues)))
+        self._run(_on_loop(self._p.pause, list(queues)))
 
     def resume(self, queues) -> None:
-        self._run(_on_loop(self._c.resume, list(queues)))
+        self._run(_on_loop(self._p.resume, list(queues)))

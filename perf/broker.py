@@ -153,12 +153,13 @@ class Broker:
             raise RuntimeError(f"the broker exited with {self.proc.returncode}: {self.log_tail()}")
 
 
-def broker(ctx, flush: str = "ASYNC_FLUSH") -> Broker:
-    """The run's broker with this flush type, started on first use."""
-    key = f"broker-{flush}"
+def broker(ctx, flush: str = "ASYNC_FLUSH", name: str = "", **extra) -> Broker:
+    """The run's broker with this flush type (or this name and settings),
+    started on first use."""
+    key = f"broker-{name or flush}"
     b = ctx.shared.get(key)
     if b is None:
-        b = ctx.shared[key] = Broker(ctx, flush)
+        b = ctx.shared[key] = Broker(ctx, flush, name, **extra)
         ctx.on_close(b.stop)
     b.alive()
     return b

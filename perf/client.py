@@ -28,8 +28,8 @@ import tempfile
 import textwrap
 import time
 
-from perf.broker import Broker, create_topic
-from shmq.client import AsyncProducer, ClientConfig, Message
+from perf.broker import Broker, broker, create_topic
+from shmq.client import AsyncProducer, ClientConfig, Message, SendStatus
 from shmq.client.remoting import RemotingClient
 
 WINDOW = 64
@@ -37,13 +37,7 @@ BODY = b"x" * 100
 
 
 def _broker(ctx) -> Broker:
-    b = ctx.shared.get("broker-client")
-    if b is None:
-        b = ctx.shared["broker-client"] = Broker(ctx, "ASYNC_FLUSH", "client",
-                                                 embeddedNamesrv="true")
-        ctx.on_close(b.stop)
-    b.alive()
-    return b
+    return broker(ctx, "ASYNC_FLUSH", "client", embeddedNamesrv="true")
 
 
 def _namesrv(b: Broker) -> str:
@@ -74,10 +68,11 @@ async def _shmq_send(namesrv: str, topic: str, seconds: float, unix: bool, batch
         while time.perf_counter() < end:
             if batch == 1:
                 rs = await asyncio.gather(*[p.send(Message(topic, BODY)) for _ in range(WINDOW)])
-                sent += len(rs)
             else:
                 rs = await asyncio.gather(*[p.send_batch(msgs) for _ in range(max(1, WINDOW // batch))])
-                sent += batch * len(rs)
+            if any(r.status is not SendStatus.SEND_OK for r in rs):
+                raise AssertionError(f"a send was answered {[r.status for r in rs]}")
+            sent += batch * len(rs)
         return sent / (time.perf_counter() - t0)
 
 
@@ -161,11 +156,14 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool) -> float:
     done = asyncio.Event()
     got = [0, 0.0]
 
+    seen: set[str] = set()
+
     async def on_messages(msgs, context):
         if got[0] == 0:
             got[1] = time.perf_counter()
         got[0] += len(msgs)
-        if got[0] >= n:
+        seen.update(m.msg_id for m in msgs)
+        if len(seen) >= n:
             done.set()
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
@@ -180,6 +178,8 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool) -> float:
         await asyncio.wait_for(done.wait(), 120)
     finally:
         await c.shutdown()
+    if got[0] != n:
+        raise AssertionError(f"{got[0]} deliveries of {n} messages: some came twice")
     return n / (time.perf_counter() - got[1])
 
 

@@ -29,6 +29,7 @@ from perf.broker import (
     SUCCESS,
     TIMEOUT_S,
     Broker,
+    broker,
     check,
     create_topic,
     pull_cmd,
@@ -79,14 +80,8 @@ def _collect(c: RemotingClient, topic: str, n: int, due_of, deadline_s: float):
 
 
 def _broker(ctx) -> Broker:
-    """The run's broker for these benches (SQL92 on), started on first use."""
-    b = ctx.shared.get("broker-features")
-    if b is None:
-        b = ctx.shared["broker-features"] = Broker(ctx, "ASYNC_FLUSH", "features",
-                                                   enablePropertyFilter="true")
-        ctx.on_close(b.stop)
-    b.alive()
-    return b
+    """The run's broker for these benches (SQL92 on)."""
+    return broker(ctx, "ASYNC_FLUSH", "features", enablePropertyFilter="true")
 
 
 def _scheduled(ctx, result, kind: str):

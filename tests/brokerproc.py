@@ -112,3 +112,22 @@ def start_broker(tmp, **conf) -> BrokerProc:
                 namesrvListenPort=str(free_port()), brokerIP1="127.0.0.1", **SMALL)
     base.update({k: str(v) for k, v in conf.items()})
     return BrokerProc(tmp, base).start()
+
+
+def routed_topic(broker: BrokerProc, topic: str, queues: int = 4) -> str:
+    """Create ``topic`` and wait until the NameServer routes it, so a client
+    that asks at once finds it. Returns the topic."""
+    from shmq.client.remoting import RemotingClient
+    from shmq.client.requests import create_topic
+    from shmq.ipc.codes import RequestCode, ResponseCode
+    from shmq.ipc.remoting import RemotingCommand
+    with RemotingClient(broker.addr) as c:
+        r = c.invoke(create_topic(topic, queues))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+    deadline = time.monotonic() + 5
+    with RemotingClient(broker.namesrv) as ns:
+        route = RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic})
+        while ns.invoke(route).code != ResponseCode.SUCCESS:
+            assert time.monotonic() < deadline, f"{topic} never reached the NameServer"
+            time.sleep(0.05)
+    return topic

@@ -12,17 +12,36 @@ import time
 
 import orjson
 import pytest
-
+from brokerproc import routed_topic as make_topic
 from brokerproc import start_broker
-from shmq.client import (AsyncLitePullConsumer, AsyncProducer, AsyncPushConsumer,
-                         ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, LitePullConsumer, Message,
-                         MessageListenerOrderly, MessageQueue, MQClientError, Producer, PushConsumer,
-                         averagely, averagely_by_circle, by_config, consistent_hash, select_by_hash)
+from shmq.client import (
+    AsyncLitePullConsumer,
+    AsyncProducer,
+    AsyncPushConsumer,
+    ConsumeConcurrentlyStatus,
+    ConsumeOrderlyStatus,
+    LitePullConsumer,
+    Message,
+    MessageListenerOrderly,
+    MessageQueue,
+    MQClientError,
+    Producer,
+    PushConsumer,
+    averagely,
+    averagely_by_circle,
+    by_config,
+    consistent_hash,
+    select_by_hash,
+)
 from shmq.client.consumer import ProcessQueue, SubscriptionData
-from shmq.client.offsets import (ReadOffsetType, compute_pull_from_where, dump_offset_table,
-                                 parse_offset_table)
+from shmq.client.offsets import (
+    ReadOffsetType,
+    compute_pull_from_where,
+    dump_offset_table,
+    parse_offset_table,
+)
 from shmq.client.remoting import RemotingClient
-from shmq.client.requests import create_topic, decode_records, pull_message
+from shmq.client.requests import decode_records, pull_message
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
@@ -187,17 +206,6 @@ def broker(tmp_path_factory):
 
 def topic_of(request) -> str:
     return "CC_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[-80:]
-
-
-def make_topic(broker, topic, queues=4):
-    with RemotingClient(broker.addr) as c:
-        assert c.invoke(create_topic(topic, queues)).code == R.SUCCESS
-    deadline = time.monotonic() + 5              # routable before a client asks
-    with RemotingClient(broker.namesrv) as ns:
-        while ns.invoke(RemotingCommand(RC.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic})).code \
-                != R.SUCCESS and time.monotonic() < deadline:
-            time.sleep(0.05)
-    return topic
 
 
 def stored(broker, topic, queues=1):
@@ -622,6 +630,8 @@ def test_the_consumer_survives_a_broker_restart(broker, request):
         await asyncio.to_thread(broker.stop)
         await asyncio.sleep(0.5)
         await asyncio.to_thread(broker.start)
+        # the embedded NameServer restarted empty: wait until the broker re-registered
+        await asyncio.to_thread(make_topic, broker, topic, 2)
         await send_all(broker, topic, [b"after%d" % i for i in range(10)])
         await until(lambda: len(got) >= 20, timeout=20, what="messages after the restart")
         await asyncio.sleep(0.3)

@@ -6,13 +6,22 @@ import threading
 import time
 
 import pytest
-
+from brokerproc import routed_topic as make_topic
 from brokerproc import start_broker
-from shmq.client import (AsyncProducer, ClientConfig, LocalTransactionState, Message,
-                         MQClientError, Producer, SendStatus, TransactionListener,
-                         TransactionProducer, select_by_hash)
+from shmq.client import (
+    AsyncProducer,
+    ClientConfig,
+    LocalTransactionState,
+    Message,
+    MQClientError,
+    Producer,
+    SendStatus,
+    TransactionListener,
+    TransactionProducer,
+    select_by_hash,
+)
 from shmq.client.remoting import RemotingClient
-from shmq.client.requests import create_topic, decode_records, pull_message
+from shmq.client.requests import decode_records, pull_message
 from shmq.ipc.codes import ResponseCode as R
 
 
@@ -26,18 +35,6 @@ def broker(tmp_path_factory):
 
 def topic_of(request) -> str:
     return "C_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[-80:]
-
-
-def make_topic(broker, topic, queues=4):
-    with RemotingClient(broker.addr) as c:
-        assert c.invoke(create_topic(topic, queues)).code == R.SUCCESS
-        deadline = time.monotonic() + 5              # routable before a client asks
-        with RemotingClient(broker.namesrv) as ns:
-            from shmq.ipc.codes import RequestCode as RC
-            from shmq.ipc.remoting import RemotingCommand
-            while ns.invoke(RemotingCommand(RC.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic})).code \
-                    != R.SUCCESS and time.monotonic() < deadline:
-                time.sleep(0.05)
 
 
 def stored(broker, topic, queues=4):
