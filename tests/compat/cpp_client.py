@@ -32,21 +32,11 @@ its C API (librocketmq 1.x) has neither, so these drivers cannot use them.
 from __future__ import annotations
 
 import argparse
-import json
-import signal
 import sys
-import threading
 import time
 import traceback
 
-_out_lock = threading.Lock()
-
-
-def emit(**obj) -> None:
-    line = json.dumps(obj, sort_keys=True)
-    with _out_lock:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+from driver import emit, serve_requests, wait_for_stop
 
 
 def _text(v) -> str | None:
@@ -76,35 +66,20 @@ def produce(args) -> int:
     p.set_namesrv_addr(args.namesrv)
     p.start()
     emit(event="started")
+
+    def send(mode: str, req: dict):
+        if mode == "oneway":
+            p.send_oneway(_message(args.topic, req))
+            return None
+        if mode == "batch":
+            r = p.send_batch([_message(args.topic, m) for m in req["msgs"]])
+        elif mode == "orderly":
+            r = p.send_orderly(_message(args.topic, req), int(req["arg"]))
+        else:
+            r = p.send_sync(_message(args.topic, req))
+        return ("OK" if r.status == SendStatus.OK else str(int(r.status))), r.msg_id, r.offset
     try:
-        for line in sys.stdin:
-            line = line.strip()
-            if not line:
-                continue
-            if line == "stop":
-                break
-            req = json.loads(line)
-            mode = req.get("mode", "sync")
-            try:
-                if mode == "sync":
-                    r = p.send_sync(_message(args.topic, req))
-                elif mode == "oneway":
-                    p.send_oneway(_message(args.topic, req))
-                    emit(event="sent", mode=mode, body=req.get("body"), status="OK", msgId=None, offset=None)
-                    continue
-                elif mode == "orderly":
-                    r = p.send_orderly(_message(args.topic, req), int(req["arg"]))
-                elif mode == "batch":
-                    r = p.send_batch([_message(args.topic, m) for m in req["msgs"]])
-                else:
-                    emit(event="error", body=req.get("body"), error=f"unknown mode {mode}")
-                    continue
-                emit(event="sent", mode=mode, body=req.get("body"),
-                     bodies=[m.get("body") for m in req.get("msgs", [])] or None,
-                     status="OK" if r.status == SendStatus.OK else str(int(r.status)),
-                     msgId=r.msg_id, offset=r.offset)
-            except Exception as e:      # report, keep serving: the test decides
-                emit(event="error", mode=mode, body=req.get("body"), error=f"{type(e).__name__}: {e}")
+        serve_requests(send)
     finally:
         p.shutdown()
         emit(event="stopped")
@@ -114,9 +89,6 @@ def produce(args) -> int:
 def consume(args) -> int:
     from rocketmq.client import PushConsumer
     from rocketmq.ffi import MessageModel
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-
     def on_message(msg) -> bool:
         """Report one delivery; True asks for a redelivery (RECONSUME_LATER)."""
         props = {}
@@ -160,14 +132,7 @@ def consume(args) -> int:
     c._register_callback(raw_callback)
     c.start()
     emit(event="started")
-
-    def read_stdin():
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        stop.set()
-    threading.Thread(target=read_stdin, daemon=True).start()
-    stop.wait(args.max_seconds)
+    wait_for_stop(args.max_seconds)
     c.shutdown()
     emit(event="stopped")
     return 0

@@ -8,23 +8,12 @@ the real RocketMQ clients in both directions.
 from __future__ import annotations
 
 import argparse
-import json
-import signal
 import sys
-import threading
 import time
 
+from driver import emit, serve_requests, wait_for_stop
+
 from shmq.client import Message, Producer
-
-_out_lock = threading.Lock()
-
-
-def emit(**obj) -> None:
-    line = json.dumps(obj, sort_keys=True)
-    with _out_lock:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
 
 def _message(topic: str, spec: dict) -> Message:
     return Message(topic, spec.get("body", "").encode(), tags=spec.get("tags") or None,
@@ -39,36 +28,20 @@ def by_modulo(queues, msg, arg):
 def produce(args) -> int:
     p = Producer(args.group, namesrv_addr=args.namesrv).start()
     emit(event="started")
+
+    def send(mode: str, req: dict):
+        if mode == "oneway":
+            p.send_oneway(_message(args.topic, req))
+            return None
+        if mode == "batch":
+            r = p.send_batch([_message(args.topic, m) for m in req["msgs"]])
+        elif mode == "orderly":
+            r = p.send(_message(args.topic, req), selector=by_modulo, arg=req["arg"])
+        else:
+            r = p.send(_message(args.topic, req))
+        return ("OK" if r.status.value == "SEND_OK" else r.status.value), r.msg_id, r.queue_offset
     try:
-        for line in sys.stdin:
-            line = line.strip()
-            if not line:
-                continue
-            if line == "stop":
-                break
-            req = json.loads(line)
-            mode = req.get("mode", "sync")
-            try:
-                if mode == "oneway":
-                    p.send_oneway(_message(args.topic, req))
-                    emit(event="sent", mode=mode, body=req.get("body"), status="OK", msgId=None,
-                         offset=None)
-                    continue
-                if mode == "sync":
-                    r = p.send(_message(args.topic, req))
-                elif mode == "orderly":
-                    r = p.send(_message(args.topic, req), selector=by_modulo, arg=req["arg"])
-                elif mode == "batch":
-                    r = p.send_batch([_message(args.topic, m) for m in req["msgs"]])
-                else:
-                    emit(event="error", body=req.get("body"), error=f"unknown mode {mode}")
-                    continue
-                emit(event="sent", mode=mode, body=req.get("body"),
-                     bodies=[m.get("body") for m in req.get("msgs", [])] or None,
-                     status="OK" if r.status.value == "SEND_OK" else r.status.value,
-                     msgId=r.msg_id, offset=r.queue_offset)
-            except Exception as e:      # report, keep serving: the test decides
-                emit(event="error", mode=mode, body=req.get("body"), error=f"{type(e).__name__}: {e}")
+        serve_requests(send)
     finally:
         p.shutdown()
         emit(event="stopped")
@@ -78,9 +51,6 @@ def produce(args) -> int:
 def consume(args) -> int:
     from shmq.client import (ConsumeConcurrentlyStatus, ConsumeOrderlyStatus,
                              MessageListenerConcurrently, MessageListenerOrderly, PushConsumer)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-
     def on_message(msgs, context=None):
         for msg in msgs:
             body = msg.body.decode("utf-8", "replace")
@@ -98,14 +68,7 @@ def consume(args) -> int:
     c.register_message_listener(wrap(on_message))
     c.start()
     emit(event="started")
-
-    def read_stdin():
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        stop.set()
-    threading.Thread(target=read_stdin, daemon=True).start()
-    stop.wait(args.max_seconds)
+    wait_for_stop(args.max_seconds)
     c.shutdown()
     emit(event="stopped")
     return 0
