@@ -11,6 +11,7 @@ every setting with its value and default and exits.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
@@ -58,6 +59,12 @@ def _namesrv(args) -> int:
     return 0
 
 
+# Each of these modules in shmq.tools has ``add_parser(subparsers)``, which adds
+# its command and sets ``func`` (args -> exit code). Imports inside each
+# ``func`` stay lazy, so ``shmq --help`` stays fast.
+_COMMAND_MODULES: list[str] = []
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="shmq", description="shmq: a RocketMQ 4.x-compatible broker")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -71,6 +78,8 @@ def main(argv=None) -> int:
     n.add_argument("-p", "--port", type=int, default=9876)
     n.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     n.set_defaults(func=_namesrv)
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"shmq.tools.{name}").add_parser(sub)
     args = ap.parse_args(argv)
     return args.func(args)
 
