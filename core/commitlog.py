@@ -32,12 +32,16 @@ class SegmentMissing(LookupError):
 
 
 class CommitLog:
-    def __init__(self, files: FileLayer, root: str, segment_bytes: int):
+    def __init__(self, files: FileLayer, root: str, segment_bytes: int, read_only: bool = False):
+        """``read_only``: open segments O_RDONLY and map them PROT_READ (tools
+        and readers beside a live broker: they cannot write a byte)."""
         self.files = files
         self.dir = os.path.join(root, "commitlog")
         self.segment_bytes = segment_bytes
+        self.read_only = read_only
         self._open: dict[int, Handle] = {}
-        files.makedirs(self.dir)
+        if not read_only:
+            files.makedirs(self.dir)
 
     # ---------------------------------------------------------------- names
     def segment_start(self, phy: int) -> int:
@@ -72,7 +76,7 @@ class CommitLog:
             path = self.path(start)
             if not self.files.exists(path):
                 raise SegmentMissing(f"CommitLog segment {offset_to_file_name(start)} does not exist")
-            h = self.files.open(path)
+            h = self.files.open(path, writable=not self.read_only)
             if h.size != self.segment_bytes:
                 self.files.close(h)
                 raise ValueError(f"{path}: {h.size} bytes, expected {self.segment_bytes} "

@@ -26,13 +26,16 @@ ALL_TAGS = np.zeros(0, dtype=np.int64)
 
 
 class ConsumeQueues:
-    def __init__(self, files: FileLayer, root: str, units_per_file: int):
+    def __init__(self, files: FileLayer, root: str, units_per_file: int, read_only: bool = False):
+        """``read_only``: files opened O_RDONLY, mapped PROT_READ, never created."""
         self.files = files
         self.dir = os.path.join(root, "consumequeue")
         self.units_per_file = units_per_file
         self.file_bytes = units_per_file * CQ_UNIT_BYTES
+        self.read_only = read_only
         self._open: dict[tuple[str, int, int], Handle] = {}
-        files.makedirs(self.dir)
+        if not read_only:
+            files.makedirs(self.dir)
 
     # ---------------------------------------------------------------- files
     def queue_dir(self, topic: str, queue_id: int) -> str:
@@ -64,11 +67,11 @@ class ConsumeQueues:
         if h is None:
             path = self.file_path(topic, queue_id, file_index)
             if not self.files.exists(path):
-                if not create:
+                if not create or self.read_only:
                     return None
                 self.files.makedirs(os.path.dirname(path))
                 self.files.create_preallocated(path, self.file_bytes, sparse=True)
-            h = self.files.open(path)
+            h = self.files.open(path, writable=not self.read_only)
             if h.size != self.file_bytes:
                 self.files.close(h)
                 raise ValueError(f"{path}: {h.size} bytes, expected {self.file_bytes} "
