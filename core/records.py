@@ -393,6 +393,92 @@ def decode(data, pos: int = 0, check_crc: bool = True) -> StoredMessage:
                          born_host, store_ts, store_host, reconsume, prepared, body, topic, props)
 
 
+# ------------------------------------------------------------ columnar decode
+_KEYS_KEY = np.frombuffer(L.PROPERTY_KEYS.encode(), dtype=np.uint8)
+_UNIQ_KEY = np.frombuffer(L.PROPERTY_UNIQ_KEY.encode(), dtype=np.uint8)
+_NO_KEY = np.zeros(0, dtype=np.uint8)
+_HOST_TEXT_MAX = 47        # "[ffff:…:ffff]:2147483647"
+_OFFSET_ID_MAX = 56        # IPv6 store host + port + offset, in hex
+
+# (name, dtype) of the fixed-width columns, and the names of the variable ones
+# (int32 offsets + bytes), in the order ``decode_columns`` fills them.
+FIXED_COLUMNS = (("queueId", np.int32), ("queueOffset", np.int64), ("commitLogOffset", np.int64),
+                 ("storeSize", np.int32), ("sysFlag", np.int32), ("flag", np.int32),
+                 ("bornTimestamp", np.int64), ("storeTimestamp", np.int64))
+VAR_COLUMNS = ("topic", "body", "properties", "tags", "keys", "bornHost", "storeHost", "msgId")
+
+
+@dataclass
+class Columns:
+    """Records as columns, Arrow-shaped: ``fixed[name]`` arrays (timestamps
+    in microseconds), ``var[name] = (int32 offsets (n+1), uint8 data)`` and
+    ``valid[name]`` (uint8, 1 = present) for the nullable tags and keys."""
+    n: int
+    fixed: dict[str, np.ndarray]
+    var: dict[str, tuple[np.ndarray, np.ndarray]]
+    valid: dict[str, np.ndarray]
+
+    def text(self, name: str, i: int) -> str | None:
+        if name in self.valid and not self.valid[name][i]:
+            return None
+        off, dat = self.var[name]
+        return dat[off[i]:off[i + 1]].tobytes().decode("utf-8", "replace")
+
+
+def scan_rows(buf: np.ndarray, start: int, end: int, phy_base: int, max_rows: int,
+              check_crc: bool = False) -> tuple[np.ndarray, int, int]:
+    """Rows (``scan_records`` layout) of up to ``max_rows`` records of segment
+    ``buf`` from ``start`` to ``end``; returns (rows, pos, status)."""
+    out = np.empty((max_rows, K.N_SCAN), dtype=np.int64)
+    n, pos, status = K.scan_records(buf, start, end, phy_base, check_crc, K.CRC_TABLES, _NO_KEY, out)
+    return out[:n], int(pos), int(status)
+
+
+def rows_at(buf: np.ndarray, phy_base: int, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Rows of the records at ConsumeQueue positions ``phys`` (all in segment
+    ``buf``), up to the first that is not a valid record of its unit's size."""
+    out = np.empty((phys.shape[0], K.N_SCAN), dtype=np.int64)
+    n = K.records_at(buf, phy_base, phys, sizes, 0, phys.shape[0], _NO_KEY, out)
+    return out[:n]
+
+
+def decode_columns(buf: np.ndarray, phy_base: int, rows: np.ndarray) -> Columns:
+    """Every field of the records ``rows`` describe, as columns (one numba pass)."""
+    n = rows.shape[0]
+    body = int(rows[:, K.S_BODY_LEN].sum())
+    props = int(rows[:, K.S_PROPS_LEN].sum())
+    topic = int(rows[:, K.S_TOPIC_LEN].sum())
+    fixed = {name: np.empty(n, dtype) for name, dtype in FIXED_COLUMNS}
+    sizes = {"topic": topic, "body": body, "properties": props, "tags": props, "keys": props,
+             "bornHost": n * _HOST_TEXT_MAX, "storeHost": n * _HOST_TEXT_MAX,
+             "msgId": props + n * _OFFSET_ID_MAX}
+    var = {name: (np.empty(n + 1, np.int32), np.empty(sizes[name], np.uint8)) for name in VAR_COLUMNS}
+    valid = {"tags": np.empty(n, np.uint8), "keys": np.empty(n, np.uint8)}
+    K.arrow_columns(buf, phy_base, rows, n, _TAGS_KEY, _KEYS_KEY, _UNIQ_KEY,
+                    *(fixed[name] for name, _ in FIXED_COLUMNS),
+                    *var["topic"], *var["body"], *var["properties"],
+                    *var["tags"], valid["tags"], *var["keys"], valid["keys"],
+                    *var["bornHost"], *var["storeHost"], *var["msgId"])
+    return Columns(n, fixed, var, valid)
+
+
+def property_pairs(offs: np.ndarray, dat: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
+    """Each row's properties as (row offsets into the pairs, (key offsets,
+    key bytes), (value offsets, value bytes)), the pieces Java's parser keeps."""
+    n = offs.shape[0] - 1
+    cap = int(np.count_nonzero(dat == 2)) + n
+    ks, kl, vs, vl = (np.empty(cap, np.int64) for _ in range(4))
+    row_off = np.empty(n + 1, np.int32)
+    m = K.property_spans(dat, offs, n, ks, kl, vs, vl, row_off)
+    out = []
+    for starts, lens in ((ks, kl), (vs, vl)):
+        o = np.empty(m + 1, np.int32)
+        d = np.empty(int(lens[:m].sum()), np.uint8)
+        K.gather_spans(dat, starts, lens, m, o, d)
+        out.append((o, d))
+    return row_off, out[0], out[1]
+
+
 def warm_up() -> None:
     """Run every kernel once on tiny inputs so that no request pays for
     loading (or, on a cold cache, compiling) machine code."""
@@ -415,4 +501,15 @@ def warm_up() -> None:
     readonly.flags.writeable = False   # read-only mappings are their own specialisation
     K.scan_records(readonly, 0, batch.nbytes, 0, True, K.CRC_TABLES, _TAGS_KEY, out)
     K.last_nonzero(readonly, 0)
+
+
+def warm_up_readers() -> None:
+    """warm_up for the columnar readers (tools): their kernels only."""
+    batch = encode("warmup", [b"x"], properties=properties_bytes(tags="t", keys="k"))
+    for buf in (batch.buf, batch.buf.copy()):
+        buf.flags.writeable = buf is batch.buf
+        rows, _, _ = scan_rows(buf, 0, batch.nbytes, 0, 4)
+        rows_at(buf, 0, rows[:, K.S_PHY].copy(), rows[:, K.S_SIZE].copy())
+        cols = decode_columns(buf, 0, rows)
+    property_pairs(*cols.var["properties"])
 

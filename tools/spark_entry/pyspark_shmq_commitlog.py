@@ -1,0 +1,4 @@
+"""``spark.read.format("shmq-commitlog")`` with no registration (see pyspark_shmq)."""
+from shmq.tools.spark import ShmqCommitLogDataSource as DefaultSource
+
+__all__ = ["DefaultSource"]
