@@ -945,7 +945,7 @@ def _put_host(buf, p, v6, out, o):
         p += 4
     out[o] = 58
     port = ld_i32(buf, p)
-    return _put_dec(out, o + 1, port if port >= 0 else 0)
+    return _put_dec(out, o + 1, max(port, 0))
 
 
 @njit(inline="always", **_JIT)

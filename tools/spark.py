@@ -42,25 +42,40 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
-from pyspark.sql.types import (BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType,
-                               TimestampType)
-
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 from shmq.core import _kernels as K
 from shmq.core import records as R
 from shmq.core.commitlog import CommitLog, SegmentMissing
 from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.files import REAL_FILES as _FILES
 from shmq.tools.storeview import StoreView
-
 
 
 def _schema(properties) -> StructType:
@@ -428,10 +443,10 @@ class ShmqDataSource(DataSource):
     def schema(self) -> StructType:
         return SCHEMA_WITH_PROPERTY_MAP if _bool(_opts(self.options), "includeProperties", False) else SCHEMA
 
-    def reader(self, schema: StructType) -> "ShmqBatchReader":
+    def reader(self, schema: StructType) -> ShmqBatchReader:
         return ShmqBatchReader(_opts(self.options), schema)
 
-    def streamReader(self, schema: StructType) -> "ShmqStreamReader":
+    def streamReader(self, schema: StructType) -> ShmqStreamReader:
         return ShmqStreamReader(_opts(self.options), schema)
 
 
@@ -445,7 +460,7 @@ class ShmqCommitLogDataSource(DataSource):
     def schema(self) -> StructType:
         return SCHEMA_WITH_PROPERTY_MAP if _bool(_opts(self.options), "includeProperties", False) else SCHEMA
 
-    def reader(self, schema: StructType) -> "ShmqCommitLogReader":
+    def reader(self, schema: StructType) -> ShmqCommitLogReader:
         return ShmqCommitLogReader(_opts(self.options), schema)
 
 

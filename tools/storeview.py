@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from shmq.core import _kernels as K
 from shmq.core.commitlog import CommitLog
 from shmq.core.consumequeue import ConsumeQueues
@@ -60,7 +59,7 @@ class StoreView:
 
     # ---------------------------------------------------------------- open
     @classmethod
-    def open(cls, root: str, files: FileLayer = REAL_FILES, live: bool | None = None) -> "StoreView":
+    def open(cls, root: str, files: FileLayer = REAL_FILES, live: bool | None = None) -> StoreView:
         """Snapshot the store at ``root``. ``live=None`` uses the broker's
         published positions when one owns the store, else the files alone;
         ``live=False`` always reads the files alone."""
@@ -103,21 +102,29 @@ class StoreView:
     # ------------------------------------------------------- offline scans
     def _scan_end(self) -> int:
         """End of valid data, as recovery finds it: earlier segments end with
-        their BLANK record, the last at its first invalid record."""
+        their BLANK record, the last at its first invalid record. A last
+        segment with no record at its start is usually the one the flusher
+        preallocates once half of the current one is used: like recovery,
+        look for the end in the segment before it."""
         if not self.segments:
             return 0
         cl = self.commitlog()
         try:
-            last = self.segments[-1]
-            buf = cl.map(last)
             out = np.empty((_SCAN_ROWS, K.N_SCAN), dtype=np.int64)
-            pos = 0
-            while True:
-                _, pos, status = K.scan_records(buf, pos, buf.shape[0], last, False, K.CRC_TABLES,
-                                                _NO_TAGS, out)
-                if status != K.SCAN_FULL:
-                    break
-            return last + (buf.shape[0] if status == K.SCAN_BLANK else pos)
+            for i in range(len(self.segments) - 1, -1, -1):
+                last = self.segments[i]
+                buf = cl.map(last)
+                pos = 0
+                while True:
+                    _, pos, status = K.scan_records(buf, pos, buf.shape[0], last, False,
+                                                    K.CRC_TABLES, _NO_TAGS, out)
+                    if status != K.SCAN_FULL:
+                        break
+                if status == K.SCAN_BLANK:
+                    return last + buf.shape[0]
+                if pos > 0 or i == 0:
+                    return last + pos
+            raise AssertionError("unreachable: the first segment always returns")
         finally:
             cl.close()
 
