@@ -26,9 +26,18 @@ One ASYNC_FLUSH broker serves the first four benches (started on first use,
 stopped at the end of the run); broker_sync_flush starts its own. Every
 bench checks what it did: reply codes, queue offsets, the queues' maxOffset
 against the acknowledged count, sample bodies read back by a pull.
+
+A broker someone else runs can stand in for the ones started here
+(``ctx.named_broker``, set by ``--broker HOST:PORT``): ``NamedBroker`` reads
+its settings from the broker itself (GET_BROKER_CONFIG, runtime info), uses
+its Unix socket when that is on this host, and a bench whose broker needs a
+setting the named one lacks (SYNC_FLUSH, SQL92) is skipped with the reason
+rather than run against the wrong configuration. It is never started,
+stopped or killed here.
 """
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
@@ -42,6 +51,7 @@ from collections import deque
 
 import numpy as np
 
+from perf import Skipped
 from perf.net_limits import FORK, TRANSPORTS, _check_exit
 from shmq.client.remoting import RemotingClient
 from shmq.ipc.remoting import RemotingCommand
@@ -50,6 +60,7 @@ SEND_MESSAGE_V2 = 310
 SEND_BATCH_MESSAGE = 320
 PULL_MESSAGE = 11
 UPDATE_AND_CREATE_TOPIC = 17
+GET_BROKER_CONFIG, GET_BROKER_RUNTIME_INFO = 26, 28
 SUCCESS, FLUSH_DISK_TIMEOUT, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY = 0, 10, 19, 20
 PULL_SUSPEND, PULL_SUBSCRIPTION = 0x2, 0x4
 MAGIC = -626843481                          # 0xDAA320A7, §5.1
@@ -95,6 +106,9 @@ class Broker:
         line = self._ready_line(60.0)
         fields = dict(tok.split("=", 1) for tok in line.split()[3:] if "=" in tok)
         self.tcp, self.unix = fields["tcp"], fields["unix"]
+        self.transports = TRANSPORTS
+        embedded = str(conf.get("embeddedNamesrv", "true")).lower() == "true"
+        self.namesrv = f"127.0.0.1:{conf['namesrvListenPort']}" if embedded else None
         self.out: deque[str] = deque(maxlen=100)
         self._drain = threading.Thread(target=self._drain_stdout, daemon=True)
         self._drain.start()
@@ -153,9 +167,71 @@ class Broker:
             raise RuntimeError(f"the broker exited with {self.proc.returncode}: {self.log_tail()}")
 
 
-def broker(ctx, flush: str = "ASYNC_FLUSH", name: str = "", **extra) -> Broker:
+class NamedBroker:
+    """A running broker at ``host:port`` that this run did not start: its
+    settings come from the broker (GET_BROKER_CONFIG's ``key=value`` lines,
+    the runtime info's ``unixSocketPath``); ``stop`` leaves it running."""
+
+    # settings a bench's broker may ask for that only say how to start one:
+    # a named broker with any NameServer will do (``namesrv`` says which)
+    HOW_TO_START = ("embeddedNamesrv",)
+
+    def __init__(self, addr: str):
+        self.tcp = addr
+        try:
+            with RemotingClient(addr) as c:
+                conf = check(c.invoke(RemotingCommand(GET_BROKER_CONFIG), timeout=TIMEOUT_S),
+                             what="GET_BROKER_CONFIG")
+                info = check(c.invoke(RemotingCommand(GET_BROKER_RUNTIME_INFO), timeout=TIMEOUT_S),
+                             what="GET_BROKER_RUNTIME_INFO")
+        except OSError as e:
+            raise RuntimeError(f"cannot reach the broker at {addr}: {e}") from e
+        self.config = dict(line.split("=", 1) for line in bytes(conf.body).decode().splitlines()
+                           if "=" in line)
+        path = json.loads(bytes(info.body))["table"].get("unixSocketPath")
+        self.unix = path if path and os.path.exists(path) else None      # on this host?
+        self.transports = TRANSPORTS if self.unix else ("tcp",)
+        ns = self.config.get("namesrvAddr", "").split(";")[0]
+        if self.config.get("embeddedNamesrv", "").lower() == "true":
+            ns = f"{addr.rpartition(':')[0]}:{self.config['namesrvListenPort']}"
+        self.namesrv = ns or None
+        store = self.config.get("storePathRootDir")
+        self.store = store if store and os.path.isdir(store) else None   # on this host?
+
+    def lacks(self, flush: str, settings: dict) -> str | None:
+        """Why this broker cannot serve a bench that wants these settings, or None."""
+        want = {"flushDiskType": flush, **settings}
+        diff = [(k, v) for k, v in want.items() if k not in self.HOW_TO_START
+                and self.config.get(k, "").lower() != str(v).lower()]
+        if not diff:
+            return None
+        return (f"needs a broker with {', '.join(f'{k}={v}' for k, v in diff)}; the named broker "
+                f"{self.tcp} has {', '.join(f'{k}={self.config.get(k)}' for k, _ in diff)}")
+
+    def addr(self, transport: str) -> str:
+        return self.tcp if transport == "tcp" else f"unix:{self.unix}"
+
+    def alive(self) -> None:
+        try:
+            RemotingClient(self.tcp).close()
+        except OSError as e:
+            raise RuntimeError(f"the named broker {self.tcp} is gone: {e}") from e
+
+    def stop(self) -> None:
+        pass
+
+
+def broker(ctx, flush: str = "ASYNC_FLUSH", name: str = "", **extra) -> Broker | NamedBroker:
     """The run's broker with this flush type (or this name and settings),
-    started on first use."""
+    started on first use; the named broker instead when there is one, or
+    ``Skipped`` when it lacks these settings."""
+    named = getattr(ctx, "named_broker", None)
+    if named is not None:
+        why = named.lacks(flush, extra)
+        if why:
+            raise Skipped(why)
+        named.alive()
+        return named
     key = f"broker-{name or flush}"
     b = ctx.shared.get(key)
     if b is None:
@@ -311,7 +387,7 @@ def _child(fn):
 def run_send(ctx, result):
     b = broker(ctx)
     seconds = 0.5 if ctx.quick else 3.0
-    for tr in TRANSPORTS:
+    for tr in b.transports:
         topic = f"PerfSend_{tr}"
         rt = ctx.net_rtt(tr)
         with RemotingClient(b.addr(tr)) as c:
@@ -381,7 +457,7 @@ def run_produce(ctx, result):
     b = broker(ctx)
     seconds = 0.8 if ctx.quick else 3.0
     for batch in (32, 256):
-        for tr in TRANSPORTS:
+        for tr in b.transports:
             topic = f"PerfBatch{batch}_{tr}"
             with RemotingClient(b.addr(tr)) as c:
                 create_topic(c, topic, PRODUCERS)
@@ -480,9 +556,9 @@ def run_consume(ctx, result):
     per_queue = total // QUEUES
     topic = "PerfBacklog"
     t = time.monotonic()
-    produce_backlog(b.addr("unix"), topic, per_queue)
+    produce_backlog(b.addr(b.transports[0]), topic, per_queue)     # Unix when there is one
     fill_s = time.monotonic() - t
-    for tr in TRANSPORTS:
+    for tr in b.transports:
         go = FORK.Event()
         p, a = spawn(_consumer, (b.addr(tr), topic, per_queue, go))
         t0, t1, nbytes, msgs, replies, rec = gather([p], [a], go, "consumer")[0]
@@ -531,7 +607,7 @@ def run_latency(ctx, result):
     seconds = 1.5 if ctx.quick else 5.0
     count = int(rate * seconds)
     pad = bytes(100 - _STAMP.size)
-    for tr in TRANSPORTS:
+    for tr in b.transports:
         topic = f"PerfLatency_{tr}"
         with RemotingClient(b.addr(tr)) as c:
             create_topic(c, topic, 1)
@@ -604,7 +680,7 @@ def run_sync_flush(ctx, result):
     b = broker(ctx, "SYNC_FLUSH")
     seconds = 0.8 if ctx.quick else 3.0
     fsync_rate, fsync_p50 = ctx.fdatasync()
-    for tr in TRANSPORTS:
+    for tr in b.transports:
         for conns in SYNC_CONNS:
             topic = f"PerfSync{conns}_{tr}"
             with RemotingClient(b.addr(tr)) as c:

@@ -28,7 +28,8 @@ import tempfile
 import textwrap
 import time
 
-from perf.broker import Broker, broker, create_topic
+from perf import Skipped
+from perf.broker import Broker, NamedBroker, broker, create_topic
 from shmq.client import AsyncProducer, ClientConfig, Message, SendStatus
 from shmq.client.remoting import RemotingClient
 
@@ -36,17 +37,18 @@ WINDOW = 64
 BODY = b"x" * 100
 
 
-def _broker(ctx) -> Broker:
+def _broker(ctx) -> Broker | NamedBroker:
     return broker(ctx, "ASYNC_FLUSH", "client", embeddedNamesrv="true")
 
 
-def _namesrv(b: Broker) -> str:
-    with open(b.conf_path) as f:
-        conf = dict(line.strip().split("=", 1) for line in f if "=" in line)
-    return f"127.0.0.1:{conf['namesrvListenPort']}"
+def _namesrv(b: Broker | NamedBroker) -> str:
+    if b.namesrv is None:
+        raise Skipped(f"the broker {b.tcp} names no NameServer (namesrvAddr empty, "
+                      "embeddedNamesrv false): the clients find brokers through one")
+    return b.namesrv
 
 
-def _route_ready(b: Broker, topic: str) -> None:
+def _route_ready(b: Broker | NamedBroker, topic: str) -> None:
     from shmq.ipc.codes import RequestCode as RC
     from shmq.ipc.remoting import RemotingCommand
     deadline = time.monotonic() + 10
@@ -128,14 +130,15 @@ def run_send(ctx, result):
             create_topic(c, topic, 4)
         _route_ready(b, topic)
         tcp = asyncio.run(_shmq_send(ns, topic, seconds, False, batch))
-        unix = asyncio.run(_shmq_send(ns, topic, seconds, True, batch))
+        unix = (asyncio.run(_shmq_send(ns, topic, seconds, True, batch))
+                if "unix" in b.transports else None)                 # a named broker elsewhere
         cpp = _cpp_send(ns, topic, seconds, batch)
         extra = {}
         if batch > 1:
             extra["batch_256"] = round(asyncio.run(_shmq_send(ns, topic, seconds, False, 256)))
         yield result(name, tcp, "msg/s", rt["rate"],
                      "raw request/response round trip (tcp, one in flight)",
-                     unix_socket=round(unix), cpp_client=round(cpp) if cpp else None,
+                     unix_socket=round(unix) if unix else None, cpp_client=round(cpp) if cpp else None,
                      vs_cpp=round(tcp / cpp, 3) if cpp else None,
                      note=None if cpp else "rocketmq==0.4.4 not installed: no C++ comparison",
                      window=WINDOW, batch=batch, body_bytes=100, **extra)
@@ -210,7 +213,7 @@ def run_consume(ctx, result):
     _route_ready(b, topic)
     asyncio.run(_backlog(ns, topic, n))
     tcp = asyncio.run(_shmq_consume(ns, topic, n, False))
-    unix = asyncio.run(_shmq_consume(ns, topic, n, True))
+    unix = asyncio.run(_shmq_consume(ns, topic, n, True)) if "unix" in b.transports else None
     cpp = None
     home = tempfile.mkdtemp(prefix="cpp-home-")
     env = dict(os.environ, HOME=home)
@@ -225,7 +228,7 @@ def run_consume(ctx, result):
     record = 100 + 91 + len(topic) + 60                   # body, fixed fields, topic, properties
     yield result("client_consume", tcp, "msg/s", bulk["bps"] / record,
                  f"raw socket bulk (tcp) in {record}-byte records",
-                 unix_socket=round(unix), cpp_client=round(cpp) if cpp else None,
+                 unix_socket=round(unix) if unix else None, cpp_client=round(cpp) if cpp else None,
                  vs_cpp=round(tcp / cpp, 3) if cpp else None,
                  note=None if cpp else "rocketmq==0.4.4 not installed: no C++ comparison",
                  messages=n, body_bytes=100)

@@ -2,7 +2,8 @@
 
 - broker_timer / broker_timer_burst / broker_delay: N messages with a
   delivery time (the timer wheel: TIMER_DELIVER_MS spread over one second,
-  or all due at one instant) or a delay level (DELAY=1, 1 s), sent one per request with WINDOW in flight over the Unix socket.
+  or all due at one instant) or a delay level (DELAY=1, 1 s), sent one per request with WINDOW in flight over the Unix socket
+  (TCP to a named broker on another host).
   Intake msg/s beside the same sends without a delivery time in the same
   run (the limit: what scheduling costs on the send path); then a consumer
   long-polls the real topic and every message's lateness — arrival minus
@@ -29,6 +30,7 @@ from perf.broker import (
     SUCCESS,
     TIMEOUT_S,
     Broker,
+    NamedBroker,
     broker,
     check,
     create_topic,
@@ -79,7 +81,7 @@ def _collect(c: RemotingClient, topic: str, n: int, due_of, deadline_s: float):
     return np.array(late), np.array(arrived)
 
 
-def _broker(ctx) -> Broker:
+def _broker(ctx) -> Broker | NamedBroker:
     """The run's broker for these benches (SQL92 on)."""
     return broker(ctx, "ASYNC_FLUSH", "features", enablePropertyFilter="true")
 
@@ -88,7 +90,7 @@ def _scheduled(ctx, result, kind: str):
     n = 2000 if ctx.quick else 20000
     b = _broker(ctx)
     topic, plain = f"Perf_{kind}", f"Perf_{kind}_plain"
-    with RemotingClient(b.addr("unix")) as c:
+    with RemotingClient(b.addr(b.transports[0])) as c:
         create_topic(c, topic, 1)
         create_topic(c, plain, 1)
         def body(i: int) -> bytes:
@@ -161,7 +163,7 @@ def run_sql_filter(ctx, result):
     n = 20000 if ctx.quick else 200000
     b = _broker(ctx)
     topic = "Perf_sql"
-    with RemotingClient(b.addr("unix")) as c:
+    with RemotingClient(b.addr(b.transports[0])) as c:
         create_topic(c, topic, 1)
         _send_all(c, [send_cmd(topic, 0, b"%d:" % i + b"y" * 90, _props({"a": str(i)}))
                       for i in range(n)])
