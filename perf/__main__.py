@@ -1,9 +1,14 @@
-"""The benchmark runner: ``python -m perf [--quick] [--out FILE] [--install-peers] [name ...]``.
+"""The benchmark runner: ``python -m perf [--quick] [--out FILE] [--results FILE]
+[--broker HOST:PORT] [--install-peers] [name ...]`` (``shmq bench`` is the same
+run with a table on the terminal).
 
-Prints one JSON object per result line::
+Prints one JSON object per line: first the machine the run measured
+(perf.machine: CPU, cores, kernel, the scratch directory's file system, the
+OS settings sysctl/tune.py checks) as ``{"machine": {...}}``, then one per
+result::
 
     {"bench": ..., "value": ..., "unit": ..., "limit": ..., "limit_name": ...,
-     "ratio": value / limit, ...extra fields}
+     "ratio": value / limit, ...extra fields, "run": id, "machine": {...}}
 
 Limits are measured in the same run (``perf.limits``, ``perf.net_limits``),
 once, before the benchmarks that use them. Every benchmark checks its own
@@ -17,6 +22,13 @@ beside the broker's when the peer bench ran earlier in the same run.
 
 Scratch files go to $SHMQ_PERF_DIR or ./.perf-scratch: keep it on the disk
 you want measured (a tmpfs makes fdatasync free and the numbers meaningless).
+
+``--broker HOST:PORT`` (or $SHMQ_PERF_BROKER) runs the broker and client
+benches against a broker that is already running instead of ones started
+here (perf.broker.NamedBroker); benches that open, crash and recover a store
+of their own in this process have nothing to measure there and print a
+``skipped`` line. ``--results FILE`` writes the run as a Markdown table
+(perf.report), the machine record on top.
 """
 from __future__ import annotations
 
@@ -28,17 +40,20 @@ import sys
 import tempfile
 import time
 
-from perf import (append, broker, client, features, net_limits, pull_transfer, recovery, redis_peer, sync_flush,
-                  write_path)
+from perf import (Skipped, append, broker, client, features, machine, net_limits, pull_transfer, recovery,
+                  redis_peer, report, sync_flush, write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
 class Context:
     """Sizes for this run and limits measured once, on first use."""
 
-    def __init__(self, quick: bool, scratch: str, install_peers: bool = False):
+    def __init__(self, quick: bool, scratch: str, install_peers: bool = False,
+                 named_broker: broker.NamedBroker | None = None):
         self.quick = quick
         self.scratch = scratch
+        # a running broker to measure instead of starting one (--broker)
+        self.named_broker = named_broker
         # may the harness install a missing peer (redis-server) with apt-get?
         self.install_peers = install_peers
         self._memcpy = None
@@ -134,38 +149,103 @@ BENCHES = {
 }
 
 
+# Benches that open, write, crash and recover a store in this process: with a
+# named broker (--broker) they would not measure it, so they are skipped.
+OWN_STORE = ("append", "queues", "sync_flush", "recovery", "flush_write_path")
+
+
+def select(names: list[str]) -> list[str]:
+    """The benches ``names`` choose (prefix match; none: all), in suite order."""
+    unknown = [n for n in names if not any(b.startswith(n) for b in BENCHES)]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
+    return [b for b in BENCHES if not names or any(b.startswith(n) for n in names)]
+
+
+def scratch_base() -> str:
+    return os.environ.get("SHMQ_PERF_DIR", os.path.join(os.getcwd(), ".perf-scratch"))
+
+
+def run_one(ctx: Context, name: str):
+    """The lines of one bench: its results, or a ``skipped`` line with the reason."""
+    if ctx.named_broker is not None and name in OWN_STORE:
+        yield {"bench": name, "skipped": f"opens and recovers a store of its own in this process; "
+                                          f"nothing to measure on the named broker {ctx.named_broker.tcp}"}
+        return
+    try:
+        yield from BENCHES[name](ctx, result)
+    except Skipped as e:
+        yield {"bench": name, "skipped": str(e)}
+
+
+def run(chosen: list[str], quick: bool, emit, broker_addr: str | None = None,
+        install_peers: bool = False, setup=None, before_close=None) -> list[dict]:
+    """Run the benches ``chosen``: ``emit(line)`` gets the machine line first, then
+    every result line (with the run id and the machine record) as it comes;
+    returns them all. ``setup(ctx)`` runs before the first bench and
+    ``before_close()`` after the last, before the brokers stop (``shmq profile``
+    watches ``ctx.shared`` for the brokers the benches start, and stops
+    recording them before they go)."""
+    base = scratch_base()
+    os.makedirs(base, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="run-", dir=base)
+    lines: list[dict] = []
+    try:
+        named = broker.NamedBroker(broker_addr) if broker_addr else None
+        ctx = Context(quick, scratch, install_peers=install_peers, named_broker=named)
+        rec = machine.record(scratch, quick, named)
+        lines.append({"machine": rec})
+        emit(lines[-1])
+        if setup is not None:
+            setup(ctx)
+        try:
+            for name in chosen:
+                for r in run_one(ctx, name):
+                    lines.append({**r, "run": rec["run"], "machine": rec})
+                    emit(lines[-1])
+        finally:
+            try:
+                if before_close is not None:
+                    before_close()
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf", description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(BENCHES)}")
     ap.add_argument("--quick", action="store_true", help="small sizes: the suite in under a minute")
     ap.add_argument("--out", help="also append the JSON lines to this file")
+    ap.add_argument("--results", help="write the run as a Markdown table (perf/RESULTS.md)")
+    ap.add_argument("--broker", default=os.environ.get("SHMQ_PERF_BROKER"), metavar="HOST:PORT",
+                    help="measure this running broker instead of starting one ($SHMQ_PERF_BROKER)")
     ap.add_argument("--install-peers", action="store_true",
                     help="as root, apt-get install a missing peer (redis-server); also when $CI is set")
     args = ap.parse_args(argv)
-    unknown = [n for n in args.names if not any(b.startswith(n) for b in BENCHES)]
-    if unknown:
-        ap.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
-    chosen = [b for b in BENCHES if not args.names or any(b.startswith(n) for n in args.names)]
-    base = os.environ.get("SHMQ_PERF_DIR", os.path.join(os.getcwd(), ".perf-scratch"))
-    os.makedirs(base, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="run-", dir=base)
-    ctx = Context(args.quick, scratch, install_peers=args.install_peers)
+    try:
+        chosen = select(args.names)
+    except ValueError as e:
+        ap.error(str(e))
     out = open(args.out, "a") if args.out else None
+
+    def emit(line: dict) -> None:
+        text = json.dumps(line)
+        print(text, flush=True)
+        if out:
+            out.write(text + "\n")
+            out.flush()
+
     t0 = time.perf_counter()
     try:
-        for name in chosen:
-            for r in BENCHES[name](ctx, result):
-                line = json.dumps(r)
-                print(line, flush=True)
-                if out:
-                    out.write(line + "\n")
+        lines = run(chosen, args.quick, emit, args.broker, args.install_peers)
     finally:
-        try:
-            ctx.close()
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
         if out:
             out.close()
+    if args.results:
+        report.write(args.results, lines, "python -m perf " + " ".join(argv if argv is not None else sys.argv[1:]))
     print(f"# {len(chosen)} benchmarks in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     return 0
 
