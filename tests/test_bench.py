@@ -1,0 +1,141 @@
+"""``shmq bench`` and ``shmq profile`` as a user runs them: real subprocesses,
+quick sizes, one cheap bench where any will do.
+
+- a run opens with the machine record (CPU, cores, kernel, file system,
+  the OS settings sysctl/tune.py reads) and every result line carries it;
+- ``--results`` writes the Markdown table with limit and peer columns;
+- against a broker someone else runs (``--broker``) a broker bench measures
+  it, and the benches that need their own store or other settings are
+  skipped with the reason, leaving that broker running;
+- ``shmq profile`` writes one valid SVG flame graph per broker process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+from brokerproc import free_port, start_broker
+
+CHEAP = "flush_write_path"       # four short fdatasync loops on the scratch disk: ~2 s
+
+
+def shmq(*args, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "shmq.tools", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, check=False)
+
+
+def jsonl(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    r = shmq("bench", "--quick", "--out", d / "run.jsonl", "--results", d / "RESULTS.md", CHEAP, cwd=d)
+    assert r.returncode == 0, r.stderr
+    return d, r
+
+
+def test_a_run_opens_with_the_machine_and_every_result_carries_it(quick_run):
+    d, r = quick_run
+    first, *results = jsonl(d / "run.jsonl")
+    m = first["machine"]
+    assert m["cpu"] and m["cores"] == os.cpu_count() and m["kernel"] == os.uname().release
+    assert m["filesystem"] and m["scratch"]["filesystem"] == m["filesystem"]
+    assert m["scratch"]["path"].startswith(str(d))                  # ./.perf-scratch of the run
+    with open("/proc/sys/vm/dirty_ratio") as f:                     # tune.py's reading, as is
+        assert m["sysctl"]["vm.dirty_ratio"] == int(f.read())
+    assert {"vm.swappiness", "thp.enabled", "fs.type", "limits.nofile"} <= set(m["sysctl"])
+    assert results and all(x["bench"].startswith(CHEAP) for x in results)
+    for x in results:
+        assert x["machine"] == m and x["run"] == m["run"]
+        assert x["value"] > 0 and x["limit"] > 0 and x["limit_name"]
+    # the terminal table: the machine in words, then one row per result
+    assert m["cpu"] in r.stdout and f"run {m['run']}" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith(CHEAP)]
+    assert [row.split()[0] for row in rows] == [x["bench"] for x in results]
+
+
+def test_results_markdown_puts_limit_and_peer_beside_each_figure(quick_run):
+    d, _ = quick_run
+    md = (d / "RESULTS.md").read_text()
+    results = jsonl(d / "run.jsonl")[1:]
+    assert "A `--quick` run" in md and results[0]["machine"]["kernel"] in md
+    assert "| vm.dirty_ratio |" in md
+    assert "| benchmark | result | limit (same run) | ratio | peer (same run) |" in md
+    for x in results:
+        row = next(line for line in md.splitlines() if line.startswith(f"| {x['bench']} |"))
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 5 and x["limit_name"] in cells[2] and cells[3] == f"{x['ratio']:.3g}"
+
+
+def test_a_named_broker_is_measured_and_never_owned(tmp_path):
+    (tmp_path / "broker").mkdir()
+    with start_broker(tmp_path / "broker") as b:
+        out = tmp_path / "named.jsonl"
+        r = shmq("bench", "--quick", "--broker", b.addr, "--out", out,
+                 "broker_send", "broker_sync_flush", "recovery", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert b.proc.poll() is None                                  # still its owner's
+        assert b.stop() == 0
+    first, *lines = jsonl(out)
+    m = first["machine"]
+    assert m["broker"] == b.addr
+    assert m["broker_store"]["path"] == os.path.realpath(b.store) and m["broker_store"]["filesystem"]
+    sends = {x["bench"]: x for x in lines if x["bench"].startswith("broker_send")}
+    assert set(sends) == {"broker_send_1conn_unix", "broker_send_1conn_tcp"}   # its socket is local
+    assert all(x["value"] > 0 and x["machine"] == m for x in sends.values())
+    skipped = {x["bench"]: x["skipped"] for x in lines if "skipped" in x}
+    assert set(skipped) == {"broker_sync_flush", "recovery"}
+    assert "flushDiskType=SYNC_FLUSH" in skipped["broker_sync_flush"]
+    assert "flushDiskType=ASYNC_FLUSH" in skipped["broker_sync_flush"]
+    assert "store of its own" in skipped["recovery"]
+
+
+def test_an_unreachable_broker_is_named(tmp_path):
+    addr = f"127.0.0.1:{free_port()}"
+    r = shmq("bench", "--quick", "--broker", addr, "broker_send", cwd=tmp_path)
+    assert r.returncode == 1 and f"cannot reach the broker at {addr}" in r.stderr
+
+
+def test_without_a_checkout_it_says_where_it_looked(tmp_path, monkeypatch):
+    """perf/ is not installed with shmq: found beside shmq's source or in the
+    current directory, else an error naming both."""
+    from shmq.tools import bench
+    assert bench.perf_checkout() == os.path.dirname(os.path.dirname(bench.__file__))
+    monkeypatch.setattr(bench, "__file__", str(tmp_path / "site" / "tools" / "bench.py"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(bench.NoCheckout, match=r"no perf/ folder beside shmq's source \(.*site\) "
+                                               r"or in the current directory"):
+        bench.perf_checkout()
+
+
+@pytest.mark.profile
+def test_profile_writes_a_flame_graph_per_broker_process(tmp_path):
+    from shmq.tools.profile import ptrace_problem
+    problem = ptrace_problem()
+    if problem and not os.environ.get("CI"):                          # CI must prove it
+        pytest.skip(problem)
+    out = tmp_path / "prof"
+    r = shmq("profile", "--quick", "--duration", 4, "--out", out, "broker_send", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    n = int(re.search(r"# (\d+) broker processes recorded", r.stdout).group(1))
+    found = re.findall(r"^(\S+) +pid (\d+) +(\S+\.svg)", r.stdout, re.MULTILINE)
+    assert len(found) == n
+    roles = {role for role, _, _ in found}
+    assert {"boss", "worker-0", "worker-1", "flusher", "services"} <= roles
+    for role, pid, svg in found:
+        assert os.path.basename(svg) == f"{role}-{pid}.svg"
+        root = ET.parse(svg).getroot()
+        assert root.tag == "{http://www.w3.org/2000/svg}svg", (svg, root.tag)
+    assert sorted(p.name for p in out.glob("*.svg")) == sorted(os.path.basename(s) for _, _, s in found)
+    # the worker that served the sends was sampled doing it
+    workers = [s for role, _, s in found if role.startswith("worker")]
+    assert any("send" in pathlib.Path(s).read_text() for s in workers)

@@ -1,0 +1,301 @@
+"""``shmq profile``: flame graphs of every broker process while a benchmark runs.
+
+    shmq profile [--duration S] [--out DIR] [--rate HZ] [--quick] [bench]
+    shmq profile --pid BOSS [--broker HOST:PORT] [--duration S] [--out DIR] [--rate HZ] [bench]
+
+Without ``--pid`` it runs the bench (default broker_produce) through perf's
+runner, which starts the broker(s) the bench needs; as each one serves, one
+``py-spy record --format flamegraph --nonblocking`` is started per process:
+the boss, every worker, the flusher, the services process (and an embedded
+NameServer). With ``--pid`` it records the broker whose boss is BOSS, and
+runs the bench against it when ``--broker`` gives its address (else it
+records whatever load the broker has for ``--duration``).
+
+Each recording stops when the bench ends or after ``--duration`` seconds,
+whichever is first (py-spy writes its SVG on SIGINT), and always before the
+broker is stopped. The SVGs are ``<out>/<role>-<pid>.svg`` (boss-1234.svg,
+worker-0-1236.svg, flusher-1235.svg, ...); their paths are printed. The
+bench's JSON lines go beside them (``<out>/<run id>.jsonl``).
+
+py-spy reads the other processes' memory (ptrace / process_vm_readv): it
+needs root or CAP_SYS_PTRACE wherever Yama's kernel.yama.ptrace_scope is 1 or
+more (the broker is py-spy's sibling, not its child). When a recording
+fails, the error names what stood in the way. ``--nonblocking`` never
+pauses the broker, so the bench's figures stay honest.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+CAP_SYS_PTRACE = 19
+
+
+# ------------------------------------------------------------------ processes
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(comm, ppid) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.index("(") + 1:stat.rindex(")")], int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children(ppid: int) -> dict[str, int]:
+    """Process name (shmq-worker-0, shmq-flusher, shmq-services, shmq-namesrv) -> pid
+    of the broker boss's children (as tests/brokerproc.py finds them)."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None and st[1] == ppid:
+                out[st[0]] = int(name)
+    return out
+
+
+def broker_processes(boss: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(role, pid) of the boss and of its children that name themselves shmq-<role>
+    (worker-0, flusher, services, namesrv); and the other children (multiprocessing's
+    resource tracker), which are not the broker's."""
+    found, others = [("boss", boss)], []
+    for name, pid in sorted(children(boss).items()):
+        if name.startswith("shmq-"):
+            found.append((name.removeprefix("shmq-"), pid))
+        else:
+            others.append((name, pid))
+    return found, others
+
+
+# ------------------------------------------------------------------ py-spy and ptrace
+def find_pyspy() -> str | None:
+    """py-spy from this Python's environment first (not a shim), else from PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+def ptrace_facts() -> dict:
+    """What decides whether py-spy may read a sibling process."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        scope = None                                          # no Yama: plain uid rules
+    cap = False
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    cap = bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError):
+        pass
+    return {"ptrace_scope": scope, "cap_sys_ptrace": cap, "euid": os.geteuid()}
+
+
+def ptrace_problem(facts: dict | None = None) -> str | None:
+    """Why py-spy will be refused here, when that is clear before trying (None: it should work)."""
+    f = facts or ptrace_facts()
+    if f["ptrace_scope"] == 3:
+        return "kernel.yama.ptrace_scope=3: ptrace is disabled for everyone until reboot"
+    if f["ptrace_scope"] in (1, 2) and not f["cap_sys_ptrace"]:
+        return (f"kernel.yama.ptrace_scope={f['ptrace_scope']} and no CAP_SYS_PTRACE "
+                f"(euid {f['euid']}): py-spy may not read the broker, which is not its child")
+    return None
+
+
+def ptrace_advice(facts: dict) -> str:
+    scope = facts["ptrace_scope"]
+    return (f"ptrace here: kernel.yama.ptrace_scope={'absent (no Yama)' if scope is None else scope}, "
+            f"CAP_SYS_PTRACE {'present' if facts['cap_sys_ptrace'] else 'absent'}, euid {facts['euid']}. "
+            "Run as root (sudo shmq profile ...), or give py-spy the capability "
+            "(sudo setcap cap_sys_ptrace+ep \"$(which py-spy)\"), or allow sibling ptrace "
+            "(sudo sysctl kernel.yama.ptrace_scope=0); in a container, start it with "
+            "--cap-add SYS_PTRACE")
+
+
+class Recording:
+    """One ``py-spy record`` of one process, writing ``<out>/<role>-<pid>.svg``."""
+
+    def __init__(self, pyspy: str, role: str, pid: int, out_dir: str, rate: int, duration: float):
+        self.role, self.pid = role, pid
+        self.svg = os.path.join(out_dir, f"{role}-{pid}.svg")
+        if os.path.exists(self.svg):
+            os.unlink(self.svg)                     # an old run's: not evidence of this one
+        self.log = open(os.path.join(out_dir, f".{role}-{pid}.log"), "w+")  # noqa: SIM115 -- wait() closes
+        self.proc = subprocess.Popen(
+            [pyspy, "record", "--format", "flamegraph", "--pid", str(pid), "--nonblocking",
+             "--rate", str(rate), "--duration", str(max(1, round(duration))), "-o", self.svg],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def idle(self) -> bool:
+        """py-spy had no sample to draw (it drops idle stacks): the process only waited."""
+        with open(self.svg, errors="replace") as f:
+            return "No valid input provided to flamegraph" in f.read(4096)
+
+    def stop(self) -> None:
+        """SIGINT (py-spy writes what it has) unless it already stopped by itself."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
+    def wait(self, timeout: float) -> str | None:
+        """None when the SVG was written, else why not (py-spy's last words)."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return f"py-spy did not finish within {timeout:.0f} s"
+        self.log.seek(0)
+        said = self.log.read().strip()
+        self.log.close()
+        os.unlink(self.log.name)
+        if os.path.exists(self.svg) and os.path.getsize(self.svg) > 0:
+            return None
+        first = next((ln for ln in said.splitlines() if ln.startswith("Error")), said[-300:])
+        return f"py-spy exited with {self.proc.returncode}: {first or 'no output'}"
+
+
+class Profiler:
+    """Records every process of each broker it is shown, until ``finish``."""
+
+    def __init__(self, pyspy: str, out_dir: str, rate: int, duration: float):
+        self.pyspy, self.out_dir, self.rate, self.duration = pyspy, out_dir, rate, duration
+        self.recordings: list[Recording] = []
+        self.bosses: set[int] = set()
+        self.not_recorded: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+
+    def attach(self, boss: int) -> None:
+        with self.lock:
+            if boss in self.bosses:
+                return
+            self.bosses.add(boss)
+            roles, others = broker_processes(boss)
+            self.not_recorded += others
+            for role, pid in roles:
+                self.recordings.append(Recording(self.pyspy, role, pid, self.out_dir, self.rate,
+                                                 self.duration))
+
+    def watch(self, ctx, broker_type) -> None:
+        """Attach to each broker the benches start (they appear in ``ctx.shared``)."""
+        self._stop = threading.Event()
+
+        def loop():
+            while not self._stop.wait(0.02):
+                for b in list(ctx.shared.values()):
+                    if isinstance(b, broker_type) and b.proc.poll() is None:
+                        self.attach(b.proc.pid)
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def finish(self) -> list[tuple[Recording, str | None]]:
+        """Stop watching and recording; (recording, error or None) each."""
+        if hasattr(self, "_stop"):
+            self._stop.set()
+            self._thread.join()
+        with self.lock:
+            for r in self.recordings:
+                r.stop()
+            return [(r, r.wait(60)) for r in self.recordings]
+
+
+# ------------------------------------------------------------------ the command
+def _report(prof: Profiler, done: list, facts: dict) -> int:
+    ok = [(r, e) for r, e in done if e is None]
+    print(f"# {len(done)} broker processes recorded, {len(ok)} flame graphs:")
+    for r, err in done:
+        if err is None:
+            print(f"{r.role:<12} pid {r.pid:<8} {r.svg}{'  (no samples: idle throughout)' if r.idle() else ''}")
+        else:
+            print(f"{r.role:<12} pid {r.pid:<8} FAILED: {err}", file=sys.stderr)
+    for name, pid in prof.not_recorded:
+        print(f"# not recorded: {name} pid {pid} (a child of the boss that is not a shmq role)")
+    if len(ok) < len(done):
+        print(f"shmq profile: {ptrace_problem(facts) or 'py-spy could not record every process'}. "
+              f"{ptrace_advice(facts)}", file=sys.stderr)
+        return 1
+    return 0 if done else 1
+
+
+def _profile(args) -> int:
+    from shmq.tools.bench import NoCheckout, Printer, check_broker, load_runner
+
+    pyspy = find_pyspy()
+    if pyspy is None:
+        print("shmq profile: py-spy not found: pip install py-spy (it is in shmq's dev extra: "
+              "pip install -e '.[dev]')", file=sys.stderr)
+        return 2
+    if args.pid is not None and _stat(args.pid) is None:
+        print(f"shmq profile: no process {args.pid}", file=sys.stderr)
+        return 2
+    if args.pid is not None and args.bench and not args.broker:
+        print("shmq profile: with --pid, give --broker HOST:PORT to run a bench against that "
+              "broker, or no bench to record its own load for --duration", file=sys.stderr)
+        return 2
+    facts = ptrace_facts()
+    out_dir = os.path.abspath(args.out)
+    os.makedirs(out_dir, exist_ok=True)
+    prof = Profiler(pyspy, out_dir, args.rate, args.duration)
+    if args.pid is not None and not args.bench:
+        prof.attach(args.pid)
+        print(f"# recording broker {args.pid} for {args.duration:g} s", file=sys.stderr)
+        time.sleep(args.duration)
+        return _report(prof, prof.finish(), facts)
+    try:
+        runner = load_runner()
+        chosen = runner.select([args.bench or "broker_produce"])
+    except (NoCheckout, ValueError) as e:
+        print(f"shmq profile: {e}", file=sys.stderr)
+        return 2
+    why = check_broker(runner, args.broker if args.pid is not None else None)
+    if why:
+        print(f"shmq profile: {why}", file=sys.stderr)
+        return 1
+    printer = Printer(runner, None, False, out_dir)            # the bench's JSON lines beside the SVGs
+
+    def setup(ctx):
+        if args.pid is not None:
+            prof.attach(args.pid)
+        else:
+            prof.watch(ctx, runner.broker.Broker)
+
+    done = None
+
+    def before_close():
+        nonlocal done
+        done = prof.finish()          # the SVGs are written before the brokers stop
+
+    try:
+        runner.run(chosen, args.quick, printer, args.broker if args.pid is not None else None,
+                   setup=setup, before_close=before_close)
+    finally:
+        printer.close()
+        if done is None:
+            done = prof.finish()
+    if not done:
+        print(f"shmq profile: {' '.join(chosen)} started no broker to record; profile a broker "
+              "bench (broker_*, client_*)", file=sys.stderr)
+        return 1
+    return _report(prof, done, facts)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="py-spy flame graphs of a broker's processes under a benchmark",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("bench", nargs="?", help="the benchmark to run (prefix; default broker_produce; "
+                                            "with --pid: none, record the broker's own load)")
+    p.add_argument("--duration", type=float, default=30.0, metavar="S",
+                   help="record at most this many seconds (default 30; the bench's end stops it sooner)")
+    p.add_argument("--out", default="profile", metavar="DIR",
+                   help="directory for <role>-<pid>.svg (default ./profile)")
+    p.add_argument("--rate", type=int, default=100, metavar="HZ", help="samples per second (default 100)")
+    p.add_argument("--quick", action="store_true", help="the bench's small (CI) sizes")
+    p.add_argument("--pid", type=int, help="record the running broker whose boss has this pid")
+    p.add_argument("--broker", metavar="HOST:PORT", help="with --pid: that broker's address, to run "
+                                                          "the bench against it")
+    p.set_defaults(func=_profile)
