@@ -28,8 +28,11 @@ partition, a queue offset an offset. Options (strings, case-insensitive):
   batchRows              rows per Arrow batch                       default 65536
 
 ``shmq-commitlog`` takes ``path``, optionally ``subscribe``/``subscribePattern``
-(applied while reading), ``includeProperties``, ``failOnDataLoss`` and
-``batchRows``: one partition per segment file, the fastest full export.
+(applied while reading), ``includeProperties``, ``failOnDataLoss``,
+``batchRows`` and ``maxBytesPerPartition`` (default 128 MiB, as Spark's
+maxPartitionBytes): one partition per segment file (a record never spans two),
+a segment larger than that split at record starts its ConsumeQueues point to;
+the fastest full export.
 
 Both have one schema (``SCHEMA``; every column nullable). A user schema
 (``.schema("topic STRING, body BINARY")``) selects a subset of its columns:
@@ -94,6 +97,9 @@ SCHEMA_WITH_PROPERTY_MAP = _schema(MapType(StringType(), StringType(), valueCont
 EARLIEST = -2
 LATEST = -1
 DEFAULT_BATCH_ROWS = 65536
+# Spark's file sources split at spark.sql.files.maxPartitionBytes (128 MiB);
+# a segment is split likewise, at record starts its ConsumeQueues point to.
+DEFAULT_PARTITION_BYTES = 128 << 20
 
 
 class ShmqSourceError(ValueError):
@@ -497,12 +503,20 @@ class ShmqCommitLogReader(DataSourceReader):
         opts = _read_options(view, self.o, self.columns)
         sub = self.o.get("subscribe")
         topics = tuple(t.strip() for t in sub.split(",") if t.strip()) if sub is not None else None
+        most = _int(self.o, "maxBytesPerPartition", DEFAULT_PARTITION_BYTES)
         out = []
         for base in view.segments:
             start = max(0, view.cl_min - base)
             end = view.data_end(base)
-            if end > start:
-                out.append(SegmentRange(base, start, end, topics, self.o.get("subscribepattern"), opts))
+            cuts = [start]
+            while end - cuts[-1] > most:
+                cut = view.record_start_after(base + cuts[-1] + most, base + end) - base
+                if cut >= end:
+                    break
+                cuts.append(cut)
+            for a, b in zip(cuts, cuts[1:] + [end]):
+                if b > a:
+                    out.append(SegmentRange(base, a, b, topics, self.o.get("subscribepattern"), opts))
         return out
 
     def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:
@@ -588,7 +602,7 @@ class ShmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin.update({k: view.queues[k].min_offset for k in latest if k not in begin})
         latest = {k: max(v, begin[k]) for k, v in latest.items()}
         if isinstance(limit, ReadMaxRows):
-            latest = rate_limit(begin, latest, limit.maxRows)
+            latest = rate_limit(begin, latest, limit.max_rows)
         merged = dict(begin)
         merged.update(latest)
         return _offset_json(merged)

@@ -99,6 +99,35 @@ class StoreView:
         """Readable bytes of segment ``seg`` (from its start)."""
         return max(0, min(self.cl_end - seg, self.segment_bytes))
 
+    def record_start_after(self, pos: int, limit: int) -> int:
+        """A record start in [pos, limit), or ``limit`` if none is known: the
+        nearest any ConsumeQueue points at (records are contiguous, so any
+        unit's position is a record boundary). Binary searches, no scan."""
+        best = limit
+        cqs = self.consumequeues()
+        upf = self.units_per_file
+        try:
+            for ext in self.queues.values():
+                lo, hi = ext.min_offset, ext.max_offset
+                # first queue offset whose unit points at or past ``pos``
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    cq = cqs.mapped(ext.topic, ext.queue_id, mid // upf, create=False)
+                    if cq is None:
+                        break
+                    if _unit_phy(cq, mid % upf) < pos:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                else:
+                    if lo < ext.max_offset:
+                        cq = cqs.mapped(ext.topic, ext.queue_id, lo // upf, create=False)
+                        if cq is not None:
+                            best = min(best, max(pos, _unit_phy(cq, lo % upf)))
+        finally:
+            cqs.close()
+        return best
+
     # ------------------------------------------------------- offline scans
     def _scan_end(self) -> int:
         """End of valid data, as recovery finds it: earlier segments end with
@@ -150,6 +179,10 @@ class StoreView:
         finally:
             cqs.close()
         return out
+
+
+def _unit_phy(cq: np.ndarray, unit: int) -> int:
+    return int.from_bytes(cq[unit * CQ_UNIT_BYTES:unit * CQ_UNIT_BYTES + 8].tobytes(), "big", signed=True)
 
 
 def _units_per_file(files: FileLayer, root: str) -> int:
