@@ -5,7 +5,6 @@
 import sys
 
 from pyspark.sql import SparkSession
-
 from shmq.tools.spark import register
 
 store, topic, out = (sys.argv[1:] + ["~/store", "TopicTest", "tags.parquet"][len(sys.argv) - 1:])[:3]

@@ -21,13 +21,12 @@ import pytest
 pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
-from brokerproc import routed_topic, start_broker  # noqa: E402
-
-from shmq.client import Message, Producer  # noqa: E402
-from shmq.core import records as R  # noqa: E402
-from shmq.core.store import close_clean, open_local  # noqa: E402
-from shmq.tools import spark as S  # noqa: E402
-from shmq.tools.storeview import StoreView  # noqa: E402
+from brokerproc import routed_topic, start_broker
+from shmq.client import Message, Producer
+from shmq.core import records as R
+from shmq.core.store import close_clean, open_local
+from shmq.tools import spark as S
+from shmq.tools.storeview import StoreView
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPICS = {"SparkA": 4, "SparkB": 2}
