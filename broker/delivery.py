@@ -208,19 +208,28 @@ def check_body(m: StoredMessage, store_host: tuple[str, int]) -> bytes:
     return buf.tobytes()
 
 
+def mq_json(topic: str, broker: str, qid: int) -> str:
+    """A MessageQueue as fastjson writes it, also as a map key (Quirk 2)."""
+    return f'{{"brokerName":{orjson.dumps(broker).decode()},"queueId":{qid},' \
+           f'"topic":{orjson.dumps(topic).decode()}}}'
+
+
+def mq_map(broker: str, items) -> str:
+    """fastjson's ``Map<MessageQueue, V>``: ``(topic, queueId, value)`` items,
+    each value written as JSON (orjson)."""
+    return "{" + ",".join(f"{mq_json(topic, broker, qid)}:{orjson.dumps(v).decode()}"
+                          for topic, qid, v in items) + "}"
+
+
 def reset_body(topic: str, broker: str, table: dict[int, int], language: str) -> bytes:
     """ResetOffsetBody: fastjson's map with MessageQueue keys (Quirk 2), or
     the list form RocketMQ sends C++ clients (ResetOffsetBodyForC)."""
-    def mq(qid: int) -> str:
-        return f'{{"brokerName":{orjson.dumps(broker).decode()},"queueId":{qid},' \
-               f'"topic":{orjson.dumps(topic).decode()}}}'
     if language == "CPP":
         items = ",".join(f'{{"brokerName":{orjson.dumps(broker).decode()},"offset":{off},'
                          f'"queueId":{qid},"topic":{orjson.dumps(topic).decode()}}}'
                          for qid, off in table.items())
         return f'{{"offsetTable":[{items}]}}'.encode()
-    items = ",".join(f"{mq(qid)}:{off}" for qid, off in table.items())
-    return f'{{"offsetTable":{{{items}}}}}'.encode()
+    return f'{{"offsetTable":{mq_map(broker, ((topic, q, off) for q, off in table.items()))}}}'.encode()
 
 
 # ------------------------------------------------------------------ progress

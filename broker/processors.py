@@ -55,6 +55,7 @@ from .delivery import (
     UNIQ_KEY,
     BadRequest,
     check_body,
+    mq_map,
     needs_routing,
     repost,
     reset_body,
@@ -62,7 +63,14 @@ from .delivery import (
     stored,
 )
 from .reactor import Connection, FileRange, Reactor
-from .registry import LOCK_LEASE_MS, Registry, consumer_key, lock_key, post_notice
+from .registry import (
+    LOCK_LEASE_MS,
+    Registry,
+    client_payload,
+    consumer_key,
+    lock_key,
+    post_notice,
+)
 from .sql92 import FilterSyntaxError, Sql92Filter, compile_sql92
 from .topics import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -171,6 +179,13 @@ def parse_subscription(topic: str, sub: str | None, expression_type: str | None 
     return Subscription(topic, s, codes, version, etype)
 
 
+def _int_or(v, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
 def peer_host(peer: str) -> tuple[str, int]:
     host, _, port = peer.rpartition(":")
     try:
@@ -250,6 +265,10 @@ class Processors:
             RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.all_groups,
             RC.DELETE_SUBSCRIPTIONGROUP: self.delete_group,
             RC.GET_BROKER_CONFIG: self.get_broker_config,
+            RC.GET_TOPIC_STATS_INFO: self.topic_stats,
+            RC.GET_CONSUME_STATS: self.consume_stats,
+            RC.GET_CONSUMER_CONNECTION_LIST: self.consumer_connection,
+            RC.QUERY_TOPIC_CONSUME_BY_WHO: self.topic_consumed_by,
         }
 
     # ---------------------------------------------------------------- dispatch
@@ -687,10 +706,13 @@ class Processors:
                 raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST,
                                  f"subscription group [{g}] does not exist")
             self.tables.retry_topic(g)
+            shared_subs = {}
             for sd in c.get("subscriptionDataSet") or []:
                 topic = sd.get("topic")
                 if isinstance(topic, str):
                     etype = sd.get("expressionType") or "TAG"
+                    shared_subs[topic] = (str(sd.get("subString") or "*"),
+                                          _int_or(sd.get("subVersion"), 0), str(etype).upper() == "SQL92")
                     try:
                         self.subs[(g, topic)] = parse_subscription(
                             topic, sd.get("subString"), etype, int(sd.get("subVersion") or 0),
@@ -700,10 +722,13 @@ class Processors:
                                     e.remark)
                         self.subs[(g, topic)] = Subscription(topic, str(sd.get("subString")),
                                                              ALL_TAGS, 0, etype, error=e)
+            self.registry.update_subscriptions(g, shared_subs, now)
             key = consumer_key(g, cid)
             t = self.registry.consumers
             new = t.find(key) < 0
-            row = t.upsert(key)
+            row = t.upsert(key, client_payload(
+                conn.peer, cmd.language, cmd.version, str(c.get("consumeType") or ""),
+                str(c.get("consumeFromWhere") or "")))
             t.v[row, 0] = self.cb.slot
             t.v[row, 1] = now
             t.v[row, 2] = conn.id
@@ -1108,3 +1133,78 @@ class Processors:
                  # shmq: clients on this host may use the Unix socket instead of TCP
                  "unixSocketPath": self.config.unix_path}
         self.reply_json(conn, cmd, {"table": table})
+
+    # ------------------------------------------------------------- admin views
+    def topic_stats(self, conn, cmd) -> None:
+        """GET_TOPIC_STATS_INFO: TopicStatsTable, each write queue's min and max
+        offset and the store time of its last message (AdminBrokerProcessor)."""
+        topic = Header(cmd.ext).str("topic")
+        tc = self.tables.topics.get(topic)
+        if tc is None:
+            raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        items = []
+        for qid in range(int(tc["writeQueueNums"])):
+            lo = max(0, self.store.min_offset(topic, qid))
+            hi = max(0, self.store.max_offset(topic, qid))
+            ts = (self.store.store_time(topic, qid, hi - 1) or 0) if hi > 0 else 0
+            items.append((topic, qid, {"lastUpdateTimestamp": ts, "maxOffset": hi, "minOffset": lo}))
+        body = f'{{"offsetTable":{mq_map(self.config.brokerName, items)}}}'
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS, body=body.encode()))
+
+    def consume_stats(self, conn, cmd) -> None:
+        """GET_CONSUME_STATS: ConsumeStats of a group, per read queue of the
+        topic (or of every topic it has offsets in, skipping those its live
+        consumers do not subscribe): max offset, committed offset, store time
+        of the last consumed message. consumeTps is 0: shmq keeps no rates."""
+        h = Header(cmd.ext)
+        group = h.str("consumerGroup")
+        topic = h.str("topic", required=False)
+        topics = {topic} if topic else self.registry.topics_of_group(group)
+        subscribed = self.registry.group_subscriptions(group)
+        items = []
+        for t in sorted(topics):
+            tc = self.tables.topics.get(t)
+            if tc is None or (subscribed and t not in subscribed):
+                continue
+            for qid in range(int(tc["readQueueNums"])):
+                broker_off = max(0, self.store.max_offset(t, qid))
+                consumer_off = max(0, self.registry.get_offset(t, group, qid))
+                last = (self.store.store_time(t, qid, consumer_off - 1) or 0) if consumer_off > 0 else 0
+                items.append((t, qid, {"brokerOffset": broker_off, "consumerOffset": consumer_off,
+                                       "lastTimestamp": last}))
+        body = f'{{"consumeTps":0.0,"offsetTable":{mq_map(self.config.brokerName, items)}}}'
+        self.respond(conn, cmd, cmd.reply(R.SUCCESS, body=body.encode()))
+
+    def consumer_connection(self, conn, cmd) -> None:
+        """GET_CONSUMER_CONNECTION_LIST: ConsumerConnection of a group, from
+        the shared registry (its members may be served by any worker)."""
+        group = Header(cmd.ext).str("consumerGroup")
+        members = self.registry.group_clients(group)
+        if not members:
+            raise BadRequest(R.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+        connections = []
+        for cid, _, info in members:
+            addr = info["clientAddr"]
+            if addr == "unix":         # a client on this host, over the broker's Unix socket
+                addr = f"unix:{self.config.unix_path}"
+            connections.append({"clientAddr": addr, "clientId": cid, "language": info["language"],
+                                "version": info["version"]})
+        subs = {}
+        for topic, sd in self.registry.group_subscriptions(group).items():
+            tags = [] if sd["expressionType"] == "SQL92" or sd["subString"].strip() in ("", "*") \
+                else [t.strip() for t in sd["subString"].split("||") if t.strip()]
+            subs[topic] = {"classFilterMode": False, "codeSet": [java_string_hash(t) for t in tags],
+                           "expressionType": sd["expressionType"], "subString": sd["subString"],
+                           "subVersion": sd["subVersion"], "tagsSet": tags, "topic": topic}
+        first = members[0][2]
+        self.reply_json(conn, cmd, {
+            "connectionSet": connections, "consumeFromWhere": first["consumeFromWhere"],
+            "consumeType": first["consumeType"],
+            "messageModel": "BROADCASTING" if members[0][1] else "CLUSTERING",
+            "subscriptionTable": subs})
+
+    def topic_consumed_by(self, conn, cmd) -> None:
+        """QUERY_TOPIC_CONSUME_BY_WHO: GroupList of the groups subscribing the
+        topic or holding offsets in it."""
+        topic = Header(cmd.ext).str("topic")
+        self.reply_json(conn, cmd, {"groupList": sorted(self.registry.groups_of_topic(topic))})

@@ -9,9 +9,16 @@ after a reconnect — sees the same registry:
                 ``config/consumerOffset.json`` by the services process every
                 ``flushConsumerOffsetInterval`` and at shutdown; loaded at start.
 - ``consumers`` key ``group\\0clientId`` → v0 worker slot, v1 last heartbeat
-                (ms), v2 connection id in that worker, v3 1 if broadcasting.
+                (ms), v2 connection id in that worker, v3 1 if broadcasting;
+                payload ``client_payload``: address, language, version,
+                consume type and where it starts (GET_CONSUMER_CONNECTION_LIST).
                 The table's epoch moves when a group gains or loses a member:
                 workers then notify their consumers of the group.
+- ``subscriptions`` key ``group\\0topic`` → v0 subVersion, v1 last heartbeat
+                naming it (ms), v2 1 if SQL92 (else TAG); payload the
+                expression (cut at 128 bytes, ``…`` marking a cut). A group's
+                last heartbeat decides its topics, as RocketMQ's
+                ConsumerGroupInfo.updateSubscription does.
 - ``locks``     key ``group\\0topic\\0brokerName\\0queueId`` → v0 lock time (ms),
                 payload the clientId holding it (orderly consumption).
 - ``producers`` key ``group\\0clientId`` → v0 worker slot, v1 last heartbeat (ms),
@@ -29,17 +36,27 @@ after a reconnect — sees the same registry:
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from shmq.core.checkpoint import load_table, save_table
 from shmq.core.files import REAL_FILES
-from shmq.ipc.table import FileLock, SharedTable, table_bytes
+from shmq.ipc.table import (
+    PAYLOAD_BYTES_MAX,
+    FileLock,
+    SharedTable,
+    TableFull,
+    table_bytes,
+)
+
+log = logging.getLogger("shmq.broker")
 
 OFFSET_ROWS = 32768
 CONSUMER_ROWS = 4096
 LOCK_ROWS = 8192
 PRODUCER_ROWS = 4096
+SUBSCRIPTION_ROWS = 4096
 RESOLVED_ROWS = 16384
 NOTICE_ROWS = 2048
 # RocketMQ: ConsumerManager.CHANNEL_EXPIRED_TIMEOUT, RebalanceLockManager lock lease
@@ -48,7 +65,13 @@ LOCK_LEASE_MS = 60_000
 
 
 _TABLES = (("offsets", OFFSET_ROWS), ("consumers", CONSUMER_ROWS), ("locks", LOCK_ROWS),
-           ("producers", PRODUCER_ROWS), ("resolved", RESOLVED_ROWS), ("notices", NOTICE_ROWS))
+           ("producers", PRODUCER_ROWS), ("resolved", RESOLVED_ROWS), ("notices", NOTICE_ROWS),
+           ("subscriptions", SUBSCRIPTION_ROWS))
+# what a consumer's heartbeat says, kept as an index into these (the payload is short)
+CONSUME_TYPES = ("CONSUME_ACTIVELY", "CONSUME_PASSIVELY", "CONSUME_POP")
+CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST",
+                "CONSUME_FROM_MIN_OFFSET", "CONSUME_FROM_MAX_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
+                "CONSUME_FROM_TIMESTAMP")
 
 
 def registry_bytes() -> int:
@@ -61,6 +84,33 @@ def offset_key(topic: str, group: str, queue_id: int) -> bytes:
 
 def consumer_key(group: str, client_id: str) -> bytes:
     return f"{group}\0{client_id}".encode()
+
+
+def client_payload(addr: str, language: str, version: int, consume_type: str,
+                   consume_from: str) -> bytes:
+    """A consumer row's payload: ``addr\\0language\\0version\\0type\\0from`` (the
+    last two as indexes into CONSUME_TYPES / CONSUME_FROM, -1 if unknown)."""
+    ct = CONSUME_TYPES.index(consume_type) if consume_type in CONSUME_TYPES else -1
+    cf = CONSUME_FROM.index(consume_from) if consume_from in CONSUME_FROM else -1
+    tail = f"\0{language[:16]}\0{int(version)}\0{ct}\0{cf}".encode()
+    return addr.encode()[:PAYLOAD_BYTES_MAX - len(tail)] + tail
+
+
+def parse_client_payload(raw: bytes) -> dict:
+    """``client_payload`` back: clientAddr, language, version, consumeType, consumeFromWhere."""
+    try:
+        addr, language, version, ct, cf = raw.decode("utf-8", "replace").split("\0")
+        version_n, ct_n, cf_n = int(version), int(ct), int(cf)
+    except ValueError:           # a row written before its payload (a heartbeat in progress)
+        return {"clientAddr": "", "language": "OTHER", "version": 0, "consumeType": "",
+                "consumeFromWhere": ""}
+    return {"clientAddr": addr, "language": language, "version": version_n,
+            "consumeType": CONSUME_TYPES[ct_n] if ct_n >= 0 else "",
+            "consumeFromWhere": CONSUME_FROM[cf_n] if cf_n >= 0 else ""}
+
+
+def subscription_key(group: str, topic: str) -> bytes:
+    return f"{group}\0{topic}".encode()
 
 
 def lock_key(group: str, topic: str, broker: str, queue_id: int) -> bytes:
@@ -127,6 +177,77 @@ class Registry:
                 out.setdefault(g, []).append(cid)
         return {g: sorted(v) for g, v in out.items()}
 
+    def group_clients(self, group: str, now_ms: int | None = None) -> list[tuple[str, int, dict]]:
+        """(clientId, v3 broadcasting flag, parsed payload) of each live member of ``group``."""
+        now_ms = now_ms or int(time.time() * 1000)
+        prefix = f"{group}\0".encode()
+        t = self.consumers
+        return sorted((k[len(prefix):].decode(), int(t.v[row, 3]), parse_client_payload(t.payload(row)))
+                      for row, k in t.items()
+                      if k.startswith(prefix) and now_ms - t.v[row, 1] < CLIENT_EXPIRED_MS)
+
+    # ---------------------------------------------------- subscriptions
+    def update_subscriptions(self, group: str, subs: dict[str, tuple[str, int, bool]],
+                             now_ms: int) -> None:
+        """A heartbeat's subscriptions of ``group`` (topic → expression,
+        subVersion, SQL92?) replace the group's; an expression longer than a
+        payload is cut (marked ``…``); a key too long for the table is skipped."""
+        t = self.subscriptions
+        for topic, (expr, version, sql) in subs.items():
+            raw = expr.encode()
+            if len(raw) > PAYLOAD_BYTES_MAX:
+                raw = raw[:PAYLOAD_BYTES_MAX - 3].decode("utf-8", "ignore").encode() + "…".encode()
+            key = subscription_key(group, topic)
+            row = t.find(key)
+            if row < 0 or t.payload(row) != raw:
+                try:
+                    row = t.upsert(key, raw)
+                except (ValueError, TableFull) as e:
+                    log.warning("subscription %s of group %s not recorded: %s", topic, group, e)
+                    continue
+            t.v[row, 0], t.v[row, 1], t.v[row, 2] = version, now_ms, int(sql)
+        prefix = f"{group}\0".encode()
+        for row, k in list(t.items()):
+            if k.startswith(prefix) and k[len(prefix):].decode() not in subs:
+                t.delete(row)
+
+    def group_subscriptions(self, group: str, now_ms: int | None = None) -> dict[str, dict]:
+        """topic → {subString, subVersion, expressionType} of ``group``'s
+        subscriptions; none once the group has no live member (RocketMQ then
+        forgets the group's ConsumerGroupInfo)."""
+        now_ms = now_ms or int(time.time() * 1000)
+        if not self.group_members(group, now_ms):
+            return {}
+        prefix = f"{group}\0".encode()
+        t = self.subscriptions
+        return {k[len(prefix):].decode(): {"subString": t.payload(row).decode("utf-8", "replace"),
+                                           "subVersion": int(t.v[row, 0]),
+                                           "expressionType": "SQL92" if t.v[row, 2] else "TAG"}
+                for row, k in t.items()
+                if k.startswith(prefix) and now_ms - t.v[row, 1] < CLIENT_EXPIRED_MS}
+
+    def groups_of_topic(self, topic: str, now_ms: int | None = None) -> set[str]:
+        """Groups that subscribe ``topic`` now or have an offset in it
+        (QUERY_TOPIC_CONSUME_BY_WHO)."""
+        now_ms = now_ms or int(time.time() * 1000)
+        t = self.subscriptions
+        out = set()
+        live = self.members_by_group(now_ms)
+        for row, k in t.items():
+            group, _, tp = k.decode().partition("\0")
+            if tp == topic and group in live and now_ms - t.v[row, 1] < CLIENT_EXPIRED_MS:
+                out.add(group)
+        for tg in self.offset_table():
+            tp, _, group = tg.partition("@")
+            if tp == topic:
+                out.add(group)
+        return out
+
+    def topics_of_group(self, group: str) -> set[str]:
+        """Topics ``group`` has an offset in (ConsumerOffsetManager.whichTopicByConsumer)."""
+        suffix = f"@{group}"
+        return {tg[:-len(suffix)] for tg in self.offset_table() if tg.endswith(suffix)}
+
     def forget_worker(self, slot: int) -> int:
         """Drop the consumers (returned: how many) and producers a dead worker
         served (they reconnect elsewhere)."""
@@ -139,10 +260,10 @@ class Registry:
         return n
 
     def expire_clients(self, now_ms: int | None = None) -> int:
-        """Drop consumers (returned: how many) and producers silent too long."""
+        """Drop consumers (returned: how many), producers and subscriptions silent too long."""
         now_ms = now_ms or int(time.time() * 1000)
         dropped = 0
-        for t in (self.consumers, self.producers):
+        for t in (self.consumers, self.producers, self.subscriptions):
             rows = [r for r, _ in t.items() if now_ms - t.v[r, 1] >= CLIENT_EXPIRED_MS]
             for r in rows:
                 t.delete(r)
