@@ -103,12 +103,15 @@ class AsyncProducer:
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
         inst = await self._attach()
         route = await inst.route(topic)
-        if route is None or not route.publish:
+        if route is None:
             default = await inst.route(self.config.create_topic_key)
             if default is None:
                 raise MQClientError(R.TOPIC_NOT_EXIST, f"No route info of this topic: {topic}")
             route = self._from_default(topic, default)
             inst.routes[topic] = route
+        if not route.publish:    # DefaultMQProducerImpl: a route without a writable queue is not ok
+            raise MQClientError(R.TOPIC_NOT_EXIST, f"No route info of this topic: {topic} "
+                                                   f"(no writable queue)")
         return route.publish
 
     def _from_default(self, topic: str, default: TopicRoute) -> TopicRoute:
