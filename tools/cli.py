@@ -62,7 +62,7 @@ def _namesrv(args) -> int:
 # Each of these modules in shmq.tools has ``add_parser(subparsers)``, which adds
 # its command and sets ``func`` (args -> exit code). Imports inside each
 # ``func`` stay lazy, so ``shmq --help`` stays fast.
-_COMMAND_MODULES: list[str] = ["bench", "profile", "inspect"]
+_COMMAND_MODULES: list[str] = ["admin", "bench", "profile", "inspect"]
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,375 @@
+"""``shmq admin`` as a user runs it, against one real broker and its embedded NameServer.
+
+Most commands run in-process (``admin(...)``: the same parser and code as the
+command line, without a Python start-up each); a few run as real
+subprocesses (``shmq(...)``), the help, the error cases and sendMessage
+among them. Every assertion is on what the user sees: the parsed ``--json``
+document, the exit status, the line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from brokerproc import free_port, start_broker
+from shmq.client import ConsumeConcurrentlyStatus, Message, Producer, PushConsumer
+from shmq.client.remoting import RemotingClient
+from shmq.client.requests import heartbeat, send_message
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import RemotingCommand
+from shmq.tools import admin as admin_cli
+
+BROKER = "broker-a"
+CLUSTER = "DefaultCluster"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = start_broker(tmp_path_factory.mktemp("admin"))
+    assert until(b, "clusterList")[1]["brokers"], "the broker never registered"
+    yield b
+    assert b.stop() == 0, b.log()[-3000:]
+
+
+def admin(broker, *argv, json_out=True):
+    """``shmq admin <argv> -n <NameServer> [--json]`` in this process:
+    (exit status, stdout — parsed if --json and it succeeded —, stderr)."""
+    ap = argparse.ArgumentParser(prog="shmq")
+    admin_cli.add_parser(ap.add_subparsers(dest="command", required=True))
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["admin", *argv, "-n", broker.namesrv] + (["--json"] if json_out else [])
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            args = ap.parse_args(argv)
+            rc = args.func(args)
+        except SystemExit as e:                  # argparse: usage errors
+            rc = e.code
+    text = out.getvalue()
+    return rc, (json.loads(text) if json_out and rc == 0 else text), err.getvalue()
+
+
+def ok(broker, *argv):
+    rc, data, err = admin(broker, *argv)
+    assert rc == 0, err
+    return data
+
+
+def shmq(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "shmq.tools", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def eventually(fn, timeout=10.0):
+    """fn() until it returns something truthy (the NameServer and the index
+    catch up within a tick)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(0.05)
+
+
+def until(broker, *argv, rc=0):
+    """admin(...) again until it exits with ``rc``; that last result."""
+    last = []
+
+    def attempt():
+        last[:] = [admin(broker, *argv)]
+        return last[0][0] == rc and (rc != 0 or last[0][1].get("brokers", True))
+    eventually(attempt)
+    return last[0]
+
+
+def routed(broker, topic):
+    return eventually(lambda: admin(broker, "topicRoute", "-t", topic)[0] == 0)
+
+
+def create(broker, topic, queues=2, perm=6):
+    ok(broker, "updateTopic", "-b", broker.addr, "-t", topic, "-r", str(queues),
+       "-w", str(queues), "-p", str(perm))
+    assert routed(broker, topic)
+
+
+def send(c, topic, body, qid, **kw):
+    r = c.invoke(send_message(topic, body, queue_id=qid, **kw))
+    assert r.code == R.SUCCESS, r.remark
+    return r
+
+
+# ------------------------------------------------------------------ help and usage
+def test_help_lists_every_command_and_each_commands_flags():
+    r = shmq("admin", "--help")
+    assert r.returncode == 0, r.stderr
+    for name, desc, _, _ in admin_cli.COMMANDS:
+        assert name in r.stdout
+    assert "Query consumers's progress" in r.stdout
+    r = shmq("admin", "updateTopic", "--help")
+    assert r.returncode == 0
+    for flag in ("--brokerAddr", "--clusterName", "--topic", "--readQueueNums",
+                 "--writeQueueNums", "--perm", "--order", "--namesrvAddr", "--timeout", "--json"):
+        assert flag in r.stdout
+
+
+def test_bad_flag_values_are_usage_errors_naming_the_flag():
+    r = shmq("admin", "updateTopic", "-b", "127.0.0.1:1", "-t", "T", "-r", "abc")
+    assert r.returncode == 2 and "-r/--readQueueNums" in r.stderr and "'abc'" in r.stderr
+    for argv, flag in ((["updateTopic", "-c", "C", "-t", "T", "-p", "5"], "-p/--perm"),
+                       (["updateTopic", "-c", "C", "-t", "bad topic!"], "-t/--topic"),
+                       (["resetOffsetByTime", "-g", "G", "-t", "T", "-s", "yesterday"], "-s/--timestamp"),
+                       (["topicList", "-n", "nowhere"], "-n/--namesrvAddr"),
+                       (["topicList", "--timeout", "0"], "--timeout"),
+                       (["sendMessage", "-t", "T", "-p", "x", "-i", "1"], "-i/--qid"),
+                       (["updateTopic", "-t", "T"], "-b/--brokerAddr -c/--clusterName")):
+        rc, _, err = admin(argparse.Namespace(namesrv="127.0.0.1:1"), *argv)
+        assert rc == 2 and flag in err, (argv, err)
+
+
+def test_timestamps_are_read_as_mqadmin_reads_them():
+    assert admin_cli.parse_timestamp("1700000000123") == 1700000000123
+    assert admin_cli.parse_timestamp("now", allow_now=True) == -1
+    local = time.mktime((2024, 3, 5, 6, 7, 8, 0, 0, -1))
+    assert admin_cli.parse_timestamp("2024-03-05#06:07:08:009") == int(local * 1000) + 9
+
+
+# ------------------------------------------------------------------ failures
+def test_an_unreachable_namesrv_is_named_and_does_not_hang():
+    port = free_port()                                   # nothing listens: refused at once
+    t0 = time.monotonic()
+    r = shmq("admin", "topicList", "-n", f"127.0.0.1:{port}", "--timeout", "1")
+    assert r.returncode == 1 and f"127.0.0.1:{port}" in r.stderr and not r.stdout
+    assert time.monotonic() - t0 < 10
+    with socket.socket() as silent:                      # accepts, never answers: the timeout
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        addr = f"127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        rc, _, err = admin(argparse.Namespace(namesrv=addr), "topicList", "--timeout", "0.5")
+        assert rc == 1 and addr in err and "0.5 s" in err
+        assert time.monotonic() - t0 < 2
+
+
+def test_unknown_topic_group_and_a_refusal_are_named(broker):
+    rc, _, err = admin(broker, "topicStatus", "-t", "NoSuchTopic")
+    assert rc == 1 and "NoSuchTopic" in err and "does not exist" in err
+    rc, _, err = admin(broker, "consumerProgress", "-g", "NoSuchGroup")
+    assert rc == 1 and "NoSuchGroup" in err
+    rc, _, err = admin(broker, "consumerConnection", "-g", "NoSuchGroup")
+    assert rc == 1 and "NoSuchGroup" in err
+    rc, _, err = admin(broker, "updateBrokerConfig", "-b", broker.addr, "-k", "noSuchSetting", "-v", "1")
+    assert rc == 1 and "SYSTEM_ERROR (1)" in err and "noSuchSetting" in err and broker.addr in err
+    rc, _, err = admin(broker, "updateTopic", "-c", "NoSuchCluster", "-t", "T")
+    assert rc == 1 and "NoSuchCluster" in err and CLUSTER in err
+
+
+# ------------------------------------------------------------------ topics
+def test_update_topic_shows_in_topic_list_and_route_and_delete_removes_it(broker):
+    r = shmq("admin", "updateTopic", "-c", CLUSTER, "-t", "AdmTopicA", "-r", "3", "-w", "5",
+             "-n", broker.namesrv, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["brokers"] == [broker.addr] and d["topicConfig"]["writeQueueNums"] == 5
+    create(broker, "AdmTopicRO", 1, perm=4)
+    assert routed(broker, "AdmTopicA")
+    assert {"AdmTopicA", "AdmTopicRO"} <= set(ok(broker, "topicList")["topicList"])
+    route = ok(broker, "topicRoute", "-t", "AdmTopicA")
+    assert [(q["brokerName"], q["readQueueNums"], q["writeQueueNums"], q["perm"])
+            for q in route["queueDatas"]] == [(BROKER, 3, 5, 6)]
+    assert route["brokerDatas"][0]["brokerAddrs"] == {"0": broker.addr}
+    assert ok(broker, "topicRoute", "-t", "AdmTopicRO")["queueDatas"][0]["perm"] == 4
+    rc, table, _ = admin(broker, "topicRoute", "-t", "AdmTopicA", "-l", json_out=False)
+    assert rc == 0 and "#ReadQueue" in table and BROKER in table
+
+    d = ok(broker, "deleteTopic", "-t", "AdmTopicA", "-c", CLUSTER)
+    assert d["brokers"] == [broker.addr]
+    rc, _, err = admin(broker, "topicRoute", "-t", "AdmTopicA")
+    assert rc == 1 and "AdmTopicA" in err
+    assert "AdmTopicA" not in ok(broker, "topicList")["topicList"]
+
+
+def test_topic_status_counts_what_was_sent(broker):
+    create(broker, "AdmStatus", 2)
+    with RemotingClient(broker.addr) as c:
+        for i in range(7):
+            send(c, "AdmStatus", b"m%d" % i, i % 2)
+    t_after = int(time.time() * 1000)
+    d = ok(broker, "topicStatus", "-t", "AdmStatus")
+    assert [(q["brokerName"], q["queueId"], q["minOffset"], q["maxOffset"]) for q in d["queues"]] \
+        == [(BROKER, 0, 0, 4), (BROKER, 1, 0, 3)]
+    assert all(0 < q["lastUpdateTimestamp"] <= t_after for q in d["queues"])
+    rc, table, _ = admin(broker, "topicStatus", "-t", "AdmStatus", json_out=False)
+    assert rc == 0 and "#Max Offset" in table and table.count(BROKER) == 2
+
+
+# ------------------------------------------------------------------ brokers
+def test_cluster_list_and_broker_status(broker):
+    d = ok(broker, "clusterList")
+    [b] = d["brokers"]
+    assert (b["cluster"], b["brokerName"], b["brokerId"], b["addr"]) == (CLUSTER, BROKER, 0, broker.addr)
+    assert b["runtime"]["brokerVersionDesc"] == "V4_9_7"
+    d = ok(broker, "brokerStatus", "-b", broker.addr)
+    assert int(d["brokers"][broker.addr]["commitLogMaxOffset"]) >= 0
+    assert list(ok(broker, "brokerStatus", "-c", CLUSTER)["brokers"]) == [broker.addr]
+    rc, table, _ = admin(broker, "clusterList", json_out=False)
+    assert rc == 0 and "#Cluster Name" in table and broker.addr in table
+
+
+def test_get_and_update_broker_config_round_trip(broker):
+    before = ok(broker, "getBrokerConfig", "-b", broker.addr)["brokers"][broker.addr]
+    assert before["brokerName"] == BROKER and before["fileReservedTime"] == "72"
+    d = ok(broker, "updateBrokerConfig", "-c", CLUSTER, "-k", "fileReservedTime", "-v", "48")
+    assert d["brokers"] == [broker.addr]
+    after = ok(broker, "getBrokerConfig", "-c", CLUSTER)["brokers"][broker.addr]
+    assert after["fileReservedTime"] == "48"
+    ok(broker, "updateBrokerConfig", "-b", broker.addr, "-k", "fileReservedTime", "-v", "72")
+
+
+# ------------------------------------------------------------------ messages
+def test_send_message_prints_a_msg_id_that_the_queries_find(broker):
+    create(broker, "AdmMsg", 2)
+    r = shmq("admin", "sendMessage", "-t", "AdmMsg", "-p", "héllo admin", "-k", "order-7",
+             "-c", "TagA", "-b", BROKER, "-i", "1", "-n", broker.namesrv, "--json")
+    assert r.returncode == 0, r.stderr
+    sent = json.loads(r.stdout)
+    assert (sent["sendStatus"], sent["brokerName"], sent["queueId"]) == ("SEND_OK", BROKER, 1)
+
+    [m] = ok(broker, "queryMsgById", "-i", sent["offsetMsgId"])["messages"]
+    assert (m["body"], m["keys"], m["tags"], m["msgId"]) == ("héllo admin", "order-7", "TagA", sent["msgId"])
+    rc, d, err = until(broker, "queryMsgById", "-i", sent["msgId"], "-t", "AdmMsg")
+    assert rc == 0 and d["messages"][0]["body"] == "héllo admin", err
+    rc, _, err = admin(broker, "queryMsgById", "-i", sent["msgId"])       # a client id needs -t
+    assert rc == 1 and "-t" in err
+
+    rc, d, err = until(broker, "queryMsgByKey", "-t", "AdmMsg", "-k", "order-7")
+    assert rc == 0, err
+    assert [(x["msgId"], x["queueId"], x["body"]) for x in d["messages"]] == [(sent["msgId"], 1, "héllo admin")]
+
+    [m] = ok(broker, "queryMsgByOffset", "-t", "AdmMsg", "-b", BROKER, "-i", "1",
+             "-o", str(sent["queueOffset"]))["messages"]
+    assert m["body"] == "héllo admin" and m["offsetMsgId"] == sent["offsetMsgId"]
+    rc, _, err = admin(broker, "queryMsgByOffset", "-t", "AdmMsg", "-b", BROKER, "-q", "1", "-o", "99")
+    assert rc == 1 and "offset 99" in err
+    rc, text, _ = admin(broker, "queryMsgById", "-i", sent["offsetMsgId"], json_out=False)
+    assert "Message Body:        héllo admin" in text and "Keys:                [order-7]" in text
+
+
+def test_consume_message_prints_the_messages(broker):
+    create(broker, "AdmConsume", 2)
+    with RemotingClient(broker.addr) as c:
+        for i in range(6):
+            send(c, "AdmConsume", b"c%d" % i, i % 2, keys=f"k{i}")
+    d = ok(broker, "consumeMessage", "-t", "AdmConsume")
+    assert sorted(m["body"] for m in d["messages"]) == [f"c{i}" for i in range(6)]
+    assert len(ok(broker, "consumeMessage", "-t", "AdmConsume", "-c", "4")["messages"]) == 4
+    d = ok(broker, "consumeMessage", "-t", "AdmConsume", "-b", BROKER, "-i", "1", "-o", "1")
+    assert [m["body"] for m in d["messages"]] == ["c3", "c5"]
+    rc, text, _ = admin(broker, "consumeMessage", "-t", "AdmConsume", "-c", "1", json_out=False)
+    assert rc == 0 and "MSGID: " in text and "BODY: c0" in text
+    # nothing was committed for the tools group
+    assert admin(broker, "consumerProgress", "-g", "TOOLS_CONSUMER")[0] == 1
+
+
+def test_wipe_write_perm_makes_the_route_read_only_and_sends_fail(broker):
+    create(broker, "AdmWipe", 1)
+    d = ok(broker, "wipeWritePerm", "-b", BROKER)
+    assert d["namesrvs"][0]["namesrv"] == broker.namesrv and d["namesrvs"][0]["wipeTopicCount"] > 0
+    try:
+        assert ok(broker, "topicRoute", "-t", "AdmWipe")["queueDatas"][0]["perm"] == 4
+        r = shmq("admin", "sendMessage", "-t", "AdmWipe", "-p", "x", "-n", broker.namesrv)
+        assert r.returncode == 1 and "AdmWipe" in r.stderr and "not writable" in r.stderr
+    finally:
+        ok(broker, "addWritePerm", "-b", BROKER)
+    assert ok(broker, "topicRoute", "-t", "AdmWipe")["queueDatas"][0]["perm"] == 6
+    assert ok(broker, "sendMessage", "-t", "AdmWipe", "-p", "x")["sendStatus"] == "SEND_OK"
+
+
+# ------------------------------------------------------------------ consumers
+def consumer_data(group, topic):
+    return {"groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+            "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET", "unitMode": False,
+            "subscriptionDataSet": [{"topic": topic, "subString": "*", "subVersion": 1,
+                                     "expressionType": "TAG"}]}
+
+
+def commit(c, group, topic, qid, offset):
+    r = c.invoke(RemotingCommand(RC.UPDATE_CONSUMER_OFFSET, ext={
+        "consumerGroup": group, "topic": topic, "queueId": str(qid), "commitOffset": str(offset)}))
+    assert r.code == R.SUCCESS
+
+
+def test_consumer_progress_lag_and_reset_offset_by_time(broker):
+    topic, group = "AdmLag", "AdmLagGroup"
+    create(broker, topic, 2)
+    with RemotingClient(broker.addr) as c, RemotingClient(broker.addr) as member:
+        for i in range(4):
+            send(c, topic, b"early", i % 2)
+        time.sleep(0.05)
+        cut = int(time.time() * 1000)
+        time.sleep(0.05)
+        for i in range(6):
+            send(c, topic, b"late", 0)          # queue 0: 2 early + 6 late; queue 1: 2 early
+        # a member that never pulls: its heartbeat makes %RETRY%group, its offsets are ours
+        assert member.invoke(heartbeat("adm-lag-client", consumers=[consumer_data(group, topic)])).code == 0
+        commit(c, group, topic, 0, 3)
+        commit(c, group, topic, 1, 2)
+        rc, d, err = until(broker, "consumerProgress", "-g", group)
+        assert rc == 0, err
+        lag = {q["queueId"]: (q["brokerOffset"], q["consumerOffset"], q["diff"])
+               for q in d["queues"] if q["topic"] == topic}
+        assert lag == {0: (8, 3, 5), 1: (2, 2, 0)}
+        assert d["diffTotal"] == 5
+        assert next(q for q in d["queues"] if q["topic"] == topic and q["queueId"] == 0)["lastTimestamp"] > 0
+        rc, table, _ = admin(broker, "consumerProgress", "-g", group, json_out=False)
+        assert "Diff Total: 5" in table
+
+        d = ok(broker, "resetOffsetByTime", "-g", group, "-t", topic, "-s", str(cut))
+        assert {r["queueId"]: r["offset"] for r in d["offsets"]} == {0: 2, 1: 2}
+        d = ok(broker, "consumerProgress", "-g", group)
+        assert {q["queueId"]: q["consumerOffset"] for q in d["queues"] if q["topic"] == topic} == {0: 2, 1: 2}
+        local = time.strftime("%Y-%m-%d#%H:%M:%S", time.localtime(0))   # long ago: the start
+        ok(broker, "resetOffsetByTime", "-g", group, "-t", topic, "-s", local + ":000")
+        ok(broker, "resetOffsetByTime", "-g", group, "-t", topic, "-s", "now")
+        d = ok(broker, "consumerProgress", "-g", group)
+        assert {q["queueId"]: q["diff"] for q in d["queues"] if q["topic"] == topic} == {0: 0, 1: 0}
+
+
+def test_consumer_connection_lists_a_live_push_consumer(broker):
+    topic, group = "AdmLive", "AdmLiveGroup"
+    create(broker, topic, 2)
+    got = []
+
+    def listener(msgs, context):
+        got.extend(msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(group, namesrv_addr=broker.namesrv)
+    consumer.subscribe(topic, "TagA || TagB")
+    consumer.register_message_listener(listener)
+    consumer.start()
+    try:
+        with Producer("AdmLiveProducer", namesrv_addr=broker.namesrv) as p:
+            p.send(Message(topic, b"live", tags="TagA"))
+        rc, d, err = until(broker, "consumerConnection", "-g", group)
+        assert rc == 0, err
+        [conn] = d["connectionSet"]
+        assert conn["clientId"] == consumer._p.instance.client_id and conn["version"] > 0
+        assert d["subscriptionTable"][topic]["subString"] == "TagA || TagB"
+        assert d["subscriptionTable"][topic]["tagsSet"] == ["TagA", "TagB"]
+        assert (d["consumeType"], d["messageModel"]) == ("CONSUME_PASSIVELY", "CLUSTERING")
+        [summary] = [g for g in ok(broker, "consumerProgress")["groups"] if g["group"] == group]
+        assert (summary["count"], summary["consumeType"]) == (1, "CONSUME_PASSIVELY")
+        assert eventually(lambda: got)
+        rc, table, _ = admin(broker, "consumerConnection", "-g", group, json_out=False)
+        assert "#ClientId" in table and "TagA || TagB" in table and "MessageModel: CLUSTERING" in table
+    finally:
+        consumer.shutdown()
+    rc, _, err = until(broker, "consumerConnection", "-g", group, rc=1)
+    assert rc == 1 and "not online" in err

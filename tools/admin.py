@@ -1,0 +1,365 @@
+"""``shmq admin``: mqadmin's commands, names and flags, over the remoting protocol.
+
+    shmq admin <command> [-n namesrvAddr] [--timeout S] [--json] [flags]
+
+This module is the command line only: each command's flags (mqadmin's
+letters and long names), their checks, and the dispatch. What a command
+asks the NameServer and brokers is in ``admin_commands`` (through
+``admin_client``, the protocol), how its answer prints in ``admin_show``;
+both are imported only when a command runs, so ``shmq --help`` stays fast.
+Because only the protocol is spoken, the commands work the same against a
+RocketMQ 4.x cluster.
+
+Output: mqadmin's tables by default; ``--json`` prints one JSON document on
+stdout (the command's answer with RocketMQ's field names). Exit status: 0
+done; 2 a usage error (a missing or malformed flag, named); 1 a failure (an
+address that does not answer, an unknown topic or group, a refusal with its
+response code and remark), one line on stderr. ``-n`` defaults to
+$NAMESRV_ADDR, else 127.0.0.1:9876 (the embedded NameServer); every connect
+and every reply waits at most ``--timeout`` seconds (3).
+
+Not here (they need the broker to relay a request to a consumer, or repeat
+forever): consumerProgress ``-s`` (client IP per queue), queryMsgById ``-g
+-d`` (consume directly) and ``-s`` (resend), the message track in message
+printouts, clusterList ``-i``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import sys
+import time
+
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")   # TopicValidator
+TOOLS_CONSUMER = "TOOLS_CONSUMER"                      # MixAll.TOOLS_CONSUMER_GROUP
+CONSUME_MESSAGE_COUNT = 128                            # ConsumeMessageCommand's messageCount
+
+
+# ------------------------------------------------------------------ flag types
+def _topic(v: str) -> str:
+    v = v.strip()
+    if not TOPIC_NAME.match(v):
+        raise argparse.ArgumentTypeError(f"{v!r} is not a topic name (1-127 of [%|a-zA-Z0-9_-])")
+    return v
+
+
+def _name(v: str) -> str:
+    v = v.strip()
+    if not v:
+        raise argparse.ArgumentTypeError("empty")
+    return v
+
+
+def _queue_nums(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number of queues") from None
+    if not 1 <= n <= 1024:
+        raise argparse.ArgumentTypeError(f"{n} queues: want 1..1024")
+    return n
+
+
+def _perm(v: str) -> int:
+    if v.strip() not in ("2", "4", "6"):
+        raise argparse.ArgumentTypeError(f"{v!r}: want 2 (W), 4 (R) or 6 (RW)")
+    return int(v)
+
+
+def _bool(v: str) -> bool:
+    if v.strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{v!r}: want true or false")
+    return v.strip().lower() == "true"
+
+
+def _non_negative(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative")
+    return n
+
+
+def _positive(v: str) -> int:
+    n = _non_negative(v)
+    if n == 0:
+        raise argparse.ArgumentTypeError("want a positive number")
+    return n
+
+
+def parse_timestamp(v: str, allow_now: bool = False) -> int:
+    """mqadmin's timestamps: milliseconds since the epoch or local
+    ``yyyy-MM-dd#HH:mm:ss:SSS`` (and ``now`` = -1 where allowed)."""
+    v = v.strip()
+    if allow_now and v == "now":
+        return -1
+    if re.fullmatch(r"\d+", v):
+        return int(v)
+    try:
+        t = datetime.datetime.strptime(v, "%Y-%m-%d#%H:%M:%S:%f")
+    except ValueError:
+        want = "now, " if allow_now else ""
+        raise argparse.ArgumentTypeError(
+            f"{v!r}: want {want}milliseconds or yyyy-MM-dd#HH:mm:ss:SSS") from None
+    return int(t.replace(microsecond=0).timestamp()) * 1000 + t.microsecond // 1000
+
+
+def _timestamp(v: str) -> int:
+    return parse_timestamp(v)
+
+
+def _timestamp_or_now(v: str) -> int:
+    return parse_timestamp(v, allow_now=True)
+
+
+def _addr(v: str) -> str:
+    v = v.strip()
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{v!r} is not host:port")
+    return v
+
+
+def _namesrv(v: str) -> str:
+    addrs = [_addr(a) for a in v.split(";") if a.strip()]
+    if not addrs:
+        raise argparse.ArgumentTypeError("no address given")
+    return ";".join(addrs)
+
+
+def _timeout(v: str) -> float:
+    try:
+        t = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number of seconds") from None
+    if not 0 < t <= 600:
+        raise argparse.ArgumentTypeError(f"{t:g} s: want more than 0, at most 600")
+    return t
+
+
+# ------------------------------------------------------------------ each command's flags
+def _flags_update_topic(p):
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("-b", "--brokerAddr", type=_addr, help="create the topic on this broker (host:port)")
+    g.add_argument("-c", "--clusterName", type=_name, help="create the topic on every master of this cluster")
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-r", "--readQueueNums", type=_queue_nums, default=8, help="read queue nums (8)")
+    p.add_argument("-w", "--writeQueueNums", type=_queue_nums, default=8, help="write queue nums (8)")
+    p.add_argument("-p", "--perm", type=_perm, default=6, help="permission: 2 W, 4 R, 6 RW (6)")
+    p.add_argument("-o", "--order", type=_bool, default=False, help="ordered topic: true|false")
+    p.add_argument("-u", "--unit", type=_bool, default=False, help="unit topic: true|false")
+    p.add_argument("-s", "--hasUnitSub", type=_bool, default=False, help="has unit sub: true|false")
+
+
+def _flags_delete_topic(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-c", "--clusterName", type=_name, required=True,
+                   help="delete the topic from this cluster's masters and the NameServers")
+
+
+def _flags_topic_list(p):
+    p.add_argument("-c", "--clusterModel", action="store_true",
+                   help="with each topic's cluster and consumer groups")
+
+
+def _flags_topic_route(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-l", "--list", action="store_true", help="a table instead of the route's JSON")
+
+
+def _flags_topic(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+
+
+def _flags_cluster_list(p):
+    p.add_argument("-m", "--moreStats", action="store_true", help="messages in and out, yesterday and today")
+
+
+def _flags_broker_or_cluster(p):
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("-b", "--brokerAddr", type=_addr, help="broker address (host:port)")
+    g.add_argument("-c", "--clusterName", type=_name, help="every broker of this cluster")
+
+
+def _flags_update_broker_config(p):
+    _flags_broker_or_cluster(p)
+    p.add_argument("-k", "--key", type=_name, required=True, help="config key")
+    p.add_argument("-v", "--value", required=True, help="config value")
+
+
+def _flags_broker_name(p):
+    p.add_argument("-b", "--brokerName", type=_name, required=True, help="broker name")
+
+
+def _flags_consumer_progress(p):
+    p.add_argument("-g", "--groupName", type=_name,
+                   help="consumer group (without it: a summary line per group)")
+
+
+def _flags_consumer_connection(p):
+    p.add_argument("-g", "--consumerGroup", type=_name, required=True, help="consumer group name")
+    p.add_argument("-b", "--brokerAddr", type=_addr, help="ask this broker (default: the group's)")
+
+
+def _flags_query_msg_by_id(p):
+    p.add_argument("-i", "--msgId", type=_name, required=True,
+                   help="message id(s), comma-separated: offset msgIds, or client msgIds with -t")
+    p.add_argument("-t", "--topic", type=_topic,
+                   help="topic, to find a client-generated msgId (UNIQ_KEY) through the index")
+
+
+def _flags_query_msg_by_key(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-k", "--msgKey", type=_name, required=True, help="message key")
+
+
+def _flags_query_msg_by_offset(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-b", "--brokerName", type=_name, required=True, help="broker name")
+    p.add_argument("-i", "-q", "--queueId", type=_non_negative, required=True, help="queue id")
+    p.add_argument("-o", "--offset", type=_non_negative, required=True, help="queue offset")
+
+
+def _flags_reset_offset(p):
+    p.add_argument("-g", "--group", type=_name, required=True, help="consumer group")
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic")
+    p.add_argument("-s", "--timestamp", type=_timestamp_or_now, required=True,
+                   help="now | milliseconds | yyyy-MM-dd#HH:mm:ss:SSS")
+    p.add_argument("-f", "--force", type=_bool, default=True,
+                   help="move offsets forward too: true|false (true)")
+    p.add_argument("-c", "--cplus", action="store_true", help="reset C++ clients' offsets")
+
+
+def _flags_send_message(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-p", "--body", required=True, help="message body (UTF-8 text)")
+    p.add_argument("-k", "--key", type=_name, help="message keys")
+    p.add_argument("-c", "--tags", type=_name, help="message tags")
+    p.add_argument("-b", "--broker", type=_name, help="send to this broker (name)")
+    p.add_argument("-i", "--qid", type=_non_negative, help="send to this queue (needs -b)")
+    p.add_argument("-m", "--msgTraceEnable", type=_bool, default=False,
+                   help="message trace: accepted, not supported (false)")
+
+
+def _flags_consume_message(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-b", "--brokerName", type=_name, help="only this broker")
+    p.add_argument("-i", "--queueId", type=_non_negative, help="only this queue (needs -b)")
+    p.add_argument("-o", "--offset", type=_non_negative, help="from this queue offset (needs -i)")
+    p.add_argument("-g", "--consumerGroup", type=_name, default=TOOLS_CONSUMER,
+                   help=f"consumer group ({TOOLS_CONSUMER}); no offset is committed")
+    p.add_argument("-s", "--beginTimestamp", type=_timestamp,
+                   help="from this time: milliseconds | yyyy-MM-dd#HH:mm:ss:SSS")
+    p.add_argument("-e", "--endTimestamp", type=_timestamp,
+                   help="up to this time: milliseconds | yyyy-MM-dd#HH:mm:ss:SSS")
+    p.add_argument("-c", "--MessageNumber", type=_positive, default=CONSUME_MESSAGE_COUNT,
+                   help=f"at most this many messages ({CONSUME_MESSAGE_COUNT})")
+
+
+def _check_send_message(p, args) -> None:
+    if args.qid is not None and not args.broker:
+        p.error("-i/--qid needs -b/--broker: the queue is chosen on a broker")
+
+
+def _check_consume_message(p, args) -> None:
+    if args.queueId is not None and not args.brokerName:
+        p.error("-i/--queueId needs -b/--brokerName")
+    if args.offset is not None and args.queueId is None:
+        p.error("-o/--offset needs -i/--queueId")
+    now = int(time.time() * 1000)
+    for flag, v in (("-s/--beginTimestamp", args.beginTimestamp), ("-e/--endTimestamp", args.endTimestamp)):
+        if v is not None and v > now:
+            p.error(f"{flag} is after now")
+    if args.beginTimestamp is not None and args.endTimestamp is not None \
+            and args.beginTimestamp > args.endTimestamp:
+        p.error("-s/--beginTimestamp is after -e/--endTimestamp")
+
+
+# name, one-line description (mqadmin's), flags, extra check after parsing
+COMMANDS = [
+    ("updateTopic", "Update or create topic", _flags_update_topic, None),
+    ("deleteTopic", "Delete topic from broker and NameServer", _flags_delete_topic, None),
+    ("topicList", "Fetch all topic list from name server", _flags_topic_list, None),
+    ("topicRoute", "Examine topic route info", _flags_topic_route, None),
+    ("topicStatus", "Examine topic Status info", _flags_topic, None),
+    ("clusterList", "List all of clusters", _flags_cluster_list, None),
+    ("brokerStatus", "Fetch broker runtime status data", _flags_broker_or_cluster, None),
+    ("getBrokerConfig", "Get broker config by cluster or special broker", _flags_broker_or_cluster, None),
+    ("updateBrokerConfig", "Update broker's config", _flags_update_broker_config, None),
+    ("wipeWritePerm", "Wipe write perm of broker in all name server you defined in the -n param",
+     _flags_broker_name, None),
+    ("addWritePerm", "Add write perm of broker in all name server you defined in the -n param",
+     _flags_broker_name, None),
+    ("consumerProgress", "Query consumers's progress, speed", _flags_consumer_progress, None),
+    ("consumerConnection", "Query consumer's socket connection, client version and subscription",
+     _flags_consumer_connection, None),
+    ("queryMsgById", "Query Message by Id", _flags_query_msg_by_id, None),
+    ("queryMsgByKey", "Query Message by Key", _flags_query_msg_by_key, None),
+    ("queryMsgByOffset", "Query Message by offset", _flags_query_msg_by_offset, None),
+    ("resetOffsetByTime", "Reset consumer offset by timestamp(without client restart)",
+     _flags_reset_offset, None),
+    ("sendMessage", "Send a message", _flags_send_message, _check_send_message),
+    ("consumeMessage", "Consume message", _flags_consume_message, _check_consume_message),
+]
+
+
+def _common(p) -> None:
+    g = p.add_argument_group("connection and output")
+    g.add_argument("-n", "--namesrvAddr", type=_namesrv,
+                   default=os.environ.get("NAMESRV_ADDR") or DEFAULT_NAMESRV,
+                   help="NameServer address(es), host:port;host:port "
+                        f"(default: $NAMESRV_ADDR, else {DEFAULT_NAMESRV})")
+    g.add_argument("--timeout", type=_timeout, default=3.0,
+                   help="seconds to wait for each connect and each reply (3)")
+    g.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+
+
+def add_parser(subparsers) -> None:
+    ap = subparsers.add_parser(
+        "admin", help="mqadmin's commands against a NameServer and its brokers",
+        description="mqadmin-compatible administration over the RocketMQ 4.x protocol "
+                    "(works against shmq and RocketMQ 4.x). `shmq admin <command> --help` "
+                    "lists a command's flags.")
+    sub = ap.add_subparsers(dest="admin_command", required=True, metavar="<command>",
+                            title="commands")
+    for name, desc, flags, check in COMMANDS:
+        p = sub.add_parser(name, help=desc, description=desc)
+        flags(p)
+        _common(p)
+        p.set_defaults(func=_main, _check=check, _parser=p, _name=name)
+
+
+def snake(name: str) -> str:
+    """updateTopic → update_topic: the command's function in admin_commands and admin_show."""
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+def _main(args) -> int:
+    if args._check is not None:
+        args._check(args._parser, args)
+    import json
+
+    from . import admin_commands, admin_show
+    from .admin_client import AdminClient, AdminError
+
+    name = snake(args._name)
+    try:
+        with AdminClient(args.namesrvAddr, args.timeout) as a:
+            data = getattr(admin_commands, name)(args, a)
+    except AdminError as e:
+        print(f"shmq admin {args._name}: {e}", file=sys.stderr)
+        return 1
+    try:
+        if args.json:
+            sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+        else:
+            getattr(admin_show, name)(data, args)
+        sys.stdout.flush()
+    except BrokenPipeError:             # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0

@@ -1,0 +1,275 @@
+"""How ``shmq admin`` prints each command's answer without ``--json``:
+mqadmin's printf columns and lines, one function per command named as the
+command in snake case, ``(data, args) -> None``.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+from .admin_client import PERM_READ, PERM_WRITE
+
+
+def human_ms(ms: int) -> str:
+    """UtilAll.timeMillisToHumanString2: yyyy-MM-dd HH:mm:ss,SSS."""
+    t = datetime.datetime.fromtimestamp(ms / 1000)
+    return t.strftime("%Y-%m-%d %H:%M:%S,") + f"{ms % 1000:03d}"
+
+
+def human_date(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def perm_string(perm: int) -> str:
+    """PermName.perm2String: R, W, X (inherit) or -."""
+    return ("R" if perm & PERM_READ else "-") + ("W" if perm & PERM_WRITE else "-") \
+        + ("X" if perm & 1 else "-")
+
+
+def version_desc(v: int) -> str:
+    """MQVersion.getVersionDesc for 4.0.0 … 5.9.9 (each patch a SNAPSHOT and a
+    release); other ordinals are shown as numbers."""
+    if 212 <= v < 612:
+        off = v - 212
+        major, minor, patch = 4 + off // 200, off % 200 // 20, off % 20 // 2
+        return f"V{major}_{minor}_{patch}" + ("_SNAPSHOT" if off % 2 == 0 else "")
+    return str(v)
+
+
+def print_message(d: dict) -> None:
+    """QueryMsgByIdSubCommand.printMsg's lines (the body inline, not in a file)."""
+    rows = [("OffsetID:", d["offsetMsgId"]), ("MsgId:", d["msgId"]), ("Topic:", d["topic"]),
+            ("Tags:", f"[{_java(d['tags'])}]"), ("Keys:", f"[{_java(d['keys'])}]"),
+            ("Queue ID:", d["queueId"]),
+            ("Queue Offset:", d["queueOffset"]), ("CommitLog Offset:", d["commitLogOffset"]),
+            ("Reconsume Times:", d["reconsumeTimes"]),
+            ("Born Timestamp:", human_ms(d["bornTimestamp"])),
+            ("Store Timestamp:", human_ms(d["storeTimestamp"])), ("Born Host:", d["bornHost"]),
+            ("Store Host:", d["storeHost"]), ("System Flag:", d["sysFlag"]),
+            ("Properties:", _java(d["properties"])),
+            ("Message Body:", d["body"] if d["body"] is not None
+             else f"<{d['bodyLength']} bytes, not UTF-8: see --json bodyBase64>")]
+    for k, v in rows:
+        print(f"{k:<20} {v}")
+
+
+def _java(v) -> str:
+    """A value as Java's toString prints it: null, {k=v, k=v}."""
+    if v is None:
+        return "null"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}={_java(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def _rule(n: int = 158) -> None:
+    print("-" * n)
+
+
+def update_topic(d: dict, args) -> None:
+    for addr in d["brokers"]:
+        print(f"create topic to {addr} success.")
+    if d["orderConf"]:
+        print(f"set orderConf. isOrder=true, orderConf=[{d['orderConf']}]")
+    tc = d["topicConfig"]
+    print(f"TopicConfig [topicName={tc['topicName']}, readQueueNums={tc['readQueueNums']}, "
+          f"writeQueueNums={tc['writeQueueNums']}, perm={perm_string(tc['perm'])}, "
+          f"topicFilterType={tc['topicFilterType']}, topicSysFlag={tc['topicSysFlag']}, "
+          f"order={str(tc['order']).lower()}]")
+
+
+def delete_topic(d: dict, args) -> None:
+    print(f"delete topic [{d['topic']}] from cluster [{d['cluster']}] success.")
+    print(f"delete topic [{d['topic']}] from NameServer success.")
+
+
+def topic_list(d: dict, args) -> None:
+    if "topicList" in d:
+        for t in d["topicList"]:
+            print(t)
+        return
+    print(f"{'#Cluster Name':<20}  {'#Topic':<48}  {'#Consumer Group':<48}")
+    for r in d["topics"]:
+        for g in r["consumerGroups"] or [""]:
+            print(f"{r['cluster']:<20}  {r['topic']:<64}  {g:<64}")
+
+
+def topic_route(d: dict, args) -> None:
+    if not args.list:
+        print(json.dumps(d, indent=2, sort_keys=True))
+        return
+    fmt = "{:<45} {:<32} {:<50} {:<10} {:<11} {:<5}"
+    print(fmt.format("#ClusterName", "#BrokerName", "#BrokerAddrs", "#ReadQueue", "#WriteQueue",
+                     "#Perm"))
+    qds = {q["brokerName"]: q for q in d.get("queueDatas") or []}
+    read = write = 0
+    for b in sorted(d.get("brokerDatas") or [], key=lambda b: b["brokerName"]):
+        q = qds.get(b["brokerName"], {})
+        read += q.get("readQueueNums", 0)
+        write += q.get("writeQueueNums", 0)
+        print(fmt.format(b.get("cluster", ""), b["brokerName"], _java(b.get("brokerAddrs")),
+                         q.get("readQueueNums", ""), q.get("writeQueueNums", ""), q.get("perm", "")))
+    _rule()
+    print(fmt.format("Total:", len(qds), "", read, write, ""))
+
+
+def topic_status(d: dict, args) -> None:
+    print(f"{'#Broker Name':<32}  {'#QID':<4}  {'#Min Offset':<20}  {'#Max Offset':<20}    #Last Updated")
+    for r in d["queues"]:
+        ts = human_ms(r["lastUpdateTimestamp"]) if r["lastUpdateTimestamp"] > 0 else ""
+        print(f"{r['brokerName']:<32}  {r['queueId']:<4}  {r['minOffset']:<20}  {r['maxOffset']:<20}    {ts}")
+
+
+def _tps(table: dict, key: str) -> float:
+    try:
+        return float((table.get(key) or "0").split(" ")[0])
+    except ValueError:
+        return 0.0
+
+
+def _delta(table: dict, later: str, earlier: str) -> int:
+    try:
+        return int(table.get(later) or 0) - int(table.get(earlier) or 0)
+    except ValueError:
+        return 0
+
+
+def cluster_list(d: dict, args) -> None:
+    if args.moreStats:
+        print(f"{'#Cluster Name':<16}  {'#Broker Name':<32} {'#InTotalYest':>14} {'#OutTotalYest':>14} "
+              f"{'#InTotalToday':>14} {'#OutTotalToday':>14}")
+        for r in d["brokers"]:
+            t = r["runtime"]
+            print(f"{r['cluster']:<16}  {r['brokerName']:<32} "
+                  f"{_delta(t, 'msgPutTotalTodayMorning', 'msgPutTotalYesterdayMorning'):>14} "
+                  f"{_delta(t, 'msgGetTotalTodayMorning', 'msgGetTotalYesterdayMorning'):>14} "
+                  f"{_delta(t, 'msgPutTotalTodayNow', 'msgPutTotalTodayMorning'):>14} "
+                  f"{_delta(t, 'msgGetTotalTodayNow', 'msgGetTotalTodayMorning'):>14}")
+        return
+    print(f"{'#Cluster Name':<16}  {'#Broker Name':<22}  {'#BID':<4}  {'#Addr':<22} {'#Version':<16} "
+          f"{'#InTPS':>9} {'#OutTPS':>9} {'#Hour':>7} {'#SPACE':>6}")
+    now = time.time() * 1000
+    for r in d["brokers"]:
+        t = r["runtime"]
+        version = t.get("brokerVersionDesc", "ERROR" if "error" in r else "")
+        earliest = t.get("earliestMessageTimeStamp")
+        hour = (now - int(earliest)) / 3_600_000 if earliest and earliest.isdigit() else 0.0
+        try:
+            space = float(t.get("commitLogDiskRatio") or 0)
+        except ValueError:
+            space = 0.0
+        print(f"{r['cluster']:<16}  {r['brokerName']:<22}  {r['brokerId']:<4}  {r['addr']:<22} "
+              f"{version:<16} {_tps(t, 'putTps'):>9.2f} {_tps(t, 'getTransferedTps'):>9.2f} "
+              f"{hour:>7.2f} {space:>6.4f}")
+
+
+def broker_status(d: dict, args) -> None:
+    for addr, table in d["brokers"].items():
+        for k in sorted(table):
+            if args.brokerAddr:
+                print(f"{k:<32}: {table[k]}")
+            else:
+                print(f"{addr:<24} {k:<32}: {table[k]}")
+
+
+def get_broker_config(d: dict, args) -> None:
+    for addr, props in d["brokers"].items():
+        print(f"============{addr}============")
+        for k, v in props.items():
+            print(f"{k:<50}=  {v}")
+        print()
+
+
+def update_broker_config(d: dict, args) -> None:
+    for addr in d["brokers"]:
+        print(f"update broker config success, {addr}")
+
+
+def wipe_write_perm(d: dict, args) -> None:
+    for r in d["namesrvs"]:
+        print(f"wipe write perm of broker[{d['brokerName']}] in name server[{r['namesrv']}] OK, "
+              f"{r['wipeTopicCount']}")
+
+
+def add_write_perm(d: dict, args) -> None:
+    for r in d["namesrvs"]:
+        print(f"add write perm of broker[{d['brokerName']}] in name server[{r['namesrv']}] OK, "
+              f"{r['addTopicCount']}")
+
+
+def consumer_progress(d: dict, args) -> None:
+    if "groups" in d:
+        print(f"{'#Group':<64}  {'#Count':<6}  {'#Version':<24} {'#Type':<5}  {'#Model':<14}  "
+              f"{'#TPS':<7}  #Diff Total")
+        for g in d["groups"]:
+            online = g["count"] > 0
+            ctype = ("PULL" if g["consumeType"] == "CONSUME_ACTIVELY" else "PUSH") if online else ""
+            model = g["messageModel"] if online and g["consumeType"] == "CONSUME_PASSIVELY" else ""
+            version = version_desc(g["version"]) if online else "OFFLINE"
+            print(f"{g['group']:<64}  {g['count']:<6}  {version:<24} {ctype:<5}  {model or '':<14}  "
+                  f"{g['consumeTps']:<7}  {g['diffTotal']}")
+        return
+    print(f"{'#Topic':<64}  {'#Broker Name':<32}  {'#QID':<4}  {'#Broker Offset':<20}  "
+          f"{'#Consumer Offset':<20}  {'#Diff':<20}  #LastTime")
+    for r in d["queues"]:
+        last = human_date(r["lastTimestamp"]) if r["lastTimestamp"] else "N/A"
+        print(f"{r['topic']:<64}  {r['brokerName']:<32}  {r['queueId']:<4}  {r['brokerOffset']:<20}  "
+              f"{r['consumerOffset']:<20}  {r['diff']:<20}  {last}")
+    print()
+    print(f"Consume TPS: {d['consumeTps']:.2f}")
+    print(f"Diff Total: {d['diffTotal']}")
+
+
+def consumer_connection(d: dict, args) -> None:
+    print(f"{'#ClientId':<36} {'#ClientAddr':<22} {'#Language':<10} #Version")
+    for c in d["connectionSet"]:
+        print(f"{c['clientId']:<36} {c['clientAddr']:<22} {c['language']:<10} "
+              f"{version_desc(c['version'])}")
+    print("\nBelow is subscription:")
+    print(f"{'#Topic':<20} #SubExpression")
+    for sd in (d.get("subscriptionTable") or {}).values():
+        print(f"{sd['topic']:<20} {sd['subString']}")
+    print()
+    print(f"ConsumeType: {d.get('consumeType')}")
+    print(f"MessageModel: {d.get('messageModel')}")
+    print(f"ConsumeFromWhere: {d.get('consumeFromWhere')}")
+
+
+def reset_offset_by_time(d: dict, args) -> None:
+    print(f"rollback consumer offset by specified group[{d['group']}], topic[{d['topic']}], "
+          f"force[{str(d['force']).lower()}], timestamp(long)[{d['timestamp']}]")
+    print(f"{'#brokerName':<40}  {'#queueId':<40}  {'#offset':<40}")
+    for r in d["offsets"]:
+        print(f"{r['brokerName']:<40}  {r['queueId']:<40}  {r['offset']:<40}")
+
+
+def query_msg_by_id(d: dict, args) -> None:
+    for i, m in enumerate(d["messages"]):
+        if i:
+            print()
+        print_message(m)
+
+
+def query_msg_by_key(d: dict, args) -> None:
+    print(f"{'#Message ID':<50} {'#QID':>4} {'#Offset':>40}")
+    for m in d["messages"]:
+        print(f"{m['msgId']:<50} {m['queueId']:>4} {m['queueOffset']:>40}")
+
+
+def send_message(d: dict, args) -> None:
+    print(f"{'#Broker Name':<32}  {'#QID':<4}  {'#Send Result':<20}    #MsgId")
+    print(f"{d['brokerName']:<32}  {d['queueId']:<4}  {d['sendStatus']:<20}    {d['msgId']}")
+
+
+def consume_message(d: dict, args) -> None:
+    for m in d["messages"]:
+        body = m["body"] if m["body"] is not None else f"<{m['bodyLength']} bytes, not UTF-8>"
+        print(f"MSGID: {m['msgId']} MessageExt [brokerName={m['brokerName']}, "
+              f"queueId={m['queueId']}, queueOffset={m['queueOffset']}, "
+              f"storeTimestamp={m['storeTimestamp']}, tags={_java(m['tags'])}, "
+              f"keys={_java(m['keys'])}, properties={_java(m['properties'])}] BODY: {body}")
+    print(f"Consumed {len(d['messages'])} message(s) of topic {d['topic']}")
+
+
+query_msg_by_offset = query_msg_by_id
