@@ -18,7 +18,7 @@ from brokerproc import routed_topic, start_broker
 from conftest import SMALL_SEGMENT, small_config
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import properties, send_batch, send_message
-from shmq.core.layout import CQ_UNIT_BYTES, offset_to_file_name
+from shmq.core.layout import CQ_UNIT_BYTES, java_string_hash, offset_to_file_name
 from shmq.core.records import encode, properties_bytes
 from shmq.core.store import close_clean, open_local
 from shmq.ipc.codes import ResponseCode as R
@@ -264,6 +264,33 @@ def test_a_wrong_consume_queue_unit_is_named(capsys, store_dir):
     assert bad["unit"]["offset"] == recs[15][0] + 1 and f"is at {recs[15][0]}" in bad["problem"]
     code, doc, _ = inspect_json(capsys, store_dir, "-t", "TopicS", "-q", 1, "--from", 7, "--count", 1)
     assert code == 0 and "inside the record at" in doc["messages"][0]["problem"]
+
+
+def test_tags_codes_are_checked_and_delivery_times_must_be_times(capsys, store_dir):
+    store, _ = open_local(small_config(store_dir))
+    store.append(encode("TopicS", [b"a"], properties=properties_bytes(tags="t1")))
+    delayed = encode("SCHEDULE_TOPIC_XXXX", [b"later"], queue_ids=2,
+                     properties=properties_bytes({"DELAY": "3", "REAL_TOPIC": "TopicS"}))
+    delayed.tags_codes[:] = int(time.time() * 1000) + 10_000     # as the broker routes it
+    store.append(delayed)
+    close_clean(store)
+    assert inspect(capsys, store_dir, "--verify")[0] == 0
+
+    def set_tags_code(topic, qid, code):
+        path = os.path.join(store_dir, "consumequeue", topic, str(qid), offset_to_file_name(0))
+        with open(path, "r+b") as f:
+            f.seek(12)
+            f.write(code.to_bytes(8, "big", signed=True))
+
+    set_tags_code("TopicS", 0, 12345)
+    code, doc, _ = inspect_json(capsys, store_dir, "--verify")
+    assert code == 1 and "TAGS hash to" in doc["consumequeue"]["first_bad"]["problem"]
+    set_tags_code("TopicS", 0, java_string_hash("t1"))   # right again
+    set_tags_code("SCHEDULE_TOPIC_XXXX", 2, 0)       # a delay unit whose time was lost
+    code, doc, _ = inspect_json(capsys, store_dir, "--verify")
+    bad = doc["consumequeue"]["first_bad"]
+    assert code == 1 and (bad["topic"], bad["queue_id"]) == ("SCHEDULE_TOPIC_XXXX", 2)
+    assert "not a delivery time" in bad["problem"]
 
 
 def test_an_empty_preallocated_next_segment_is_not_data(capsys, store_dir):

@@ -6,8 +6,8 @@ PHYSICALOFFSET, body CRC; no second parser) and stops at the first bad
 record. It checks the ConsumeQueues in the same pass, from the records'
 side, the way recovery dispatches them: a record of queue (topic, q) with
 queue offset k in [min, max) must be named by unit k of that queue (same
-physical offset and size; same tags code unless the topic keeps a delivery
-time there). Every unit matched that way points at a record start; the units
+physical offset and size; same tags code, or for the delay-level and timer
+topics, which keep a delivery time there, a plausible time). Every unit matched that way points at a record start; the units
 left unmatched at the end are the bad ones (pointing elsewhere, or at a
 record of another queue or offset).
 
@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
-from shmq.broker.topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC
+from shmq.broker.topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from shmq.core import _kernels as K
 from shmq.core import layout as L
 from shmq.core.commitlog import CommitLog, SegmentMissing
@@ -41,8 +41,11 @@ from shmq.tools.storeview import StoreView
 SCAN_ROWS = 1 << 16
 TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)
 NO_TAGS = np.zeros(0, dtype=np.uint8)
-# Their ConsumeQueue tags code is a delivery time, not a tag hash (broker/delivery.py).
-TIME_CODED_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC})
+# Their ConsumeQueue tags code is a delivery time in epoch ms, not a tag hash
+# (broker/delivery.py, read by broker/schedule.py); a tag hash is an int32, so
+# a time is at least 2**31 (1970-01-25). Below that the message is due at once.
+TIME_CODED_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
+DELIVERY_TIME_MIN_MS = 1 << 31
 RESYNC_CANDIDATES_MAX = 10_000
 _MAGIC = L.MESSAGE_MAGIC.to_bytes(4, "big")
 
@@ -229,20 +232,29 @@ class UnitCheck:
             self._compare(key, rows[part], q[part], units[q[part] - fi * upf], seen)
 
     def _compare(self, key, rows, q, u, seen) -> None:
-        ok = (u["phy_offset"] == rows[:, K.S_PHY]) & (u["size"] == rows[:, K.S_SIZE])
-        if key[0] not in TIME_CODED_TOPICS:
-            ok &= u["tags_code"] == rows[:, K.S_TAGS_CODE]
+        where = (u["phy_offset"] == rows[:, K.S_PHY]) & (u["size"] == rows[:, K.S_SIZE])
+        timed = key[0] in TIME_CODED_TOPICS
+        tags = (u["tags_code"] >= DELIVERY_TIME_MIN_MS) if timed else (
+            u["tags_code"] == rows[:, K.S_TAGS_CODE])
+        ok = where & tags
         seen[q[ok] - self.view.queues[key].min_offset] = True
-        if self.first_bad is None and not ok.all():
-            i = int(np.flatnonzero(~ok)[0])
-            self.first_bad = {
-                "topic": key[0], "queue_id": key[1], "queue_offset": int(q[i]),
-                "unit": _unit_dict(u[i]),
-                "problem": (f"unit {int(q[i])} of {key[0]}:{key[1]} says offset "
-                            f"{int(u[i]['phy_offset'])} size {int(u[i]['size'])} tags code "
-                            f"{int(u[i]['tags_code'])}; the record with that queue offset is at "
-                            f"{int(rows[i, K.S_PHY])} size {int(rows[i, K.S_SIZE])} tags code "
-                            f"{int(rows[i, K.S_TAGS_CODE])}")}
+        if self.first_bad is not None or ok.all():
+            return
+        i = int(np.flatnonzero(~ok)[0])
+        unit = f"unit {int(q[i])} of {key[0]}:{key[1]}"
+        code = int(u[i]["tags_code"])
+        if not where[i]:
+            problem = (f"{unit} says offset {int(u[i]['phy_offset'])} size {int(u[i]['size'])}; the "
+                       f"record with that queue offset is at {int(rows[i, K.S_PHY])} size "
+                       f"{int(rows[i, K.S_SIZE])}")
+        elif timed:
+            problem = (f"{unit}: tags code {code} is not a delivery time (epoch ms), so the "
+                       f"message is due at once; was this ConsumeQueue rebuilt from tag hashes?")
+        else:
+            problem = (f"{unit}: tags code {code}, but the record's TAGS hash to "
+                       f"{int(rows[i, K.S_TAGS_CODE])} (tag filters would miss it)")
+        self.first_bad = {"topic": key[0], "queue_id": key[1], "queue_offset": int(q[i]),
+                          "unit": _unit_dict(u[i]), "problem": problem}
 
     def finish(self, cl: CommitLog, checked_from: int, checked_below: int) -> None:
         """Look for units no record matched, among those pointing into the
