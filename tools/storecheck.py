@@ -174,7 +174,14 @@ class UnitCheck:
     def unit_file(self, topic: str, qid: int, fi: int) -> np.ndarray | None:
         key = (topic, qid, fi)
         if key not in self._units:
-            cq = self.cqs.mapped(topic, qid, fi, create=False)
+            try:
+                cq = self.cqs.mapped(topic, qid, fi, create=False)
+            except ValueError as e:          # a file of another size than the first one
+                cq = None
+                if self.first_bad is None:
+                    self.first_bad = {"topic": topic, "queue_id": qid,
+                                      "queue_offset": fi * self.cqs.units_per_file,
+                                      "problem": str(e)}
             self._units[key] = None if cq is None else cq.view(L.CQ_UNIT_DTYPE)
         return self._units[key]
 
