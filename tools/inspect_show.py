@@ -29,6 +29,8 @@ def _size(n: int | None) -> str:
 
 
 def _table(header: list[str], rows: list[list], indent: str = "  ") -> list[str]:
+    if not rows:
+        return []
     cells = [header] + [["-" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]

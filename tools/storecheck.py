@@ -7,9 +7,10 @@ record. It checks the ConsumeQueues in the same pass, from the records'
 side, the way recovery dispatches them: a record of queue (topic, q) with
 queue offset k in [min, max) must be named by unit k of that queue (same
 physical offset and size; same tags code, or for the delay-level and timer
-topics, which keep a delivery time there, a plausible time). Every unit matched that way points at a record start; the units
-left unmatched at the end are the bad ones (pointing elsewhere, or at a
-record of another queue or offset).
+topics, which keep a delivery time there, a plausible time). Every unit
+matched that way points at a record start; the units left unmatched at the
+end are the bad ones (pointing elsewhere, or at a record of another queue or
+offset). Memory: one byte per unit checked, for the "matched" marks.
 
 The end of the data is the view's: published positions beside a live broker
 (nothing past them is read), else what recovery would keep. Offline, bytes
@@ -334,7 +335,8 @@ def verify(view: StoreView) -> dict:
     rep["seconds"] = round(seconds, 6)
     rep["mb_per_s"] = round(rep["bytes"] / seconds / 1e6, 1) if seconds > 0 else None
     rep["records_per_s"] = round(rep["records"] / seconds) if seconds > 0 else None
-    cq = {"queues": len(view.queues), "units": units.units, "first_bad": units.first_bad}
+    cq = {"queues": len(view.queues), "units": units.units, "first_bad": units.first_bad,
+          "skipped_files": units.skipped_files}
     if not view.live:
         cq["records_not_dispatched"] = units.records_past_queue_end
         cq["records_without_queue"] = units.records_without_queue
