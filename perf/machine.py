@@ -3,7 +3,7 @@
 One record per run: the runner prints it first as ``{"machine": {...}}`` and
 puts it in every result line beside a run id. It holds what changes the
 figures: CPU model, cores (online, and usable by this process), kernel,
-memory, the file system and block device of the scratch directory (where
+memory, the load average when the run began, the file system and block device of the scratch directory (where
 the stores and limits are measured) and of a named broker's store when that
 is on this host, the commit measured, and the value of every OS setting
 sysctl/tune.py checks, with the ones it would tune listed.
@@ -92,6 +92,8 @@ def record(scratch: str, quick: bool, named=None) -> dict:
            "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
            "kernel": uname.release, "arch": uname.machine,
            "python": platform.python_version(), "commit": _commit(), "quick": quick,
+           # other work on the machine when the run began (figures from a busy machine are low)
+           "loadavg_1m_5m_15m": [round(x, 2) for x in os.getloadavg()],
            "broker": named.tcp if named is not None else "started by the run"}
     tune = _tune()
     if tune is None:

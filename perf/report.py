@@ -33,6 +33,8 @@ def num(v: float) -> str:
 def figure(v, unit: str) -> str:
     if v is None:
         return "—"
+    if unit == "B":
+        return f"{v / 1024:.0f} KiB" if v >= 1024 and v % 1024 == 0 else f"{v:,.0f} B"
     if unit == "B/s":
         return f"{v / 1e9:.2f} GB/s" if v >= 1e8 else f"{v / 1e6:.1f} MB/s"
     return f"{num(v)} {unit}"
@@ -46,7 +48,7 @@ def cells(line: dict) -> dict[str, str]:
     unit = line["unit"]
     ratio = line.get("ratio")
     out = {"bench": line["bench"], "result": figure(line["value"], unit),
-           "limit": figure(line["limit"], unit), "limit_name": line.get("limit_name") or "",
+           "limit": figure(line["limit"] or None, unit), "limit_name": line.get("limit_name") or "",
            "ratio": "—" if ratio is None else f"{ratio:.3g}", "peer": "—", "peer_name": ""}
     for field, (name, over) in PEERS.items():
         if field in line:
@@ -69,6 +71,8 @@ def _machine_md(m: dict) -> list[str]:
     rows = [("run", f"`{m['run']}` ({m['time']})"),
             ("CPU", m["cpu"] + (" (virtual machine)" if m.get("virtual") else "")),
             ("cores", f"{m['cores']} online, {m['cores_usable']} usable by the run"),
+            ("load average at the start", " / ".join(map(str, m.get("loadavg_1m_5m_15m", ()))) +
+             " (1, 5, 15 min: other work on the machine)"),
             ("kernel", f"{m['kernel']} ({m['arch']})"),
             ("memory", f"{mem / 1048576:.1f} GiB" if mem else "?"),
             ("scratch (stores, limits)", (f"`{scr.get('path')}`: {scr.get('filesystem')} on "
@@ -102,6 +106,11 @@ def markdown(lines: list[dict], command: str) -> str:
         md += [("**A `--quick` run**: every size is shrunk for CI, so these figures show the "
                 "shape (what is bound by what), not the full-size numbers. Run it without "
                 "`--quick` for those."), ""]
+    load, cores = (m.get("loadavg_1m_5m_15m") or [0])[0], m["cores_usable"]
+    if load >= cores:
+        md += [(f"**A busy machine**: the load average was {load} on {cores} cores when the run "
+                "began (other work sharing the CPUs), so rates are lower and latencies higher "
+                "than on a quiet one."), ""]
     md += ["## Machine", ""] + _machine_md(m) + ["", "## Results", "",
            "| benchmark | result | limit (same run) | ratio | peer (same run) |",
            "| --- | --- | --- | --- | --- |"]

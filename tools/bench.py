@@ -58,7 +58,7 @@ def load_runner():
 
 
 # ------------------------------------------------------------------ the table
-_COLS = (("bench", 34), ("result", 18), ("limit", 16), ("ratio", 7), ("peer", 14))
+_COLS = (("bench", 36), ("result", 18), ("limit", 16), ("ratio", 7), ("peer", 14))
 
 
 def machine_summary(m: dict) -> str:
