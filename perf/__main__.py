@@ -41,7 +41,7 @@ import tempfile
 import time
 
 from perf import (Skipped, append, broker, client, features, machine, net_limits, pull_transfer, recovery,
-                  redis_peer, report, sync_flush, write_path)
+                  redis_peer, report, spark, sync_flush, write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
@@ -146,12 +146,16 @@ BENCHES = {
     "broker_sql_filter": features.run_sql_filter,
     "client_send": client.run_send,
     "client_consume": client.run_consume,
+    "spark_decode": spark.run_decode,
+    "spark_count": spark.run_count,
+    "spark_parquet": spark.run_parquet,
 }
 
 
 # Benches that open, write, crash and recover a store in this process: with a
 # named broker (--broker) they would not measure it, so they are skipped.
-OWN_STORE = ("append", "queues", "sync_flush", "recovery", "flush_write_path")
+OWN_STORE = ("append", "queues", "sync_flush", "recovery", "flush_write_path", "spark_decode", "spark_count",
+             "spark_parquet")
 
 
 def select(names: list[str]) -> list[str]:

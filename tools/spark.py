@@ -29,10 +29,11 @@ partition, a queue offset an offset. Options (strings, case-insensitive):
 
 ``shmq-commitlog`` takes ``path``, optionally ``subscribe``/``subscribePattern``
 (applied while reading), ``includeProperties``, ``failOnDataLoss``,
-``batchRows`` and ``maxBytesPerPartition`` (default 128 MiB, as Spark's
-maxPartitionBytes): one partition per segment file (a record never spans two),
-a segment larger than that split at record starts its ConsumeQueues point to;
-the fastest full export.
+``batchRows``, ``maxBytesPerPartition`` (default 128 MiB, as Spark's
+maxPartitionBytes) and ``minPartitions``: one partition per segment file (a
+record never spans two), a segment larger than that (or than its share of
+``minPartitions``) split in equal pieces at record starts its ConsumeQueues
+point to; the fastest full export.
 
 Both have one schema (``SCHEMA``; every column nullable). A user schema
 (``.schema("topic STRING, body BINARY")``) selects a subset of its columns:
@@ -504,19 +505,24 @@ class ShmqCommitLogReader(DataSourceReader):
         sub = self.o.get("subscribe")
         topics = tuple(t.strip() for t in sub.split(",") if t.strip()) if sub is not None else None
         most = _int(self.o, "maxBytesPerPartition", DEFAULT_PARTITION_BYTES)
+        spans = [(base, max(0, view.cl_min - base), view.data_end(base)) for base in view.segments]
+        spans = [(base, a, b) for base, a, b in spans if b > a]
+        pieces = [-(-(b - a) // most) for _, a, b in spans]
+        want = _int(self.o, "minPartitions", None)
+        total = sum(b - a for _, a, b in spans)
+        if want and sum(pieces) < want:
+            pieces = [max(p, round((b - a) / total * want)) for p, (_, a, b) in zip(pieces, spans)]
         out = []
-        for base in view.segments:
-            start = max(0, view.cl_min - base)
-            end = view.data_end(base)
-            cuts = [start]
-            while end - cuts[-1] > most:
-                cut = view.record_start_after(base + cuts[-1] + most, base + end) - base
-                if cut >= end:
-                    break
-                cuts.append(cut)
-            for a, b in zip(cuts, cuts[1:] + [end]):
-                if b > a:
-                    out.append(SegmentRange(base, a, b, topics, self.o.get("subscribepattern"), opts))
+        pattern = self.o.get("subscribepattern")
+        for (base, a, b), k in zip(spans, pieces):
+            # equal pieces, each cut moved to the next record start a queue knows
+            cuts = [a]
+            for j in range(1, k):
+                cut = view.record_start_after(base + a + (b - a) * j // k, base + b) - base
+                if cut > cuts[-1] and cut < b:
+                    cuts.append(cut)
+            for lo, hi in zip(cuts, cuts[1:] + [b]):
+                out.append(SegmentRange(base, lo, hi, topics, pattern, opts))
         return out
 
     def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:
