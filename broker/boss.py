@@ -32,6 +32,7 @@ import time
 from shmq.ipc.control import WANT_CLIENTS, set_process_name
 
 from .config import BrokerConfig
+from .delivery import tags_code_rules
 from .namesrv import serve as namesrv_serve
 from .registry import Registry, registry_bytes
 from .services import services_main
@@ -49,7 +50,8 @@ class Boss:
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.ctx = multiprocessing.get_context("spawn")
-        self.owner = StoreOwner(config.store, extra_bytes=registry_bytes())
+        self.owner = StoreOwner(config.store, extra_bytes=registry_bytes(),
+                                tags_code_rules=tags_code_rules(config.delay_levels_ms))
         self.workers: dict[int, multiprocessing.Process] = {}
         self.chans: dict[int, socket.socket] = {}         # worker index → channel
         self.handed: dict[int, int] = {}                  # worker index → connections handed

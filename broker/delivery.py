@@ -5,9 +5,12 @@ stored message into the record it becomes next (``repost``) and decide, on
 the send path, where a new message really goes (``route_send``): a delay
 level parks it in ``SCHEDULE_TOPIC_XXXX`` (queue = level − 1), a delivery
 time in the timer topic, a transaction's half message in
-``RMQ_SYS_TRANS_HALF_TOPIC``; in each the ConsumeQueue tags code carries
-the delivery time, so the services process finds what is due without
-reading the CommitLog.
+``RMQ_SYS_TRANS_HALF_TOPIC``; in the first two the ConsumeQueue tags code
+carries the delivery time, so the services process finds what is due without
+reading the CommitLog. Recovery rewrites the units of records past the
+checkpoint; ``tags_code_rules`` tells it how to compute those delivery times
+again from the records (store time + the level's delay; ``TIMER_OUT_MS``),
+so a crash neither makes a waiting message due at once nor moves its time.
 
 ``Progress`` and ``Reposter`` make the services process's re-posts
 exactly-once across ``kill -9``. Every cursor lives in one page of a
@@ -37,7 +40,8 @@ from shmq.core.layout import (
     properties_to_string,
     string_to_properties,
 )
-from shmq.core.records import EncodedBatch, StoredMessage, decode, encode
+from shmq.core.records import EncodedBatch, StoredMessage, decode, encode, int_property
+from shmq.core.recovery import QueueRecords, TagsCodeRule
 from shmq.core.store import AppendResult, MessageStore
 from shmq.ipc.codes import ResponseCode as R
 
@@ -146,9 +150,11 @@ def route_send(topic: str, queue_id: int, sysflag: int, props: str, *, now_ms: i
 def repost(m: StoredMessage, topic: str, queue_id: int, props: dict[str, str] | str, *,
            store_host: tuple[str, int], sysflag: int | None = None,
            reconsume_times: int | None = None, prepared_offset: int = 0,
-           tags_code: int | None = None) -> EncodedBatch:
+           tags_code: int | None = None, store_timestamp: int | None = None) -> EncodedBatch:
     """The record a stored message becomes when the broker posts it again:
-    same body, flag, born time and host; new topic, queue and properties."""
+    same body, flag, born time and host; new topic, queue and properties.
+    A ``tags_code`` that is a delivery time wants the ``store_timestamp`` it
+    was computed from (recovery computes it again from the record's)."""
     if isinstance(props, dict):
         props = properties_to_string(props)
     batch = encode(topic, [m.body], properties=props.encode(),
@@ -157,10 +163,31 @@ def repost(m: StoredMessage, topic: str, queue_id: int, props: dict[str, str] | 
                    born_timestamp=m.born_timestamp, born_host=m.born_host,
                    reconsume_times=m.reconsume_times if reconsume_times is None else reconsume_times,
                    prepared_offset=prepared_offset, store_host=store_host,
-                   max_message_bytes=max(len(m.body), 1))
+                   store_timestamp=store_timestamp, max_message_bytes=max(len(m.body), 1))
     if tags_code is not None:
         batch.tags_codes[:] = tags_code
     return batch
+
+
+def tags_code_rules(delay_levels: tuple[int, ...]) -> dict[str, TagsCodeRule]:
+    """How recovery computes the tags codes ``route_send`` gave the
+    delay-level and timer topics' units (``core.recovery``)."""
+    levels = np.asarray(delay_levels, dtype=np.int64)
+
+    def delay_due(r: QueueRecords) -> np.ndarray:
+        # The queue is the level − 1 that route_send chose (DELAY clamped to
+        # the last level), and the level DelayService reads it as; RocketMQ
+        # reads the DELAY property, which says the same for every record a
+        # 4.x broker or shmq writes. Clamped again: messageDelayLevel may
+        # have fewer levels since (DelayService skips those queues).
+        return r.store_timestamp + levels[min(max(r.queue_id, 0), levels.shape[0] - 1)]
+
+    def timer_due(r: QueueRecords) -> np.ndarray:
+        # route_send puts the delivery time in TIMER_OUT_MS too; a record
+        # without a number there was not timed by it and keeps its tag hash.
+        return int_property(r.props_buf, r.props_pos, r.props_len, TIMER_OUT_MS, r.tags_hash)
+
+    return {SCHEDULE_TOPIC: delay_due, TIMER_TOPIC: timer_due}
 
 
 def restore_real(m: StoredMessage, store_host: tuple[str, int], drop=(DELAY,),

@@ -933,12 +933,14 @@ class Processors:
             topic, qid = tc["topicName"], random.randrange(max(1, retry_queues))
             d[DELAY] = str(delay or 3 + m.reconsume_times)
         c = self.config
+        now = int(time.time() * 1000)
         r = route_send(topic, qid, m.sysflag, properties_to_string(d),
-                       now_ms=int(time.time() * 1000), delay_levels=self.delay_levels,
+                       now_ms=now, delay_levels=self.delay_levels,
                        timer_enable=c.timerWheelEnable, timer_max_delay_ms=c.timerMaxDelaySec * 1000,
                        reject_transactions=c.rejectTransactionMessage)
         batch = repost(m, r.topic, r.queue_id, r.properties, store_host=self.store_host,
-                       reconsume_times=m.reconsume_times + 1, tags_code=r.tags_code)
+                       reconsume_times=m.reconsume_times + 1, tags_code=r.tags_code,
+                       store_timestamp=now)
         self.store.append(batch)
         self.put_count += 1
         self.respond(conn, cmd, cmd.reply(R.SUCCESS))

@@ -2,7 +2,8 @@
 
 ``StoreOwner`` is the process that owns a store directory (the broker's boss):
 
-    open   take <store>/lock, recover (log the report), create the control
+    open   take <store>/lock, recover (with the caller's tags-code rules;
+           log the report), create the control
            block, fill the StoreState from the recovery, create ``abort``,
            spawn the flusher
     supervise (call often)
@@ -22,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import time
+from collections.abc import Mapping
 
 import posix_ipc
 
@@ -31,7 +33,7 @@ from shmq.core.files import REAL_FILES, StoreLock
 from shmq.core.index import warm_up as index_warm_up
 from shmq.core.records import warm_up
 from shmq.core.timer import warm_up as timer_warm_up
-from shmq.core.recovery import RecoveryReport, recover
+from shmq.core.recovery import RecoveryReport, TagsCodeRule, recover
 from shmq.core.state import STATE_RUNNING, StoreState, state_bytes
 from shmq.core.store import MessageStore, flush_all, init_state
 from shmq.ipc.control import (LOCK_GRACE_S, FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
@@ -92,9 +94,11 @@ def wait_flushed(store: MessageStore, cb: ControlBlock, end: int) -> bool:
 
 
 class StoreOwner:
-    def __init__(self, config: StoreConfig, extra_bytes: int = 0):
+    def __init__(self, config: StoreConfig, extra_bytes: int = 0,
+                 tags_code_rules: Mapping[str, TagsCodeRule] | None = None):
         self.config = config
         self.extra_bytes = extra_bytes   # shared memory for the caller, after the state
+        self.tags_code_rules = tags_code_rules   # for recovery (core.recovery.recover)
         self.root = config.storePathRootDir
         self.lockfile: StoreLock | None = None
         self.cb: ControlBlock | None = None
@@ -111,7 +115,7 @@ class StoreOwner:
             warm_up()
             if ControlBlock.retire_stale(self.root):
                 log.warning("retired the control block of a previous owner of %s", self.root)
-            rec = recover(cfg, REAL_FILES)
+            rec = recover(cfg, REAL_FILES, self.tags_code_rules)
             self.report = rec.report
             log.info("%s", rec.report.summary())
             self.cb = ControlBlock.create(self.root,

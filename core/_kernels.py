@@ -228,6 +228,44 @@ def tags_codes(buf, offs, lens, tags_key, out):
         out[i] = java_hash_utf8(buf, vpos, vlen) if vpos >= 0 and vlen > 0 else 0
 
 
+INT_DIGITS_MAX = 18   # int_properties: never overflows int64; an epoch-ms time has 13
+
+
+@njit(**_JIT)
+def int_properties(buf, offs, lens, key, out):
+    """Property ``key`` of each properties string buf[offs[i]:+lens[i]] read
+    as a decimal integer: an optional sign, then 1..INT_DIGITS_MAX ASCII
+    digits (Java's ``Long.parseLong`` syntax, bounded). Where the property is
+    absent or not such a number, out[i] is left as it was. Returns how many
+    were left."""
+    missed = 0
+    for i in range(offs.shape[0]):
+        vpos, vlen = find_property(buf, offs[i], lens[i], key)
+        if vpos < 0:
+            missed += 1
+            continue
+        p = vpos
+        end = vpos + vlen
+        neg = buf[p] == 45                 # '-'
+        if neg or buf[p] == 43:            # '+'
+            p += 1
+        if end - p < 1 or end - p > INT_DIGITS_MAX:
+            missed += 1
+            continue
+        v = np.int64(0)
+        for j in range(p, end):
+            d = np.int64(buf[j]) - 48
+            if d < 0 or d > 9:
+                v = np.int64(-1)
+                break
+            v = v * 10 + d
+        if v < 0:
+            missed += 1
+            continue
+        out[i] = -v if neg else v
+    return missed
+
+
 # --------------------------------------------------------------- batch encode
 # Columns of the per-message ``meta`` matrix (int64) given to encode_batch.
 M_QUEUE_ID = 0

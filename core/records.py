@@ -250,6 +250,17 @@ def tags_codes(props_buf: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> np.
     return out
 
 
+def int_property(buf: np.ndarray, offs: np.ndarray, lens: np.ndarray, key: str,
+                 fallback: np.ndarray) -> np.ndarray:
+    """Property ``key`` of each properties string buf[offs[i]:+lens[i]] as an
+    integer (a sign and up to ``K.INT_DIGITS_MAX`` digits); ``fallback[i]``
+    where it is absent or not such a number."""
+    out = np.array(fallback, dtype=np.int64)
+    K.int_properties(buf, np.ascontiguousarray(offs, np.int64), np.ascontiguousarray(lens, np.int64),
+                     np.frombuffer(key.encode(), np.uint8), out)
+    return out
+
+
 def _tags_code_one(buf: np.ndarray, off: int, n: int) -> int:
     vpos, vlen = K.find_property(buf, off, n, _TAGS_KEY)
     return int(K.java_hash_utf8(buf, vpos, vlen)) if vpos >= 0 and vlen > 0 else 0
@@ -493,6 +504,7 @@ def warm_up() -> None:
     K.cq_put_many(cq, 0, np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int64), 0, 1)
     o = np.zeros(2, np.int64)
     K.cq_scan(cq, 0, 1, np.zeros(0, np.int64), 1, 1 << 20, o, o)
+    K.int_properties(batch.buf, o, o, _TAGS_KEY, o)
     K.cq_scan(cq, 0, 1, np.zeros(1, np.int64), 1, 1 << 20, o, o)
     K.cq_valid_units(cq, 0, 2, 1 << 20)
     K.min_phy_from(cq, 0, 2, 0)

@@ -19,6 +19,13 @@ the checkpoint.
    offsets do not continue its kept units has lost units: the whole store is
    re-dispatched from the first segment.
 
+A unit's tags code is the Java hash of the record's TAGS, as the append wrote
+it, except in topics whose caller gives a rule (``tags_code_rules``, topic →
+``TagsCodeRule``): there the rule computes it from the records. The broker
+keeps a delivery time in the delay-level and timer topics' units and gives
+the rules that recompute it (RocketMQ: ``CommitLog.checkMessageAndReturnSize``);
+core knows no topic.
+
 The result is a ``RecoveryReport`` (what was truncated, rebuilt, dropped) and
 the queue extents with which the caller initialises the ``StoreState``.
 Normal (clean shutdown) and abnormal (``abort`` present) recovery run the same
@@ -27,6 +34,7 @@ checks; the report says which it was.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +50,24 @@ from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, PROPERTY_TAGS, SYSFLAG_TRANSAC
 
 SCAN_ROWS = 1 << 16
 _TAGS_KEY = np.frombuffer(PROPERTY_TAGS.encode(), dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class QueueRecords:
+    """Records of one queue that recovery re-dispatches, in queue order, for
+    a ``TagsCodeRule``. The arrays are valid only during the call:
+    ``props_buf`` is the mapped CommitLog segment."""
+    topic: str
+    queue_id: int
+    store_timestamp: np.ndarray   # int64 epoch ms (STORETIMESTAMP)
+    props_buf: np.ndarray         # record i's properties: props_buf[props_pos[i]:+props_len[i]]
+    props_pos: np.ndarray         # int64
+    props_len: np.ndarray         # int64
+    tags_hash: np.ndarray         # int64: the code of a record of an ordinary topic
+
+
+# A topic's tags-code rule: its records → the int64 tags code of each one's unit.
+TagsCodeRule = Callable[[QueueRecords], np.ndarray]
 
 
 class RecoveryError(RuntimeError):
@@ -97,7 +123,12 @@ class Recovered:
     queues: list[QueueExtent]
 
 
-def recover(config: StoreConfig, files: FileLayer) -> Recovered:
+def recover(config: StoreConfig, files: FileLayer,
+            tags_code_rules: Mapping[str, TagsCodeRule] | None = None) -> Recovered:
+    """Recover the store (see the module doc). ``tags_code_rules``: topic →
+    how the tags codes of its re-dispatched units are computed, for topics
+    whose code is not the TAGS hash."""
+    rules = dict(tags_code_rules or {})
     t0 = time.perf_counter()
     root = config.storePathRootDir
     seg = config.mappedFileSizeCommitLog
@@ -122,7 +153,7 @@ def recover(config: StoreConfig, files: FileLayer) -> Recovered:
             scan_from = min(max(min(ckpt.cl_flushed, ckpt.cq_flushed), segs[0]), segs[-1])
             scan_from -= scan_from % seg
         kept = _kept_extents(cqs, cl_min, scan_from)
-        dispatch = _Dispatcher(cqs, kept, rep)
+        dispatch = _Dispatcher(cqs, kept, rep, rules)
         end, last_ts = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep, dispatch.chunk)
         if ckpt is not None and ckpt.cl_flushed > end:
             rep.flushed_lost_bytes = ckpt.cl_flushed - end
@@ -134,7 +165,7 @@ def recover(config: StoreConfig, files: FileLayer) -> Recovered:
             rep.full_redispatch = True
             scan_from = segs[0]
             kept = _kept_extents(cqs, cl_min, scan_from)
-            dispatch = _Dispatcher(cqs, kept, rep)
+            dispatch = _Dispatcher(cqs, kept, rep, rules)
             _scan(cl, segs, scan_from, config.checkCRCOnRecover, RecoveryReport(), dispatch.chunk)
         dispatched = dispatch.new_max
         rep.scan_from, rep.end, rep.min_offset = scan_from, end, cl_min
@@ -243,10 +274,12 @@ def _kept_extents(cqs: ConsumeQueues, cl_min: int, scan_from: int) -> dict[tuple
 class _Dispatcher:
     """Rewrites the ConsumeQueue units of scanned records, chunk by chunk.
     ``new_max``: queue → offset past its last record; ``gap``: some queue's
-    first re-dispatched offset lies past its kept units (units were lost)."""
+    first re-dispatched offset lies past its kept units (units were lost).
+    A topic in ``rules`` gets its tags codes from its rule."""
 
-    def __init__(self, cqs: ConsumeQueues, kept, rep: RecoveryReport):
-        self.cqs, self.kept, self.rep = cqs, kept, rep
+    def __init__(self, cqs: ConsumeQueues, kept, rep: RecoveryReport,
+                 rules: dict[str, TagsCodeRule]):
+        self.cqs, self.kept, self.rep, self.rules = cqs, kept, rep, rules
         self.new_max: dict[tuple[str, int], int] = {}
         self.gap = False
         self.topics: dict[int, str] = {}
@@ -278,7 +311,11 @@ class _Dispatcher:
             units = np.empty(b - a, dtype=CQ_UNIT_DTYPE)
             units["phy_offset"] = cols[K.S_PHY][a:b]
             units["size"] = cols[K.S_SIZE][a:b]
-            units["tags_code"] = cols[K.S_TAGS_CODE][a:b]
+            rule = self.rules.get(key[0])
+            if rule is None:
+                units["tags_code"] = cols[K.S_TAGS_CODE][a:b]
+            else:
+                units["tags_code"] = _ruled_codes(rule, key, buf, rows[order[a:b]])
             rep.units_rebuilt += _write_units(self.cqs, key, q, units)
             self.new_max[key] = int(q[-1]) + 1
 
@@ -289,6 +326,16 @@ class _Dispatcher:
             if h not in self.topics:
                 p, n = int(rows[i, K.S_TOPIC_POS]), int(rows[i, K.S_TOPIC_LEN])
                 self.topics[h] = buf[p:p + n].tobytes().decode("utf-8", "replace")
+
+
+def _ruled_codes(rule: TagsCodeRule, key: tuple[str, int], buf: np.ndarray,
+                 rows: np.ndarray) -> np.ndarray:
+    codes = rule(QueueRecords(key[0], key[1], rows[:, K.S_STORE_TS], buf, rows[:, K.S_PROPS_POS],
+                              rows[:, K.S_PROPS_LEN], rows[:, K.S_TAGS_CODE]))
+    codes = np.asarray(codes)
+    # a rule that answers something else is a bug: crash, never write it
+    assert codes.shape == (rows.shape[0],) and codes.dtype.kind == "i", (key, codes.shape, codes.dtype)
+    return codes
 
 
 def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray) -> int:

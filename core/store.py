@@ -26,8 +26,8 @@ from __future__ import annotations
 import enum
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from .files import REAL_FILES, FileLayer
 from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, END_FILE_MIN_BLANK_BYTES
 from .checkpoint import Checkpoint, abort_path
 from .records import EncodedBatch, StoredMessage, decode
-from .recovery import Recovered, RecoveryReport, recover
+from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
 from .state import STATE_RUNNING, StoreState
 
 CQ_SCAN_BYTES_MIN = 16000
@@ -446,15 +446,18 @@ def init_state(state: StoreState, rec: Recovered) -> None:
     state.set("state", STATE_RUNNING)
 
 
-def open_local(config: StoreConfig, files: FileLayer = REAL_FILES) -> tuple[MessageStore, RecoveryReport]:
+def open_local(config: StoreConfig, files: FileLayer = REAL_FILES,
+               tags_code_rules: Mapping[str, TagsCodeRule] | None = None,
+               ) -> tuple[MessageStore, RecoveryReport]:
     """Recover and open a store for this process alone (tools, tests): the
     state lives in private memory and the flusher's work is done by calling
     ``flush_all``. Holds the store's lock file (a running broker's store is
     refused with StoreInUse) and marks it running (``abort``) until
-    ``close_clean``."""
+    ``close_clean``. ``tags_code_rules``: as ``recover`` takes them (a
+    broker's store wants the broker's, ``broker.delivery.tags_code_rules``)."""
     lock = files.lock_store(config.storePathRootDir)   # StoreInUse if a broker has it
     try:
-        rec = recover(config, files)
+        rec = recover(config, files, tags_code_rules)
         state = StoreState.create_local(config.maxQueueSlots, config.mappedFileSizeCommitLog)
         init_state(state, rec)
         files.touch(abort_path(config.storePathRootDir))

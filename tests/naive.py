@@ -124,6 +124,22 @@ def tags_code(props: bytes) -> int:
     return java_hash_of_utf8(tags) if tags else 0
 
 
+INT_DIGITS_MAX = 18
+
+
+def int_property(props: bytes, key: str) -> int | None:
+    """Property ``key`` in ``Long.parseLong``'s syntax (an optional + or -,
+    then digits), with ASCII digits only (Java takes any Unicode digit) and
+    at most INT_DIGITS_MAX of them; None if absent or not such a number."""
+    value = find_property(props, key)
+    if value is None:
+        return None
+    digits = value[1:] if value[:1] in (b"+", b"-") else value
+    if not 1 <= len(digits) <= INT_DIGITS_MAX or any(c not in b"0123456789" for c in digits):
+        return None
+    return -int(digits) if value[:1] == b"-" else int(digits)
+
+
 def fnv1a64(data: bytes) -> int:
     """64-bit FNV-1a (offset basis 0xcbf29ce484222325, prime 0x100000001b3), signed."""
     h = 0xCBF29CE484222325

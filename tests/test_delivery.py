@@ -4,9 +4,15 @@
 In-process, on a real store: the "kill" is a put that stops after one of its
 steps (its note written; its append done; its cursor moved), followed by a
 fresh ``Reposter.recover`` as a restarted process would run it.
+
+Also: after an abnormal shutdown, recovery gives the delay-level and timer
+units back their delivery times (``tags_code_rules``).
 """
 from __future__ import annotations
 
+import shutil
+
+import numpy as np
 import pytest
 import shmq.broker.schedule as sched
 from shmq.broker.delivery import (
@@ -17,12 +23,15 @@ from shmq.broker.delivery import (
     Reposter,
     restore_real,
     route_send,
+    tags_code_rules,
 )
 from shmq.broker.schedule import DelayService, TimerService
-from shmq.broker.topics import SCHEDULE_TOPIC
+from shmq.broker.topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from shmq.core.config import StoreConfig
+from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.records import encode
 from shmq.core.store import open_local
+from shmq.tools.cli import main
 
 LEVELS = (1000, 2000)
 HOST = ("127.0.0.1", 10911)
@@ -248,3 +257,94 @@ def test_after_a_whole_broker_crash_a_stored_commit_is_recorded_not_asked_again(
     svc.step(now_ms=10**13 + 10**6)          # resolved: the half cursor moves past it
     assert tx.resolve_half(store, reg, HOST, m, 0x8) is False
     assert len(committed(store)) == 1
+
+
+# ------------------------------------------------- delivery times across a crash
+RULE_LEVELS = (1_000, 5_000, 30_000)
+T0 = 1_795_344_600_000          # the send time: an epoch ms far from the tag hashes
+
+
+def park_for_recovery(store) -> dict[str, int]:
+    """Delay-level, timer and ordinary messages routed as the send path does
+    (store time = the routing time); UNIQ_KEY → the tags code it was given."""
+    sends = [f"DELAY\x01{level}" for level in (1, 2, 3, 99, 2, 1)]        # 99: the last level
+    sends += [f"TIMER_DELAY_MS\x01{ms}" for ms in (250, 7_000, 123_456)]
+    sends += ["TIMER_DELAY_SEC\x0145", f"TIMER_DELIVER_MS\x01{T0 + 20_000}"]
+    sends += ["TAGS\x01plain", ""]                                       # ordinary messages
+    codes = {}
+    for i, props in enumerate(sends * 3):
+        now = T0 + 17 * i
+        r = route_send("Real", i % 2, 0, f"{props}\x02TAGS\x01t{i % 4}\x02UNIQ_KEY\x01U{i}",
+                       now_ms=now, delay_levels=RULE_LEVELS, timer_enable=True,
+                       timer_max_delay_ms=10**9, reject_transactions=False)
+        b = encode(r.topic, [b"m%d" % i], properties=r.properties.encode(), queue_ids=r.queue_id,
+                   store_timestamp=now)
+        if r.tags_code is not None:
+            b.tags_codes[:] = r.tags_code
+        store.append(b)
+        codes[f"U{i}"] = int(b.tags_codes[0])
+    return codes
+
+
+def unit_codes(store) -> dict[str, int]:
+    """UNIQ_KEY → the tags code of its ConsumeQueue unit, over every queue."""
+    out = {}
+    for topic, qid in store.cqs.list_queues():
+        units = store.queue_units(topic, qid, 0, 1 << 10)
+        for u in units:
+            m = store.read_message(int(u["phy_offset"]))
+            out[m.properties["UNIQ_KEY"]] = int(u["tags_code"])
+    return out
+
+
+@pytest.mark.parametrize("crash", ["abort", "units_zeroed", "consumequeue_deleted"])
+def test_recovery_gives_delayed_and_timer_units_their_delivery_time_again(tmp_path, capsys, crash):
+    """After an abnormal shutdown recovery re-dispatches every record past the
+    checkpoint. A delay-level or timer unit must get back the delivery time
+    route_send gave it, not the TAGS hash (which makes it due at once), and
+    the services must find nothing due before that time."""
+    root = tmp_path / "store"
+    (root / "config").mkdir(parents=True)
+    cfg = StoreConfig(storePathRootDir=str(root), mappedFileSizeCommitLog=1 << 20,
+                      maxMessageSize=65536)
+    rules = tags_code_rules(RULE_LEVELS)
+    store, _ = open_local(cfg, tags_code_rules=rules)
+    sent = park_for_recovery(store)
+    assert unit_codes(store) == sent
+    delay_units = store.max_offset(SCHEDULE_TOPIC, 0) + store.max_offset(SCHEDULE_TOPIC, 1)
+    assert delay_units and store.max_offset(SCHEDULE_TOPIC, 2) and store.max_offset(TIMER_TOPIC, 0)
+    store.close()                                    # no clean shutdown: abort stays
+    cqs = ConsumeQueues(store.files, str(root), cfg.cq_units_per_file)
+    if crash == "units_zeroed":                      # the page cache never reached the disk
+        for topic, qid in cqs.list_queues():
+            cqs.mapped(topic, qid, 0, create=False)[:] = 0
+    cqs.close()
+    if crash == "consumequeue_deleted":
+        shutil.rmtree(root / "consumequeue")
+
+    store, report = open_local(cfg, tags_code_rules=rules)
+    assert report.mode == "abnormal" and report.records_scanned == len(sent)
+    assert report.units_rebuilt == (0 if crash == "abort" else len(sent))
+    assert unit_codes(store) == sent
+    p = Progress(store.root)
+    delay = DelayService(store, p, Reposter(store, p), RULE_LEVELS, HOST, store.root)
+    timer = TimerService(store, p, Reposter(store, p), 100, HOST, store.root)
+    try:
+        assert delay.step(now_ms=T0 + 999) == 0 and timer.step(now_ms=T0 + 99) == 0
+        assert delay.next_due_ms() == T0 + 1_000
+        last = max(sent.values()) + 100               # the timer fires at its slot's end
+        assert delay.step(now_ms=last) + timer.step(now_ms=last) == delay_units + \
+            store.max_offset(SCHEDULE_TOPIC, 2) + store.max_offset(TIMER_TOPIC, 0)
+    finally:
+        timer.close()
+    store.close()
+    assert main(["store", "inspect", str(root), "--verify"]) == 0, capsys.readouterr()
+
+    # Without the rules (the bug): the re-dispatched delivery times are tag hashes.
+    shutil.rmtree(root / "consumequeue")
+    store, _ = open_local(cfg)
+    wrong = unit_codes(store)
+    store.close()
+    timed = [k for k, v in sent.items() if v >= 1 << 31]
+    assert all(np.iinfo(np.int32).min <= wrong[k] <= np.iinfo(np.int32).max for k in timed)
+    assert main(["store", "inspect", str(root), "--verify"]) == 1

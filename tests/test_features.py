@@ -482,6 +482,43 @@ def test_delayed_timed_and_half_messages_survive_kill_9_of_the_whole_broker(tmp_
         b.stop()
 
 
+def test_after_kill_9_of_the_whole_broker_no_waiting_message_is_delivered_early(tmp_path):
+    """The restart re-dispatches the ConsumeQueue units of records past the
+    checkpoint; the delay-level and timer units must keep their delivery time
+    (a tag hash there made them due at once). The services process is stopped
+    before the sends, so the timer messages are not in its timer log yet: the
+    restarted one reads their times from the units."""
+    delay_s, n = 12, 40
+    b = start_broker(tmp_path, **{**FAST, "messageDelayLevel": f"1s {delay_s}s"})
+    topic = "F_not_early"
+    try:
+        with RemotingClient(b.addr) as c:
+            make_topic(c, topic, 2)
+            services = b.children()["shmq-services"]
+            os.kill(services, signal.SIGSTOP)
+            sent_at = time.time()
+            for i in range(n):
+                props = {"DELAY": "2"} if i % 2 else {"TIMER_DELAY_MS": str(delay_s * 1000)}
+                send(c, topic, b"w%d" % i, queue_id=i % 2, props={**props, "UNIQ_KEY": f"W{i}"})
+        b.kill9()                                   # SIGKILL ends a stopped process too
+        b.start()
+        due = sent_at + delay_s
+        with RemotingClient(b.addr) as c:
+            assert time.time() < due - 3, "the restart took too long for this test to tell"
+            while time.time() < due - 0.3:
+                early = all_messages(c, topic, 2)
+                assert early == [], f"{len(early)} delivered {due - time.time():.1f} s early"
+                time.sleep(0.2)
+            got = []
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and len(got) < n:
+                time.sleep(0.3)
+                got = all_messages(c, topic, 2)
+        assert sorted(m.properties["UNIQ_KEY"] for m in got) == sorted(f"W{i}" for i in range(n))
+    finally:
+        b.stop()
+
+
 def test_a_group_created_with_its_own_retry_limit_dead_letters_sooner(client, request):
     topic, group = topic_name(request), "G_limit"
     make_topic(client, topic)

@@ -61,6 +61,7 @@ def test_twin_constants_match_the_kernels():
         assert getattr(K, "S_" + name.upper()) == i, name
     assert (naive.CQ_DONE, naive.CQ_FULL, naive.CQ_BAD) == (K.CQ_DONE, K.CQ_FULL, K.CQ_BAD)
     assert naive.CQ_PAD_SIZE == K.CQ_PAD_SIZE
+    assert naive.INT_DIGITS_MAX == K.INT_DIGITS_MAX
     assert naive.MESSAGE_MAGIC == L.MESSAGE_MAGIC and naive.BLANK_MAGIC == L.BLANK_MAGIC
     assert naive.MESSAGE_MAGIC_V2 - 2**32 == K.MESSAGE_MAGIC_V2_I32
     assert (naive.OFF_QUEUEOFFSET, naive.OFF_PHYSICALOFFSET, naive.OFF_SYSFLAG) == (
@@ -193,6 +194,53 @@ def test_find_property_matches_twin(props, data, before, after):
 def test_find_property_known_answers(props, key, value):
     assert naive.find_property(props.encode(), key) == value
     assert kernel_find_property(props.encode(), key) == value
+
+
+INT_VALUE = (st.integers(-10**19, 10**19).map(str)
+             | st.sampled_from(["", "+", "-", "+7", "-0", "00012", "1795344606492", "12a",
+                                " 5", "5 ", "1e3", "٣", "9" * 18, "9" * 19, "-" + "9" * 18]))
+
+
+@budget(200)
+@given(values=st.lists(st.none() | INT_VALUE, max_size=8), gaps=st.data())
+def test_int_properties_matches_twin(values, gaps):
+    """The int_properties kernel over properties strings scattered in one
+    buffer: absent, empty, signed, too long, not digits; the last duplicate
+    wins; what it cannot read keeps the value given."""
+    buf, offs, lens, props = b"", [], [], []
+    for v in values:
+        buf += gaps.draw(st.sampled_from([b"", b"\x02", b"OUT\x0199", b"\x01\x01"]))
+        p = gaps.draw(st.sampled_from([b"", b"TAGS\x01a\x02", b"OUT\x011\x02"]))
+        if v is not None:
+            p += b"OUT\x01" + v.encode()
+        offs.append(len(buf))
+        lens.append(len(p))
+        props.append(p)
+        buf += p
+    out = np.full(len(values), -7, np.int64)
+    missed = K.int_properties(u8(buf), np.array(offs, np.int64), np.array(lens, np.int64),
+                              np.frombuffer(b"OUT", np.uint8), out)
+    want = [naive.int_property(p, "OUT") for p in props]
+    assert out.tolist() == [-7 if w is None else w for w in want]
+    assert missed == want.count(None)
+
+
+@pytest.mark.parametrize("props, value", [
+    ("TIMER_OUT_MS\x011795344606492\x02REAL_TOPIC\x01t", 1795344606492),
+    ("TIMER_OUT_MS\x01-12", -12),
+    ("TIMER_OUT_MS\x01+12", 12),
+    ("TIMER_OUT_MS\x0112\x02TIMER_OUT_MS\x0134", 34),     # the last duplicate wins
+    ("TIMER_OUT_MS\x0112x", None),
+    ("TIMER_OUT_MS\x01" + "1" * 19, None),                 # could overflow: not read
+    ("TIMER_OUT_MS\x01", None),                            # an empty value is no property
+    ("TAGS\x0112", None),
+])
+def test_int_properties_known_answers(props, value):
+    assert naive.int_property(props.encode(), "TIMER_OUT_MS") == value
+    out = np.full(1, -7, np.int64)
+    K.int_properties(u8(props.encode()), np.zeros(1, np.int64), np.array([len(props)], np.int64),
+                     np.frombuffer(b"TIMER_OUT_MS", np.uint8), out)
+    assert int(out[0]) == (-7 if value is None else value)
 
 
 # ------------------------------------------------------------- batch encoding
