@@ -95,6 +95,11 @@ class CommitLog:
     def map(self, start: int) -> np.ndarray:
         return self.files.map(self.handle(start))
 
+    def prefault(self, start: int, begin: int, end: int) -> None:
+        """Map bytes [begin, end) of the mapped segment at ``start`` in one
+        call, before a sequential read of them."""
+        self.files.prefault(self.handle(start), begin, end)
+
     def open_segments(self) -> list[int]:
         return list(self._open)
 

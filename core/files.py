@@ -30,6 +30,7 @@ import numpy as np
 _libc = ctypes.CDLL(None, use_errno=True)
 
 PAGE_BYTES = 4096
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 SECTOR_BYTES = 512
 
 
@@ -174,6 +175,18 @@ class FileLayer:
         os.close(h.fd)
         h.fd = -1
         return arr
+
+    def prefault(self, h: Handle, begin: int, end: int) -> None:
+        """Map the pages of [begin, end) of a mapped file in one call
+        (MADV_POPULATE_READ, Linux 5.14+) instead of a fault per page: a
+        reader about to walk the range sequentially. Best effort."""
+        if h._mmap is None or end <= begin:
+            return
+        begin -= begin % PAGE_BYTES
+        try:
+            h._mmap.madvise(_MADV_POPULATE_READ, begin, min(end, h.size) - begin)
+        except OSError:
+            pass   # older kernel: the faults happen one by one instead
 
     def pwrite(self, h: Handle, data, offset: int) -> None:
         if h.fd < 0:
@@ -326,6 +339,9 @@ class SimFileLayer(FileLayer):
 
     def map_only(self, h):
         return self.map(h)
+
+    def prefault(self, h, begin, end):
+        pass
 
     def pwrite(self, h, data, offset):
         mv = memoryview(data).cast("B")

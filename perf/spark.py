@@ -13,7 +13,8 @@ Spark's local[N] runs on: what the ingest could reach if Spark cost nothing.
     spark_parquet       format("shmq-commitlog") → Parquet (snappy), files written
 
 Each figure is the best of a few runs after one warm-up query (Python
-workers started, kernels loaded). Skipped without pyspark or Java.
+workers started, kernels loaded, the JVM's JIT warm). Skipped without
+pyspark or Java.
 """
 from __future__ import annotations
 
@@ -160,7 +161,7 @@ def run_count(ctx, result):
     runs = 2 if ctx.quick else 3
     commitlog = spark.read.format("shmq-commitlog").option("path", info["root"])
     queues = spark.read.format("shmq").option("path", info["root"]).option("subscribe", ",".join(TOPICS))
-    commitlog.load().limit(10).count()                    # warm-up: workers, kernels
+    commitlog.load().count()          # warm-up: Python workers, kernels, the JVM's JIT
     secs, n = _best(lambda: commitlog.load().count(), runs)
     if n != info["messages"]:
         raise AssertionError(f"count() gave {n} of {info['messages']}")

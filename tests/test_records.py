@@ -312,3 +312,52 @@ def test_encode_rejects_a_queue_id_out_of_range(queue_ids):
 def test_encode_rejects_a_port_out_of_range():
     with pytest.raises(ValueError, match="port"):
         R.encode("T", [b"x"], born_host=("10.0.0.1", -1))
+
+
+def test_decode_columns_agrees_with_the_python_decoder(tmp_path):
+    """The columnar reader kernels (tools/spark, tools/inspect) against
+    ``decode``: every field, IPv6 hosts, odd property strings (empty keys or
+    values, duplicates: the last wins, as in Java), absent TAGS/KEYS/UNIQ_KEY."""
+    from conftest import small_config
+
+    from shmq.core.store import open_local
+    store, _ = open_local(small_config(str(tmp_path / "s"), mappedFileSizeCommitLog=1 << 20))
+    odd = [b"TAGS\x01a\x02TAGS\x01b", b"\x01x\x02KEYS\x01\x02UNIQ_KEY\x01U1", b"", b"KEYS\x01k1 k2\x02noval",
+           b"TAGS\x01\xc3\xa9t\x02UNIQ_KEY\x01ABC\x02KEYS\x01k"]
+    store.append(R.encode("Cols", [b"b%d" % i * i for i in range(5)], properties=odd, flag=[0, 1, 2, 3, 4]))
+    store.append(R.encode("Cols6", [b"six"], born_host=("::1", 1234), store_host=("fe80::1:2", 10911)))
+    buf = store.cl.map(0)
+    rows, _, status = R.scan_rows(buf, 0, store.state.write_pos, 0, 64)
+    assert rows.shape[0] == 6 and status == K.SCAN_END
+    assert (R.rows_at(buf, 0, rows[:, K.S_PHY].copy(), rows[:, K.S_SIZE].copy()) == rows).all()
+    cols = R.decode_columns(buf, 0, rows)
+    ro, (ko, kd), (vo, vd) = R.property_pairs(*cols.var["properties"])
+    for i in range(6):
+        m = R.decode(buf, int(rows[i, K.S_PHY]))
+        props = m.properties
+        assert cols.text("topic", i) == m.topic
+        off, dat = cols.var["body"]
+        assert dat[off[i]:off[i + 1]].tobytes() == m.body
+        assert cols.text("properties", i) == m.properties_raw.decode()
+        assert cols.text("tags", i) == (props.get("TAGS") or None)
+        assert cols.text("keys", i) == (props.get("KEYS") or None)
+        assert cols.text("msgId", i) == props.get("UNIQ_KEY", m.offset_msg_id())
+        assert cols.text("bornHost", i) == _host_text(m.born_host)
+        assert cols.text("storeHost", i) == _host_text(m.store_host)
+        f = cols.fixed
+        assert (f["queueId"][i], f["queueOffset"][i], f["commitLogOffset"][i], f["storeSize"][i]) == (
+            m.queue_id, m.queue_offset, m.phy_offset, m.total_size)
+        assert (f["sysFlag"][i], f["flag"][i]) == (m.sysflag, m.flag)
+        assert (f["bornTimestamp"][i], f["storeTimestamp"][i]) == (m.born_timestamp * 1000, m.store_timestamp * 1000)
+        pairs = {kd[ko[k]:ko[k + 1]].tobytes().decode(): vd[vo[k]:vo[k + 1]].tobytes().decode()
+                 for k in range(ro[i], ro[i + 1])}
+        assert pairs == props
+    store.close()
+
+
+def _host_text(host: tuple[str, int]) -> str:
+    """``ip:port``; IPv6 as eight unabbreviated groups in brackets."""
+    ip = ipaddress.ip_address(host[0])
+    if ip.version == 4:
+        return f"{ip}:{host[1]}"
+    return "[" + ":".join(f"{int(g, 16):x}" for g in ip.exploded.split(":")) + f"]:{host[1]}"

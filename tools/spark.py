@@ -416,6 +416,7 @@ def read_segment(part: SegmentRange) -> Iterator[pa.RecordBatch]:
         except (SegmentMissing, FileNotFoundError):
             _data_loss(opts, f"CommitLog segment {part.base} is gone")
             return
+        cl.prefault(part.base, part.start, part.end)
         pos = part.start
         while pos < part.end:
             rows, pos, status = R.scan_rows(buf, pos, part.end, part.base, opts.batch_rows)
