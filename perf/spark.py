@@ -197,3 +197,6 @@ def run_parquet(ctx, result):
     if n != info["messages"]:
         raise AssertionError(f"Parquet holds {n} of {info['messages']} messages")
     yield _spark_result(ctx, result, "spark_parquet", secs, info, parquet_mb=round(written / 1e6, 1))
+    # the last Spark bench: give the memory and page cache back to the others
+    ctx.shared.pop("spark").stop()
+    shutil.rmtree(ctx.shared.pop("spark_store")["root"], ignore_errors=True)
