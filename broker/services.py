@@ -153,6 +153,12 @@ class Services:
 
     def register_all(self) -> None:
         c = self.config
+        # The version is read before the topics: a topic created in between
+        # then rides under the older version, and the next registration's
+        # newer one makes the NameServer take the tables again. Read after,
+        # a registration could carry the new version without the new topic,
+        # and the NameServer skips every later one with that same version.
+        version = self._data_version()
         topics = self.tables.topics.current()
         perm = self.tables.broker_permission()
         if perm & 6 != 6:    # a read-only (drained) broker: routes say so (registerBrokerAll)
@@ -160,7 +166,7 @@ class Services:
         self._call_all(lambda: register_broker_request(
             cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
             broker_id=c.brokerId, topic_configs=topics,
-            data_version=self._data_version(), ha_addr=""))
+            data_version=version, ha_addr=""))
 
     def _data_version(self) -> dict:
         """The topics' data version, moved by broker config changes too (a
