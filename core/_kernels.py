@@ -186,6 +186,20 @@ def java_hash_utf8(buf, start, n):
     return h - 4294967296 if h >= 2147483648 else h
 
 
+@njit(inline="always", **_JIT)
+def _piece(buf, i, end):
+    """The properties piece starting at ``i``: (position of its first 0x01 or
+    -1, its end: the next 0x02 or ``end``). Java keeps a piece whose key and
+    value are both non-empty (MessageDecoder.string2messageProperties)."""
+    j = i
+    sep = np.int64(-1)
+    while j < end and buf[j] != 2:
+        if buf[j] == 1 and sep < 0:
+            sep = j
+        j += 1
+    return sep, j
+
+
 @njit(**_JIT)
 def find_property(buf, start, n, key):
     """Value (start, length) of property ``key`` in a properties string
@@ -197,15 +211,8 @@ def find_property(buf, start, n, key):
     i = start
     end = start + n
     while i < end:
-        j = i
-        sep = np.int64(-1)
-        while j < end and buf[j] != 2:
-            if buf[j] == 1 and sep < 0:
-                sep = j
-            j += 1
-        # Java keeps a piece whose key and value are both non-empty
-        # (MessageDecoder.string2messageProperties); lengths in bytes or
-        # UTF-16 units agree on that.
+        sep, j = _piece(buf, i, end)
+        # (lengths in bytes or UTF-16 units agree on "non-empty")
         if sep > i and sep < j - 1 and sep - i == klen:
             same = True
             for k in range(klen):
@@ -1084,12 +1091,7 @@ def arrow_columns(buf, phy_base, rows, n, tags_key, keys_key, uniq_key,
         j = ps
         end = ps + pn
         while j < end:
-            e = j
-            sep = np.int64(-1)
-            while e < end and buf[e] != 2:
-                if buf[e] == 1 and sep < 0:
-                    sep = e
-                e += 1
+            sep, e = _piece(buf, j, end)
             if sep > j and sep < e - 1:
                 if _is_key(buf, j, sep, tags_key):
                     tv = sep + 1
@@ -1139,12 +1141,7 @@ def property_spans(dat, offs, n, key_start, key_len, val_start, val_len, row_off
         j = offs[i]
         end = offs[i + 1]
         while j < end:
-            e = j
-            sep = np.int64(-1)
-            while e < end and dat[e] != 2:
-                if dat[e] == 1 and sep < 0:
-                    sep = e
-                e += 1
+            sep, e = _piece(dat, j, end)
             if sep > j and sep < e - 1:
                 key_start[m] = j
                 key_len[m] = sep - j

@@ -25,19 +25,22 @@ import time
 
 import numpy as np
 
+from perf import Skipped
+
 TOPICS = ("TopicA", "TopicB", "TopicC")
 QUEUES = 8
 
 
-def _skip_reason() -> str | None:
+def _store_here(ctx) -> dict:
+    """The run's store, after checking Spark can run here (else Skipped)."""
     try:
         import pyarrow  # noqa: F401
         import pyspark  # noqa: F401
     except ImportError:
-        return "pyspark/pyarrow not installed (pip install -e '.[spark]')"
+        raise Skipped("pyspark/pyarrow not installed (pip install -e '.[spark]')") from None
     if shutil.which("java") is None:
-        return "Java is not installed (Spark needs Java 17+)"
-    return None
+        raise Skipped("Java is not installed (Spark needs Java 17+)")
+    return _store(ctx)
 
 
 def _store(ctx) -> dict:
@@ -135,11 +138,7 @@ def _best(fn, runs: int) -> tuple[float, object]:
 
 
 def run_decode(ctx, result):
-    reason = _skip_reason()
-    if reason:
-        yield {"bench": "spark_decode", "skipped": reason}
-        return
-    info = _store(ctx)
+    info = _store_here(ctx)
     rate = _limit(ctx, info)
     yield result("spark_decode", rate, "msg/s", rate, "itself (one core: the base of the Spark limits)",
                  mb_per_s=round(rate * info["bytes"] / info["messages"] / 1e6, 1), messages=info["messages"])
@@ -155,11 +154,7 @@ def _spark_result(ctx, result, bench, seconds, info, **extra):
 
 
 def run_count(ctx, result):
-    reason = _skip_reason()
-    if reason:
-        yield {"bench": "spark_count", "skipped": reason}
-        return
-    info = _store(ctx)
+    info = _store_here(ctx)
     spark = _session(ctx)
     runs = 2 if ctx.quick else 3
     commitlog = spark.read.format("shmq-commitlog").option("path", info["root"])
@@ -178,11 +173,7 @@ def run_count(ctx, result):
 
 
 def run_parquet(ctx, result):
-    reason = _skip_reason()
-    if reason:
-        yield {"bench": "spark_parquet", "skipped": reason}
-        return
-    info = _store(ctx)
+    info = _store_here(ctx)
     spark = _session(ctx)
     out = os.path.join(ctx.scratch, "spark-parquet")
     df = spark.read.format("shmq-commitlog").option("path", info["root"])

@@ -441,15 +441,19 @@ def read_segment(part: SegmentRange) -> Iterator[pa.RecordBatch]:
 
 
 # ------------------------------------------------------------- data sources
-class ShmqDataSource(DataSource):
+class _Source(DataSource):
+    """What both formats share: the schema (with properties as a map on request)."""
+
+    def schema(self) -> StructType:
+        return SCHEMA_WITH_PROPERTY_MAP if _bool(_opts(self.options), "includeProperties", False) else SCHEMA
+
+
+class ShmqDataSource(_Source):
     """``format("shmq")``: Kafka-style reads through the ConsumeQueues."""
 
     @classmethod
     def name(cls) -> str:
         return "shmq"
-
-    def schema(self) -> StructType:
-        return SCHEMA_WITH_PROPERTY_MAP if _bool(_opts(self.options), "includeProperties", False) else SCHEMA
 
     def reader(self, schema: StructType) -> ShmqBatchReader:
         return ShmqBatchReader(_opts(self.options), schema)
@@ -458,15 +462,12 @@ class ShmqDataSource(DataSource):
         return ShmqStreamReader(_opts(self.options), schema)
 
 
-class ShmqCommitLogDataSource(DataSource):
+class ShmqCommitLogDataSource(_Source):
     """``format("shmq-commitlog")``: every record, one partition per segment."""
 
     @classmethod
     def name(cls) -> str:
         return "shmq-commitlog"
-
-    def schema(self) -> StructType:
-        return SCHEMA_WITH_PROPERTY_MAP if _bool(_opts(self.options), "includeProperties", False) else SCHEMA
 
     def reader(self, schema: StructType) -> ShmqCommitLogReader:
         return ShmqCommitLogReader(_opts(self.options), schema)
