@@ -44,6 +44,7 @@ from shmq.core.records import EncodedBatch, StoredMessage, decode, encode, int_p
 from shmq.core.recovery import QueueRecords, TagsCodeRule
 from shmq.core.store import AppendResult, MessageStore
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.fastjson import mq_map
 
 from .topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
@@ -235,19 +236,6 @@ def check_body(m: StoredMessage, store_host: tuple[str, int]) -> bytes:
     return buf.tobytes()
 
 
-def mq_json(topic: str, broker: str, qid: int) -> str:
-    """A MessageQueue as fastjson writes it, also as a map key (Quirk 2)."""
-    return f'{{"brokerName":{orjson.dumps(broker).decode()},"queueId":{qid},' \
-           f'"topic":{orjson.dumps(topic).decode()}}}'
-
-
-def mq_map(broker: str, items) -> str:
-    """fastjson's ``Map<MessageQueue, V>``: ``(topic, queueId, value)`` items,
-    each value written as JSON (orjson)."""
-    return "{" + ",".join(f"{mq_json(topic, broker, qid)}:{orjson.dumps(v).decode()}"
-                          for topic, qid, v in items) + "}"
-
-
 def reset_body(topic: str, broker: str, table: dict[int, int], language: str) -> bytes:
     """ResetOffsetBody: fastjson's map with MessageQueue keys (Quirk 2), or
     the list form RocketMQ sends C++ clients (ResetOffsetBodyForC)."""
@@ -256,7 +244,7 @@ def reset_body(topic: str, broker: str, table: dict[int, int], language: str) ->
                          f'"queueId":{qid},"topic":{orjson.dumps(topic).decode()}}}'
                          for qid, off in table.items())
         return f'{{"offsetTable":[{items}]}}'.encode()
-    return f'{{"offsetTable":{mq_map(broker, ((topic, q, off) for q, off in table.items()))}}}'.encode()
+    return f'{{"offsetTable":{mq_map((topic, broker, q, off) for q, off in table.items())}}}'.encode()
 
 
 # ------------------------------------------------------------------ progress

@@ -38,6 +38,7 @@ from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.codes import not_supported_remark
 from shmq.ipc.control import WANT_CLIENTS, WANT_FLUSH, WANT_PUBLISH, ControlBlock
+from shmq.ipc.fastjson import mq_map
 from shmq.ipc.remoting import (
     FLAG_ONEWAY,
     JSON,
@@ -55,7 +56,6 @@ from .delivery import (
     UNIQ_KEY,
     BadRequest,
     check_body,
-    mq_map,
     needs_routing,
     repost,
     reset_body,
@@ -1149,8 +1149,9 @@ class Processors:
             lo = max(0, self.store.min_offset(topic, qid))
             hi = max(0, self.store.max_offset(topic, qid))
             ts = (self.store.store_time(topic, qid, hi - 1) or 0) if hi > 0 else 0
-            items.append((topic, qid, {"lastUpdateTimestamp": ts, "maxOffset": hi, "minOffset": lo}))
-        body = f'{{"offsetTable":{mq_map(self.config.brokerName, items)}}}'
+            items.append((topic, self.config.brokerName, qid,
+                          {"lastUpdateTimestamp": ts, "maxOffset": hi, "minOffset": lo}))
+        body = f'{{"offsetTable":{mq_map(items)}}}'
         self.respond(conn, cmd, cmd.reply(R.SUCCESS, body=body.encode()))
 
     def consume_stats(self, conn, cmd) -> None:
@@ -1172,9 +1173,9 @@ class Processors:
                 broker_off = max(0, self.store.max_offset(t, qid))
                 consumer_off = max(0, self.registry.get_offset(t, group, qid))
                 last = (self.store.store_time(t, qid, consumer_off - 1) or 0) if consumer_off > 0 else 0
-                items.append((t, qid, {"brokerOffset": broker_off, "consumerOffset": consumer_off,
-                                       "lastTimestamp": last}))
-        body = f'{{"consumeTps":0.0,"offsetTable":{mq_map(self.config.brokerName, items)}}}'
+                items.append((t, self.config.brokerName, qid, {
+                    "brokerOffset": broker_off, "consumerOffset": consumer_off, "lastTimestamp": last}))
+        body = f'{{"consumeTps":0.0,"offsetTable":{mq_map(items)}}}'
         self.respond(conn, cmd, cmd.reply(R.SUCCESS, body=body.encode()))
 
     def consumer_connection(self, conn, cmd) -> None:

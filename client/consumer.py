@@ -12,6 +12,7 @@ serve the lite pull consumer too.
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import dataclasses
@@ -331,11 +332,10 @@ class MessageListenerConcurrently:
     None or an exception means RECONSUME_LATER."""
 
     def __init__(self, fn: Listener | None = None):
-        if fn is not None:
-            self.consume_message = fn
+        _listener_init(self, fn, MessageListenerConcurrently)
 
     def consume_message(self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext):
-        raise NotImplementedError
+        return self._fn(msgs, context)
 
 
 class MessageListenerOrderly:
@@ -343,36 +343,34 @@ class MessageListenerOrderly:
     ConsumeOrderlyStatus; None or an exception means SUSPEND_CURRENT_QUEUE_A_MOMENT."""
 
     def __init__(self, fn: Listener | None = None):
-        if fn is not None:
-            self.consume_message = fn
+        _listener_init(self, fn, MessageListenerOrderly)
 
     def consume_message(self, msgs: list[MessageExt], context: ConsumeOrderlyContext):
-        raise NotImplementedError
+        return self._fn(msgs, context)
+
+
+def _listener_init(listener, fn: Listener | None, base: type) -> None:
+    """A listener wraps ``fn`` or overrides ``consume_message``: one of the two."""
+    if fn is None and type(listener).consume_message is base.consume_message:
+        raise TypeError(f"{base.__name__}: pass a function (msgs, context) or override consume_message")
+    listener._fn = fn
+    if fn is not None:
+        # the function itself, so a coroutine function is seen as one
+        listener.consume_message = fn
 
 
 # ------------------------------------------------------------ configuration
 @dataclass
-class PushConsumerConfig:
-    """DefaultMQPushConsumer's settings, by their names in snake case."""
+class ConsumerSettings:
+    """What DefaultMQPushConsumer and DefaultLitePullConsumer both have."""
     message_model: str = "CLUSTERING"
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
     consume_timestamp: str | int = field(default_factory=default_consume_timestamp)
     allocate_strategy: str | rebalance.AllocateStrategy = "AVG"
-    consume_thread_max: int = 20
-    consume_message_batch_max_size: int = 1
-    pull_batch_size: int = 32
-    pull_interval: int = 0                             # ms between pulls of a queue
     pull_threshold_for_queue: int = 1000
     pull_threshold_size_for_queue: int = 100           # MiB
-    consume_concurrently_max_span: int = 2000
-    max_reconsume_times: int = -1                      # -1: 16 (concurrently), unlimited (orderly)
-    suspend_current_queue_time_millis: int = 1000
-    broker_suspend_max_time_millis: int = 15000
     consumer_timeout_millis_when_suspend: int = 30000
-    pull_time_delay_millis_when_exception: int = 3000
     rebalance_interval: float = 20.0                   # s; rocketmq.client.rebalance.waitInterval
-    post_subscription_when_pull: bool = True           # shmq: the broker need not know it from a heartbeat
-    await_termination_millis_when_shutdown: int = 5000  # in-flight listeners may finish (Java: 0)
     local_offset_store_dir: str = ""                   # broadcasting; "" = ~/.rocketmq_offsets
 
     def check(self) -> None:
@@ -381,6 +379,25 @@ class PushConsumerConfig:
         if self.consume_from_where not in CONSUME_FROM_WHERE:
             raise ValueError(f"consume_from_where {self.consume_from_where!r}: one of {CONSUME_FROM_WHERE}")
         parse_consume_timestamp(self.consume_timestamp)
+
+
+@dataclass
+class PushConsumerConfig(ConsumerSettings):
+    """DefaultMQPushConsumer's settings, by their names in snake case."""
+    consume_thread_max: int = 20
+    consume_message_batch_max_size: int = 1
+    pull_batch_size: int = 32
+    pull_interval: int = 0                             # ms between pulls of a queue
+    consume_concurrently_max_span: int = 2000
+    max_reconsume_times: int = -1                      # -1: 16 (concurrently), unlimited (orderly)
+    suspend_current_queue_time_millis: int = 1000
+    broker_suspend_max_time_millis: int = 15000
+    pull_time_delay_millis_when_exception: int = 3000
+    post_subscription_when_pull: bool = True           # shmq: the broker need not know it from a heartbeat
+    await_termination_millis_when_shutdown: int = 5000  # in-flight listeners may finish (Java: 0)
+
+    def check(self) -> None:
+        super().check()
         for name, lo, hi in (("consume_thread_max", 1, 1000), ("consume_message_batch_max_size", 1, 1024),
                              ("pull_batch_size", 1, 1024), ("pull_threshold_for_queue", 1, 65535),
                              ("pull_threshold_size_for_queue", 1, 1024),
@@ -415,7 +432,7 @@ class PullRequest:
     previously_locked: bool = False
 
 
-class ConsumerBase:
+class ConsumerBase(abc.ABC):
     """What push and lite-pull consumers share: settings, start-up, the
     instance hooks, offset stores and service tasks."""
 
@@ -528,8 +545,9 @@ class ConsumerBase:
             except Exception:
                 log.exception("rebalance of %s", self.group)
 
+    @abc.abstractmethod
     async def do_rebalance(self) -> None:
-        raise NotImplementedError
+        """Re-allocate this consumer's queues (push and lite pull differ)."""
 
     async def _allocate(self, topic: str) -> tuple[set[MessageQueue], set[MessageQueue]] | None:
         try:

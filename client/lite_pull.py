@@ -17,14 +17,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from . import rebalance
 from .connection import RemotingError
-from .consumer import (FLOW_CONTROL_DELAY, ConsumerBase, ProcessQueue, PullStatus,
+from .consumer import (FLOW_CONTROL_DELAY, ConsumerBase, ConsumerSettings, ProcessQueue, PullStatus,
                        SubscriptionData, pull_kernel, split_settings)
 from .instance import ClientConfig, MQClientError
 from .message import MessageExt, MessageQueue
-from .offsets import (CONSUME_FROM_WHERE, ReadOffsetType, default_consume_timestamp, max_offset,
-                      min_offset, parse_consume_timestamp, search_offset)
+from .offsets import (ReadOffsetType, max_offset,
+                      min_offset, search_offset)
 from .requests import PULL_SUBSCRIPTION, PULL_SUSPEND
 
 log = logging.getLogger("shmq.client")
@@ -33,32 +32,19 @@ PULL_LITE = 0x10                          # PullSysFlag.FLAG_LITE_PULL_MESSAGE
 
 
 @dataclass
-class LitePullConsumerConfig:
+class LitePullConsumerConfig(ConsumerSettings):
     """DefaultLitePullConsumer's settings, by their names in snake case."""
-    message_model: str = "CLUSTERING"
-    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
-    consume_timestamp: str | int = field(default_factory=default_consume_timestamp)
-    allocate_strategy: str | rebalance.AllocateStrategy = "AVG"
     auto_commit: bool = True
     auto_commit_interval_millis: int = 5000
     pull_batch_size: int = 10
     pull_threshold_for_all: int = 10000
-    pull_threshold_for_queue: int = 1000
-    pull_threshold_size_for_queue: int = 100      # MiB
     consume_max_span: int = 2000
     poll_timeout_millis: int = 5000
     broker_suspend_max_time_millis: int = 20000
-    consumer_timeout_millis_when_suspend: int = 30000
     pull_time_delay_millis_when_exception: int = 1000
-    rebalance_interval: float = 20.0
-    local_offset_store_dir: str = ""
 
     def check(self) -> None:
-        if self.message_model not in ("CLUSTERING", "BROADCASTING"):
-            raise ValueError(f"message_model {self.message_model!r}: CLUSTERING or BROADCASTING")
-        if self.consume_from_where not in CONSUME_FROM_WHERE:
-            raise ValueError(f"consume_from_where {self.consume_from_where!r}: one of {CONSUME_FROM_WHERE}")
-        parse_consume_timestamp(self.consume_timestamp)
+        super().check()
         if self.auto_commit_interval_millis < 1000:
             raise ValueError("auto_commit_interval_millis must be at least 1000")
         if not 1 <= self.pull_batch_size <= 1024:

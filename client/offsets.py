@@ -18,19 +18,17 @@ offset (stored offset, else ``consume_from_where``).
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
-import json
 import logging
 import os
-import re
 import shutil
 import time
 
-import orjson
-
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.fastjson import mq_map, parse_fastjson
 from shmq.ipc.remoting import RemotingCommand
 
 from .connection import RemotingError
@@ -51,7 +49,7 @@ class ReadOffsetType(enum.Enum):
     MEMORY_FIRST_THEN_STORE = "MEMORY_FIRST_THEN_STORE"
 
 
-class OffsetStore:
+class OffsetStore(abc.ABC):
     """The in-memory table both stores share (RocketMQ's OffsetStore)."""
 
     def __init__(self) -> None:
@@ -83,14 +81,17 @@ class OffsetStore:
             self.table[mq] = offset
         return offset
 
+    @abc.abstractmethod
     async def _read_stored(self, mq: MessageQueue) -> int:
-        raise NotImplementedError
+        """The offset kept where this store keeps them (-1: none)."""
 
+    @abc.abstractmethod
     async def persist(self, mq: MessageQueue) -> None:
-        raise NotImplementedError
+        """Keep one queue's offset."""
 
+    @abc.abstractmethod
     async def persist_all(self, mqs: set[MessageQueue]) -> None:
-        raise NotImplementedError
+        """Keep the offsets of ``mqs`` (and drop the others)."""
 
 
 class RemoteBrokerOffsetStore(OffsetStore):
@@ -217,10 +218,8 @@ class LocalFileOffsetStore(OffsetStore):
 # ------------------------------------------------------------ fastjson offset tables
 def dump_offset_table(table: dict[MessageQueue, int]) -> str:
     """``{"offsetTable":{{"brokerName":..,"queueId":..,"topic":..}:offset,...}}``."""
-    items = ",".join(f'{{"brokerName":{orjson.dumps(mq.broker_name).decode()},"queueId":{mq.queue_id},'
-                     f'"topic":{orjson.dumps(mq.topic).decode()}}}:{offset}'
-                     for mq, offset in sorted(table.items()))
-    return f'{{"offsetTable":{{{items}}}}}'
+    entries = ((mq.topic, mq.broker_name, mq.queue_id, off) for mq, off in sorted(table.items()))
+    return f'{{"offsetTable":{mq_map(entries)}}}'
 
 
 def parse_offset_table(text: str | bytes) -> dict[MessageQueue, int]:
@@ -252,94 +251,6 @@ def _queue(d) -> MessageQueue:
         return MessageQueue(str(d["topic"]), str(d["brokerName"]), int(d["queueId"]))
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{d!r} is not a MessageQueue") from None
-
-
-_WS = re.compile(r"\s*")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
-_WORD = re.compile(r"[A-Za-z_$][\w$]*")
-_MAX_DEPTH = 64
-
-
-def parse_fastjson(text: str):
-    """JSON plus fastjson's map keys: numbers, bare words and objects (an
-    object key becomes a tuple of its sorted items, so it can key a dict)."""
-    value, pos = _value(text, _WS.match(text, 0).end(), 0)
-    if _WS.match(text, pos).end() != len(text):
-        raise ValueError(f"unexpected text at {pos}")
-    return value
-
-
-def _value(s: str, pos: int, depth: int):
-    if depth > _MAX_DEPTH:
-        raise ValueError("nested too deeply")
-    if pos >= len(s):
-        raise ValueError("unexpected end of text")
-    ch = s[pos]
-    if ch == "{":
-        return _object(s, pos + 1, depth + 1)
-    if ch == "[":
-        return _array(s, pos + 1, depth + 1)
-    if ch == '"':
-        return _string(s, pos)
-    m = _NUMBER.match(s, pos)
-    if m:
-        t = m.group()
-        return (float(t) if any(c in t for c in ".eE") else int(t)), m.end()
-    m = _WORD.match(s, pos)
-    if m:
-        return {"true": True, "false": False, "null": None}.get(m.group(), m.group()), m.end()
-    raise ValueError(f"unexpected {ch!r} at {pos}")
-
-
-def _string(s: str, pos: int) -> tuple[str, int]:
-    end = pos + 1
-    while True:
-        end = s.find('"', end)
-        if end < 0:
-            raise ValueError(f"unterminated string at {pos}")
-        backslashes = len(s[pos + 1:end]) - len(s[pos + 1:end].rstrip("\\"))
-        if backslashes % 2 == 0:
-            return json.loads(s[pos:end + 1]), end + 1
-        end += 1
-
-
-def _object(s: str, pos: int, depth: int) -> tuple[dict, int]:
-    out = {}
-    pos = _WS.match(s, pos).end()
-    while pos < len(s) and s[pos] != "}":
-        key, pos = _value(s, pos, depth)
-        if isinstance(key, dict):
-            key = tuple(sorted(key.items()))
-        elif isinstance(key, list):
-            raise ValueError(f"a list cannot be a map key (before {pos})")
-        pos = _WS.match(s, pos).end()
-        if s[pos:pos + 1] != ":":
-            raise ValueError(f"expected ':' at {pos}")
-        out[key], pos = _value(s, _WS.match(s, pos + 1).end(), depth)
-        pos = _WS.match(s, pos).end()
-        if s[pos:pos + 1] == ",":
-            pos = _WS.match(s, pos + 1).end()
-        elif s[pos:pos + 1] != "}":
-            raise ValueError(f"expected ',' or '}}' at {pos}")
-    if pos >= len(s):
-        raise ValueError("unterminated object")
-    return out, pos + 1
-
-
-def _array(s: str, pos: int, depth: int) -> tuple[list, int]:
-    out = []
-    pos = _WS.match(s, pos).end()
-    while pos < len(s) and s[pos] != "]":
-        item, pos = _value(s, pos, depth)
-        out.append(item)
-        pos = _WS.match(s, pos).end()
-        if s[pos:pos + 1] == ",":
-            pos = _WS.match(s, pos + 1).end()
-        elif s[pos:pos + 1] != "]":
-            raise ValueError(f"expected ',' or ']' at {pos}")
-    if pos >= len(s):
-        raise ValueError("unterminated array")
-    return out, pos + 1
 
 
 # ------------------------------------------------------------ queue offsets on the broker
@@ -412,4 +323,4 @@ async def compute_pull_from_where(instance: ClientInstance, store: OffsetStore, 
 __all__ = ["CONSUME_FROM_WHERE", "LocalFileOffsetStore", "OffsetStore", "ReadOffsetType",
            "RemoteBrokerOffsetStore", "compute_pull_from_where", "default_consume_timestamp",
            "dump_offset_table", "max_offset", "min_offset", "parse_consume_timestamp",
-           "parse_fastjson", "parse_offset_table", "search_offset"]
+           "parse_offset_table", "search_offset"]

@@ -19,6 +19,7 @@ CHECK_TRANSACTION_STATE through ``check_local_transaction``.
 from __future__ import annotations
 
 import asyncio
+import abc
 import enum
 import inspect
 import itertools
@@ -278,14 +279,16 @@ class LocalTransactionState(enum.Enum):
     UNKNOW = UNKNOWN       # RocketMQ's spelling
 
 
-class TransactionListener:
+class TransactionListener(abc.ABC):
     """Override both; either may be a coroutine function."""
 
+    @abc.abstractmethod
     def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
-        raise NotImplementedError
+        """Run the local transaction for the half ``msg`` just stored."""
 
+    @abc.abstractmethod
     def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
-        raise NotImplementedError
+        """The broker asks again about a half it has no answer for."""
 
 
 @dataclass

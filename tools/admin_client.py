@@ -15,7 +15,7 @@ raise anything else.
 Bodies: routes and cluster info are standard JSON; the broker's
 TopicStatsTable, ConsumeStats and ResetOffsetBody are fastjson maps keyed
 by MessageQueue objects (``{{"brokerName":..,"queueId":..,"topic":..}:..}``),
-read with the client's ``parse_fastjson``.
+read with ``shmq.ipc.fastjson.parse_fastjson``.
 """
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ import socket
 from typing import Self
 
 import orjson
-from shmq.client.offsets import parse_fastjson, parse_offset_table
+from shmq.client.offsets import parse_offset_table
 from shmq.client.requests import decode_records, pull_message
 from shmq.core.records import CorruptRecord, StoredMessage
 from shmq.ipc.channel import RemotingClient, RemotingTimeout
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.fastjson import parse_fastjson
 from shmq.ipc.remoting import RemoteProtocolError, RemotingCommand
 
 MASTER_ID = "0"
