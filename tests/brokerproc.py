@@ -131,3 +131,22 @@ def routed_topic(broker: BrokerProc, topic: str, queues: int = 4) -> str:
             assert time.monotonic() < deadline, f"{topic} never reached the NameServer"
             time.sleep(0.05)
     return topic
+
+
+def topic_for(request, prefix: str) -> str:
+    """A topic name of the running test's own (prefix + the test's name)."""
+    return prefix + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[-80:]
+
+
+def stored_records(broker: BrokerProc, topic: str, queues: int) -> list:
+    """Every record stored in ``topic``'s first ``queues`` queues (up to 1,000
+    each), pulled over the protocol: what the broker holds, not what a client saw."""
+    from shmq.client.remoting import RemotingClient
+    from shmq.client.requests import decode_records, pull_message
+    from shmq.ipc.codes import ResponseCode
+    out = []
+    with RemotingClient(broker.addr) as c:
+        for q in range(queues):
+            r = c.invoke(pull_message(topic, q, 0, max_msgs=1000))
+            out += decode_records(r.body) if r.code == ResponseCode.SUCCESS else []
+    return out

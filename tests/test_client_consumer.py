@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 from brokerproc import routed_topic as make_topic
-from brokerproc import start_broker
+from brokerproc import start_broker, stored_records, topic_for
 from shmq.client import (
     AsyncLitePullConsumer,
     AsyncProducer,
@@ -41,7 +41,6 @@ from shmq.client.offsets import (
     parse_offset_table,
 )
 from shmq.client.remoting import RemotingClient
-from shmq.client.requests import decode_records, pull_message
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
@@ -205,16 +204,11 @@ def broker(tmp_path_factory):
 
 
 def topic_of(request) -> str:
-    return "CC_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[-80:]
+    return topic_for(request, "CC_")
 
 
 def stored(broker, topic, queues=1):
-    out = []
-    with RemotingClient(broker.addr) as c:
-        for q in range(queues):
-            r = c.invoke(pull_message(topic, q, 0, max_msgs=1000))
-            out += decode_records(r.body) if r.code == R.SUCCESS else []
-    return out
+    return stored_records(broker, topic, queues)
 
 
 async def until(pred, timeout=10.0, what="condition"):

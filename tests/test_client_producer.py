@@ -7,7 +7,7 @@ import time
 
 import pytest
 from brokerproc import routed_topic as make_topic
-from brokerproc import start_broker
+from brokerproc import start_broker, stored_records, topic_for
 from shmq.client import (
     AsyncProducer,
     ClientConfig,
@@ -20,9 +20,6 @@ from shmq.client import (
     TransactionProducer,
     select_by_hash,
 )
-from shmq.client.remoting import RemotingClient
-from shmq.client.requests import decode_records, pull_message
-from shmq.ipc.codes import ResponseCode as R
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +31,11 @@ def broker(tmp_path_factory):
 
 
 def topic_of(request) -> str:
-    return "C_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[-80:]
+    return topic_for(request, "C_")
 
 
 def stored(broker, topic, queues=4):
-    out = []
-    with RemotingClient(broker.addr) as c:
-        for q in range(queues):
-            r = c.invoke(pull_message(topic, q, 0, max_msgs=1000))
-            out += decode_records(r.body) if r.code == R.SUCCESS else []
-    return out
+    return stored_records(broker, topic, queues)
 
 
 def test_sync_send_returns_a_full_send_result(broker, request):

@@ -31,12 +31,11 @@ its C API (librocketmq 1.x) has neither, so these drivers cannot use them.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import traceback
 
-from driver import emit, serve_requests, wait_for_stop
+from driver import emit, parsers, run_consumer, serve_producer
 
 
 def _text(v) -> str | None:
@@ -65,7 +64,6 @@ def produce(args) -> int:
     p = Producer(args.group, timeout=args.send_timeout_ms)
     p.set_namesrv_addr(args.namesrv)
     p.start()
-    emit(event="started")
 
     def send(mode: str, req: dict):
         if mode == "oneway":
@@ -78,12 +76,7 @@ def produce(args) -> int:
         else:
             r = p.send_sync(_message(args.topic, req))
         return ("OK" if r.status == SendStatus.OK else str(int(r.status))), r.msg_id, r.offset
-    try:
-        serve_requests(send)
-    finally:
-        p.shutdown()
-        emit(event="stopped")
-    return 0
+    return serve_producer(p, send)
 
 
 def consume(args) -> int:
@@ -130,30 +123,14 @@ def consume(args) -> int:
     c.set_thread_count(args.threads)
     ffi_check(dll.Subscribe(c._handle, args.topic.encode(), args.expr.encode()))
     c._register_callback(raw_callback)
-    c.start()
-    emit(event="started")
-    wait_for_stop(args.max_seconds)
-    c.shutdown()
-    emit(event="stopped")
-    return 0
+    return run_consumer(c, args.max_seconds)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    pp = sub.add_parser("produce")
-    pc = sub.add_parser("consume")
-    for p in (pp, pc):
-        p.add_argument("--namesrv", required=True)
-        p.add_argument("--group", required=True)
-        p.add_argument("--topic", required=True)
+    ap, pp, pc = parsers(__doc__.split("\n")[0])
     pp.add_argument("--send-timeout-ms", type=int, default=5000)
-    pc.add_argument("--expr", default="*")
-    pc.add_argument("--broadcast", action="store_true")
-    pc.add_argument("--orderly", action="store_true")
     pc.add_argument("--instance", default=None, help="instance name (two consumers in one process need distinct ones)")
     pc.add_argument("--threads", type=int, default=2)
-    pc.add_argument("--max-seconds", type=float, default=120.0)
     pc.add_argument("--consume-delay-ms", type=int, default=0)
     pc.add_argument("--fail-prefix", "--fail-once-prefix", dest="fail_prefix", default="",
                     help="answer RECONSUME_LATER to the first --fail-times deliveries of bodies "

@@ -4,10 +4,13 @@
 or ``stop`` and answers each with one ``sent`` or ``error`` line; ``send(mode,
 req)`` performs it and returns (status, msgId, offset), or None for a send
 that has no answer (oneway). ``wait_for_stop`` blocks a consumer until
-``stop`` or EOF on stdin, SIGTERM, or ``max_seconds``.
+``stop`` or EOF on stdin, SIGTERM, or ``max_seconds``. ``serve_producer`` and
+``run_consumer`` wrap them with the started/stopped lines and shutdown;
+``parsers`` gives the command line every driver takes.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
@@ -59,3 +62,43 @@ def wait_for_stop(max_seconds: float) -> None:
         stop.set()
     threading.Thread(target=read_stdin, daemon=True).start()
     stop.wait(max_seconds)
+
+
+def serve_producer(producer, send: Callable[[str, dict], tuple | None]) -> int:
+    """A started producer: announce it, serve requests, shut it down."""
+    emit(event="started")
+    try:
+        serve_requests(send)
+    finally:
+        producer.shutdown()
+        emit(event="stopped")
+    return 0
+
+
+def run_consumer(consumer, max_seconds: float) -> int:
+    """Start a configured consumer, run until told to stop, shut it down."""
+    consumer.start()
+    emit(event="started")
+    wait_for_stop(max_seconds)
+    consumer.shutdown()
+    emit(event="stopped")
+    return 0
+
+
+def parsers(description: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser,
+                                        argparse.ArgumentParser]:
+    """(the driver's parser, its ``produce`` and ``consume`` sub-parsers) with
+    the options every driver has; a driver adds its own."""
+    ap = argparse.ArgumentParser(description=description)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("produce")
+    pc = sub.add_parser("consume")
+    for p in (pp, pc):
+        p.add_argument("--namesrv", required=True)
+        p.add_argument("--group", required=True)
+        p.add_argument("--topic", required=True)
+    pc.add_argument("--expr", default="*")
+    pc.add_argument("--broadcast", action="store_true")
+    pc.add_argument("--orderly", action="store_true")
+    pc.add_argument("--max-seconds", type=float, default=120.0)
+    return ap, pp, pc

@@ -7,11 +7,10 @@ the real RocketMQ clients in both directions.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from driver import emit, serve_requests, wait_for_stop
+from driver import emit, parsers, run_consumer, serve_producer
 
 from shmq.client import Message, Producer
 
@@ -27,7 +26,6 @@ def by_modulo(queues, msg, arg):
 
 def produce(args) -> int:
     p = Producer(args.group, namesrv_addr=args.namesrv).start()
-    emit(event="started")
 
     def send(mode: str, req: dict):
         if mode == "oneway":
@@ -40,12 +38,7 @@ def produce(args) -> int:
         else:
             r = p.send(_message(args.topic, req))
         return ("OK" if r.status.value == "SEND_OK" else r.status.value), r.msg_id, r.queue_offset
-    try:
-        serve_requests(send)
-    finally:
-        p.shutdown()
-        emit(event="stopped")
-    return 0
+    return serve_producer(p, send)
 
 
 def consume(args) -> int:
@@ -66,27 +59,11 @@ def consume(args) -> int:
     c.subscribe(args.topic, args.expr)
     wrap = MessageListenerOrderly if args.orderly else MessageListenerConcurrently
     c.register_message_listener(wrap(on_message))
-    c.start()
-    emit(event="started")
-    wait_for_stop(args.max_seconds)
-    c.shutdown()
-    emit(event="stopped")
-    return 0
+    return run_consumer(c, args.max_seconds)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    pp = sub.add_parser("produce")
-    pc = sub.add_parser("consume")
-    for p in (pp, pc):
-        p.add_argument("--namesrv", required=True)
-        p.add_argument("--group", required=True)
-        p.add_argument("--topic", required=True)
-    pc.add_argument("--expr", default="*")
-    pc.add_argument("--broadcast", action="store_true")
-    pc.add_argument("--orderly", action="store_true")
-    pc.add_argument("--max-seconds", type=float, default=120.0)
+    ap, pp, pc = parsers(__doc__.split("\n")[0])
     args = ap.parse_args(argv)
     return produce(args) if args.cmd == "produce" else consume(args)
 
