@@ -518,8 +518,9 @@ def warm_up() -> None:
 def warm_up_readers() -> None:
     """warm_up for the columnar readers (tools): their kernels only."""
     batch = encode("warmup", [b"x"], properties=properties_bytes(tags="t", keys="k"))
-    for buf in (batch.buf, batch.buf.copy()):
-        buf.flags.writeable = buf is batch.buf
+    readonly = batch.buf.copy()
+    readonly.flags.writeable = False       # mapped segments are read-only: their own specialisation
+    for buf in (batch.buf, readonly):
         rows, _, _ = scan_rows(buf, 0, batch.nbytes, 0, 4)
         rows_at(buf, 0, rows[:, K.S_PHY].copy(), rows[:, K.S_SIZE].copy())
         cols = decode_columns(buf, 0, rows)
