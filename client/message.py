@@ -38,10 +38,21 @@ class MessageQueue:
         return {"topic": self.topic, "brokerName": self.broker_name, "queueId": self.queue_id}
 
 
+def split_keys(keys: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """The keys of a KEYS value (space-separated) or of a list, as a list."""
+    if not keys:
+        return []
+    if isinstance(keys, str):
+        return [k for k in keys.split(" ") if k]
+    return [k for k in keys if k]
+
+
 @dataclass
 class Message:
-    """A message to send. ``keys`` is one key or a list; ``properties`` are
-    user properties; ``delay_level`` 1..18 delays it by the broker's levels."""
+    """A message to send. ``keys`` is one key, several separated by spaces, or
+    a list (RocketMQ's setKeys(String) / setKeys(Collection)); ``key_list``
+    gives them as a list. ``properties`` are user properties; ``delay_level``
+    1..18 delays it by the broker's levels."""
     topic: str
     body: bytes
     tags: str | None = None
@@ -52,6 +63,10 @@ class Message:
 
     def put_user_property(self, name: str, value: str) -> None:
         self.properties[name] = str(value)
+
+    @property
+    def key_list(self) -> list[str]:
+        return split_keys(self.keys)
 
     def properties_string(self, uniq_key: str | None = None) -> str:
         d = dict(self.properties)
@@ -106,8 +121,15 @@ class MessageExt:
         return self.properties.get(TAGS)
 
     @property
-    def keys(self) -> list[str]:
-        return [k for k in self.properties.get(KEYS, "").split(" ") if k]
+    def keys(self) -> str | None:
+        """The KEYS property as sent: one string, keys separated by spaces
+        (RocketMQ's getKeys()); None without keys."""
+        return self.properties.get(KEYS) or None
+
+    @property
+    def key_list(self) -> list[str]:
+        """The keys as a list (``keys`` split at spaces)."""
+        return split_keys(self.properties.get(KEYS))
 
     @property
     def msg_id(self) -> str:
@@ -147,7 +169,8 @@ class MessageExt:
 
     def __repr__(self) -> str:
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, "
-                f"queue_offset={self.queue_offset}, msg_id={self.msg_id!r}, tags={self.tags!r})")
+                f"queue_offset={self.queue_offset}, msg_id={self.msg_id!r}, tags={self.tags!r}, "
+                f"keys={self.keys!r})")
 
 
 class UniqueIds:

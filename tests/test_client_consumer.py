@@ -445,6 +445,40 @@ def test_a_restarted_consumer_resumes_at_its_committed_offset(broker, request):
     assert sorted(got) == sorted(b"r%d" % i for i in range(60))     # nothing twice, nothing lost
 
 
+def test_shutdown_commits_the_offsets_and_keys_read_as_sent(broker, request):
+    """No periodic persist (an hour apart): shutdown() alone commits the
+    offsets, so the group's next consumer gets only what is new. A received
+    message's ``keys`` is the KEYS string as set (getKeys()), ``key_list`` the list."""
+    topic = make_topic(broker, topic_of(request), 2)
+    slow = dict(FAST, persist_consumer_offset_interval=3600.0)
+
+    async def consume(n):
+        got = []
+        c = AsyncPushConsumer("cg-shutdown", namesrv_addr=broker.namesrv, **slow)
+        c.subscribe(topic)
+        c.register_message_listener(recorder(got))
+        async with c:                                         # start() … shutdown()
+            await until(lambda: len(got) >= n, what=f"{n} messages")
+            await asyncio.sleep(0.3)                          # nothing more arrives
+        return got
+
+    async def main():
+        await send_all(broker, topic, [b"old%d" % i for i in range(6)], keys="k1 k2")
+        got = await consume(6)
+        assert sorted(m.body for m in got) == [b"old%d" % i for i in range(6)]
+        assert {(m.keys, tuple(m.key_list)) for m in got} == {("k1 k2", ("k1", "k2"))}
+        await send_all(broker, topic, [b"new"], keys=["k3", "k4"])
+        got = await consume(1)
+        assert [(m.body, m.keys, m.key_list) for m in got] == [(b"new", "k3 k4", ["k3", "k4"])]
+    asyncio.run(main())
+
+
+def test_message_keys_as_a_string_or_a_list():
+    assert Message("T", b"", keys="a b").key_list == Message("T", b"", keys=["a", "b"]).key_list == ["a", "b"]
+    assert Message("T", b"").key_list == []
+    assert Message("T", b"", keys=["a", "b"]).properties_string() == "KEYS\x01a b"
+
+
 def test_consume_from_where_for_a_new_group(broker, request):
     """A queue that still holds its first message answers a new group's
     offset query with 0 (ConsumerManageProcessor), so LAST reads it from

@@ -47,7 +47,7 @@ def consume(args) -> int:
     def on_message(msgs, context=None):
         for msg in msgs:
             body = msg.body.decode("utf-8", "replace")
-            emit(event="recv", body=body, tags=msg.tags, keys=" ".join(msg.keys) or None,
+            emit(event="recv", body=body, tags=msg.tags, keys=msg.keys,
                  queueId=msg.queue_id, queueOffset=msg.queue_offset, msgId=msg.msg_id,
                  topic=msg.topic, reconsumeTimes=msg.reconsume_times, bornTs=msg.born_timestamp,
                  storeTs=msg.store_timestamp, props={}, failed=False, t=time.time())
