@@ -11,4 +11,4 @@ count = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 with Producer("quickstart-producer") as producer:
     for i in range(count):
         r = producer.send(Message("TopicTest", b"Hello shmq %d" % i, tags="TagA", keys=f"key-{i}"))
-        print(r.status.value, r.msg_id, r.queue.queue_id, r.queue_offset)
+        print(r.status.value, r.msg_id, "queue", r.queue.queue_id, "offset", r.queue_offset)

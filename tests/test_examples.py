@@ -33,7 +33,18 @@ def test_quickstart_producer_then_consumer(broker):
     out = run(broker, "quickstart_producer.py", 10)
     assert out.count("SEND_OK") == 10
     out = run(broker, "quickstart_consumer.py", 10)
-    assert sum("Hello shmq" in line for line in out.splitlines()) >= 10
+    lines = out.splitlines()
+    got = sorted(line.split()[-1] for line in lines if "Hello shmq" in line)
+    assert got == sorted(str(i) for i in range(10)), out               # one whole line each
+    assert all(line.split()[:3] == ["TopicTest", "TagA", f"key-{line.split()[-1]}"]
+               for line in lines if "Hello shmq" in line), out
+    assert lines[-1] == "10 messages received, offsets committed", out
+    # shutdown committed the offsets: a second run gets nothing old, then only what is new
+    out = run(broker, "quickstart_consumer.py", 1, 3)
+    assert out.splitlines() == ["0 messages received, offsets committed"], out
+    sent = sorted(line.split()[1] for line in run(broker, "quickstart_producer.py", 2).splitlines())
+    out = run(broker, "quickstart_consumer.py", 2, 30)
+    assert sorted(line.split()[3] for line in out.splitlines() if "Hello shmq" in line) == sent, out
 
 
 def test_ordered_producer_then_orderly_consumer(broker):
