@@ -20,11 +20,13 @@ Every path goes through --root (default /), so a fake tree can stand in for /pro
   name; a 'partition' file there means "use the parent directory's disk"),
   <root>/sys/block/<disk>/queue/{scheduler,read_ahead_kb,nr_requests}, <root>/sys/block/<dm>/slaves/,
   <root>/proc/self/mountinfo, <root>/proc/self/limits, <root>/proc/meminfo.
-The store is a real directory: its device is stat(store).st_dev (or --device NAME).
+The store's device is stat(store).st_dev (or --device NAME); a store not made yet is
+checked on its nearest existing parent directory (the report says so).
 
 Exit codes: 0 everything ok (check) / done (apply, revert);
             1 check found settings to tune, or apply/revert could not write something;
-            2 usage error (message says what: store missing, not root, bad --root ...).
+            2 usage error (message says what: store path not a directory, not root,
+              bad --root ...).
 """
 from __future__ import annotations
 
@@ -34,10 +36,12 @@ import os
 import sys
 
 STATE_DEFAULT = "var/lib/shmq-sysctl/saved.json"
-SEED_000 = "seeds/000_4a158ac03bbbe26b.txt"
-SEED_003 = "seeds/003_95aea4c9b03c52e5.txt"
-SEED_004 = "seeds/004_ff9c4c5b8d1aa04c.txt"
-NO_SEED = "no seed (shmq's own reasoning; os.sh tunes it too)"
+# where each setting's reasoning is written out (the "source" of an item)
+SRC_WRITEBACK = "sysctl/README.md § Page cache and writeback"
+SRC_MEMORY = "sysctl/README.md § Memory"
+SRC_DISK = "sysctl/README.md § The disk under the store"
+SRC_FS = "sysctl/README.md § File system"
+SRC_LIMITS = "sysctl/README.md § Process limits"
 
 
 class UsageError(Exception):
@@ -259,35 +263,33 @@ def _min_free_target(root: str) -> int:
 VM = [
     ("dirty_background_ratio", 10, lambda v, r: 1 <= v <= 10,
      "kernel writeback starts at this dirty share; start early, in small batches: dirty "
-     "pages are memory only and lost on power failure until written (004 §4.3)", SEED_004),
+     "pages are memory only and lost on power failure until written", SRC_WRITEBACK),
     ("dirty_ratio", 40, lambda v, r: 30 <= v <= 60,
-     "writers block in the page cache at this dirty share (000 §7.2.1: with no clean pages "
-     "a write to PAGECACHE blocks while the kernel flushes); keep it well above background", SEED_000),
+     "writers block in the page cache at this dirty share (with no clean pages to reclaim, "
+     "a write waits while the kernel flushes); keep it well above background", SRC_WRITEBACK),
     ("dirty_writeback_centisecs", 500, lambda v, r: 100 <= v <= 1500,
      "how often the kernel flusher wakes; short periods write steady small batches instead "
-     "of bursts that stall the broker's fdatasync (004 §4.3: dirty pages flush on thresholds)",
-     SEED_004),
+     "of bursts that stall the broker's fdatasync", SRC_WRITEBACK),
     ("dirty_expire_centisecs", 3000, lambda v, r: 500 <= v <= 3000,
      "age at which a dirty page must be written: bounds how long data the broker has not "
-     "flushed itself lives only in PageCache, which a power cut loses (004 §4.3)", SEED_004),
+     "flushed itself lives only in the page cache, which a power cut loses", SRC_WRITEBACK),
     ("swappiness", 1, lambda v, r: 0 <= v <= 10,
-     "hot messages must stay in memory (000 §7.1: reads should hit PAGECACHE, the more memory "
-     "the better); swapping turns pulls into disk faults. 1, not 0: swap stays a last resort",
-     SEED_000),
+     "hot messages must stay in memory (pulls should hit the page cache); swapping turns "
+     "pulls into disk faults. 1, not 0: swap stays a last resort", SRC_MEMORY),
     ("max_map_count", 655360, lambda v, r: v >= 262144,
-     "every mapped segment is a memory map per process (004: CommitLog is kept at a fixed "
-     "1 GiB so it can be mapped); 65530 makes mmap fail with ENOMEM on big stores", SEED_004),
+     "every mapped segment file is a memory map in every worker; 65530 makes mmap fail with "
+     "ENOMEM on big stores", SRC_MEMORY),
     ("overcommit_memory", 1, lambda v, r: v in (0, 1),
      "mode 2 (strict accounting) refuses large mappings and worker spawns once the commit "
-     "limit is hit; 0 (heuristic) or 1 (always) let the broker map its segments", NO_SEED),
+     "limit is hit; 0 (heuristic) or 1 (always) let the broker map its segments", SRC_MEMORY),
     ("min_free_kbytes", _min_free_target, lambda v, r: v >= _min_free_target(r),
      "reserve that makes kswapd reclaim page cache before allocations stall in direct reclaim "
-     "(000 §7.2.1: when memory is short, PAGECACHE writes first drop clean pages); ~1% of RAM",
-     SEED_000),
+     "(when memory is short, page-cache writes first drop clean pages); ~1% of RAM",
+     SRC_MEMORY),
     ("zone_reclaim_mode", 0, lambda v, r: v == 0,
      "non-zero makes a NUMA node evict its own page cache rather than use another node's "
-     "free memory: hot messages drop out of PAGECACHE, which reads should hit (000 §7.1)",
-     SEED_000),
+     "free memory: hot messages drop out of the page cache, which pulls should hit",
+     SRC_MEMORY),
 ]
 
 THP = [
@@ -320,26 +322,26 @@ def thp_items(root: str) -> list[dict]:
         status = "unknown" if cur is None else ("ok" if cur in good else "tune")
         if status == "tune" and options and rec not in options:
             status, why = "unknown", why + f" ({rec} not offered here)"
-        out.append(item(f"thp.{name}", cur, rec, status, why, NO_SEED, path=rel,
+        out.append(item(f"thp.{name}", cur, rec, status, why, SRC_MEMORY, path=rel,
                         action="write", write=rec, kind="choice"))
     return out
 
 
 SCHED_WHY = ("deadline sorts and merges the CommitLog's random reads into sequential jumps, "
-             "raising read throughput (000 §6.2; 003: Deadline helps random reads, on SSD too)")
-RA_WHY = ("ConsumeQueue and catching-up consumers read sequentially and live off read-ahead "
-          "(000 §7.1, 003); a huge window wastes I/O and cache on random CommitLog reads (003)")
+             "raising read throughput, on SSDs too")
+RA_WHY = ("ConsumeQueue and catching-up consumers read sequentially and live off read-ahead; "
+          "a huge window wastes I/O and cache on random CommitLog reads")
 NR_WHY = ("requests the scheduler can hold to sort and merge; a shallow queue leaves "
-          "deadline little to merge (000 §6.2)")
+          "deadline little to merge")
 
 
 def block_items(root: str, dev: dict) -> list[dict]:
     if not dev["disks"]:
         note = dev["note"] or "device unknown"
         return [item("block.scheduler", None, "mq-deadline", "unknown", SCHED_WHY + "; " + note,
-                     SEED_000),
-                item("block.read_ahead_kb", None, 128, "unknown", RA_WHY + "; " + note, SEED_000),
-                item("block.nr_requests", None, 256, "unknown", NR_WHY + "; " + note, SEED_000)]
+                     SRC_DISK),
+                item("block.read_ahead_kb", None, 128, "unknown", RA_WHY + "; " + note, SRC_DISK),
+                item("block.nr_requests", None, 256, "unknown", NR_WHY + "; " + note, SRC_DISK)]
     out = []
     for disk in dev["disks"]:
         rel = f"sys/block/{disk}/queue/scheduler"
@@ -354,7 +356,7 @@ def block_items(root: str, dev: dict) -> list[dict]:
             status = "tune"
         else:
             status, why = "ok", why + f"; this device offers no deadline ({' '.join(options)})"
-        out.append(item("block.scheduler", cur, want or "mq-deadline", status, why, SEED_000,
+        out.append(item("block.scheduler", cur, want or "mq-deadline", status, why, SRC_DISK,
                         path=rel, device=disk, action="write" if want else "advice",
                         write=want, kind="choice"))
     # read-ahead of the device the file system sits on (a dm device's own value counts)
@@ -362,28 +364,28 @@ def block_items(root: str, dev: dict) -> list[dict]:
         rel = f"sys/block/{disk}/queue/read_ahead_kb"
         cur = parse_int(read_text(rp(root, rel)))
         status = "unknown" if cur is None else ("ok" if 64 <= cur <= 1024 else "tune")
-        out.append(item("block.read_ahead_kb", cur, 128, status, RA_WHY, SEED_000, path=rel,
+        out.append(item("block.read_ahead_kb", cur, 128, status, RA_WHY, SRC_DISK, path=rel,
                         device=disk, action="write", write="128", kind="int"))
     for disk in dev["disks"]:
         rel = f"sys/block/{disk}/queue/nr_requests"
         cur = parse_int(read_text(rp(root, rel)))
         status = "unknown" if cur is None else ("ok" if cur >= 128 else "tune")
-        out.append(item("block.nr_requests", cur, 256, status, NR_WHY, SEED_000, path=rel,
+        out.append(item("block.nr_requests", cur, 256, status, NR_WHY, SRC_DISK, path=rel,
                         device=disk, action="write", write="256", kind="int"))
     return out
 
 
 def fs_items(mount: dict | None) -> list[dict]:
-    why_type = ("ext4 deletes a 1 GiB segment in <50 ms where ext3 takes ~1 s of heavy I/O that "
-                "times writes out (000 §6.2); tmpfs is not durable")
+    why_type = ("ext4 (extents) deletes a 1 GiB expired segment quickly where ext3 (block maps) "
+                "spends heavy I/O that times writes out; tmpfs is not durable")
     why_atime = ("without noatime, reading segments dirties inodes (atime): metadata writes and "
                  "journal traffic on a read-heavy store; advice only: remount/fstab")
     why_journal = ("data=journal writes every message twice (journal, then segment); ordered "
                    "(default) or writeback journal metadata only; advice only: fstab")
     if mount is None:
-        return [item("fs.type", None, "ext4", "unknown", why_type + "; no mount found", SEED_000),
-                item("fs.atime", None, "noatime", "unknown", why_atime, NO_SEED),
-                item("fs.journal", None, "data=ordered", "unknown", why_journal, NO_SEED)]
+        return [item("fs.type", None, "ext4", "unknown", why_type + "; no mount found", SRC_FS),
+                item("fs.atime", None, "noatime", "unknown", why_atime, SRC_FS),
+                item("fs.journal", None, "data=ordered", "unknown", why_journal, SRC_FS)]
     fstype = mount["fstype"]
     if fstype in ("ext4", "xfs"):
         st = "ok"
@@ -391,19 +393,19 @@ def fs_items(mount: dict | None) -> list[dict]:
         st = "unknown"
     else:
         st = "tune"
-    out = [item("fs.type", fstype, "ext4", st, why_type, SEED_000, device=mount["source"])]
+    out = [item("fs.type", fstype, "ext4", st, why_type, SRC_FS, device=mount["source"])]
     opts = mount["options"] + mount["super"]
     atime = next((o for o in ("noatime", "relatime", "strictatime") if o in opts), "atime")
     out.append(item("fs.atime", atime, "noatime", "ok" if atime == "noatime" else "tune",
-                    why_atime, NO_SEED, device=mount["source"]))
+                    why_atime, SRC_FS, device=mount["source"]))
     if fstype == "ext4":
         data = next((o.split("=", 1)[1] for o in opts if o.startswith("data=")), "ordered")
         out.append(item("fs.journal", f"data={data}", "data=ordered",
-                        "tune" if data == "journal" else "ok", why_journal, NO_SEED,
+                        "tune" if data == "journal" else "ok", why_journal, SRC_FS,
                         device=mount["source"]))
     else:
         out.append(item("fs.journal", None, "data=ordered", "unknown",
-                        why_journal + f"; {fstype} has no data= modes", NO_SEED))
+                        why_journal + f"; {fstype} has no data= modes", SRC_FS))
     return out
 
 
@@ -420,28 +422,44 @@ def limit_items(root: str) -> list[dict]:
     out.append(item("limits.nofile", cur, "65536", st,
                     "each connection, open segment and index file takes a descriptor; at 1024 the "
                     "acceptor fails with EMFILE (soft/hard; raise with ulimit -n / LimitNOFILE)",
-                    NO_SEED))
+                    SRC_LIMITS))
     ml = lim.get("memlock")
     out.append(item("limits.memlock", None if ml is None else f"{ml[0]}/{ml[1]}",
                     "unlimited only to lock segments", "unknown" if ml is None else "ok",
                     "shmq never mlocks (no MAP_LOCKED), so any value works; RocketMQ's os.sh sets "
                     "unlimited for its segment warm-up; raise it only to lock segments in RAM",
-                    NO_SEED))
+                    SRC_LIMITS))
     return out
 
 
+def where_store_goes(store: str) -> tuple[str, str | None]:
+    """(the directory whose disk and mount are checked, a note or None).
+    A store not made yet (the broker makes it at its first start) is checked
+    on the disk that would hold it: its nearest existing parent directory."""
+    path = os.path.abspath(store)
+    parent = path
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"--store {store!r}: {parent} is not a directory")
+    if parent == path:
+        return os.path.realpath(path), None
+    parent = os.path.realpath(parent)
+    return parent, (f"store {path} does not exist yet: checking {parent}, its nearest "
+                    f"existing parent directory, whose disk would hold it")
+
+
 def gather(root: str, store: str, device: str | None) -> dict:
-    store_real = os.path.realpath(store)
-    if not os.path.isdir(store_real):
-        raise UsageError(f"store directory {store!r} does not exist")
     if not os.path.isdir(root):
         raise UsageError(f"--root {root!r} is not a directory")
-    mount = find_mount(read_mountinfo(root), store_real)
-    dev = resolve_device(root, store_real, mount, device)
+    checked, note = where_store_goes(store)
+    mount = find_mount(read_mountinfo(root), checked)
+    dev = resolve_device(root, checked, mount, device)
     items = vm_items(root) + thp_items(root) + block_items(root, dev) + fs_items(mount) \
         + limit_items(root)
     summary = {s: sum(1 for i in items if i["status"] == s) for s in ("ok", "tune", "unknown")}
-    return {"root": root, "store": store_real, "device": dev,
+    return {"root": root, "store": checked if note is None else os.path.abspath(store),
+            "checked": checked, "note": note, "device": dev,
             "mount": None if mount is None else {k: mount[k] for k in
                                                  ("mountpoint", "fstype", "source", "majmin")},
             "items": items, "summary": summary}
@@ -455,6 +473,8 @@ def _fmt(v) -> str:
 
 def print_table(report: dict) -> None:
     dev = report["device"]
+    if report["note"]:
+        print(report["note"])
     print(f"store {report['store']}  root {report['root']}  "
           f"device {dev['node'] or '?'} (disks {','.join(dev['disks']) or '?'})  "
           f"mount {(report['mount'] or {}).get('mountpoint', '?')}")

@@ -124,9 +124,14 @@ def test_check_reports_every_setting(fake):
     rep = json.loads(p.stdout)
     items = by_key(rep)
     assert set(items) == SETTINGS
+    readme = (REPO / "sysctl" / "README.md").read_text()
     for i in rep["items"]:
         assert i["status"] in ("ok", "tune", "unknown")
         assert i["recommended"] is not None and i["why"] and i["source"]
+        # every source is a section of a file in this repository
+        path, _, section = i["source"].partition(" § ")
+        assert path == "sysctl/README.md" and f"### {section}\n" in readme, i["source"]
+        assert "§" not in i["why"], i["why"]
     assert rep["device"]["node"] == "vda1" and rep["device"]["disks"] == ["vda"]
     assert rep["mount"]["mountpoint"] == str(store)
     assert items["vm.swappiness"] == {**items["vm.swappiness"], "current": 60,
@@ -227,10 +232,33 @@ def test_explicit_state_path_and_partial_tuning(fake, tmp_path):
     assert (root / "proc/sys/vm/swappiness").read_text() == "1\n"
 
 
+def test_a_store_not_made_yet_is_checked_on_its_nearest_parent(fake):
+    root, store = fake
+    missing = store / "not" / "yet"
+    rep = json.loads(run("check", "--json", root=root, store=missing, check=1).stdout)
+    assert (rep["store"], rep["checked"]) == (str(missing), str(store))
+    assert str(store) in rep["note"] and "does not exist" in rep["note"]
+    assert rep["device"]["node"] == "vda1" and rep["mount"]["mountpoint"] == str(store)
+    human = run("check", root=root, store=missing, check=1).stdout
+    assert human.splitlines()[0] == rep["note"]
+    assert "block.scheduler" in human
+    # the default store, ~/store, before the broker's first start
+    home = store.parent / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_STORE"}
+    p = subprocess.run([sys.executable, str(TUNE), "check", "--json", "--root", str(root)],
+                       capture_output=True, text=True, timeout=60, env={**env, "HOME": str(home)})
+    assert p.returncode == 1, p.stderr
+    rep = json.loads(p.stdout)
+    assert (rep["store"], rep["checked"]) == (str(home / "store"), str(home))
+
+
 def test_usage_errors(fake, tmp_path):
     root, store = fake
-    p = run("check", root=root, store=tmp_path / "missing", check=2)
-    assert "does not exist" in p.stderr
+    (tmp_path / "a-file").write_text("")
+    for bad in (tmp_path / "a-file", tmp_path / "a-file" / "store"):
+        p = run("check", root=root, store=bad, check=2)
+        assert "a-file is not a directory" in p.stderr
     p = run("apply", "--yes", "--assume-root", root="/", store=store, check=2)
     assert "--assume-root" in p.stderr
     p = run("revert", "--yes", "--assume-root", root="/", check=2)
