@@ -4,8 +4,8 @@
   flight (asyncio tasks) — msg/s; beside it the raw request/response rate
   on the same transport (the limit) and the C++ core (PyPI
   ``rocketmq==0.4.4``) doing ``send_async`` with the same window, when
-  that wheel is installed (``pip install rocketmq==0.4.4``; the compat tests
-  install it) — the target is not slower than the native client.
+  that wheel is installed (``pip install -e '.[compat]'``, as the README's
+  test command does) — the target is not slower than the native client.
 - client_send_batch: ``send_batch`` of 16 × 100 B — msg/s, C++
   ``send_batch`` of the same beside it (librocketmq 1.x fails batches of
   24 or more of these locally, before sending), and shmq's with 256.
@@ -140,7 +140,7 @@ def run_send(ctx, result):
                      "raw request/response round trip (tcp, one in flight)",
                      unix_socket=round(unix) if unix else None, cpp_client=round(cpp) if cpp else None,
                      vs_cpp=round(tcp / cpp, 3) if cpp else None,
-                     note=None if cpp else "rocketmq==0.4.4 not installed: no C++ comparison",
+                     note=None if cpp else "rocketmq==0.4.4 not installed (pip install -e '.[compat]'): no C++ comparison",
                      window=WINDOW, batch=batch, body_bytes=100, **extra)
 
 
@@ -230,5 +230,5 @@ def run_consume(ctx, result):
                  f"raw socket bulk (tcp) in {record}-byte records",
                  unix_socket=round(unix) if unix else None, cpp_client=round(cpp) if cpp else None,
                  vs_cpp=round(tcp / cpp, 3) if cpp else None,
-                 note=None if cpp else "rocketmq==0.4.4 not installed: no C++ comparison",
+                 note=None if cpp else "rocketmq==0.4.4 not installed (pip install -e '.[compat]'): no C++ comparison",
                  messages=n, body_bytes=100)

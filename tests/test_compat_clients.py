@@ -1,13 +1,15 @@
 """UNCHANGED real RocketMQ 4.x clients against a real shmq broker process.
 
-Clients (installed on demand; the tests skip with the reason only if a
-package registry is unreachable):
+Clients (installed by the README's test command, never by the tests; a test
+whose client is absent skips with one line saying how to get it):
 
 * ``cpp``: the C++ core through PyPI ``rocketmq==0.4.4`` (ctypes over
-  librocketmq), driven by tests/compat/cpp_client.py with HOME in a temp dir
-  (librocketmq writes logs and local offsets there);
-* ``ons``: the pure-JS ``ali-ons@3.12.0`` from npm, installed into
-  ``<repo>/.compat-cache/node``, driven by tests/compat/ons_client.js.
+  librocketmq; ``pip install -e '.[compat]'``), driven by
+  tests/compat/cpp_client.py with HOME in a temp dir (librocketmq writes logs
+  and local offsets there);
+* ``ons``: the pure-JS ``ali-ons@3.12.0`` from npm, in tests/compat/node_modules
+  (``npm ci --prefix tests/compat``, pinned by tests/compat/package-lock.json),
+  driven by tests/compat/ons_client.js.
 
 Every client runs in its own subprocess and reports what it sent and received
 as JSON lines; every wait is bounded. Loopback only.
@@ -33,8 +35,10 @@ ali-ons 3.12 drops a handler's ACTION_RETRY for messages from %RETRY%<group>
 from __future__ import annotations
 
 import collections
+import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -45,71 +49,75 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 COMPAT = Path(__file__).resolve().parent / "compat"
-CACHE = REPO / ".compat-cache"
 ONS_VERSION = "3.12.0"
-CPP_PYPI = "rocketmq==0.4.4"
+CPP_VERSION = "0.4.4"
+CPP_GET = "pip install -e '.[compat]'"
+ONS_GET = "npm ci --prefix tests/compat"
 QUEUES = 4
 WAIT = 30.0                     # bound on every "until all expected messages are seen"
 CLIENTS = ["cpp", "ons"]
 
 
-# ------------------------------------------------------------------ installing the clients
-def _run(argv, timeout, **kw):
-    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, **kw)
+# ------------------------------------------------------------------ finding the clients
+def _cpp_missing() -> str | None:
+    """Why the C++ client cannot run here (one line with the fix), or None."""
+    try:
+        version = importlib.metadata.version("rocketmq")
+    except importlib.metadata.PackageNotFoundError:
+        if sys.platform != "linux" or platform.machine() != "x86_64":
+            return f"rocketmq=={CPP_VERSION} has its C++ core in a Linux x86_64 wheel only"
+        return f"rocketmq=={CPP_VERSION} not installed: {CPP_GET}"
+    if version != CPP_VERSION:
+        return f"rocketmq {version} installed, these tests drive {CPP_VERSION}: {CPP_GET}"
+    return None
+
+
+def _ons_missing() -> str | None:
+    """Why ali-ons cannot run here (one line with the fix), or None."""
+    if shutil.which("node") is None:
+        return f"node not installed: ali-ons needs Node.js 18+, then {ONS_GET}"
+    try:
+        version = json.loads((COMPAT / "node_modules" / "ali-ons" / "package.json").read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        return f"ali-ons not installed: {ONS_GET}"
+    if version != ONS_VERSION:
+        return f"ali-ons {version} installed, these tests drive {ONS_VERSION}: {ONS_GET}"
+    return None
+
+
+# Decided at collection, so a test whose client is absent skips (as a mark,
+# before its brokers start) with that one line.
+MISSING = {"cpp": _cpp_missing(), "ons": _ons_missing()}
+
+
+def needs(*kinds: str) -> pytest.MarkDecorator:
+    reasons = [MISSING[k] for k in kinds if MISSING.get(k)]
+    return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons))
 
 
 @pytest.fixture(scope="session")
 def cpp_client(tmp_path_factory):
-    """The PyPI C++ wrapper importable by sys.executable (installed if missing)."""
-    home = tmp_path_factory.mktemp("cpp-import-home")
-    env = dict(os.environ, HOME=str(home))
-    check = [sys.executable, "-c", "import rocketmq.client"]
-    if _run(check, 60, env=env).returncode != 0:
-        try:
-            r = _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", CPP_PYPI], 600)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"pip install {CPP_PYPI} timed out (package registry unreachable?)")
-        if r.returncode != 0:
-            pytest.skip(f"pip install {CPP_PYPI} failed (package registry unreachable?): {r.stdout[-500:]}")
-        r = _run(check, 60, env=env)
-        assert r.returncode == 0, f"{CPP_PYPI} installed but does not import: {r.stdout}"
+    """The PyPI C++ wrapper, importable by sys.executable (the `compat` extra)."""
+    if MISSING["cpp"]:
+        pytest.skip(MISSING["cpp"])
+    # Importing loads librocketmq (the wheel's C++ core), which writes to $HOME.
+    env = dict(os.environ, HOME=str(tmp_path_factory.mktemp("cpp-import-home")))
+    r = subprocess.run([sys.executable, "-c", "import rocketmq.client"], env=env, timeout=60,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, f"rocketmq=={CPP_VERSION} is installed but does not import: {r.stdout[-800:]}"
     return "cpp"
 
 
 @pytest.fixture(scope="session")
 def ons_client():
-    """ali-ons@3.12.0 under <repo>/.compat-cache/node (npm-installed if missing)."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    prefix = CACHE / "node"
-    pkg = prefix / "node_modules" / "ali-ons" / "package.json"
-
-    def installed() -> bool:
-        try:
-            return json.loads(pkg.read_text())["version"] == ONS_VERSION
-        except (OSError, ValueError, KeyError):
-            return False
-
-    if not installed():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.skip("npm is not installed, cannot fetch ali-ons")
-        prefix.mkdir(parents=True, exist_ok=True)
-        try:
-            r = _run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                      "--loglevel=error", "--save-exact", f"ali-ons@{ONS_VERSION}"], 600)
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm install ali-ons timed out (registry unreachable?)")
-        if r.returncode != 0 or not installed():
-            pytest.skip(f"npm install ali-ons@{ONS_VERSION} failed (registry unreachable?): {r.stdout[-500:]}")
+    """ali-ons@3.12.0 in tests/compat/node_modules (`npm ci --prefix tests/compat`)."""
+    if MISSING["ons"]:
+        pytest.skip(MISSING["ons"])
     return "ons"
 
 
-@pytest.fixture(params=CLIENTS)
+@pytest.fixture(params=[pytest.param(k, marks=needs(k)) for k in CLIENTS])
 def client(request):
     return request.getfixturevalue(f"{request.param}_client")
 
@@ -207,7 +215,6 @@ class ClientProc:
         elif kind == "shmq":
             argv = [sys.executable, str(COMPAT / "shmq_client.py"), role]
         else:
-            env["ONS_MODULES"] = str(CACHE / "node" / "node_modules")
             argv = [shutil.which("node"), str(COMPAT / "ons_client.js"), role]
         argv += ["--namesrv", broker.namesrv, "--group", group, "--topic", topic, *extra]
         self.events: list[dict] = []
@@ -571,6 +578,7 @@ def test_consumer_resumes_from_committed_offset(client, clients, live_broker):
     assert len(again) <= QUEUES, f"{len(again)} of the 20 consumed messages were redelivered: {sorted(again)}"
 
 
+@needs("cpp", "ons")
 def test_cross_client_interop(cpp_client, ons_client, clients, live_broker):
     """What one client sends, the other consumes with the same body, tags and keys."""
     for sender, receiver in (("cpp", "ons"), ("ons", "cpp")):
@@ -587,7 +595,8 @@ def test_cross_client_interop(cpp_client, ons_client, clients, live_broker):
         c.stop()
 
 
-@pytest.mark.parametrize("pair", [("shmq", "cpp"), ("shmq", "ons"), ("cpp", "shmq"), ("ons", "shmq")],
+@pytest.mark.parametrize("pair", [pytest.param(pair, marks=needs(*pair))
+                                  for pair in (("shmq", "cpp"), ("shmq", "ons"), ("cpp", "shmq"), ("ons", "shmq"))],
                          ids=["shmq-to-cpp", "shmq-to-ons", "cpp-to-shmq", "ons-to-shmq"])
 def test_shmq_client_interop_with_real_clients(pair, request, clients, live_broker):
     """shmq's own Python client sends to a real client's consumer and consumes

@@ -27,24 +27,20 @@
  *             {"event": "stopped"} after close() (which persists offsets).
  *     Stops on a "stop" line or EOF on stdin, SIGTERM, or --max-seconds.
  *
- * ali-ons is loaded from $ONS_MODULES (a node_modules directory), else from
- * <repo>/.compat-cache/node/node_modules, else from the normal resolution.
+ * ali-ons comes from tests/compat/node_modules, where
+ * `npm ci --prefix tests/compat` installs the version in package-lock.json;
+ * without it the driver exits 2 with one line saying so.
  */
-const path = require('path');
 const readline = require('readline');
 
 function loadOns() {
-  const dirs = [];
-  if (process.env.ONS_MODULES) dirs.push(process.env.ONS_MODULES);
-  dirs.push(path.join(__dirname, '..', '..', '.compat-cache', 'node', 'node_modules'));
-  for (const d of dirs) {
-    try {
-      return require(path.join(d, 'ali-ons'));
-    } catch (err) {
-      if (err.code !== 'MODULE_NOT_FOUND') throw err;
-    }
+  try {
+    return require('ali-ons');
+  } catch (err) {
+    if (err.code !== 'MODULE_NOT_FOUND' || !String(err.message).includes("'ali-ons'")) throw err;
+    process.stderr.write('ali-ons not installed: npm ci --prefix tests/compat\n');
+    process.exit(2);
   }
-  return require('ali-ons');
 }
 
 function emit(obj) {
