@@ -186,6 +186,14 @@ class BrokerConfig:
         return out
 
 
+def conf_text(value) -> str:
+    """A setting's value as broker.conf and RocketMQ's properties write it
+    (Java's toString: ``true``/``false``, not Python's ``True``/``False``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def parse_conf(text: str, source: str = "broker.conf") -> dict[str, str]:
     """key=value lines; '#' starts a comment line; blank lines ignored."""
     values = {}

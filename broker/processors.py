@@ -47,7 +47,7 @@ from shmq.ipc.remoting import (
     encode_head,
 )
 
-from .config import BrokerConfig, parse_conf
+from .config import BrokerConfig, conf_text, parse_conf
 from .delivery import (
     DELAY,
     ORIGIN_MESSAGE_ID,
@@ -72,6 +72,7 @@ from .registry import (
     post_notice,
 )
 from .sql92 import FilterSyntaxError, Sql92Filter, compile_sql92
+from .stats import SAMPLE_S, RuntimeStats
 from .topics import (
     DLQ_GROUP_TOPIC_PREFIX,
     NOT_ALLOWED_SEND_TOPICS,
@@ -237,6 +238,8 @@ class Processors:
         self.seen_notices_epoch = -1
         self.boot_ms = int(time.time() * 1000)
         self.put_count = 0
+        self.stats = RuntimeStats(store, cb)       # putTps, getTransferedTps, disk use
+        reactor.every(SAMPLE_S, self.stats.sample)
         self.delay_levels = config.delay_levels_ms
         self.index: IndexService | None = None      # opened on the first query
         self.handlers = {
@@ -525,6 +528,7 @@ class Processors:
         if not allow_suspend:
             reply.serialize_type = JSON
         if code == R.SUCCESS:
+            self.stats.got += len(r.sizes)
             self.respond(conn, cmd, reply, self._body_parts(r.phys, r.sizes))
         else:
             self.respond(conn, cmd, reply)
@@ -1117,7 +1121,8 @@ class Processors:
 
     def get_broker_config(self, conn, cmd) -> None:
         runtime = self.tables.broker.current()
-        lines = [f"{name}={runtime.get(name, value)}" for name, value, _ in self.config.describe()]
+        lines = [f"{name}={conf_text(runtime.get(name, value))}"
+                 for name, value, _ in self.config.describe()]
         reply = cmd.reply(R.SUCCESS, body="\n".join(lines).encode() + b"\n",
                           ext={"version": orjson.dumps(self.tables.broker.data_version()).decode()})
         self.respond(conn, cmd, reply)
@@ -1133,7 +1138,8 @@ class Processors:
                  "queueCount": str(int(st.get("queue_slots_used"))),
                  "flushDiskType": self.config.store.flushDiskType,
                  # shmq: clients on this host may use the Unix socket instead of TCP
-                 "unixSocketPath": self.config.unix_path}
+                 "unixSocketPath": self.config.unix_path,
+                 **self.stats.runtime_info()}
         self.reply_json(conn, cmd, {"table": table})
 
     # ------------------------------------------------------------- admin views
@@ -1158,7 +1164,7 @@ class Processors:
         """GET_CONSUME_STATS: ConsumeStats of a group, per read queue of the
         topic (or of every topic it has offsets in, skipping those its live
         consumers do not subscribe): max offset, committed offset, store time
-        of the last consumed message. consumeTps is 0: shmq keeps no rates."""
+        of the last consumed message. consumeTps is 0: shmq keeps no per-group rates."""
         h = Header(cmd.ext)
         group = h.str("consumerGroup")
         topic = h.str("topic", required=False)

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -119,6 +120,21 @@ def test_help_lists_every_command_and_each_commands_flags():
         assert flag in r.stdout
 
 
+def test_an_unknown_flag_is_the_commands_usage_error_and_no_command_lists_them():
+    r = shmq("admin", "topicList", "--bogus")
+    assert r.returncode == 2 and not r.stdout
+    assert r.stderr.startswith("usage: shmq admin topicList ")
+    assert "shmq admin topicList: error: unrecognized arguments: --bogus" in r.stderr
+    assert "usage: shmq [" not in r.stderr                # not the top-level usage
+    r = shmq("admin", "--bogus")
+    assert r.returncode == 2 and "shmq admin: error: unrecognized arguments: --bogus" in r.stderr
+    r = shmq("admin")
+    assert r.returncode == 2 and not r.stdout
+    lines = r.stderr.splitlines()
+    for name, desc, _, _ in admin_cli.COMMANDS:           # one line each: name, description
+        assert any(line.split() == [name, *desc.split()] for line in lines), name
+
+
 def test_bad_flag_values_are_usage_errors_naming_the_flag():
     r = shmq("admin", "updateTopic", "-b", "127.0.0.1:1", "-t", "T", "-r", "abc")
     assert r.returncode == 2 and "-r/--readQueueNums" in r.stderr and "'abc'" in r.stderr
@@ -220,6 +236,46 @@ def test_cluster_list_and_broker_status(broker):
     assert list(ok(broker, "brokerStatus", "-c", CLUSTER)["brokers"]) == [broker.addr]
     rc, table, _ = admin(broker, "clusterList", json_out=False)
     assert rc == 0 and "#Cluster Name" in table and broker.addr in table
+
+
+def test_cluster_list_shows_message_rates_and_disk_use(broker):
+    create(broker, "AdmRates", 2)
+    with RemotingClient(broker.addr) as c:
+        for i in range(20):
+            send(c, "AdmRates", b"r%d" % i, i % 2)
+    assert len(ok(broker, "consumeMessage", "-t", "AdmRates")["messages"]) == 20
+    [b] = ok(broker, "clusterList")["brokers"]
+    t = b["runtime"]
+    # RocketMQ's "10 s, 1 min, 10 min" rates, messages per second
+    for key in ("putTps", "getTransferedTps"):
+        assert re.fullmatch(r"\d+\.\d\d \d+\.\d\d \d+\.\d\d", t[key]), t[key]
+    assert float(t["putTps"].split()[0]) > 0
+    assert int(t["msgPutTotal"]) >= 20
+    assert 0 < float(t["commitLogDiskRatio"]) <= 1
+    # the pulls may have been served by another worker: it adds them within a second
+    assert eventually(lambda: float(ok(broker, "brokerStatus", "-b", broker.addr)
+                                    ["brokers"][broker.addr]["getTransferedTps"].split()[0]) > 0)
+    rc, table, _ = admin(broker, "clusterList", json_out=False)
+    assert rc == 0
+    [row] = [line.split() for line in table.splitlines() if broker.addr in line]
+    in_tps, out_tps, hour, space = (float(x) for x in row[-4:])
+    assert in_tps > 0 and space > 0
+    rc, text, _ = admin(broker, "brokerStatus", "-b", broker.addr, json_out=False)
+    assert re.search(r"^putTps +: \d+\.\d\d \d+\.\d\d \d+\.\d\d$", text, re.M), text
+    assert re.search(r"^commitLogDiskRatio +: 0\.\d+$", text, re.M), text
+
+
+def test_booleans_print_as_mqadmin_prints_them(broker):
+    conf = ok(broker, "getBrokerConfig", "-b", broker.addr)["brokers"][broker.addr]
+    assert (conf["autoCreateTopicEnable"], conf["enablePropertyFilter"]) == ("true", "false")
+    rc, text, _ = admin(broker, "getBrokerConfig", "-b", broker.addr, json_out=False)
+    assert rc == 0 and re.search(r"^autoCreateTopicEnable +=  true$", text, re.M), text
+    assert "True" not in text and "False" not in text
+    create(broker, "AdmBool", 1)
+    for argv in (["topicRoute", "-t", "AdmBool"], ["topicRoute", "-t", "AdmBool", "-l"],
+                 ["brokerStatus", "-b", broker.addr], ["clusterList"]):
+        rc, text, _ = admin(broker, *argv, json_out=False)
+        assert rc == 0 and "True" not in text and "False" not in text, (argv, text)
 
 
 def test_get_and_update_broker_config_round_trip(broker):

@@ -319,19 +319,47 @@ def _common(p) -> None:
     g.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """``admin``'s and each command's parser: an unknown flag is this
+    parser's usage error (its usage line, exit 2), not the top-level
+    parser's "unrecognized arguments" under ``shmq``'s usage."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+def command_list() -> str:
+    """The commands, one line each: name and mqadmin's description."""
+    width = max(len(name) for name, _, _, _ in COMMANDS)
+    return "\n".join(f"  {name:<{width}}  {desc}" for name, desc, _, _ in COMMANDS)
+
+
 def add_parser(subparsers) -> None:
     ap = subparsers.add_parser(
         "admin", help="mqadmin's commands against a NameServer and its brokers",
         description="mqadmin-compatible administration over the RocketMQ 4.x protocol "
                     "(works against shmq and RocketMQ 4.x). `shmq admin <command> --help` "
                     "lists a command's flags.")
-    sub = ap.add_subparsers(dest="admin_command", required=True, metavar="<command>",
-                            title="commands")
+    sub = ap.add_subparsers(dest="admin_command", metavar="<command>", title="commands",
+                            parser_class=_CommandParser)
+    ap.__class__ = _CommandParser        # `shmq admin --bogus`: admin's usage, not shmq's
+    ap.set_defaults(func=lambda args: _no_command(ap))
     for name, desc, flags, check in COMMANDS:
         p = sub.add_parser(name, help=desc, description=desc)
         flags(p)
         _common(p)
         p.set_defaults(func=_main, _check=check, _parser=p, _name=name)
+
+
+def _no_command(ap) -> int:
+    """``shmq admin`` alone: its usage and the commands, on stderr; exit 2."""
+    ap.print_usage(sys.stderr)
+    print(f"{ap.prog}: error: no command given; the commands:\n{command_list()}\n"
+          f"`{ap.prog} <command> --help` lists a command's flags.", file=sys.stderr)
+    return 2
 
 
 def snake(name: str) -> str:

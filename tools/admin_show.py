@@ -55,9 +55,12 @@ def print_message(d: dict) -> None:
 
 
 def _java(v) -> str:
-    """A value as Java's toString prints it: null, {k=v, k=v}."""
+    """A value as Java's toString prints it: null, true/false, {k=v, k=v}.
+    Every value a table or line shows goes through here."""
     if v is None:
         return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}={_java(x)}" for k, x in v.items()) + "}"
     return str(v)
@@ -76,7 +79,7 @@ def update_topic(d: dict, args) -> None:
     print(f"TopicConfig [topicName={tc['topicName']}, readQueueNums={tc['readQueueNums']}, "
           f"writeQueueNums={tc['writeQueueNums']}, perm={perm_string(tc['perm'])}, "
           f"topicFilterType={tc['topicFilterType']}, topicSysFlag={tc['topicSysFlag']}, "
-          f"order={str(tc['order']).lower()}]")
+          f"order={_java(tc['order'])}]")
 
 
 def delete_topic(d: dict, args) -> None:
@@ -108,8 +111,9 @@ def topic_route(d: dict, args) -> None:
         q = qds.get(b["brokerName"], {})
         read += q.get("readQueueNums", 0)
         write += q.get("writeQueueNums", 0)
-        print(fmt.format(b.get("cluster", ""), b["brokerName"], _java(b.get("brokerAddrs")),
-                         q.get("readQueueNums", ""), q.get("writeQueueNums", ""), q.get("perm", "")))
+        print(fmt.format(*(_java(v) for v in (
+            b.get("cluster", ""), b["brokerName"], b.get("brokerAddrs"), q.get("readQueueNums", ""),
+            q.get("writeQueueNums", ""), q.get("perm", "")))))
     _rule()
     print(fmt.format("Total:", len(qds), "", read, write, ""))
 
@@ -168,16 +172,16 @@ def broker_status(d: dict, args) -> None:
     for addr, table in d["brokers"].items():
         for k in sorted(table):
             if args.brokerAddr:
-                print(f"{k:<32}: {table[k]}")
+                print(f"{k:<32}: {_java(table[k])}")
             else:
-                print(f"{addr:<24} {k:<32}: {table[k]}")
+                print(f"{addr:<24} {k:<32}: {_java(table[k])}")
 
 
 def get_broker_config(d: dict, args) -> None:
     for addr, props in d["brokers"].items():
         print(f"============{addr}============")
         for k, v in props.items():
-            print(f"{k:<50}=  {v}")
+            print(f"{k:<50}=  {_java(v)}")
         print()
 
 
@@ -238,7 +242,7 @@ def consumer_connection(d: dict, args) -> None:
 
 def reset_offset_by_time(d: dict, args) -> None:
     print(f"rollback consumer offset by specified group[{d['group']}], topic[{d['topic']}], "
-          f"force[{str(d['force']).lower()}], timestamp(long)[{d['timestamp']}]")
+          f"force[{_java(d['force'])}], timestamp(long)[{d['timestamp']}]")
     print(f"{'#brokerName':<40}  {'#queueId':<40}  {'#offset':<40}")
     for r in d["offsets"]:
         print(f"{r['brokerName']:<40}  {r['queueId']:<40}  {r['offset']:<40}")
