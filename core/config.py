@@ -99,6 +99,10 @@ class StoreConfig:
             self.delete_hours()
         except ValueError as e:
             errors.append(str(e))
+        bad = store_root_problem(self.storePathRootDir)
+        if bad:
+            errors.append(f"storePathRootDir={self.storePathRootDir}"
+                          f"{' ' if bad.startswith('is ') else ': '}{bad}")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -129,6 +133,22 @@ class StoreConfig:
                 kwargs[f.name] = _convert(f.name, f.type, values[f.name])
         kwargs.update(overrides)
         return cls(**kwargs)
+
+
+def store_root_problem(path: str) -> str | None:
+    """Why ``path`` cannot be (or become) a store directory, or None: it, or
+    a directory above it, is something other than a directory."""
+    p = os.path.abspath(path)
+    while True:
+        if os.path.lexists(p):
+            if os.path.isdir(p):
+                return None
+            kind = "a file, not a directory" if os.path.isfile(p) else "not a directory"
+            return f"is {kind}" if p == os.path.abspath(path) else f"{p} is {kind}"
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
 
 
 def _convert(name: str, type_name, raw: str):

@@ -38,13 +38,21 @@ class StoreInUse(RuntimeError):
     """Another live process has this store open."""
 
 
+class StoreDirError(RuntimeError):
+    """The store directory cannot be made."""
+
+
 class StoreLock:
     """``<store>/lock``, flock'd by the one process that has the store open
     for writing (RocketMQ's store lock file) for as long as it does: the
     kernel drops it when that process dies, however it dies."""
 
     def __init__(self, root: str):
-        os.makedirs(root, exist_ok=True)
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as e:      # a file in the way, no permission: name the setting
+            raise StoreDirError(f"storePathRootDir={root}: cannot make the store directory: "
+                                f"{e.strerror}") from None
         self.path = os.path.join(root, "lock")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:

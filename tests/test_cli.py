@@ -52,3 +52,17 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
     assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
     # and the store was left clean for the next start
     assert not os.path.exists(tmp_path / "store" / "abort")
+
+
+def test_a_store_path_that_is_a_file_is_named(tmp_path):
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("")
+    conf = tmp_path / "broker.conf"
+    for path, says in ((a_file, f"storePathRootDir={a_file} is a file, not a directory"),
+                       (a_file / "store", f"storePathRootDir={a_file / 'store'}: {a_file} "
+                                          f"is a file, not a directory")):
+        conf.write_text(f"storePathRootDir={path}\n")
+        r = shmq("broker", "-c", str(conf))
+        assert (r.returncode, r.stderr) == (2, f"shmq broker: {says}\n")
+    r = shmq("store", "inspect", str(a_file))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and str(a_file) in r.stderr
