@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 
+from shmq.core import jit
 from shmq.core.retention import clean_expired
 from shmq.core.store import MessageStore
 from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent, set_process_name
@@ -140,6 +141,7 @@ def flusher_main(config, owner_pid: int) -> None:
     set_process_name("shmq-flusher")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(message)s")
     store, cb = attach(config, role="flusher")
+    jit.freeze()                      # no compile on a request path (core/jit.py)
     f = Flusher(store, cb)
 
     def on_term(signum, frame):

@@ -30,9 +30,8 @@ import posix_ipc
 from shmq.core.checkpoint import abort_path
 from shmq.core.config import StoreConfig
 from shmq.core.files import REAL_FILES, StoreLock
-from shmq.core.index import warm_up as index_warm_up
+from shmq.core import jit
 from shmq.core.records import warm_up
-from shmq.core.timer import warm_up as timer_warm_up
 from shmq.core.recovery import RecoveryReport, TagsCodeRule, recover
 from shmq.core.state import STATE_RUNNING, StoreState, state_bytes
 from shmq.core.store import MessageStore, flush_all, init_state
@@ -61,11 +60,9 @@ def _store(config: StoreConfig, cb: ControlBlock, opening: bool = False) -> Mess
 
 
 def attach(config: StoreConfig, role: str = "worker") -> tuple[MessageStore, ControlBlock]:
-    """Attach this process to a running store. Loads the kernels first."""
-    warm_up()
-    index_warm_up()
-    if role == "other":
-        timer_warm_up()
+    """Attach this process to a running store. Loads the broker's kernels
+    first (``core/jit.py``; a broker process then freezes them)."""
+    jit.load(jit.BROKER)
     cb = ControlBlock.attach(config.storePathRootDir)
     try:
         cb.register(_ROLES[role], slot=FLUSHER_SLOT if role == "flusher" else None)

@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 
+from shmq.core import jit
 from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
 
 from .config import BrokerConfig
@@ -42,6 +43,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
                         format=f"%(asctime)s worker-{index} %(levelname)s %(name)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     store, cb = attach(config.store, "worker")
+    jit.freeze()                      # no compile on a request path (core/jit.py)
     cb.set_flag(WANT_CLIENTS, True)
     registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
     tables = Tables(config, store.state, on_change=lambda: cb.wake_flagged(WANT_CONFIG))

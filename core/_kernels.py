@@ -81,6 +81,7 @@ def make_crc_tables() -> np.ndarray:
 
 
 CRC_TABLES = make_crc_tables()
+CRC_TABLES.flags.writeable = False   # an input of every kernel that checks CRCs (core/jit.py)
 
 _U8 = np.uint32(8)
 _U16 = np.uint32(16)

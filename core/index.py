@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels as K
+from . import jit
 from . import layout as L
 from .commitlog import SegmentMissing
 from .config import StoreConfig
 from .files import REAL_FILES, FileLayer
-from .records import encode, properties_bytes
 from .store import MessageStore
 
 if sys.byteorder != "little":
@@ -463,16 +463,12 @@ def _record_at(store: MessageStore, phy: int) -> bool:
 
 
 def warm_up() -> None:
-    """Load every index kernel, for writable and read-only mappings, so that
-    no query pays for it."""
+    """The index kernels once each, with their canonical types (``core/jit.py``):
+    segments and index files they only read are read-only."""
     idx = np.zeros(file_bytes(2, 3), np.uint8)
-    batch = encode("warmup", [b"x"], properties=properties_bytes({L.PROPERTY_UNIQ_KEY: "u"},
-                                                                 keys="k"))
-    rows = np.zeros((1, K.N_SCAN), np.int64)
-    K.scan_records(batch.buf, 0, batch.nbytes, 0, False, K.CRC_TABLES, _TAGS, rows)
-    K.index_records(batch.buf, rows, 0, 1, 0, idx, 2, 3, _UNIQ_KEY, _KEYS)
-    K.index_check(idx, 2, 2)
-    out = np.zeros(1, np.int64)
-    K.index_select(idx, 2, 3, 0, 1, 0, 1, out, 0)
-    idx.flags.writeable = False
-    K.index_select(idx, 2, 3, 0, 1, 0, 1, out, 0)
+    seg = jit.readonly(np.zeros(64, np.uint8))     # compiling needs the types only
+    rows = jit.readonly(np.zeros((0, K.N_SCAN), np.int64))
+    K.index_records(seg, rows, 0, 0, 0, idx, 2, 3, _UNIQ_KEY, _KEYS)
+    ro = jit.readonly(idx)
+    K.index_check(ro, 2, 2)
+    K.index_select(ro, 2, 3, 0, 1, 0, 1, np.zeros(1, np.int64), 0)

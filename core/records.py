@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _kernels as K
+from . import jit
 from . import layout as L
 
-_TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)
+_TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)   # read-only, as every key
 
 
 @functools.lru_cache(maxsize=4096)
@@ -407,7 +408,7 @@ def decode(data, pos: int = 0, check_crc: bool = True) -> StoredMessage:
 # ------------------------------------------------------------ columnar decode
 _KEYS_KEY = np.frombuffer(L.PROPERTY_KEYS.encode(), dtype=np.uint8)
 _UNIQ_KEY = np.frombuffer(L.PROPERTY_UNIQ_KEY.encode(), dtype=np.uint8)
-_NO_KEY = np.zeros(0, dtype=np.uint8)
+_NO_KEY = jit.readonly(np.zeros(0, dtype=np.uint8))
 _HOST_TEXT_MAX = 47        # "[ffff:…:ffff]:2147483647"
 _OFFSET_ID_MAX = 56        # IPv6 store host + port + offset, in hex
 
@@ -490,39 +491,64 @@ def property_pairs(offs: np.ndarray, dat: np.ndarray) -> tuple[np.ndarray, tuple
     return row_off, out[0], out[1]
 
 
-def warm_up() -> None:
-    """Run every kernel once on tiny inputs so that no request pays for
-    loading (or, on a cold cache, compiling) machine code."""
-    batch = encode("warmup", [b"x"], properties=properties_bytes(tags="t"))
-    split_batch_body(b"\x00\x00\x00\x18" + bytes(12) + b"\x00\x00\x00\x01x\x00\x01t", b"")
-    encode("warmup", [b"x", b"y"], properties=[b"TAGS\x01a", b""], flag=[0, 1])
-    K.stamp_batch(batch.buf, batch.rec_pos, 1, 0, np.zeros(1, np.int32), np.zeros(1, np.int64),
+# ------------------------------------------------------------------ warm-ups
+# The units of ``core/jit.py``: each calls its kernels once with their
+# canonical argument types (inputs read-only, outputs writable, int64; a
+# frozen broker process converts the writable arrays its request paths pass).
+# Compilation depends on the types alone, so a unit feeds zeros where it can
+# and never runs another unit's kernels (the units compile in parallel).
+_WARM_BODY = b"\x00\x00\x00\x18" + bytes(12) + b"\x00\x00\x00\x01x\x00\x01t"   # a batch of one
+
+
+def _ro(arrays) -> tuple:
+    return tuple(jit.readonly(a) for a in arrays)
+
+
+def warm_up_encode() -> None:
+    bodies = _concat([b"x", b"yz"], "bodies", 2)
+    for props in ([b"TAGS\x01a\x02KEYS\x01k", b""], b"TAGS\x01t"):   # one each; one for all
+        arrays = _ro(bodies + _concat(props, "properties", 2))
+        encode_arrays("warmup", *arrays)                                # encode_uniform, tags_codes
+        encode_arrays("warmup", *arrays, flag=[0, 1])                   # encode_batch
+    _tags_code_one(jit.readonly(np.frombuffer(b"TAGS\x01t", np.uint8)), 0, 6)
+
+
+def warm_up_batch() -> None:
+    split_batch_body(_WARM_BODY, b"")
+    zeros = jit.readonly(np.zeros(64, np.uint8))
+    one = jit.readonly(np.zeros(1, np.int64))
+    slot_of = jit.readonly(np.zeros(1, np.int32))      # the store's per-record queue slots
+    K.stamp_batch(np.zeros(64, np.uint8), one, 1, 0, slot_of, np.zeros(1, np.int64),
                   np.zeros(1, np.int64))
-    out = np.zeros((4, K.N_SCAN), np.int64)
-    K.scan_records(batch.buf, 0, batch.nbytes, 0, True, K.CRC_TABLES, _TAGS_KEY, out)
+    int_property(zeros, one, one, L.PROPERTY_TAGS, np.zeros(1, np.int64))
+
+
+def warm_up_scan() -> None:
+    zeros = jit.readonly(np.zeros(64, np.uint8))
+    K.scan_records(zeros, 0, 64, 0, True, K.CRC_TABLES, _TAGS_KEY, np.zeros((1, K.N_SCAN), np.int64))
+    K.last_nonzero(zeros, 0)
+
+
+def warm_up_queue() -> None:
     cq = np.zeros(40, np.uint8)
-    K.cq_put_many(cq, 0, np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int64), 0, 1)
+    one = jit.readonly(np.ones(1, np.int64))
+    K.cq_put_many(cq, 0, one, one, one, 0, 1)
     o = np.zeros(2, np.int64)
-    K.cq_scan(cq, 0, 1, np.zeros(0, np.int64), 1, 1 << 20, o, o)
-    K.int_properties(batch.buf, o, o, _TAGS_KEY, o)
-    K.cq_scan(cq, 0, 1, np.zeros(1, np.int64), 1, 1 << 20, o, o)
-    K.cq_valid_units(cq, 0, 2, 1 << 20)
-    K.min_phy_from(cq, 0, 2, 0)
-    K.last_nonzero(cq, 0)
-    readonly = batch.buf.copy()
-    readonly.flags.writeable = False   # read-only mappings are their own specialisation
-    K.scan_records(readonly, 0, batch.nbytes, 0, True, K.CRC_TABLES, _TAGS_KEY, out)
-    K.last_nonzero(readonly, 0)
+    ro = jit.readonly(cq)
+    K.cq_scan(ro, 0, 1, one, 1, 1 << 20, o, o)
+    K.cq_valid_units(ro, 0, 2, 1 << 20)
+    K.min_phy_from(ro, 0, 2, 0)
+
+
+def warm_up() -> None:
+    """Load (or compile) every kernel a store needs, in this process."""
+    jit.load(("encode", "batch", "scan", "queue"))
 
 
 def warm_up_readers() -> None:
-    """warm_up for the columnar readers (tools): their kernels only."""
-    batch = encode("warmup", [b"x"], properties=properties_bytes(tags="t", keys="k"))
-    readonly = batch.buf.copy()
-    readonly.flags.writeable = False       # mapped segments are read-only: their own specialisation
-    for buf in (batch.buf, readonly):
-        rows, _, _ = scan_rows(buf, 0, batch.nbytes, 0, 4)
-        rows_at(buf, 0, rows[:, K.S_PHY].copy(), rows[:, K.S_SIZE].copy())
-        cols = decode_columns(buf, 0, rows)
-    property_pairs(*cols.var["properties"])
-
+    """The columnar readers' kernels (tools, Spark)."""
+    zeros = jit.readonly(np.zeros(64, np.uint8))
+    none = jit.readonly(np.zeros(0, np.int64))
+    rows_at(zeros, 0, none, none)
+    cols = decode_columns(zeros, 0, jit.readonly(np.zeros((0, K.N_SCAN), np.int64)))
+    property_pairs(*_ro(cols.var["properties"]))

@@ -1,0 +1,61 @@
+"""The kernels' loading discipline (core/jit.py): one canonical
+specialisation per kernel, a cache probe that knows what is compiled, and
+frozen dispatchers that fit later calls to what is loaded instead of
+compiling on a request path. Each check runs in a fresh interpreter, so no
+other test's calls add specialisations."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1",
+                                reason="no dispatchers with the JIT off")
+
+
+def run(code: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_every_unit_loads_exactly_one_specialisation_of_each_of_its_kernels():
+    counts = run("import json\nfrom shmq.core import jit\n"
+                 "names = tuple(jit.UNITS)\njit.load(names)\n"
+                 "print(json.dumps(jit.compile_counts(names)))")
+    assert counts and all(n == 1 for n in counts.values()), counts
+
+
+def test_after_load_the_cache_probe_finds_nothing_cold():
+    cold = run("import json\nfrom shmq.core import jit\njit.load(tuple(jit.UNITS))\n"
+               "print(json.dumps([u.name for u in jit.cold_units(tuple(jit.UNITS))]))")
+    assert cold == []
+
+
+def test_a_frozen_kernel_takes_writable_arrays_and_refuses_what_does_not_fit():
+    out = run("""
+import json
+import numpy as np
+from shmq.core import jit, records, _kernels as K
+jit.load(jit.BROKER)
+jit.freeze(jit.BROKER)
+# the request paths pass writable buffers and offsets: they fit the read-only kernels
+b = records.encode("T", [b"ab", b"c"], properties=[b"TAGS\\x01x", b""])
+K.scan_records(b.buf, 0, b.nbytes, 0, True, K.CRC_TABLES, records._TAGS_KEY,
+               np.zeros((2, K.N_SCAN), np.int64))
+bb = records.split_batch_body(b"\\x00\\x00\\x00\\x18" + bytes(12) + b"\\x00\\x00\\x00\\x01x\\x00\\x01t", b"")
+records.encode_arrays("T", bb.body_buf, bb.body_off, bb.body_len, bb.props_buf, bb.props_off,
+                      bb.props_len)
+counts = jit.compile_counts(jit.BROKER)
+try:
+    K.last_nonzero(np.zeros(8, np.int32), 0)       # another dtype: a bug, refused at once
+    refused = ""
+except TypeError as e:
+    refused = str(e)
+print(json.dumps({"counts": counts, "refused": refused}))
+""")
+    assert all(n == 1 for n in out["counts"].values()), out["counts"]
+    assert "No matching definition" in out["refused"]
