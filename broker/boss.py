@@ -28,11 +28,15 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 
-from shmq.ipc.control import WANT_CLIENTS, set_process_name
+from shmq.core import jit
+from shmq.ipc.control import REGISTERED, WANT_CLIENTS, set_process_name
 
 from .config import BrokerConfig
 from .delivery import tags_code_rules
+from .kernels import Interrupted, compile_cold
+from .namesrv import listen as namesrv_listen
 from .namesrv import serve as namesrv_serve
 from .registry import Registry, registry_bytes
 from .services import services_main
@@ -44,6 +48,49 @@ log = logging.getLogger("shmq.boss")
 TICK_S = 0.2
 STOP_TIMEOUT_S = 15
 PENDING_MAX = 4096
+# A child that dies of its own failure (not SIGKILL) within STABLE_S of its
+# start is restarted after a back-off doubling from BACKOFF_FIRST_S up to
+# BACKOFF_MAX_S; after GIVE_UP_AFTER such deaths in a row the boss stops the
+# broker with an error. One that ran longer, or was killed, restarts at once.
+STABLE_S = 10.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 8.0
+GIVE_UP_AFTER = 5
+# Ready means ready: the ready line waits for the first NameServer
+# registration (a client asking for routes at once finds them), at most this
+# long (RocketMQ's registerBrokerTimeoutMills); past it the line is printed
+# with a warning and the services keep trying.
+REGISTER_WAIT_S = 6.0
+
+
+class ChildFailing(RuntimeError):
+    """A supervised child keeps dying: the broker cannot serve."""
+
+
+@dataclass
+class Restarts:
+    """Supervision state of one child (by name: ``worker-0``, ``services`` …)."""
+    started_at: float = 0.0
+    failures: int = 0             # consecutive quick deaths of its own failure
+    due_at: float | None = None   # when a dead child is to be started again
+
+    def died(self, exitcode: int | None, now: float, name: str) -> float:
+        """Record a death; returns the delay before the restart."""
+        ran_s = now - self.started_at
+        if exitcode == -signal.SIGKILL or ran_s >= STABLE_S:
+            self.failures = 0
+            delay = 0.0
+        else:
+            self.failures += 1
+            if self.failures >= GIVE_UP_AFTER:
+                raise ChildFailing(f"{name} exited {self.failures} times in a row within "
+                                   f"{STABLE_S:.0f} s of its start (last exit code {exitcode}); "
+                                   f"stopping the broker: see the log above for why")
+            delay = min(BACKOFF_FIRST_S * 2 ** (self.failures - 1), BACKOFF_MAX_S)
+        log.warning("%s exited with %s after %.1f s: restarting%s", name, exitcode, ran_s,
+                    f" in {delay:.1f} s" if delay else "")
+        self.due_at = now + delay
+        return delay
 
 
 class Boss:
@@ -63,58 +110,81 @@ class Boss:
         self.stopping = False
         self.registry: Registry | None = None
         self.listeners: list[socket.socket] = []
+        self.namesrv_sock: socket.socket | None = None
+        self.restarts: dict[str, Restarts] = {}
         self.next_index = 0
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
+        """Everything up to the ready line. A signal meanwhile (``stopping``)
+        raises ``Interrupted`` at the next step; the caller then stops."""
         c = self.config
-        report = self.owner.open()
-        log.info("store %s: %s", c.store.storePathRootDir, report.summary())
         try:
+            compile_cold(jit.BROKER, should_stop=lambda: self.stopping)
+            jit.load(jit.BROKER)     # from the cache, now complete
+            jit.freeze(jit.BROKER)   # no compile on a request path (core/jit.py)
+            self._check_stop()
+            report = self.owner.open()
+            log.info("store %s: %s", c.store.storePathRootDir, report.summary())
             self.registry = Registry(extra_region(self.owner.cb, self.owner.store),
                                      c.store.storePathRootDir, create=True)
             n = self.registry.load_offsets()
             log.info("loaded %d consumer offsets", n)
             Tables(c, self.owner.store.state).ensure_system_topics()
-            if c.embeddedNamesrv:
-                self._start_namesrv()
             self._listen()
+            self._check_stop()
+            if self.namesrv_sock is not None:
+                self._start_namesrv()
             for i in range(c.workers):
                 self._start_worker(i)
             self._start_services()
             self._await_workers()
+            self._await_registered()
         except BaseException:
             self.stop()
             raise
 
+    def _check_stop(self) -> None:
+        if self.stopping:
+            raise Interrupted("stopped by a signal during start")
+
     def _start_namesrv(self) -> None:
+        # The boss holds the listening socket (bound in _listen): a restarted
+        # NameServer takes the same one, and no other process can take the port.
         c = self.config
         p = self.ctx.Process(target=namesrv_serve, name="shmq-namesrv",
-                             args=(c.bindAddress, c.namesrvListenPort, os.getpid()))
+                             args=(c.bindAddress, c.namesrvListenPort, os.getpid(), None,
+                                   self.namesrv_sock))
         p.start()
         self.namesrv = p
-        deadline = time.monotonic() + 30
-        while True:   # registration needs it up
-            try:
-                socket.create_connection((c.bindAddress, c.namesrvListenPort), timeout=1).close()
-                return
-            except OSError:
-                if not p.is_alive():
-                    raise RuntimeError(f"the embedded NameServer could not start on "
-                                       f"{c.bindAddress}:{c.namesrvListenPort} (port in use?)")
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the embedded NameServer did not start within 30 s")
-                time.sleep(0.05)
+        self._started("namesrv")
+
+    def _started(self, name: str) -> None:
+        r = self.restarts.setdefault(name, Restarts())
+        r.started_at = time.monotonic()
+        r.due_at = None
 
     def _listen(self) -> None:
+        """Bind every port before any child starts: a port in use is one
+        clear error at start, never a child that dies and is restarted."""
         c = self.config
+        if c.runs_embedded_namesrv:
+            try:
+                self.namesrv_sock = namesrv_listen(c.bindAddress, c.namesrvListenPort)
+            except OSError as e:
+                raise RuntimeError(
+                    f"cannot listen on {c.bindAddress}:{c.namesrvListenPort} for the embedded "
+                    f"NameServer (namesrvListenPort): {e.strerror}. If a NameServer already runs "
+                    f"there, register with it: shmq broker -n {c.bindAddress}:"
+                    f"{c.namesrvListenPort}") from None
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             tcp.bind((c.bindAddress, c.listenPort))
         except OSError as e:
             tcp.close()
-            raise RuntimeError(f"cannot listen on {c.bindAddress}:{c.listenPort}: {e}") from None
+            raise RuntimeError(f"cannot listen on {c.bindAddress}:{c.listenPort} (listenPort): "
+                               f"{e.strerror}; is another broker running there?") from None
         tcp.listen(4096)
         path = c.unix_path
         if os.path.exists(path):
@@ -136,16 +206,19 @@ class Boss:
         p.start()
         self.workers[index] = p
         self.handed[index] = 0
+        self._started(f"worker-{index}")
 
     def _start_services(self) -> None:
         p = self.ctx.Process(target=services_main, name="shmq-services",
                              args=(self.config, os.getpid()))
         p.start()
         self.services = p
+        self._started("services")
 
     def _await_workers(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
         while len(self.chans) < len(self.workers):
+            self._check_stop()
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not start")
             dead = [i for i, p in self.workers.items() if not p.is_alive()]
@@ -153,6 +226,22 @@ class Boss:
                 raise RuntimeError(f"worker {dead[0]} exited at start "
                                    f"(code {self.workers[dead[0]].exitcode})")
             self.step(0.05)
+
+    def _await_registered(self, timeout_s: float = REGISTER_WAIT_S) -> None:
+        if not self.config.namesrv_addrs:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not self.owner.cb.flags_of(self.services.pid) & REGISTERED:
+            self._check_stop()
+            if not self.services.is_alive():
+                raise RuntimeError(f"the services process exited at start "
+                                   f"(code {self.services.exitcode})")
+            if time.monotonic() > deadline:
+                log.warning("not registered with the NameServer (%s) within %.0f s: clients find "
+                            "this broker's routes once it is (it keeps trying)",
+                            ";".join(self.config.namesrv_addrs), timeout_s)
+                return
+            self.step(0.02)
 
     def ready_line(self) -> str:
         c = self.config
@@ -236,27 +325,46 @@ class Boss:
             chan.close()
 
     def supervise(self) -> None:
-        self.owner.supervise()
+        """Repair after dead processes, and restart each (with back-off when
+        it keeps failing; ``ChildFailing`` when it will not stay up)."""
+        if self.stopping:
+            return
+        now = time.monotonic()
+        self.owner.supervise(restart_flusher=False)
         for index, p in list(self.workers.items()):
-            if p.is_alive() or self.stopping:
-                continue
-            p.join()
-            log.warning("worker %d (pid %d) exited with %s: restarting", index, p.pid, p.exitcode)
-            self._channel_closed(index)
-            slot = self.worker_slots.pop(index, None)
-            if slot is not None:
-                self.owner.supervise()    # its slot and the append lock, if it held it
-                n = self.registry.forget_worker(slot)
-                if n:
-                    self.owner.cb.wake_flagged(WANT_CLIENTS)   # its groups changed
-            self._start_worker(index)
-        if self.services is not None and not self.services.is_alive() and not self.stopping:
-            log.warning("services (pid %d) exited with %s: restarting", self.services.pid,
-                        self.services.exitcode)
-            self._start_services()
-        if self.namesrv is not None and not self.namesrv.is_alive() and not self.stopping:
-            log.warning("the embedded NameServer exited with %s: restarting", self.namesrv.exitcode)
-            self._start_namesrv()
+            if p is not None and not p.is_alive():
+                p.join()
+                self.workers[index] = None
+                self._channel_closed(index)
+                slot = self.worker_slots.pop(index, None)
+                if slot is not None:
+                    self.owner.supervise(restart_flusher=False)   # its slot, the append lock
+                    if self.registry.forget_worker(slot):
+                        self.owner.cb.wake_flagged(WANT_CLIENTS)   # its groups changed
+                self.restarts[f"worker-{index}"].died(p.exitcode, now, f"worker {index} (pid {p.pid})")
+            if self.workers[index] is None and self._due(f"worker-{index}", now):
+                self._start_worker(index)
+        for name, attr, start in (("services", "services", self._start_services),
+                                  ("namesrv", "namesrv", self._start_namesrv)):
+            p = getattr(self, attr)
+            if p is not None and not p.is_alive():
+                p.join()
+                setattr(self, attr, None)
+                self.restarts[name].died(p.exitcode, now, f"{name} (pid {p.pid})")
+            if getattr(self, attr) is None and self._due(name, now):
+                start()
+        f = self.owner.flusher
+        if f is not None and not f.is_alive():
+            f.join()
+            self.owner.flusher = None
+            self.restarts.setdefault("flusher", Restarts()).died(f.exitcode, now, f"flusher (pid {f.pid})")
+        if self.owner.flusher is None and self._due("flusher", now):
+            self.owner.start_flusher()
+            self._started("flusher")
+
+    def _due(self, name: str, now: float) -> bool:
+        r = self.restarts.get(name)
+        return r is not None and r.due_at is not None and now >= r.due_at
 
     # ----------------------------------------------------------------- stop
     def stop(self) -> None:
@@ -271,7 +379,7 @@ class Boss:
         for sock, _ in self.pending:
             sock.close()
         self.pending = []
-        _terminate(list(self.workers.values()))
+        _terminate([p for p in self.workers.values() if p is not None])
         for chan in self.chans.values():
             chan.close()
         self.chans = {}
@@ -285,6 +393,9 @@ class Boss:
         self.owner.close()
         if self.namesrv is not None:
             _terminate([self.namesrv])
+        if self.namesrv_sock is not None:
+            self.namesrv_sock.close()
+            self.namesrv_sock = None
         path = self.config.unix_path
         if os.path.exists(path):
             os.unlink(path)
@@ -303,7 +414,9 @@ def _terminate(procs: list) -> None:
 
 
 def run_broker(config: BrokerConfig, out=sys.stdout) -> int:
-    """``shmq broker``: start, print the ready line, serve until SIGTERM/SIGINT."""
+    """``shmq broker``: start, print the ready line, serve until SIGTERM/SIGINT.
+    A signal during start stops it at the next step (well within 1 s: the
+    boss only waits there; compilers and children are killed or told)."""
     set_process_name("shmq-boss")
     boss = Boss(config)
 
@@ -312,13 +425,20 @@ def run_broker(config: BrokerConfig, out=sys.stdout) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    boss.start()
+    try:
+        boss.start()
+    except Interrupted:
+        log.info("stopped before it was ready")
+        return 0
     print(boss.ready_line(), file=out, flush=True)
+    code = 0
     try:
         boss.run()
+    except ChildFailing as e:
+        log.error("%s", e)
+        code = 1
     finally:
         log.info("shutting down")
         boss.stop()
-        log.info("stopped cleanly")
-    return 0
-
+        log.info("stopped cleanly" if code == 0 else "stopped")
+    return code

@@ -100,7 +100,8 @@ class BrokerConfig:
     bindAddress: str = "127.0.0.1"
     # shmq: worker processes (reactors); 0 = one per CPU
     workerProcessNums: int = 0
-    # shmq: run a NameServer process inside the broker
+    # shmq: run a NameServer process inside the broker (only while namesrvAddr
+    # is empty: naming NameServers, as `-n` does, means they run elsewhere)
     embeddedNamesrv: bool = True
     # shmq: its port
     namesrvListenPort: int = 9876
@@ -151,6 +152,10 @@ class BrokerConfig:
     @property
     def unix_path(self) -> str:
         return self.unixSocketPath or os.path.join(self.store.storePathRootDir, "broker.sock")
+
+    @property
+    def runs_embedded_namesrv(self) -> bool:
+        return self.embeddedNamesrv and not self.namesrvAddr
 
     @property
     def namesrv_addrs(self) -> list[str]:

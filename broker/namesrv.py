@@ -680,11 +680,25 @@ def unregister_broker_request(*, cluster: str, broker_name: str, broker_addr: st
 
 
 # ------------------------------------------------------------------ process
-def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None) -> None:
-    """Run a NameServer on ``host:port`` until SIGTERM (``shmq namesrv``, or
-    the broker's embedded one, which dies with its parent)."""
-    import signal
+def listen(host: str, port: int):
+    """The NameServer's listening socket (OSError if the port is taken)."""
     import socket
+    lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsock.bind((host, port))
+        lsock.listen(1024)
+    except OSError:
+        lsock.close()
+        raise
+    return lsock
+
+
+def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, lsock=None) -> None:
+    """Run a NameServer on ``host:port`` until SIGTERM (``shmq namesrv``, or
+    the broker's embedded one, which dies with its parent and is handed the
+    listening socket ``lsock`` its parent bound)."""
+    import signal
 
     from .reactor import Reactor
     from shmq.ipc.control import die_with_parent, set_process_name
@@ -697,10 +711,8 @@ def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None) ->
                         format="%(asctime)s namesrv %(levelname)s %(name)s %(message)s")
     ns = NameServer()
     reactor = Reactor()
-    lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    lsock.bind((host, port))
-    lsock.listen(1024)
+    if lsock is None:
+        lsock = listen(host, port)
     lsock.setblocking(False)
 
     def on_command(conn, cmd):

@@ -18,11 +18,13 @@ import os
 import signal
 import time
 
+from shmq.core import jit
 from shmq.core.index import IndexService
 from shmq.core.store import MessageStore
 from shmq.ipc.channel import RemotingClient
 from shmq.ipc.codes import ResponseCode
 from shmq.ipc.control import (
+    REGISTERED,
     WANT_CLIENTS,
     WANT_CONFIG,
     die_with_parent,
@@ -86,6 +88,7 @@ class Services:
         self.next_delay_save = 0.0
         self.registered_epoch = -1
         self.next_register = 0.0
+        self.registered = False      # a NameServer took the routes since start
         self.next_offsets = 0.0
         self.next_expire = 0.0
         self.saved_offsets: dict | None = None
@@ -136,7 +139,9 @@ class Services:
             self.registry.save_offsets()
             self.saved_offsets = table
 
-    def _call_all(self, make) -> None:
+    def _call_all(self, make) -> int:
+        """Send ``make()`` to every NameServer; returns how many answered SUCCESS."""
+        ok = 0
         for addr in self.config.namesrv_addrs:
             try:
                 c = self.channels.get(addr)
@@ -145,11 +150,14 @@ class Services:
                 r = c.invoke(make(), timeout=3.0)
                 if r.code != ResponseCode.SUCCESS:
                     log.warning("NameServer %s answered %d: %s", addr, r.code, r.remark)
+                else:
+                    ok += 1
             except OSError as e:
                 log.warning("NameServer %s: %s", addr, e)
                 c = self.channels.pop(addr, None)
                 if c is not None:
                     c.close()
+        return ok
 
     def register_all(self) -> None:
         c = self.config
@@ -163,10 +171,11 @@ class Services:
         perm = self.tables.broker_permission()
         if perm & 6 != 6:    # a read-only (drained) broker: routes say so (registerBrokerAll)
             topics = {k: {**v, "perm": v["perm"] & perm} for k, v in topics.items()}
-        self._call_all(lambda: register_broker_request(
-            cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
-            broker_id=c.brokerId, topic_configs=topics,
-            data_version=version, ha_addr=""))
+        if self._call_all(lambda: register_broker_request(
+                cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
+                broker_id=c.brokerId, topic_configs=topics,
+                data_version=version, ha_addr="")):
+            self.registered = True
 
     def _data_version(self) -> dict:
         """The topics' data version, moved by broker config changes too (a
@@ -189,6 +198,7 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
                         format="%(asctime)s services %(levelname)s %(name)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     store, cb = attach(config.store, "other")
+    jit.freeze()                      # no compile on a request path (core/jit.py)
     registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
     svc = Services(config, Tables(config, store.state), registry,
                    lambda: cb.wake_flagged(WANT_CLIENTS), store, cb.wake)
@@ -203,6 +213,8 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
     try:
         while not stopping:
             svc.step(time.monotonic())
+            if svc.registered:                    # the boss says ready after this
+                cb.set_flag(REGISTERED, True)
             cb.heartbeat()
             cb.wait(svc.sleep_s())
         svc.save_offsets()

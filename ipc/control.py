@@ -61,6 +61,7 @@ WANT_FLUSH = 2     # has parked sync sends: wake me when flushed_pos moves
 LOCKING = 4        # waiting for or holding the append lock
 WANT_CLIENTS = 8   # a broker worker: wake me when a consumer group changes
 WANT_CONFIG = 16   # the broker's services: wake me when the topic table changes
+REGISTERED = 32    # the broker's services: a NameServer took its routes since it started
 
 # roles
 ROLE_FLUSHER = 1
@@ -329,6 +330,11 @@ class ControlBlock:
             self.proc_flags[self.slot] |= flag
         else:
             self.proc_flags[self.slot] &= ~flag
+
+    def flags_of(self, pid: int) -> int:
+        """The flags of the slot ``pid`` holds (0 if it holds none)."""
+        hit = np.flatnonzero(self.procs["pid"] == pid)
+        return int(self.proc_flags[hit[0]]) if hit.size else 0
 
     def heartbeat(self) -> None:
         self.procs["heartbeat_ms"][self.slot] = int(time.time() * 1000)

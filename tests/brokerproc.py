@@ -28,9 +28,10 @@ def free_port() -> int:
 
 
 class BrokerProc:
-    def __init__(self, tmp, conf: dict):
+    def __init__(self, tmp, conf: dict, env: dict | None = None):
         self.tmp = str(tmp)
         self.conf = conf
+        self.env = env
         self.conf_path = os.path.join(self.tmp, "broker.conf")
         with open(self.conf_path, "w") as f:
             f.writelines(f"{k}={v}\n" for k, v in conf.items())
@@ -42,7 +43,8 @@ class BrokerProc:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
                                      stdout=subprocess.PIPE, stderr=log, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     env=None if self.env is None else {**os.environ, **self.env})
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -106,12 +108,16 @@ class BrokerProc:
             self.kill9()
 
 
-def start_broker(tmp, **conf) -> BrokerProc:
-    store = os.path.join(str(tmp), "store")
-    base = dict(storePathRootDir=store, listenPort=str(free_port()),
+def broker_conf(tmp, **conf) -> dict:
+    """A test broker's settings: a store under ``tmp``, free ports, small files."""
+    base = dict(storePathRootDir=os.path.join(str(tmp), "store"), listenPort=str(free_port()),
                 namesrvListenPort=str(free_port()), brokerIP1="127.0.0.1", **SMALL)
     base.update({k: str(v) for k, v in conf.items()})
-    return BrokerProc(tmp, base).start()
+    return base
+
+
+def start_broker(tmp, **conf) -> BrokerProc:
+    return BrokerProc(tmp, broker_conf(tmp, **conf)).start()
 
 
 def routed_topic(broker: BrokerProc, topic: str, queues: int = 4) -> str:

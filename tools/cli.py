@@ -21,7 +21,7 @@ def _broker(args) -> int:
     from shmq.broker.config import load
 
     overrides = {}
-    if args.namesrv:
+    if args.namesrv:          # NameServers elsewhere: no embedded one (as mqbroker -n)
         overrides["namesrvAddr"] = args.namesrv
     try:
         config, unknown = load(args.config, overrides)
@@ -70,7 +70,8 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("broker", help="run a broker (and an embedded NameServer)")
     b.add_argument("-c", "--config", help="broker.conf: key=value lines with RocketMQ's names")
-    b.add_argument("-n", "--namesrv", help="NameServer address(es), host:port;host:port")
+    b.add_argument("-n", "--namesrv", help="NameServer address(es), host:port;host:port, to "
+                   "register with (then no embedded NameServer starts)")
     b.add_argument("-m", "--print-config", action="store_true",
                    help="print every setting with its value and default, then exit")
     b.set_defaults(func=_broker)

@@ -1,0 +1,175 @@
+"""Starting and supervising a broker as an operator meets it: the usual
+RocketMQ start (a NameServer, then a broker with ``-n``), ports in use, a
+first start that compiles the kernels (and says so), a signal during start,
+and children that keep dying."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from brokerproc import BrokerProc, broker_conf, free_port
+from shmq.broker.boss import (BACKOFF_FIRST_S, BACKOFF_MAX_S, GIVE_UP_AFTER, STABLE_S,
+                              ChildFailing, Restarts)
+from shmq.client.remoting import RemotingClient
+from shmq.client.requests import create_topic, pull_message, send_batch, properties
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import RemotingCommand
+
+JIT_OFF = os.environ.get("NUMBA_DISABLE_JIT") == "1"
+
+
+def _shmq_procs(boss_pid: int) -> list[int]:
+    """Pids of live processes whose parent is ``boss_pid``."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == boss_pid and fields[0] != "Z":
+                out.append(int(pid))
+    return out
+
+
+def test_dash_n_registers_with_a_running_namesrv_and_starts_no_embedded_one(tmp_path):
+    ns_port = free_port()
+    ns = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(ns_port)],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert ns.stdout.readline().startswith("shmq namesrv ready")
+        # the same port as the running NameServer: with -n nothing may bind it again
+        conf = broker_conf(tmp_path, namesrvListenPort=ns_port, namesrvAddr=f"127.0.0.1:{ns_port}")
+        with BrokerProc(tmp_path, conf).start() as b:
+            assert b.namesrv == f"127.0.0.1:{ns_port}"
+            assert "shmq-namesrv" not in b.children()
+            with RemotingClient(f"127.0.0.1:{ns_port}") as c:
+                deadline = time.monotonic() + 10
+                while True:
+                    r = c.invoke(RemotingCommand(RC.GET_BROKER_CLUSTER_INFO))
+                    if r.code == R.SUCCESS and b"broker-a" in r.body:
+                        break
+                    assert time.monotonic() < deadline, "the broker never registered"
+                    time.sleep(0.1)
+            assert "Traceback" not in b.log() and "restarting" not in b.log()
+            assert b.stop() == 0
+    finally:
+        ns.terminate()
+        ns.wait(30)
+
+
+def test_a_namesrv_port_in_use_is_one_clear_line_and_an_exit(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        conf = tmp_path / "broker.conf"
+        conf.write_text("".join(f"{k}={v}\n" for k, v in
+                                broker_conf(tmp_path, namesrvListenPort=port).items()))
+        r = subprocess.run([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"shmq broker: cannot listen on 127.0.0.1:{port} for the embedded "
+                           f"NameServer (namesrvListenPort)"), r.stderr
+    assert f"shmq broker -n 127.0.0.1:{port}" in last
+    assert "Traceback" not in r.stderr and "restarting" not in r.stderr
+
+
+def test_a_child_that_keeps_failing_backs_off_then_the_boss_gives_up():
+    r = Restarts(started_at=0.0)
+    now = 1.0
+    delays = []
+    for _ in range(GIVE_UP_AFTER - 1):
+        delays.append(r.died(1, now, "worker 0"))
+        r.started_at = now = r.due_at + 0.5          # restarted, dies again half a second later
+    assert delays == [min(BACKOFF_FIRST_S * 2 ** i, BACKOFF_MAX_S) for i in range(GIVE_UP_AFTER - 1)]
+    with pytest.raises(ChildFailing, match=r"worker 0 exited 5 times in a row"):
+        r.died(1, now, "worker 0")
+
+
+def test_a_killed_child_or_one_that_ran_a_while_restarts_at_once():
+    r = Restarts(started_at=0.0)
+    for _ in range(2 * GIVE_UP_AFTER):        # an operator's (or the OOM killer's) kill -9
+        assert r.died(-signal.SIGKILL, 0.1, "services") == 0.0
+    assert r.died(1, 0.1, "services") == BACKOFF_FIRST_S
+    r.started_at = 1.0
+    assert r.died(1, 1.0 + STABLE_S, "services") == 0.0 and r.failures == 0
+
+
+@pytest.mark.skipif(JIT_OFF, reason="compiles nothing with the JIT off")
+def test_a_cold_start_says_it_compiles_and_a_batch_sent_at_ready_is_answered(tmp_path):
+    """The first start on an empty numba cache (a fresh clone's first run):
+    the kernels compile in parallel before any child starts, the log says so
+    unit by unit, and a batch sent the instant the broker is ready is answered
+    at once. (Before, the first SEND_BATCH compiled a kernel for seconds in
+    the worker and the client timed out.)"""
+    cache = tmp_path / "numba-cache"
+    b = BrokerProc(tmp_path, broker_conf(tmp_path), env={"NUMBA_CACHE_DIR": str(cache)})
+    with b.start(timeout=300):
+        log = b.log()
+        assert "first start: compiling" in log and "compiled encode" in log, log[-2000:]
+        with RemotingClient(b.addr, timeout=5.0) as c:
+            assert c.invoke(create_topic("Cold", 1)).code == R.SUCCESS
+            msgs = [(b"m%d" % i, properties(tags="T", keys=f"k{i}")) for i in range(50)]
+            r = c.invoke(send_batch("Cold", msgs, queue_id=0))
+            assert r.code == R.SUCCESS, r.remark
+            p = c.invoke(pull_message("Cold", 0, 0))
+            assert p.code == R.SUCCESS
+        assert b.stop() == 0
+    # the next start finds everything cached and compiles nothing
+    with BrokerProc(tmp_path, broker_conf(tmp_path), env={"NUMBA_CACHE_DIR": str(cache)}).start() as b2:
+        assert b2.log().count("first start: compiling") == 1
+        assert b2.stop() == 0
+
+
+@pytest.mark.skipif(JIT_OFF, reason="compiles nothing with the JIT off")
+def test_a_signal_while_kernels_compile_stops_the_start_and_leaves_nothing_running(tmp_path):
+    cache = tmp_path / "numba-cache"
+    log_path = tmp_path / "broker.log"
+    conf = tmp_path / "broker.conf"
+    conf.write_text("".join(f"{k}={v}\n" for k, v in broker_conf(tmp_path).items()))
+    with open(log_path, "w") as log:
+        p = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
+                             stdout=subprocess.PIPE, stderr=log, text=True,
+                             env={**os.environ, "NUMBA_CACHE_DIR": str(cache)})
+    try:
+        deadline = time.monotonic() + 120
+        while "first start: compiling" not in log_path.read_text():
+            assert p.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        assert _shmq_procs(p.pid), "no compile process running"
+        p.send_signal(signal.SIGINT)                  # Ctrl-C
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log_path.read_text()
+    assert "stopped before it was ready" in text and "Traceback" not in text, text
+    assert p.stdout.read() == ""                      # never said ready
+    deadline = time.monotonic() + 10
+    while _shmq_procs(p.pid):                         # its compilers die with it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_client_started_the_instant_the_broker_is_ready_sends_on_its_first_try(tmp_path):
+    """Ready means ready: the ready line follows the first NameServer
+    registration, so a producer asking for routes at once finds them (the
+    topic is created on first send, through TBW102's route)."""
+    from shmq.client import Message, Producer
+    with BrokerProc(tmp_path, broker_conf(tmp_path)).start() as b:
+        assert "not registered with the NameServer" not in b.log()
+        with Producer("ReadyGroup", namesrv_addr=b.namesrv, retry_times_when_send_failed=0) as p:
+            r = p.send(Message("ReadyTopic", b"first"))
+        assert r.status.value == "SEND_OK"
+        assert b.stop() == 0
