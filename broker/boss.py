@@ -2,18 +2,24 @@
 
 ``shmq broker`` runs this in its main process (DESIGN §3)::
 
-    boss ─┬─ namesrv   (embedded NameServer, unless embeddedNamesrv=false)
-          ├─ flusher   (started by StoreOwner: group commit, CQ flush, retention)
-          ├─ worker × N (reactors; connections arrive by SCM_RIGHTS)
-          └─ services  (NameServer registration, offset persistence, expiry)
+    boss ─┬─ shmq-compile × cores (first start only: kernels, broker/kernels.py)
+          └─ forkserver (modules and kernels loaded: broker/preload.py) forks
+               ├─ namesrv   (embedded NameServer, unless namesrvAddr / -n names one)
+               ├─ flusher   (started by StoreOwner: group commit, CQ flush, retention)
+               ├─ worker × N (reactors; connections arrive by SCM_RIGHTS)
+               └─ services  (NameServer registration, offset persistence, expiry)
 
-Start-up: take the store (recovery), lay out the registries after the
-store state, load consumer offsets, write the system topics, start the
-NameServer, listen (TCP and ``<store>/broker.sock``), start the workers and
-services, print the ready line. Then: accept → hand the socket to the worker
-with the fewest connections handed so far (round robin among equals);
-every tick, repair after any dead process (append lock, registry rows) and
-restart it. Every child dies with the boss (PDEATHSIG). SIGTERM/SIGINT: stop
+Start-up: compile what the kernel cache lacks (in parallel, logged), start
+the fork server, take the store (recovery), lay out the registries after
+the store state, load consumer offsets, write the system topics, bind every
+port (TCP, ``<store>/broker.sock``, the NameServer's), start the NameServer,
+workers and services, wait for the first NameServer registration, print the
+ready line. A signal at any step stops the start at the next. Then: accept
+→ hand the socket to the worker with the fewest connections handed so far
+(round robin among equals); every tick, repair after any dead process
+(append lock, registry rows) and restart it, with back-off for one that
+keeps failing (``Restarts``). Every child dies with the boss (PDEATHSIG on
+the fork server, which exits with the boss). SIGTERM/SIGINT: stop
 accepting, stop the workers (they answer what is parked), stop services
 (offsets saved, broker unregistered), flush and checkpoint, remove
 ``abort``, unlink the shared memory.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import selectors
 import signal
@@ -38,6 +45,7 @@ from .delivery import tags_code_rules
 from .kernels import Interrupted, compile_cold
 from .namesrv import listen as namesrv_listen
 from .namesrv import serve as namesrv_serve
+from .reactor import SignalWakeup
 from .registry import Registry, registry_bytes
 from .services import services_main
 from .shared_store import StoreOwner, extra_region
@@ -96,9 +104,13 @@ class Restarts:
 class Boss:
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.ctx = multiprocessing.get_context("spawn")
+        # Children fork from a server that has loaded their modules and the
+        # kernels, and nothing else (broker/preload.py).
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["shmq.broker.preload"])
         self.owner = StoreOwner(config.store, extra_bytes=registry_bytes(),
-                                tags_code_rules=tags_code_rules(config.delay_levels_ms))
+                                tags_code_rules=tags_code_rules(config.delay_levels_ms),
+                                mp_context=self.ctx)
         self.workers: dict[int, multiprocessing.Process] = {}
         self.chans: dict[int, socket.socket] = {}         # worker index → channel
         self.handed: dict[int, int] = {}                  # worker index → connections handed
@@ -107,6 +119,7 @@ class Boss:
         self.namesrv: multiprocessing.Process | None = None
         self.services: multiprocessing.Process | None = None
         self.sel = selectors.DefaultSelector()
+        self.signals: SignalWakeup | None = None
         self.stopping = False
         self.registry: Registry | None = None
         self.listeners: list[socket.socket] = []
@@ -121,6 +134,7 @@ class Boss:
         c = self.config
         try:
             compile_cold(jit.BROKER, should_stop=lambda: self.stopping)
+            multiprocessing.forkserver.ensure_running()   # it loads while we recover
             jit.load(jit.BROKER)     # from the cache, now complete
             jit.freeze(jit.BROKER)   # no compile on a request path (core/jit.py)
             self._check_stop()
@@ -262,6 +276,8 @@ class Boss:
                 self._accept(key.fileobj, what)
             elif what == "chan":
                 self._worker_hello(key.fileobj)
+            elif what == "signal":
+                self.signals.drain()
             else:   # a worker channel became readable: the worker is gone
                 self._channel_closed(what)
         if self.pending and self.chans:
@@ -425,6 +441,8 @@ def run_broker(config: BrokerConfig, out=sys.stdout) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    boss.signals = SignalWakeup()              # a signal ends the boss's select at once
+    boss.sel.register(boss.signals.r, selectors.EVENT_READ, "signal")
     try:
         boss.start()
     except Interrupted:

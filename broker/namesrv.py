@@ -736,6 +736,7 @@ def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, ls
         reactor.stopping = True
 
     signal.signal(signal.SIGTERM, on_term)
+    reactor.wake_on_signals()
     if parent_pid is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if on_ready is not None:

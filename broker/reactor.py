@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import selectors
+import signal
 import socket
 import time
 from collections import deque
@@ -215,6 +216,26 @@ class _Reader:
         self.callback = callback
 
 
+class SignalWakeup:
+    """A socket that every signal this process receives makes readable
+    (``signal.set_wakeup_fd``; main thread only), for a loop's selector: the
+    signal then ends the current ``select`` at once (its Python handler runs
+    before the loop looks at its flags) instead of when the timeout ends."""
+
+    def __init__(self):
+        self.r, self.w = socket.socketpair()
+        self.r.setblocking(False)
+        self.w.setblocking(False)
+        signal.set_wakeup_fd(self.w.fileno(), warn_on_full_buffer=False)
+
+    def drain(self) -> None:
+        try:
+            while self.r.recv(512):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+
 class Reactor:
     def __init__(self):
         self.sel = selectors.DefaultSelector()
@@ -226,6 +247,13 @@ class Reactor:
 
     def add_reader(self, fileobj, callback: Callable[[], None]) -> None:
         self.sel.register(fileobj, selectors.EVENT_READ, _Reader(callback))
+
+    def wake_on_signals(self) -> None:
+        """A signal ends the current ``select`` at once (its handler then
+        runs before the loop checks ``stopping``), instead of up to a second
+        later when the timeout ends: SIGTERM stops this process promptly."""
+        self._signals = SignalWakeup()
+        self.add_reader(self._signals.r, self._signals.drain)
 
     def remove_reader(self, fileobj) -> None:
         self.sel.unregister(fileobj)

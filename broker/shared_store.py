@@ -92,7 +92,7 @@ def wait_flushed(store: MessageStore, cb: ControlBlock, end: int) -> bool:
 
 class StoreOwner:
     def __init__(self, config: StoreConfig, extra_bytes: int = 0,
-                 tags_code_rules: Mapping[str, TagsCodeRule] | None = None):
+                 tags_code_rules: Mapping[str, TagsCodeRule] | None = None, mp_context=None):
         self.config = config
         self.extra_bytes = extra_bytes   # shared memory for the caller, after the state
         self.tags_code_rules = tags_code_rules   # for recovery (core.recovery.recover)
@@ -103,7 +103,7 @@ class StoreOwner:
         self.flusher: multiprocessing.Process | None = None
         self.report: RecoveryReport | None = None
         self.repairs: list[str] = []
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = mp_context or multiprocessing.get_context("spawn")   # the flusher's
 
     def open(self) -> RecoveryReport:
         cfg = self.config

@@ -97,6 +97,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
         reactor.stopping = True
 
     signal.signal(signal.SIGTERM, on_term)
+    reactor.wake_on_signals()
     log.info("serving (slot %d)", cb.slot)
     try:
         reactor.run()

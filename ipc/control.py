@@ -114,18 +114,20 @@ def pid_alive(pid: int, start_ticks: int) -> bool:
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(owner_pid: int) -> None:
     """Have the kernel SIGKILL this process when its parent dies (Linux
-    PR_SET_PDEATHSIG), and exit now if the parent is already gone. A helper
-    of a dead owner must not outlive it: a new owner may be recovering the
-    store while it would still flush, checkpoint or delete files from a
-    stale control block. (The signal follows the parent *thread* that
+    PR_SET_PDEATHSIG), and exit now if the owner ``owner_pid`` is already
+    gone. A helper of a dead owner must not outlive it: a new owner may be
+    recovering the store while it would still flush, checkpoint or delete
+    files from a stale control block. The parent is the owner itself, or the
+    owner's fork server (``broker/boss.py``), which exits when the owner does,
+    so the signal comes either way. (It follows the parent *thread* that
     started this process: start helpers from the owner's main thread.)"""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
-    if os.getppid() != parent_pid:
+    if os.getppid() != owner_pid and process_start_ticks(owner_pid) < 0:
         os._exit(0)
 
 

@@ -82,20 +82,24 @@ class BrokerProc:
 
     def children(self) -> dict[str, int]:
         """Process name (shmq-worker-0, shmq-flusher, shmq-namesrv, shmq-services)
-        → pid, for the boss's children."""
-        out = {}
+        → pid, for the boss's processes (its children and theirs: most fork
+        from its fork server)."""
+        parents = {}
+        names = {}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     stat = f.read()
-                name = stat[stat.index("(") + 1:stat.rindex(")")]
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                names[int(pid)] = stat[stat.index("(") + 1:stat.rindex(")")]
+                parents[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid == self.proc.pid:
-                out[name] = int(pid)
+        out = {}
+        for pid, ppid in parents.items():
+            if ppid == self.proc.pid or parents.get(ppid) == self.proc.pid:
+                out[names[pid]] = pid
         return out
 
     def __enter__(self) -> "BrokerProc":

@@ -49,14 +49,16 @@ def _stat(pid: int) -> tuple[str, int] | None:
 
 def children(ppid: int) -> dict[str, int]:
     """Process name (shmq-worker-0, shmq-flusher, shmq-services, shmq-namesrv) -> pid
-    of the broker boss's children (as tests/brokerproc.py finds them)."""
-    out = {}
+    of the broker boss's processes: its children and theirs (most fork from
+    its fork server), as tests/brokerproc.py finds them."""
+    stats = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             st = _stat(int(name))
-            if st is not None and st[1] == ppid:
-                out[st[0]] = int(name)
-    return out
+            if st is not None:
+                stats[int(name)] = st
+    return {comm: pid for pid, (comm, parent) in stats.items()
+            if parent == ppid or (parent in stats and stats[parent][1] == ppid)}
 
 
 def broker_processes(boss: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
