@@ -43,6 +43,7 @@ from .transactions import TransactionService
 log = logging.getLogger("shmq.services")
 TICK_S = 0.1
 EXPIRE_EVERY_S = 10.0
+STOP_INDEX_S = 2.0
 
 
 class IndexBuilder:
@@ -220,6 +221,13 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
         svc.save_offsets()
         svc.save_progress()
         svc.unregister_all()
+        if hasattr(svc, "index"):
+            # The workers have stopped: index what they stored since the last
+            # step, so a clean stop leaves the IndexFile up with the CommitLog
+            # (bounded: a store never indexed catches up after the restart).
+            deadline = time.monotonic() + STOP_INDEX_S
+            while svc.index.build(store) and time.monotonic() < deadline:
+                pass
     finally:
         if svc.timer is not None:
             svc.timer.close()

@@ -20,10 +20,11 @@ def test_dash_m_prints_every_setting_with_its_default(tmp_path):
     r = shmq("broker", "-c", str(conf), "-m")
     assert r.returncode == 0, r.stderr
     lines = dict(line.split("=", 1) for line in r.stdout.splitlines())
-    assert lines["brokerName"].startswith("broker-b") and "default 'broker-a'" in lines["brokerName"]
+    assert lines["brokerName"].startswith("broker-b") and "(default broker-a)" in lines["brokerName"]
     assert lines["listenPort"] == "10911" and lines["namesrvListenPort"] == "9876"
     assert lines["flushDiskType"].startswith("SYNC_FLUSH")
     assert "fileReservedTime" in lines and "defaultTopicQueueNums" in lines
+    assert lines["autoCreateTopicEnable"] == "true"      # as broker.conf and mqadmin spell it
     assert "ignoring unknown setting 'brokerRole'" in r.stderr
 
 

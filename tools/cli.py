@@ -18,7 +18,7 @@ import sys
 
 def _broker(args) -> int:
     from shmq.broker.boss import run_broker
-    from shmq.broker.config import load
+    from shmq.broker.config import conf_text, load
 
     overrides = {}
     if args.namesrv:          # NameServers elsewhere: no embedded one (as mqbroker -n)
@@ -32,8 +32,10 @@ def _broker(args) -> int:
         print(f"shmq broker: ignoring unknown setting {k!r}", file=sys.stderr)
     if args.print_config:
         for name, value, default in config.describe():
-            mark = "" if value == default else "   (default " + repr(default) + ")"
-            print(f"{name}={value}{mark}")
+            mark = "" if value == default else f"   (default {conf_text(default)})"
+            if name == "embeddedNamesrv" and value and not config.runs_embedded_namesrv:
+                mark += "   (off: namesrvAddr names the NameServers)"
+            print(f"{name}={conf_text(value)}{mark}")
         return 0
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s boss %(levelname)s %(name)s %(message)s")
