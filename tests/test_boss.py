@@ -1,7 +1,8 @@
 """Starting and supervising a broker as an operator meets it: the usual
-RocketMQ start (a NameServer, then a broker with ``-n``), ports in use, a
-first start that compiles the kernels (and says so), a signal during start,
-and children that keep dying."""
+RocketMQ start (a NameServer, then a broker with ``-n``), a first start that
+compiles the kernels (and says so), a signal during start, a client started
+the instant the broker is ready, and children that keep dying. (Ports in
+use: test_cli.py.)"""
 from __future__ import annotations
 
 import os
@@ -64,25 +65,6 @@ def test_dash_n_registers_with_a_running_namesrv_and_starts_no_embedded_one(tmp_
     finally:
         ns.terminate()
         ns.wait(30)
-
-
-def test_a_namesrv_port_in_use_is_one_clear_line_and_an_exit(tmp_path):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        conf = tmp_path / "broker.conf"
-        conf.write_text("".join(f"{k}={v}\n" for k, v in
-                                broker_conf(tmp_path, namesrvListenPort=port).items()))
-        r = subprocess.run([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
-                           capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"shmq broker: cannot listen on 127.0.0.1:{port} for the embedded "
-                           f"NameServer (namesrvListenPort)"), r.stderr
-    assert f"shmq broker -n 127.0.0.1:{port}" in last
-    assert "Traceback" not in r.stderr and "restarting" not in r.stderr
 
 
 def test_a_child_that_keeps_failing_backs_off_then_the_boss_gives_up():

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from brokerproc import free_port
 
 
@@ -40,17 +42,24 @@ def test_bad_settings_are_named(tmp_path):
     assert r.returncode == 2 and "missing.conf" in r.stderr
 
 
-def test_a_port_in_use_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("setting", ["listenPort", "namesrvListenPort"])
+def test_a_port_in_use_is_one_clear_line_and_an_exit(tmp_path, setting):
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
+        settings = {"storePathRootDir": tmp_path / "store", "listenPort": free_port(),
+                    "namesrvListenPort": free_port(), "workerProcessNums": 1, setting: port}
         conf = tmp_path / "broker.conf"
-        conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nlistenPort={port}\n"
-                        f"namesrvListenPort={free_port()}\nworkerProcessNums=1\n")
+        conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         r = shmq("broker", "-c", str(conf), timeout=120)
-    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"shmq broker: cannot listen on 127.0.0.1:{port}") and f"({setting})" in last
+    if setting == "namesrvListenPort":     # the usual cause: a NameServer runs there already
+        assert f"shmq broker -n 127.0.0.1:{port}" in last
+    assert "Traceback" not in r.stderr and "restarting" not in r.stderr
     # and the store was left clean for the next start
     assert not os.path.exists(tmp_path / "store" / "abort")
 
