@@ -41,7 +41,7 @@ import tempfile
 import time
 
 from perf import (Skipped, append, broker, client, features, machine, net_limits, pull_transfer, recovery,
-                  redis_peer, report, spark, sync_flush, write_path)
+                  redis_peer, report, spark, sync_flush, worker_cpu, write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
@@ -147,6 +147,7 @@ BENCHES = {
     "broker_consume": broker.run_consume,
     "broker_latency": broker.run_latency,
     "broker_sync_flush": broker.run_sync_flush,
+    "broker_cpu": worker_cpu.run,
     "broker_timer": features.run_timer,
     "broker_timer_burst": features.run_timer_burst,
     "broker_delay": features.run_delay,

@@ -135,7 +135,10 @@ def _check_exit(p, what: str, timeout: float = 10.0) -> None:
 
 
 # ------------------------------------------------------------------ round trip
-def _echo(lsock: socket.socket) -> None:
+def _echo(lsock: socket.socket, reply_bytes: int | None = None) -> None:
+    """Answer each frame with the same frame (with ``reply_bytes``: with one
+    frame of that size, as a pull's reply; perf.worker_cpu)."""
+    reply = None if reply_bytes is None else _LEN.pack(reply_bytes - 4) + bytes(reply_bytes - 4)
     conn = accept(lsock)
     buf = bytearray(1 << 16)
     mv = memoryview(buf)
@@ -149,7 +152,7 @@ def _echo(lsock: socket.socket) -> None:
                 raise ValueError(f"bad frame length {length}")
             if have - pos < 4 + length:
                 break
-            conn.sendall(mv[pos:pos + 4 + length])
+            conn.sendall(mv[pos:pos + 4 + length] if reply is None else reply)
             pos += 4 + length
         if pos:
             buf[:have - pos] = buf[pos:have]

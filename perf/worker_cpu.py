@@ -1,0 +1,286 @@
+"""Worker CPU per request: what one request costs the broker worker that
+serves it, read from /proc rather than inferred from a rate.
+
+A rate on a busy or small machine mixes the worker's cost with the client's
+and the scheduler's; the worker's own CPU time does not. So: one broker with
+one worker (``workerProcessNums=1``: that process is the whole worker cost),
+the client in this process, and around N requests the utime + stime of every
+worker (/proc/<pid>/stat fields 14 and 15, in clock ticks of 1/SC_CLK_TCK s)
+read before and after:
+
+- broker_cpu_send_100B_<tr>: SEND_MESSAGE_V2 (310) of 100 B, one at a time;
+- broker_cpu_send_100B_w64_<tr>: the same with 64 requests in flight on the
+  one connection;
+- broker_cpu_pull_32x1KiB_<tr>: PULL_MESSAGE (11) of 32 × 1 KiB messages,
+  one at a time, over a backlog of 64 such pulls pulled round and round.
+
+``<tr>`` is the Unix socket (TCP loopback where there is none). N grows until
+the workers used at least MIN_CPU_S of CPU (and at least the row's request
+count), so one clock tick (10 ms) is at most 1% of the figure (0.5% full
+size); ``tick_share`` says what it was. Every send must be answered SUCCESS
+at the next queue offset (the queue's maxOffset and last body are checked at
+the end), every pull must return 32 records in 32 × record bytes (a sample
+decoded and compared with what was sent).
+
+The limit, measured in the same run and the same way (its process's CPU over
+N requests): a raw Python server doing one recv + one send per request
+(perf.net_limits' echo process, 200-byte frames), one in flight for the
+single sends, 64 in flight for the pipelined ones (the echo then reads
+several frames per recv, as the worker may), and for the pull the same
+server answering each 200-byte request with a frame the size of the pull's
+reply. ratio = value / limit: times the raw server's CPU, lower is better.
+The CPU the other broker processes (boss, flusher, services) used meanwhile
+is reported beside it (``others_us``), not counted.
+
+With ``--broker HOST:PORT`` the named broker is measured when it runs on
+this host (its Unix socket is here): its boss is the process that listens
+on that socket (SO_PEERCRED), its workers that boss's shmq-worker-N
+children, all of them summed. Elsewhere its workers cannot be read and the
+bench is skipped with the reason. Other load on a named broker counts too.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+from perf import Skipped
+from perf.broker import (SUCCESS, TIMEOUT_S, batch_body, batch_cmd, body_of, broker, check,
+                         create_topic, pull_cmd, records, send_cmd, verify_queues)
+from perf.net_limits import FORK, FRAME_BYTES, _check_exit, _echo, connect, listener, recv_exactly
+from shmq.client.remoting import RemotingClient
+from shmq.ipc.remoting import encode
+from shmq.tools.profile import broker_processes
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+WINDOW = 64
+PULL_MSGS, PULL_BODY = 32, 1024
+BACKLOG_PULLS = 64                          # 2,048 messages of 1 KiB pulled in turn
+CHUNK = 500                                 # requests between two looks at the clock
+
+
+# ------------------------------------------------------------------ CPU time from /proc
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid`` in clock ticks (/proc/<pid>/stat fields 14, 15)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError as e:
+        raise RuntimeError(f"process {pid} is gone mid-measurement: {e}") from e
+    fields = stat[stat.rindex(")") + 2:].split()        # fields[0] is field 3 (state)
+    return int(fields[11]) + int(fields[12])
+
+
+def ticks(pids) -> int:
+    return sum(cpu_ticks(p) for p in pids)
+
+
+def measure(pids, step, min_n: int, min_cpu_s: float, max_wall_s: float, others=()) -> dict:
+    """Call ``step()`` (it makes some requests and returns how many) until at
+    least ``min_n`` requests were made and ``pids`` used at least
+    ``min_cpu_s`` of CPU (or ``max_wall_s`` passed): µs of their CPU per request."""
+    o0, t0, w0 = ticks(others), ticks(pids), time.monotonic()
+    n = 0
+    while True:
+        n += step()
+        used = ticks(pids) - t0
+        wall = time.monotonic() - w0
+        if (n >= min_n and used >= min_cpu_s * CLK_TCK) or wall > max_wall_s:
+            break
+    if used <= 0:
+        raise RuntimeError(f"{n} requests in {wall:.1f} s used no measurable CPU of pids {list(pids)}")
+    other = ticks(others) - o0
+    return {"us": used / CLK_TCK / n * 1e6, "n": n, "cpu_s": used / CLK_TCK, "wall_s": wall,
+            "tick_share": 1 / used, "others_us": other / CLK_TCK / n * 1e6}
+
+
+# ------------------------------------------------------------------ the broker's workers
+def peer_pid(unix_path: str) -> int:
+    """The pid of the process that listens on a Unix socket (SO_PEERCRED; 0 when not visible)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(unix_path)
+        pid, _uid, _gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                           struct.calcsize("3i")))
+    return pid
+
+
+def workers_of(ctx) -> tuple[object, int, list[int], list[int]]:
+    """(broker, boss pid, worker pids, the other broker processes' pids)."""
+    named = getattr(ctx, "named_broker", None)
+    if named is not None:
+        if named.unix is None:
+            raise Skipped(f"the named broker {named.tcp} is not on this host (its Unix socket is not "
+                          f"here): its workers' CPU time cannot be read from /proc")
+        b = broker(ctx)
+        boss = peer_pid(named.unix)
+        if boss <= 0 or not os.path.exists(f"/proc/{boss}/stat"):
+            raise Skipped(f"the process listening on {named.unix} (the named broker's boss) is not "
+                          f"visible here (pid {boss}): another PID namespace?")
+    else:
+        b = broker(ctx, name="cpu", workerProcessNums=1)
+        boss = b.proc.pid
+    roles, _ = broker_processes(boss)
+    workers = [pid for role, pid in roles if role.startswith("worker")]
+    if not workers:
+        raise RuntimeError(f"no shmq-worker-N process under the broker's boss (pid {boss}): {roles}")
+    return b, boss, workers, [pid for role, pid in roles if not role.startswith("worker")]
+
+
+# ------------------------------------------------------------------ the limit: a raw server's CPU
+def raw_server_cpu(transport: str, scratch: str, window: int, min_n: int, min_cpu_s: float,
+                   max_wall_s: float, reply_bytes: int | None = None) -> dict:
+    """CPU per request of net_limits' echo process (one recv + one send per
+    request), ``window`` 200-byte requests in flight; with ``reply_bytes`` it
+    answers each with a frame of that size instead of the request."""
+    lsock, addr = listener(transport, scratch)
+    p = FORK.Process(target=_echo, args=(lsock, reply_bytes), daemon=True)
+    p.start()
+    lsock.close()
+    frame = struct.pack(">i", FRAME_BYTES - 4) + os.urandom(FRAME_BYTES - 4)
+    want = reply_bytes or FRAME_BYTES
+    mv = memoryview(bytearray(want))
+    s = connect(transport, addr)
+    try:
+        def step(k=CHUNK):
+            for _ in range(k):
+                recv_exactly(s, mv)
+                s.sendall(frame)
+            return k
+
+        for _ in range(window):
+            s.sendall(frame)
+        step(2000)                                                  # warm both sides
+        got = measure([p.pid], step, min_n, min_cpu_s, max_wall_s)
+        for _ in range(window):
+            recv_exactly(s, mv)
+        if reply_bytes is None and bytes(mv) != frame:
+            raise AssertionError("echo returned different bytes")
+        if reply_bytes is not None and struct.unpack_from(">i", mv)[0] != reply_bytes - 4:
+            raise AssertionError("the raw server's reply has the wrong length")
+    finally:
+        s.close()
+    _check_exit(p, "raw server")
+    return got
+
+
+# ------------------------------------------------------------------ the requests
+class Sender:
+    """100 B sends to queue 0 of ``topic``, ``window`` in flight: each reply must
+    be SUCCESS at the next queue offset (one connection: in order)."""
+
+    def __init__(self, c: RemotingClient, topic: str, window: int):
+        self.c, self.topic, self.window = c, topic, window
+        self.pending: dict[int, int] = {}
+        self.issued = self.acked = 0
+
+    def _reply(self) -> None:
+        r = self.c.recv(timeout=TIMEOUT_S)
+        i = self.pending.pop(r.opaque)
+        if r.code != SUCCESS or int(r.ext["queueOffset"]) != i:
+            raise AssertionError(f"send {i}: code {r.code} ({r.remark}), "
+                                 f"queueOffset {r.ext.get('queueOffset')}")
+        self.acked += 1
+
+    def step(self, k: int = CHUNK) -> int:
+        """``k`` replies, keeping ``window`` requests in flight (they stay in flight)."""
+        for _ in range(k):
+            while len(self.pending) < self.window:
+                self.pending[self.c.send(send_cmd(self.topic, 0, body_of(0, self.issued)))] = self.issued
+                self.issued += 1
+            self._reply()
+        return k
+
+    def drain(self) -> None:
+        while self.pending:
+            self._reply()
+
+
+def fill_backlog(c: RemotingClient, topic: str) -> int:
+    """BACKLOG_PULLS × PULL_MSGS messages of 1 KiB in queue 0; the record size."""
+    total = BACKLOG_PULLS * PULL_MSGS
+    for off in range(0, total, 256):
+        bodies = [body_of(0, off + j, PULL_BODY) for j in range(min(256, total - off))]
+        r = check(c.invoke(batch_cmd(topic, 0, batch_body(bodies)), timeout=TIMEOUT_S), what="backlog")
+        if int(r.ext["queueOffset"]) != off:
+            raise AssertionError(f"backlog: queueOffset {r.ext['queueOffset']} != {off}")
+    verify_queues(c, topic, {0: (total, body_of(0, total - 1, PULL_BODY))})
+    r = check(c.invoke(pull_cmd(topic, 0, 0, 1), timeout=TIMEOUT_S), what="first pull")
+    return records(r.body)[0][3]
+
+
+class Puller:
+    """Pulls of PULL_MSGS from queue 0, one at a time, round the backlog; each
+    must return PULL_MSGS records of ``rec`` bytes (one in 64 decoded and checked)."""
+
+    def __init__(self, c: RemotingClient, topic: str, rec: int):
+        self.c, self.topic, self.rec = c, topic, rec
+        self.n = 0
+        self.reply_bytes = 0
+
+    def step(self, k: int = CHUNK) -> int:
+        for _ in range(k):
+            off = (self.n % BACKLOG_PULLS) * PULL_MSGS
+            r = self.c.invoke(pull_cmd(self.topic, 0, off, PULL_MSGS), timeout=TIMEOUT_S)
+            if r.code != SUCCESS:
+                raise RuntimeError(f"pull @{off}: code {r.code} ({r.remark})")
+            got = int(r.ext["nextBeginOffset"]) - off
+            if got != PULL_MSGS or len(r.body) != PULL_MSGS * self.rec:
+                raise AssertionError(f"pull @{off}: {got} messages in {len(r.body)} bytes, "
+                                     f"asked {PULL_MSGS} of {self.rec} B")
+            if self.n % 64 == 0:
+                recs = records(r.body)
+                if ([(q, o) for q, o, _, _ in recs] != [(0, off + j) for j in range(PULL_MSGS)]
+                        or recs[-1][2] != body_of(0, off + PULL_MSGS - 1, PULL_BODY)):
+                    raise AssertionError(f"pull @{off}: not the records sent there")
+                self.reply_bytes = len(encode(r))
+            self.n += 1
+        return k
+
+
+# ------------------------------------------------------------------ bench
+def run(ctx, result):
+    b, boss, workers, others = workers_of(ctx)
+    tr = b.transports[0]                                        # Unix when there is one
+    quick = ctx.quick
+    min_cpu_s = 1.0 if quick else 2.0
+    max_wall_s = 60.0 if quick else 180.0
+    min_sends, min_pulls = (2_000, 500) if quick else (20_000, 5_000)
+    where = (f"{len(workers)} worker{'s' if len(workers) > 1 else ''} of "
+             + (f"the named broker {b.tcp}" if ctx.named_broker is not None else "a broker started here"))
+
+    def row(name, got, raw, limit_name, **extra):
+        return result(name, got["us"], "us CPU/req", raw["us"],
+                      f"{limit_name}; ratio = times its CPU per request, lower is better",
+                      requests=got["n"], worker_cpu_s=round(got["cpu_s"], 3),
+                      wall_s=round(got["wall_s"], 2), tick_share=round(got["tick_share"], 5),
+                      others_us=round(got["others_us"], 2), workers=len(workers), boss_pid=boss,
+                      measured=where, raw_requests=raw["n"], raw_tick_share=round(raw["tick_share"], 5),
+                      clk_tck=CLK_TCK, **extra)
+
+    for window in (1, WINDOW):
+        topic = f"PerfCpuSend{window}_{tr}"
+        with RemotingClient(b.addr(tr)) as c:
+            create_topic(c, topic, 1)
+            s = Sender(c, topic, window)
+            s.step(2000 if not quick else 500)                      # warm the path
+            got = measure(workers, s.step, min_sends, min_cpu_s, max_wall_s, others)
+            s.drain()
+            verify_queues(c, topic, {0: (s.issued, body_of(0, s.issued - 1))})
+        raw = raw_server_cpu(tr, ctx.scratch, window, min_sends, min_cpu_s, max_wall_s)
+        yield row(f"broker_cpu_send_100B{'' if window == 1 else f'_w{window}'}_{tr}", got, raw,
+                  f"raw Python echo process, one recv + one send per request ({tr}, {FRAME_BYTES} B, "
+                  f"{window} in flight)", requests_in_flight=window, body_bytes=100, target_us=20)
+
+    topic = f"PerfCpuPull_{tr}"
+    with RemotingClient(b.addr(tr)) as c:
+        create_topic(c, topic, 1)
+        rec = fill_backlog(c, topic)
+        p = Puller(c, topic, rec)
+        p.step(200)                                                 # warm
+        got = measure(workers, p.step, min_pulls, min_cpu_s, max_wall_s, others)
+    raw = raw_server_cpu(tr, ctx.scratch, 1, min_pulls, min_cpu_s, max_wall_s, reply_bytes=p.reply_bytes)
+    yield row(f"broker_cpu_pull_{PULL_MSGS}x1KiB_{tr}", got, raw,
+              f"raw Python server, one recv + one send per request ({tr}, {FRAME_BYTES} B request, "
+              f"{p.reply_bytes} B reply as the pull's, 1 in flight)",
+              max_msg_nums=PULL_MSGS, record_bytes=rec, reply_bytes=p.reply_bytes, target_us=30)
