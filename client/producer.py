@@ -57,9 +57,31 @@ _ENTRY = struct.Struct(">iiiii")
 Selector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 
 
+def java_hash_code(arg: Any) -> int:
+    """``arg.hashCode()`` as Java computes it, so an order key picks the same
+    queue in every process, after every restart, and in a Java producer:
+    a str is a ``String`` (31-polynomial over UTF-16 code units, int32
+    wrap-around), an int in the int32 range an ``Integer`` (itself), a larger
+    one a ``Long`` (``(int) (v ^ (v >>> 32))``). (Python's ``hash`` of a str
+    is salted per process.) Anything else hashes as its ``str``."""
+    if isinstance(arg, bool) or not isinstance(arg, int):
+        units = str(arg).encode("utf-16-be")
+        h = 0
+        for (cu,) in struct.iter_unpack(">H", units):
+            h = (31 * h + cu) & 0xFFFFFFFF
+    elif -2**31 <= arg < 2**31:
+        return arg
+    else:
+        v = arg & 0xFFFFFFFFFFFFFFFF
+        h = (v ^ (v >> 32)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
 def select_by_hash(queues: list[MessageQueue], msg: Message, arg: Any) -> MessageQueue:
-    """SelectMessageQueueByHash: the same ``arg`` (an order id) → the same queue."""
-    return queues[abs(hash(arg) if not isinstance(arg, int) else arg) % len(queues)]
+    """SelectMessageQueueByHash: the same ``arg`` (an order id) → the same
+    queue, as RocketMQ picks it: ``abs(arg.hashCode() % n)`` with Java's
+    hashCode (``java_hash_code``)."""
+    return queues[abs(java_hash_code(arg)) % len(queues)]   # |Java's %| = |h| mod n
 
 
 @dataclass

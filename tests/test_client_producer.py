@@ -155,3 +155,26 @@ def test_a_broker_on_this_host_is_reached_over_its_unix_socket(broker, request):
             assert p.send(Message(topic, b"x")).status is SendStatus.SEND_OK
             addrs = {c.addr for c in p._p.instance.conns.values()}
         assert any(a == f"unix:{broker.unix}" for a in addrs) is unix, addrs
+
+
+def test_select_by_hash_picks_the_queue_java_picks_in_every_process():
+    """SelectMessageQueueByHash is abs(arg.hashCode() % n) with Java's
+    hashCode: the same order key lands on the same queue in every producer
+    process, after restarts, and in a Java producer (Python's str hash is
+    salted per process)."""
+    import subprocess
+    import sys
+    from shmq.client.producer import java_hash_code
+    # values Java gives: String, Integer and Long hashCodes
+    assert [java_hash_code(s) for s in ("hello", "Aa", "BB", "", "polygenelubricants", "日本", "😀")] \
+        == [99162322, 2112, 2112, 0, -2**31, 835047, 1772899]
+    assert [java_hash_code(v) for v in (7, -5, 2**40, -(2**40))] == [7, -5, 256, -256]
+    queues = list(range(8))
+    picks = {key: select_by_hash(queues, None, key) for key in ("order-1", "order-2", "日本", 12345)}
+    assert select_by_hash(queues, None, "polygenelubricants") == 0          # abs(MIN_VALUE % 8)
+    code = ("from shmq.client import select_by_hash; "
+            "print([select_by_hash(list(range(8)), None, k) for k in ('order-1', 'order-2', '日本', 12345)])")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env={**__import__("os").environ, "PYTHONHASHSEED": seed})
+        assert out.stdout.strip() == str(list(picks.values())), out.stderr
