@@ -49,7 +49,7 @@ from .reactor import SignalWakeup
 from .registry import Registry, registry_bytes
 from .services import services_main
 from .shared_store import StoreOwner, extra_region
-from .topics import Tables
+from .topics import Tables, check_config_files
 from .worker import boss_address, worker_main
 
 log = logging.getLogger("shmq.boss")
@@ -133,6 +133,7 @@ class Boss:
         raises ``Interrupted`` at the next step; the caller then stops."""
         c = self.config
         try:
+            check_config_files(c)   # a bad config file: one line naming it, before anything runs
             compile_cold(jit.BROKER, should_stop=lambda: self.stopping)
             multiprocessing.forkserver.ensure_running()   # it loads while we recover
             jit.load(jit.BROKER)     # from the cache, now complete

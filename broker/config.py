@@ -35,6 +35,12 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+# Settings UPDATE_BROKER_CONFIG changes at once on every worker (kept in
+# config/brokerConfig.json, so they hold across restarts). Every other setting
+# is read once at start, from broker.conf: a request to change one is refused
+# (RocketMQ refuses its configBlackList the same way, with NO_PERMISSION).
+RUNTIME_SETTINGS = frozenset({"brokerPermission"})
+
 # The topic producers name to have the broker create a new topic (TopicValidator).
 DEFAULT_TOPIC = "TBW102"
 

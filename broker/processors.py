@@ -47,7 +47,7 @@ from shmq.ipc.remoting import (
     encode_head,
 )
 
-from .config import BrokerConfig, conf_text, parse_conf
+from .config import RUNTIME_SETTINGS, BrokerConfig, conf_text, parse_conf
 from .delivery import (
     DELAY,
     ORIGIN_MESSAGE_ID,
@@ -1101,26 +1101,48 @@ class Processors:
                                     "dataVersion": self.tables.topics.data_version()})
 
     def update_broker_config(self, conn, cmd) -> None:
-        """UPDATE_BROKER_CONFIG: a properties body (key=value lines). Every
-        key is checked and kept in config/brokerConfig.json (applied at the
-        next start); brokerPermission applies at once (wipe write permission
-        to drain a broker before a restart)."""
+        """UPDATE_BROKER_CONFIG: a properties body (key=value lines). Every key
+        is checked; the settings applied at runtime (RUNTIME_SETTINGS:
+        brokerPermission, at once on every worker, to drain a broker before a
+        restart) are kept in config/brokerConfig.json. A request that would
+        change any other setting is refused whole (NO_PERMISSION, as RocketMQ
+        refuses its configBlackList), the remark naming each such setting: they
+        are read at start, from broker.conf. Setting one to the value in effect
+        is accepted and changes nothing."""
         try:
             values = parse_conf(bytes(cmd.body).decode("utf-8"), "the request body")
-            BrokerConfig.from_strings({**self.tables.broker.current(), **values})
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(R.SYSTEM_ERROR, f"update broker config failed: {e}") from None
-        known = {name for name, _, _ in self.config.describe()}
-        unknown = sorted(set(values) - known)
+        in_effect = {name: value for name, value, _ in self.config.describe()}
+        unknown = sorted(set(values) - set(in_effect))
         if unknown:
             raise BadRequest(R.SYSTEM_ERROR, f"update broker config failed: unknown settings "
                                              f"{', '.join(unknown)}")
-        self.tables.broker.update(values)
-        log.info("broker config updated: %s", values)
+        live = {k: v for k, v in self.tables.broker.current().items() if k in RUNTIME_SETTINGS}
+        try:
+            new, _ = BrokerConfig.from_strings(
+                {**{k: conf_text(v) for k, v in in_effect.items()}, **live, **values})
+        except ValueError as e:
+            raise BadRequest(R.SYSTEM_ERROR, f"update broker config failed: {e}") from None
+        wanted = {name: value for name, value, _ in new.describe()}
+        refused = sorted(k for k in values if k not in RUNTIME_SETTINGS and wanted[k] != in_effect[k])
+        if refused:
+            raise BadRequest(R.NO_PERMISSION, f"{', '.join(refused)} "
+                             f"{'needs' if len(refused) == 1 else 'need'} a restart: change "
+                             f"broker.conf (at runtime only {', '.join(sorted(RUNTIME_SETTINGS))} "
+                             f"can change); nothing was updated")
+        changes = {k: conf_text(wanted[k]) for k in values if k in RUNTIME_SETTINGS}
+        # drop what an older shmq kept here: settings it never applied
+        changes.update({k: None for k in self.tables.broker.current() if k not in RUNTIME_SETTINGS})
+        if changes:
+            self.tables.broker.update(changes)
+            log.info("broker config updated: %s", changes)
         self.respond(conn, cmd, cmd.reply(R.SUCCESS))
 
     def get_broker_config(self, conn, cmd) -> None:
-        runtime = self.tables.broker.current()
+        """The settings in effect: broker.conf's, with RUNTIME_SETTINGS as
+        UPDATE_BROKER_CONFIG last set them."""
+        runtime = {k: v for k, v in self.tables.broker.current().items() if k in RUNTIME_SETTINGS}
         lines = [f"{name}={conf_text(runtime.get(name, value))}"
                  for name, value, _ in self.config.describe()]
         reply = cmd.reply(R.SUCCESS, body="\n".join(lines).encode() + b"\n",

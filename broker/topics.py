@@ -10,16 +10,19 @@ broker with the NameServers at once.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
 
-from shmq.core.checkpoint import load_table, save_table
+from shmq.core.checkpoint import CONFIG_TABLES, config_path, load_table, save_table
 from shmq.core.files import REAL_FILES
 from shmq.core.state import StoreState
 from shmq.ipc.table import FileLock
 
-from .config import DEFAULT_TOPIC, BrokerConfig
+from .config import DEFAULT_TOPIC, RUNTIME_SETTINGS, BrokerConfig
+
+log = logging.getLogger("shmq.config")
 
 PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
 TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
@@ -63,6 +66,22 @@ def group_config(name: str, retry_queues: int = 1) -> dict:
             "consumeBroadcastEnable": True, "retryQueueNums": retry_queues, "retryMaxTimes": 16,
             "brokerId": 0, "whichBrokerWhenConsumeSlowly": 1,
             "notifyConsumerIdsChangedEnable": True}
+
+
+def check_config_files(config: BrokerConfig) -> None:
+    """Load every config table once, before the broker starts: one that
+    neither its file nor its ``.bak`` supplies raises ConfigFileError naming
+    the file and the key; a ``.bak`` fallback is a WARNING naming both. Settings
+    an older shmq kept in brokerConfig.json but never applied are a WARNING."""
+    root = config.store.storePathRootDir
+    tables = {name: load_table(REAL_FILES, root, name) for name in CONFIG_TABLES}
+    kept = tables["brokerConfig.json"].get("brokerConfigTable", {})
+    stale = sorted(k for k in kept if k not in RUNTIME_SETTINGS)
+    if stale:
+        log.warning("config file %s: %s not applied: only %s can change at runtime; set the "
+                    "rest in broker.conf (the next UPDATE_BROKER_CONFIG removes them here)",
+                    config_path(root, "brokerConfig.json"),
+                    ", ".join(f"{k}={kept[k]}" for k in stale), ", ".join(sorted(RUNTIME_SETTINGS)))
 
 
 class _Table:

@@ -281,10 +281,21 @@ def test_booleans_print_as_mqadmin_prints_them(broker):
 def test_get_and_update_broker_config_round_trip(broker):
     before = ok(broker, "getBrokerConfig", "-b", broker.addr)["brokers"][broker.addr]
     assert before["brokerName"] == BROKER and before["fileReservedTime"] == "72"
-    d = ok(broker, "updateBrokerConfig", "-c", CLUSTER, "-k", "fileReservedTime", "-v", "48")
-    assert d["brokers"] == [broker.addr]
-    after = ok(broker, "getBrokerConfig", "-c", CLUSTER)["brokers"][broker.addr]
-    assert after["fileReservedTime"] == "48"
+    assert before["brokerPermission"] == "6"
+    try:
+        d = ok(broker, "updateBrokerConfig", "-c", CLUSTER, "-k", "brokerPermission", "-v", "4")
+        assert d["brokers"] == [broker.addr]
+        after = ok(broker, "getBrokerConfig", "-c", CLUSTER)["brokers"][broker.addr]
+        assert after["brokerPermission"] == "4"
+    finally:
+        ok(broker, "updateBrokerConfig", "-b", broker.addr, "-k", "brokerPermission", "-v", "6")
+    # a setting read at start is refused, named, and left as it is
+    rc, _, err = admin(broker, "updateBrokerConfig", "-b", broker.addr, "-k", "fileReservedTime",
+                       "-v", "48")
+    assert rc == 1 and "NO_PERMISSION (16)" in err and "fileReservedTime needs a restart" in err
+    after = ok(broker, "getBrokerConfig", "-b", broker.addr)["brokers"][broker.addr]
+    assert after["fileReservedTime"] == "72" and after["brokerPermission"] == "6"
+    # its value in effect is no change: accepted
     ok(broker, "updateBrokerConfig", "-b", broker.addr, "-k", "fileReservedTime", "-v", "72")
 
 
