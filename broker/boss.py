@@ -26,10 +26,12 @@ accepting, stop the workers (they answer what is parked), stop services
 """
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -69,6 +71,36 @@ GIVE_UP_AFTER = 5
 # long (RocketMQ's registerBrokerTimeoutMills); past it the line is printed
 # with a warning and the services keep trying.
 REGISTER_WAIT_S = 6.0
+# accept() failing for want of descriptors (EMFILE/ENFILE) is logged at most
+# once per this many seconds, with how many failed meanwhile.
+FD_LOG_EVERY_S = 1.0
+
+
+def raise_nofile() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (capped by
+    fs.nr_open when the hard limit is unlimited), before any child starts,
+    so every child inherits it. At the usual soft 1,024 a busy broker runs
+    out of descriptors. Returns the soft limit in effect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as e:
+            log.warning("open files limit (RLIMIT_NOFILE) stays at %d: raising it to %d "
+                        "failed: %s", soft, target, e)
+            return soft
+        log.info("open files limit (RLIMIT_NOFILE) raised from %d to %d (the hard limit)",
+                 soft, target)
+        return target
+    log.info("open files limit (RLIMIT_NOFILE) is %d (hard %d)", soft, hard)
+    return soft
 
 
 class ChildFailing(RuntimeError):
@@ -126,12 +158,15 @@ class Boss:
         self.namesrv_sock: socket.socket | None = None
         self.restarts: dict[str, Restarts] = {}
         self.next_index = 0
+        self.fd_failures = 0                  # accepts failed (EMFILE/ENFILE) since the last line
+        self.fd_logged_at = float("-inf")
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
         """Everything up to the ready line. A signal meanwhile (``stopping``)
         raises ``Interrupted`` at the next step; the caller then stops."""
         c = self.config
+        raise_nofile()   # before the compilers and the fork server: every child inherits it
         try:
             check_config_files(c)   # a bad config file: one line naming it, before anything runs
             compile_cold(jit.BROKER, should_stop=lambda: self.stopping)
@@ -205,7 +240,11 @@ class Boss:
         if os.path.exists(path):
             os.unlink(path)    # left by a previous run: we hold the store lock
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        unix.bind(path)
+        old_umask = os.umask(0o177)   # the socket is made 0600: only this user may connect
+        try:
+            unix.bind(path)
+        finally:
+            os.umask(old_umask)
         unix.listen(4096)
         chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         chan.bind(boss_address(self.owner.cb.namespace))
@@ -293,7 +332,10 @@ class Boss:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:   # EMFILE and the like: log, keep serving
-                log.error("accept on %s failed: %s", what, e)
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self._out_of_fds(what, e)
+                else:
+                    log.error("accept on %s failed: %s", what, e)
                 return
             peer = f"{addr[0]}:{addr[1]}" if what == "tcp" else "unix"
             if not self.chans:
@@ -303,6 +345,23 @@ class Boss:
                     self.pending.append((sock, peer))
                 continue
             self._hand(sock, peer)
+
+    def _out_of_fds(self, what: str, e: OSError) -> None:
+        """One ERROR line a second at most (not one per failed accept), naming
+        the limit and how to raise it."""
+        self.fd_failures += 1
+        now = time.monotonic()
+        if now - self.fd_logged_at < FD_LOG_EVERY_S:
+            return
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        which = ("the system-wide limit (fs.file-max)" if e.errno == errno.ENFILE
+                 else f"the open files limit (RLIMIT_NOFILE soft {soft}, hard {hard})")
+        log.error("accept on %s failed: %s (%d time(s) since the last such line): %s is "
+                  "reached, connections wait or are refused: raise it (ulimit -n before shmq "
+                  "broker, LimitNOFILE= in a systemd unit, nofile in /etc/security/limits.conf)",
+                  what, e.strerror, self.fd_failures, which)
+        self.fd_failures = 0
+        self.fd_logged_at = now
 
     def _hand(self, sock: socket.socket, peer: str) -> None:
         index = min(self.chans, key=lambda i: self.handed[i])

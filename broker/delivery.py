@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+from shmq.core.files import FILE_MODE
 from shmq.core.layout import (
     OFF_PHYSICALOFFSET,
     OFF_QUEUEOFFSET,
@@ -265,7 +266,7 @@ class Progress:
     def __init__(self, root: str):
         path = os.path.join(root, "config", PROGRESS_FILE)
         self.created = not os.path.exists(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             if os.fstat(fd).st_size < PROGRESS_SLOTS * 8:
                 os.ftruncate(fd, PROGRESS_SLOTS * 8)

@@ -137,7 +137,7 @@ class Tables:
     def __init__(self, config: BrokerConfig, state: StoreState, on_change=None):
         self.config = config
         root = config.store.storePathRootDir
-        os.makedirs(os.path.join(root, "config"), exist_ok=True)
+        REAL_FILES.makedirs(os.path.join(root, "config"))   # owner-only (core/files.py)
         self.lock = FileLock(os.path.join(root, "config", ".lock"))
         self.topics = _Table(root, "topics.json", "topicConfigTable", state, self.lock)
         self.groups = _Table(root, "subscriptionGroup.json", "subscriptionGroupTable", state,

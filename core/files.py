@@ -12,22 +12,33 @@ numpy arrays over the same bytearray, so writes through a mapping are
 Invariant of both layers: a segment file appears under its final name only
 when it is complete (created under a temporary name, then hard-linked; a
 second creator finds the name taken and uses the existing file).
+
+Everything the real layer creates is owner-only: files ``FILE_MODE`` (0600),
+directories ``DIR_MODE`` (0700), whatever the umask. Taking the store's lock
+also takes group and other permissions off a store directory that an
+older version made 0755, so the 0644 files inside it are out of reach too.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
 import fcntl
+import logging
 import mmap
 import os
 import random
 import shutil
+import stat
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
 _libc = ctypes.CDLL(None, use_errno=True)
+log = logging.getLogger("shmq.store")
+
+FILE_MODE = 0o600   # every file the store creates: owner-only
+DIR_MODE = 0o700    # every directory it creates
 
 PAGE_BYTES = 4096
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -42,6 +53,40 @@ class StoreDirError(RuntimeError):
     """The store directory cannot be made."""
 
 
+def make_dirs(path: str) -> None:
+    """``os.makedirs`` with every directory it makes ``DIR_MODE``
+    (``os.makedirs`` gives its mode to the last one only)."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path.rstrip("/"))
+    if parent and parent != path:
+        make_dirs(parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+
+
+def make_owner_only(root: str) -> None:
+    """Take group and other permissions off the store directory (one an
+    older version made 0755), so nothing inside is reachable by other users.
+    Only a directory this user owns that is not sticky (never /tmp); a
+    failure is a warning, not a refusal to start."""
+    try:
+        st = os.stat(root)
+        if (st.st_mode & 0o077 == 0 or st.st_uid != os.geteuid()
+                or st.st_mode & stat.S_ISVTX):
+            return
+        os.chmod(root, stat.S_IMODE(st.st_mode) & 0o700)
+    except OSError as e:
+        log.warning("store directory %s is open to other users and could not be made "
+                    "owner-only: %s", root, e.strerror)
+        return
+    log.warning("store directory %s was mode %04o: made owner-only (%04o), as the store's "
+                "files are", root, stat.S_IMODE(st.st_mode), stat.S_IMODE(st.st_mode) & 0o700)
+
+
 class StoreLock:
     """``<store>/lock``, flock'd by the one process that has the store open
     for writing (RocketMQ's store lock file) for as long as it does: the
@@ -49,12 +94,12 @@ class StoreLock:
 
     def __init__(self, root: str):
         try:
-            os.makedirs(root, exist_ok=True)
+            make_dirs(root)
         except OSError as e:      # a file in the way, no permission: name the setting
             raise StoreDirError(f"storePathRootDir={root}: cannot make the store directory: "
                                 f"{e.strerror}") from None
         self.path = os.path.join(root, "lock")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -64,6 +109,7 @@ class StoreLock:
                              f"(pid {holder or 'unknown'} holds {self.path})") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        make_owner_only(root)
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -110,7 +156,7 @@ class FileLayer:
             return []
 
     def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        make_dirs(path)
 
     def file_size(self, path: str) -> int:
         return os.stat(path).st_size
@@ -134,7 +180,7 @@ class FileLayer:
         if os.path.exists(path):
             return False
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         try:
             if sparse:
                 os.ftruncate(fd, size)
@@ -267,16 +313,17 @@ class FileLayer:
     def write_durable(self, path: str, data: bytes) -> None:
         """Replace ``path`` atomically and durably (tmp, fsync, rename, fsync dir)."""
         tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        with open(fd, "wb") as f:
+            os.fchmod(fd, FILE_MODE)   # a .tmp left by an older version may be 0644
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            os.fsync(fd)
         os.replace(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
 
     def touch(self, path: str) -> None:
-        with open(path, "ab"):
-            pass
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
         self.fsync_dir(os.path.dirname(path) or ".")
 
 
