@@ -35,6 +35,7 @@ import resource
 import selectors
 import signal
 import socket
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -378,11 +379,23 @@ class Boss:
             chan, _ = lsock.accept()
         except (BlockingIOError, InterruptedError):
             return
+        # The channel is an abstract Unix socket, which file permissions do not
+        # guard: only a worker this boss started may say hello (the kernel's
+        # SO_PEERCRED names the peer), or any local user could claim to be a
+        # worker and be handed clients' connections.
+        pid, _uid, _gid = struct.unpack("3i", chan.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
         chan.settimeout(10)
         try:
             line = chan.recv(256).decode()
-            index, slot, _pid = (int(x) for x in line.split())
+            index, slot, said_pid = (int(x) for x in line.split())
         except (OSError, ValueError):
+            chan.close()
+            return
+        worker = self.workers.get(index)
+        if worker is None or worker.pid != pid or said_pid != pid:
+            log.warning("refused a worker hello from pid %d (as worker %d): not a worker this "
+                        "boss started", pid, index)
             chan.close()
             return
         chan.setblocking(True)

@@ -155,3 +155,25 @@ def test_a_client_started_the_instant_the_broker_is_ready_sends_on_its_first_try
             r = p.send(Message("ReadyTopic", b"first"))
         assert r.status.value == "SEND_OK"
         assert b.stop() == 0
+
+
+def test_only_a_worker_the_boss_started_may_take_connections(tmp_path):
+    """The boss hands client connections to workers over an abstract Unix
+    socket, which file permissions do not guard: a process claiming to be a
+    worker is refused (SO_PEERCRED names it), and clients are still served."""
+    import socket as so
+    from shmq.broker.worker import boss_address
+    from shmq.ipc.control import names
+    from shmq.client.requests import send_message
+    with BrokerProc(tmp_path, broker_conf(tmp_path)).start() as b:
+        fake = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        fake.connect(boss_address(names(b.store)[2]))
+        fake.sendall(f"0 5 {os.getpid()}\n".encode())
+        fake.settimeout(10)
+        assert fake.recv(64) == b""                     # closed on us, nothing handed
+        fake.close()
+        assert "refused a worker hello" in b.log()
+        with RemotingClient(b.addr) as c:               # clients still reach real workers
+            assert c.invoke(create_topic("Still", 1)).code == R.SUCCESS
+            assert c.invoke(send_message("Still", b"x", queue_id=0)).code == R.SUCCESS
+        assert b.stop() == 0
