@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -56,7 +57,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
 
     def on_handoff():
         try:
-            msg, fds, _, _ = socket.recv_fds(chan, HANDOFF_MSG_BYTES, HANDOFF_FDS_MAX)
+            msg, fds, flags, _ = socket.recv_fds(chan, HANDOFF_MSG_BYTES, HANDOFF_FDS_MAX)
         except (BlockingIOError, InterruptedError):
             return
         if not msg and not fds:
@@ -64,6 +65,11 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
             reactor.stopping = True
             return
         peers = msg.decode().split("\n")
+        if flags & socket.MSG_CTRUNC:      # the kernel dropped descriptors we had no room for
+            lost = max(0, len([p for p in peers if p]) - len(fds))
+            log.error("lost %d client connection(s) handed by the boss: this worker is out of "
+                      "file descriptors (RLIMIT_NOFILE %d); raise it (ulimit -n, LimitNOFILE=)",
+                      lost, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         for i, fd in enumerate(fds):
             sock = socket.socket(fileno=fd)
             peer = peers[i] if i < len(peers) and peers[i] else f"fd{fd}"
