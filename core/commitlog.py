@@ -77,7 +77,9 @@ class CommitLog:
             if not self.files.exists(path):
                 raise SegmentMissing(f"CommitLog segment {offset_to_file_name(start)} does not exist")
             h = self.files.open(path, writable=not self.read_only)
-            if h.size != self.segment_bytes:
+            if h.size != self.segment_bytes and not (self.read_only and h.size < self.segment_bytes):
+                # a reader maps a short file (cut by a crash, a copy, a full
+                # disk) as far as it goes: recovery repairs it at the next start
                 self.files.close(h)
                 raise ValueError(f"{path}: {h.size} bytes, expected {self.segment_bytes} "
                                  f"(mappedFileSizeCommitLog differs from the store's)")

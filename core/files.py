@@ -202,6 +202,19 @@ class FileLayer:
             self.fsync_dir(os.path.dirname(path))
         return created
 
+    def extend(self, path: str, size: int) -> None:
+        """Grow a file cut short to ``size`` bytes, the new ones zeros,
+        allocated (fallocate: ENOSPC now, not at a later write) and durable.
+        Recovery only, with no handle on the file open."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            old = os.fstat(fd).st_size
+            if size > old:
+                os.posix_fallocate(fd, old, size - old)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def open(self, path: str, writable: bool = True) -> Handle:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         return Handle(path=path, size=os.fstat(fd).st_size, fd=fd, writable=writable)
@@ -381,6 +394,12 @@ class SimFileLayer(FileLayer):
         f.linked = not sparse  # the real layer fsyncs the directory of non-sparse files
         self.files[path] = f
         return True
+
+    def extend(self, path, size):
+        f = self.files[path]
+        if size > len(f.data):
+            f.data = bytearray(bytes(f.data) + bytes(size - len(f.data)))
+            f.durable = bytes(f.durable) + bytes(size - len(f.durable))
 
     def open(self, path, writable=True):
         if path not in self.files:

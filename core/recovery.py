@@ -4,8 +4,23 @@ Runs once, in the process that opens a store, before anyone appends. The
 CommitLog is the only truth; ConsumeQueues are derived and never trusted past
 the checkpoint.
 
-1. Segments must be contiguous and of the configured size; otherwise stop with
-   ``RecoveryError`` (deleting data to "fix" that would lose messages).
+1. Segments must be contiguous, start at multiples of the configured size and
+   be no larger; otherwise stop with ``RecoveryError`` (deleting data to "fix"
+   that would lose messages). A segment shorter than the configured size (cut
+   by a crash, a copy, a full disk) is repaired, not fatal: it is extended
+   with zeros to full size (``_repair_short_segments``, logged at ERROR with the
+   file and both sizes). The last segment's records past the cut were never
+   durable or are lost: the torn-tail rule below truncates at its last whole
+   record. A middle segment (later segments hold records) gets a BLANK record
+   after its last whole record, so the scan goes on into the next segment; the
+   records that lay past the cut are reported as lost (bytes; records counted
+   from the queue offsets of the records after them, whose ConsumeQueue holes
+   are filled with padding units, never reused) and the whole store is
+   re-dispatched. Nothing is invented: no record is made up for what was cut.
+   A sole segment that holds a clean, complete-looking store of another size
+   (whole records then zeros, or a BLANK ending at its end, at a multiple of
+   4096 bytes) is what a store made with another ``mappedFileSizeCommitLog``
+   looks like: that is refused, naming both ways out.
 2. Scan from the start of the segment holding min(checkpoint.cl_flushed,
    checkpoint.cq_flushed) — both record boundaries — or from the first segment
    without a usable checkpoint (or with the consumequeue directory missing).
@@ -33,6 +48,7 @@ checks; the report says which it was.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +65,7 @@ from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, PROPERTY_TAGS, SYSFLAG_TRANSAC
     SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK, offset_to_file_name
 
 SCAN_ROWS = 1 << 16
+log = logging.getLogger("shmq.store")
 _TAGS_KEY = np.frombuffer(PROPERTY_TAGS.encode(), dtype=np.uint8)
 
 
@@ -75,6 +92,27 @@ class RecoveryError(RuntimeError):
 
 
 @dataclass
+class SegmentRepair:
+    """A CommitLog segment found shorter than mappedFileSizeCommitLog and
+    extended to full size with zeros."""
+    name: str
+    old_size: int
+    new_size: int
+    last: bool                    # the last segment (else later segments hold records)
+    records_end: int = 0          # CommitLog offset past its last whole record below the cut
+    lost_bytes: int = 0           # middle: bytes of the segment past records_end that are gone
+    records_lost: int = 0         # middle: records counted missing from the queue offsets after
+
+    def describe(self) -> str:
+        what = (f"CommitLog segment {self.name} was {self.old_size} bytes, "
+                f"extended to {self.new_size}")
+        if self.last:
+            return what + " (the last one: its tail past the cut is truncated like a torn write)"
+        return (what + f" (a middle one: {self.lost_bytes} bytes from {self.records_end} to its end "
+                f"lost, {self.records_lost} records missing by their queue offsets)")
+
+
+@dataclass
 class RecoveryReport:
     mode: str = "normal"                 # "normal" | "abnormal" | "new"
     scan_from: int = 0                   # CommitLog offset the scan started at
@@ -91,6 +129,9 @@ class RecoveryReport:
     offset_anomalies: int = 0            # records whose queue offset did not follow the last
     temp_files_removed: int = 0          # half-made segments left by a crash during creation
     flushed_lost_bytes: int = 0          # checkpointed-durable bytes not found (disk damage)
+    segments_repaired: list[SegmentRepair] = field(default_factory=list)  # short segments extended
+    records_lost: int = 0                # records counted missing (middle segment repairs)
+    cq_files_rebuilt: list[str] = field(default_factory=list)  # ConsumeQueue files of a wrong size
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -103,6 +144,13 @@ class RecoveryReport:
             s += "; ConsumeQueues were incomplete: re-dispatched the whole CommitLog"
         if self.flushed_lost_bytes:
             s += f"; WARNING {self.flushed_lost_bytes} bytes past the end had been flushed"
+        for r in self.segments_repaired:
+            s += f"; ERROR repaired a short segment: {r.describe()}"
+        if self.records_lost:
+            s += f"; ERROR {self.records_lost} records lost in short segments"
+        if self.cq_files_rebuilt:
+            s += (f"; ERROR {len(self.cq_files_rebuilt)} ConsumeQueue files of the wrong size "
+                  f"were removed and rebuilt ({', '.join(self.cq_files_rebuilt)})")
         return s
 
 
@@ -139,7 +187,9 @@ def recover(config: StoreConfig, files: FileLayer,
         rep = RecoveryReport(mode="abnormal" if files.exists(abort_path(root)) else "normal")
         rep.temp_files_removed = cl.remove_temporaries()
         segs = cl.list_segments()
-        _check_segments(cl, segs, seg)
+        short = _check_segments(cl, segs, seg)
+        rep.cq_files_rebuilt = _remove_bad_cq_files(cqs)
+        repaired_middle = _repair_short_segments(cl, segs, short, rep)
         if not segs:
             rep.mode = "new"
             queues = _finish_queues(cqs, {}, {}, 0, 0, rep)
@@ -152,8 +202,11 @@ def recover(config: StoreConfig, files: FileLayer,
         else:
             scan_from = min(max(min(ckpt.cl_flushed, ckpt.cq_flushed), segs[0]), segs[-1])
             scan_from -= scan_from % seg
+        if repaired_middle or rep.cq_files_rebuilt:
+            scan_from = segs[0]   # records lost mid-log, or units lost: re-dispatch everything
+            rep.full_redispatch = bool(repaired_middle)
         kept = _kept_extents(cqs, cl_min, scan_from)
-        dispatch = _Dispatcher(cqs, kept, rep, rules)
+        dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle)
         end, last_ts = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep, dispatch.chunk)
         if ckpt is not None and ckpt.cl_flushed > end:
             rep.flushed_lost_bytes = ckpt.cl_flushed - end
@@ -165,11 +218,17 @@ def recover(config: StoreConfig, files: FileLayer,
             rep.full_redispatch = True
             scan_from = segs[0]
             kept = _kept_extents(cqs, cl_min, scan_from)
-            dispatch = _Dispatcher(cqs, kept, rep, rules)
+            dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle)
             _scan(cl, segs, scan_from, config.checkCRCOnRecover, RecoveryReport(), dispatch.chunk)
         dispatched = dispatch.new_max
         rep.scan_from, rep.end, rep.min_offset = scan_from, end, cl_min
         queues = _finish_queues(cqs, kept, dispatched, cl_min, end, rep)
+        _count_lost(rep, dispatch)
+        for r in rep.segments_repaired:
+            if r.last:
+                log.error("recovery: the CommitLog now ends at %d, after the short last segment %s "
+                          "(%d bytes of a cut record truncated, %d ConsumeQueue units past the end "
+                          "dropped)", end, r.name, rep.bytes_truncated, rep.units_dropped)
         # What survived a process crash may still be only in the page cache:
         # make it durable before anyone counts it as flushed.
         cl.flush(scan_from, end)
@@ -180,19 +239,125 @@ def recover(config: StoreConfig, files: FileLayer,
         cqs.close()
 
 
-def _check_segments(cl: CommitLog, segs: list[int], seg: int) -> None:
+def _check_segments(cl: CommitLog, segs: list[int], seg: int) -> list[tuple[int, int]]:
+    """Refuse what cannot be repaired without losing data; return the short
+    segments, (start, size), to repair. Changes nothing."""
     for a, b in zip(segs, segs[1:]):
         if b != a + seg:
             raise RecoveryError(f"CommitLog segment {offset_to_file_name(a + seg)} is missing "
                                 f"between {offset_to_file_name(a)} and {offset_to_file_name(b)}")
+    short = []
     for s in segs:
         if s % seg:
             raise RecoveryError(f"CommitLog segment {offset_to_file_name(s)} does not start at a "
                                 f"multiple of mappedFileSizeCommitLog={seg}")
         size = cl.files.file_size(cl.path(s))
-        if size != seg:
+        if size > seg:
             raise RecoveryError(f"CommitLog segment {offset_to_file_name(s)} has {size} bytes, "
-                                f"expected mappedFileSizeCommitLog={seg}")
+                                f"expected mappedFileSizeCommitLog={seg} (the store was made with "
+                                f"a larger mappedFileSizeCommitLog: start with that)")
+        if size < seg:
+            if len(segs) == 1 and _whole_store_of_size(cl, s, size):
+                raise RecoveryError(
+                    f"CommitLog segment {offset_to_file_name(s)} has {size} bytes, expected "
+                    f"mappedFileSizeCommitLog={seg}; its records end cleanly, so the store was "
+                    f"probably made with mappedFileSizeCommitLog={size}: start with that. If the "
+                    f"file was cut short instead (a copy, a full disk), extend it with zeros "
+                    f"(truncate -s {seg} {cl.path(s)}) and start again")
+            short.append((s, size))
+    return short
+
+
+def _whole_store_of_size(cl: CommitLog, s: int, size: int) -> bool:
+    """Does the segment file at ``s`` look complete at its own ``size``: a
+    4096-multiple holding whole records then only zeros, or ending with a
+    BLANK record exactly at its end? (A cut file ends mid-record or in data.)"""
+    if size <= 0 or size % 4096:
+        return False
+    h = cl.files.open(cl.path(s), writable=False)
+    try:
+        buf = cl.files.map(h)
+        pos, status = _records_end(buf, s)
+        if status == K.SCAN_BLANK:
+            return True
+        return status == K.SCAN_END and int(K.last_nonzero(buf, pos)) < 0
+    finally:
+        cl.files.close(h)
+
+
+def _records_end(buf: np.ndarray, base: int) -> tuple[int, int]:
+    """(position past the last whole record of ``buf``, scan status)."""
+    out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
+    pos = 0
+    while True:
+        _, pos, status = K.scan_records(buf, pos, buf.shape[0], base, True, K.CRC_TABLES,
+                                        _TAGS_KEY, out)
+        if status != K.SCAN_FULL:
+            return pos, status
+
+
+def _repair_short_segments(cl: CommitLog, segs: list[int], short: list[tuple[int, int]],
+                           rep: RecoveryReport) -> bool:
+    """Extend each short segment to full size with zeros; a middle one also
+    gets a BLANK record after its last whole record (what was past it is
+    gone). Returns whether a middle segment was repaired."""
+    seg = cl.segment_bytes
+    middle = False
+    for s, size in short:
+        last = s == segs[-1]
+        r = SegmentRepair(offset_to_file_name(s), size, seg, last)
+        # its records past the cut: never durable (a crash) or lost (a copy, a disk)
+        cl.files.extend(cl.path(s), seg)
+        if not last:
+            middle = True
+            buf = cl.map(s)
+            pos, status = _records_end(buf[:size], s)
+            if status == K.SCAN_BLANK:      # cannot be: a BLANK ends at the full size
+                pos = size
+            pos = min(pos, seg - 8)
+            r.records_end = s + pos
+            r.lost_bytes = seg - pos
+            cl.zero(s + pos, s + size)        # the record the cut went through
+            cl.write_blank(s + pos)
+            cl.flush(s, s + seg)
+        rep.segments_repaired.append(r)
+        log.error("recovery: %s", r.describe())
+    return middle
+
+
+def _remove_bad_cq_files(cqs: ConsumeQueues) -> list[str]:
+    """ConsumeQueue files of another size than mappedFileSizeConsumeQueue are
+    derived data: remove them (recovery rebuilds them from the CommitLog)."""
+    out = []
+    for topic, qid in cqs.list_queues():
+        for fi in cqs.list_files(topic, qid):
+            path = cqs.file_path(topic, qid, fi)
+            size = cqs.files.file_size(path)
+            if size != cqs.file_bytes:
+                log.error("recovery: ConsumeQueue file %s has %d bytes, expected %d: removed, "
+                          "rebuilt from the CommitLog", path, size, cqs.file_bytes)
+                cqs.files.unlink(path)
+                out.append(f"{topic}/{qid}/{offset_to_file_name(fi * cqs.file_bytes)}")
+    return out
+
+
+def _count_lost(rep: RecoveryReport, dispatch: "_Dispatcher") -> None:
+    """Give each repaired middle segment the records counted missing after it."""
+    if not dispatch.padded:
+        return
+    middles = [r for r in rep.segments_repaired if not r.last]
+    for phy, n in dispatch.padded:
+        owner = None
+        for r in middles:
+            if r.records_end <= phy:
+                owner = r
+        if owner is not None:
+            owner.records_lost += n
+            rep.records_lost += n
+    for r in middles:
+        log.error("recovery: %d records lost with the %d bytes cut from CommitLog segment %s "
+                  "(their queue offsets are skipped, never reused)", r.records_lost,
+                  r.lost_bytes, r.name)
 
 
 def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
@@ -278,10 +443,15 @@ class _Dispatcher:
     A topic in ``rules`` gets its tags codes from its rule."""
 
     def __init__(self, cqs: ConsumeQueues, kept, rep: RecoveryReport,
-                 rules: dict[str, TagsCodeRule]):
+                 rules: dict[str, TagsCodeRule], pad_after: bool = False):
         self.cqs, self.kept, self.rep, self.rules = cqs, kept, rep, rules
         self.new_max: dict[tuple[str, int], int] = {}
         self.gap = False
+        # ``pad_after``: records were cut from a middle segment; a queue whose
+        # offsets jump past records it had (dispatched or kept) lost those:
+        # their units become padding (skipped by readers, offsets never reused)
+        self.pad_after = pad_after
+        self.padded: list[tuple[int, int]] = []   # (phy of the record after a hole, units padded)
         self.topics: dict[int, str] = {}
 
     def chunk(self, buf: np.ndarray, rows: np.ndarray) -> None:
@@ -303,6 +473,12 @@ class _Dispatcher:
             key = (self.topics[int(th[a])], int(qid[a]))
             q = cols[K.S_QUEUE_OFFSET][a:b]
             expect = self.new_max.get(key, self.kept.get(key, (0, 0))[1])
+            known = key in self.new_max or self.kept.get(key, (0, 0))[1] > self.kept.get(key, (0, 0))[0]
+            if self.pad_after and int(q[0]) > expect and known:
+                n = int(q[0]) - expect
+                _pad_units(self.cqs, key, expect, n)
+                self.padded.append((int(cols[K.S_PHY][a]), n))
+                expect = int(q[0])
             if int(q[0]) > expect:
                 self.gap = True
             if int(q[0]) != expect and key in self.new_max:
@@ -336,6 +512,21 @@ def _ruled_codes(rule: TagsCodeRule, key: tuple[str, int], buf: np.ndarray,
     # a rule that answers something else is a bug: crash, never write it
     assert codes.shape == (rows.shape[0],) and codes.dtype.kind == "i", (key, codes.shape, codes.dtype)
     return codes
+
+
+def _pad_units(cqs: ConsumeQueues, key, first: int, n: int) -> None:
+    """Padding units (RocketMQ's fillPreBlank: size Integer.MAX_VALUE) at
+    queue offsets [first, first + n): readers skip them."""
+    upf = cqs.units_per_file
+    off = first
+    while off < first + n:
+        fi, lo = divmod(off, upf)
+        k = min(first + n - off, upf - lo)
+        cq = cqs.mapped(key[0], key[1], fi, create=True).reshape(-1, CQ_UNIT_BYTES)
+        pad = np.zeros(k, dtype=CQ_UNIT_DTYPE)
+        pad["size"] = K.CQ_PAD_SIZE
+        cq[lo:lo + k] = pad.view(np.uint8).reshape(-1, CQ_UNIT_BYTES)
+        off += k
 
 
 def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray) -> int:

@@ -355,3 +355,27 @@ def test_beside_a_live_broker_it_sees_only_whole_records(capsys, tmp_path):
     assert code == 0 and not s["live"] and s["unclean_shutdown"]
     code, v, _ = inspect_json(capsys, b.store, "--verify")
     assert code == 0 and not v["live"] and v["commitlog"]["records"] == sent[0]
+
+
+def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from conftest import SMALL_SEGMENT, small_config
+    from shmq.core.records import encode
+    from shmq.core.store import close_clean, open_local
+    root = str(tmp_path / "cut")
+    store, _ = open_local(small_config(root))
+    phys = [int(store.append(encode("Cut", [b"m" * 500], properties=b"")).phy_offset) for _ in range(20)]
+    close_clean(store)
+    seg = os.path.join(root, "commitlog", f"{0:020d}")
+    os.truncate(seg, phys[12] + 77)
+    before = (os.path.getsize(seg), os.stat(seg).st_mtime_ns)
+    r = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect", root],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"short: {phys[12] + 77} bytes of" in r.stdout and "next start repairs it" in r.stdout
+    assert "differs from the store's" not in r.stdout + r.stderr
+    assert (os.path.getsize(seg), os.stat(seg).st_mtime_ns) == before   # read-only
+    store, report = open_local(small_config(root))
+    assert report.segments_repaired and len(store.read_queue("Cut", 0)) == 12
+    assert SMALL_SEGMENT == os.path.getsize(seg)

@@ -216,3 +216,128 @@ def test_a_segment_left_half_made_by_a_crash_is_removed(store_dir):
     store, report = open_local(cfg)
     assert report.temp_files_removed == 1 and not os.path.exists(stray)
     assert [m.body for m in store.read_queue("H", 0)] == [b"x"]
+
+
+# ------------------------------------------------- short (truncated) segments
+
+def _fill(store, n, topic="Cut", queues=3, size=900):
+    """n records over ``queues`` queues; [(phy, end, qid, queue offset, body)]."""
+    out = []
+    for i in range(n):
+        body = b"%05d:" % i + bytes([i % 251]) * size
+        r = store.append(encode(topic, [body], queue_ids=i % queues, properties=b""))
+        out.append((int(r.phy_offset), int(r.end), i % queues, int(r.queue_offset), body))
+    return out
+
+
+def test_a_truncated_last_segment_is_repaired_and_keeps_every_whole_record(store_dir, caplog):
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    recs = _fill(store, 40)                      # ~37 KiB: one segment of 64 KiB
+    close_clean(store)
+    cut = recs[29][0] + 333                      # mid-record 29, not a multiple of 4096
+    os.truncate(_segment(store_dir, 0), cut)
+    with caplog.at_level("ERROR", logger="shmq.store"):
+        store, report = open_local(cfg)
+    name = f"{0:020d}"
+    assert [(r.name, r.old_size, r.new_size, r.last) for r in report.segments_repaired] == \
+        [(name, cut, SMALL_SEGMENT, True)]
+    assert report.end == recs[29][0]
+    assert f"short segment: CommitLog segment {name} was {cut} bytes, extended to {SMALL_SEGMENT}" \
+        in report.summary()
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(name in m and str(cut) in m and str(SMALL_SEGMENT) in m for m in errors), errors
+    assert os.path.getsize(_segment(store_dir, 0)) == SMALL_SEGMENT
+    kept = recs[:29]
+    for qid in range(3):
+        msgs = store.read_queue("Cut", qid)
+        want = [r for r in kept if r[2] == qid]
+        assert [(m.queue_offset, m.body) for m in msgs] == [(r[3], r[4]) for r in want]
+        assert [m.queue_offset for m in msgs] == list(range(len(msgs)))
+    # new appends continue each queue densely after what was kept
+    for qid in range(3):
+        r = store.append(encode("Cut", [b"after-%d" % qid], queue_ids=qid, properties=b""))
+        assert r.queue_offset == len([k for k in kept if k[2] == qid])
+        assert store.read_queue("Cut", qid)[-1].body == b"after-%d" % qid
+    close_clean(store)
+    store, report = open_local(cfg)              # and the repaired store opens cleanly again
+    assert not report.segments_repaired
+    assert store.max_offset("Cut", 2) == len([k for k in kept if k[2] == 2]) + 1
+
+
+def test_a_truncated_middle_segment_loses_only_what_was_cut_and_reuses_no_offset(store_dir, caplog):
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    recs = _fill(store, 150)                     # ~138 KiB: three segments
+    close_clean(store)
+    seg1 = [r for r in recs if r[0] < SMALL_SEGMENT]
+    cut = seg1[50][0] + 100                      # inside record 50 of segment 0
+    os.truncate(_segment(store_dir, 0), cut)
+    with caplog.at_level("ERROR", logger="shmq.store"):
+        store, report = open_local(cfg)
+    lost = [r for r in seg1[50:]]
+    (rep,) = report.segments_repaired
+    assert (rep.old_size, rep.new_size, rep.last) == (cut, SMALL_SEGMENT, False)
+    assert rep.records_end == seg1[50][0] and rep.lost_bytes == SMALL_SEGMENT - seg1[50][0]
+    assert rep.records_lost == len(lost) == report.records_lost   # every queue has later records
+    assert "records lost" in report.summary() and report.full_redispatch
+    assert any(str(len(lost)) in r.getMessage() and rep.name in r.getMessage()
+               for r in caplog.records if r.levelname == "ERROR")
+    lost_phys = {r[0] for r in lost}
+    for qid in range(3):
+        msgs = store.read_queue("Cut", qid)
+        want = [r for r in recs if r[2] == qid and r[0] not in lost_phys]
+        # survivors keep their queue offsets; the lost ones' offsets are skipped
+        assert [(m.queue_offset, m.body) for m in msgs] == [(r[3], r[4]) for r in want]
+        r = store.append(encode("Cut", [b"new"], queue_ids=qid, properties=b""))
+        assert r.queue_offset == 50 and store.read_queue("Cut", qid)[-1].body == b"new"
+    close_clean(store)
+    store, report = open_local(cfg)
+    assert not report.segments_repaired and not report.records_lost
+    assert len(store.read_queue("Cut", 0)) == 50 - len([r for r in lost if r[2] == 0]) + 1
+
+
+def test_a_consumequeue_file_of_the_wrong_size_is_rebuilt(store_dir, caplog):
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    _fill(store, 30, queues=1, size=10)
+    close_clean(store)
+    path = os.path.join(store_dir, "consumequeue", "Cut", "0", f"{0:020d}")
+    os.truncate(path, 333)
+    with caplog.at_level("ERROR", logger="shmq.store"):
+        store, report = open_local(cfg)
+    assert report.cq_files_rebuilt == [f"Cut/0/{0:020d}"] and "ConsumeQueue" in report.summary()
+    assert any(path in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+    assert [m.queue_offset for m in store.read_queue("Cut", 0)] == list(range(30))
+
+
+def test_a_truncated_segment_in_the_simulated_layer_is_repaired():
+    files = SimFileLayer()
+    cfg = small_config(SIM_ROOT)
+    store, _ = open_local(cfg, files)
+    recs = _fill(store, 10)
+    close_clean(store)
+    f = files.files[f"{SIM_ROOT}/commitlog/{0:020d}"]
+    f.data = bytearray(f.data[:recs[7][0] + 5])
+    store, report = open_local(cfg, files)
+    assert report.segments_repaired and report.end == recs[7][0]
+    assert sum(len(store.read_queue("Cut", q)) for q in range(3)) == 7
+
+
+def test_the_broker_starts_on_a_store_with_a_truncated_last_segment(tmp_path):
+    from brokerproc import SMALL, start_broker
+    from shmq.core.config import StoreConfig
+    root = str(tmp_path / "store")
+    seg = int(SMALL["mappedFileSizeCommitLog"])
+    cfg = StoreConfig(storePathRootDir=root, mappedFileSizeCommitLog=seg,
+                      maxMessageSize=int(SMALL["maxMessageSize"]), maxQueueSlots=4096)
+    store, _ = open_local(cfg)
+    recs = _fill(store, 20, topic="BrokerCut", queues=1)
+    close_clean(store)
+    os.truncate(os.path.join(root, "commitlog", f"{0:020d}"), recs[12][0] + 77)
+    with start_broker(tmp_path, storePathRootDir=root) as b:
+        assert b.store
+        log = b.log()
+    assert "extended to" in log and f"{0:020d}" in log
+    store, report = open_local(cfg)
+    assert [m.queue_offset for m in store.read_queue("BrokerCut", 0)] == list(range(12))

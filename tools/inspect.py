@@ -183,6 +183,7 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     from shmq.core import _kernels as K
     from shmq.core.commitlog import SegmentMissing
     from shmq.tools.storecheck import segment_name, walk
+    from shmq.tools.storeview import short_segment_note
 
     info = {"file": segment_name(s), "start": s, "size": None, "first_offset": None,
             "last_offset": None, "end_offset": None, "records": None, "full": None,
@@ -197,14 +198,19 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     except ValueError as e:
         info["problem"] = str(e)
         return info
+    hi = min(hi, buf.shape[0])
+    if info["size"] < view.segment_bytes:
+        info["problem"] = short_segment_note(info["size"], view.segment_bytes, s == view.segments[-1])
     if hi - lo <= budget:
         w = walk(buf, s, lo, hi, False, np.empty((8192, K.N_SCAN), np.int64))
         info.update(records=w.records, end_offset=s + w.pos, full=w.status == K.SCAN_BLANK,
                     _walked=w.pos - lo)
-        if w.status != K.SCAN_BLANK and s + w.pos != view.cl_end:
+        if w.status != K.SCAN_BLANK and s + w.pos != view.cl_end and "problem" not in info:
             info["problem"] = (f"records stop at {s + w.pos}, before the end of the data "
                                f"({view.cl_end}): see --verify")
         first, last = w.first, w.last
+        if "problem" not in info and len(view.segments) == 1 and _cut_short(buf, w.pos):
+            info["problem"] = short_segment_note(info["size"], "mappedFileSizeCommitLog", True)
     else:
         first, last = _record_row(buf, s, lo, hi)[0], None
     if first is not None:
@@ -212,6 +218,18 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     if last is not None:
         info.update(last_offset=int(last[K.S_PHY]), last_store_ts=int(last[K.S_STORE_TS]))
     return info
+
+
+def _cut_short(buf, pos: int) -> bool:
+    """A sole segment whose size is no segment size (not a multiple of 4096),
+    or whose record at ``pos`` runs past the file's end: cut short."""
+    n = buf.shape[0]
+    if n % 4096:
+        return True
+    if pos + 8 > n:
+        return False
+    size = int.from_bytes(buf[pos:pos + 4].tobytes(), "big", signed=True)
+    return size > 0 and pos + size > n
 
 
 def _record_row(buf, base: int, rel: int, hi: int):

@@ -69,7 +69,7 @@ class StoreView:
         published = _published(root) if live is not False else None
         cl = CommitLog(files, root, 1, read_only=True)
         segs = cl.list_segments()
-        segment_bytes = files.file_size(cl.path(segs[0])) if segs else 0
+        segment_bytes = _segment_bytes(files, cl, segs)
         upf = _units_per_file(files, root)
         view = cls(root, segment_bytes, upf, segs, segs[0] if segs else 0, 0, published is not None, files=files)
         if published is not None:
@@ -179,6 +179,26 @@ class StoreView:
         finally:
             cqs.close()
         return out
+
+
+def _segment_bytes(files: FileLayer, cl: CommitLog, segs: list[int]) -> int:
+    """The store's segment size: the step between segment names when there are
+    two or more, else the largest file. A file shorter than that was cut
+    short (a crash, a copy, a full disk): it is read as far as it goes, and
+    the next start's recovery extends it (``core/recovery.py``)."""
+    if not segs:
+        return 0
+    sizes = [files.file_size(cl.path(s)) for s in segs]
+    steps = [b - a for a, b in zip(segs, segs[1:])]
+    return min(steps) if steps else max(sizes)
+
+
+def short_segment_note(size: int, segment_bytes, last: bool) -> str:
+    """What the inspector says of a segment file shorter than the store's size."""
+    what = "its records past the cut are truncated" if last else \
+        "the records past its last whole one are lost and reported"
+    return (f"short: {size} bytes of {segment_bytes} (cut by a crash, a copy or a full disk); "
+            f"the next start repairs it: extends it with zeros, {what}")
 
 
 def _unit_phy(cq: np.ndarray, unit: int) -> int:
