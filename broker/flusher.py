@@ -15,8 +15,15 @@ an appender asks for a flush or the next periodic duty is due:
        every flushConsumeQueueThoroughInterval ms (only then does the
        checkpoint's ConsumeQueue position advance).
     3. Next segment: created (fallocate) by a helper thread once the current
-       one is half full, so a roll never waits for it.
-    4. Retention, every cleanResourceInterval ms.
+       one is half full, so a roll never waits for it. ENOSPC there is a
+       WARNING naming the file and the disk; it is tried again later.
+    4. Disk, every DISK_CHECK_S: the used fraction of the disk under the
+       store (statvfs); above diskSpaceWarningLevelRatio percent it publishes
+       ``disk_full`` in the shared state, and sends are refused
+       (SERVICE_NOT_AVAILABLE) until it falls back.
+    5. Retention, every cleanResourceInterval ms (core/retention.py), with
+       the groups' consumer offsets: the broker's live table when this store
+       has one, and config/consumerOffset.json.
 
 SIGTERM: finish the loop, flush everything, write the checkpoint, exit 0.
 The clock is injectable; ``step`` runs one pass, so tests drive it directly.
@@ -24,17 +31,22 @@ The clock is injectable; ``step`` runs one pass, so tests drive it directly.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 
 from shmq.core import jit
-from shmq.core.retention import clean_expired
+from shmq.core.retention import (CleanReport, ConsumerOffsets, clean_expired, disk_full_ratio,
+                                 offsets_from_file)
 from shmq.core.store import MessageStore
 from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent, set_process_name
 
 PAGE_BYTES = 4096
 PREPARE_WHEN_LEFT = 0.5   # create the next segment when half of this one is left
+PREPARE_RETRY_S = 10.0    # after a failed creation (ENOSPC), try again this much later
+DISK_CHECK_S = 2.0        # seconds between disk use checks (RocketMQ: 10 s)
+HELD_BACK_LOG_S = 300.0   # a WARNING that forced cleanup keeps unread messages, at most this often
 log = logging.getLogger("shmq.flusher")
 
 
@@ -50,10 +62,17 @@ class Flusher:
         self.next_cq = now + self.cfg.flushIntervalConsumeQueue / 1000
         self.next_cq_thorough = now + self.cfg.flushConsumeQueueThoroughInterval / 1000
         self.next_clean = now + self.cfg.cleanResourceInterval / 1000
+        self.next_disk = now
+        self.disk_ratio: float | None = None
         self.flushes = 0
         self.stopping = False
         self._preparing: threading.Thread | None = None
         self._prepared = -1
+        self._prepare_failed_at: float | None = None
+        self._held_back_logged = float("-inf")
+        # the broker's live consumer offsets (broker/registry.py), where the
+        # owner gave this store a registry; None: config/consumerOffset.json only
+        self.live_offsets = None
 
     def step(self) -> float:
         """One pass of the loop; returns the seconds until the next is due."""
@@ -77,15 +96,82 @@ class Flusher:
             if thorough:
                 self.next_cq_thorough = now + cfg.flushConsumeQueueThoroughInterval / 1000
         self.prepare_next_segment()
+        if now >= self.next_disk:
+            self.check_disk()
+            self.next_disk = now + DISK_CHECK_S
         if now >= self.next_clean:
-            rep = clean_expired(self.store)
-            if rep.segments_deleted:
-                log.info("retention (%s): deleted %s, %d ConsumeQueue files", rep.reason,
-                         rep.segments_deleted, rep.cq_files_deleted)
+            self.report_clean(clean_expired(self.store, disk_ratio=self.disk_ratio,
+                                            consumer_offsets=self.consumer_offsets))
             self.next_clean = now + cfg.cleanResourceInterval / 1000
         if self.cb is not None:
             self.cb.heartbeat()
-        return max(0.0, min(self.next_cl, self.next_cq, self.next_clean) - self.clock())
+        return max(0.0, min(self.next_cl, self.next_cq, self.next_clean, self.next_disk)
+                   - self.clock())
+
+    def check_disk(self) -> None:
+        """Measure the disk under the store; publish ``disk_full`` (read by
+        every send) when it crosses diskSpaceWarningLevelRatio."""
+        st, cfg = self.store.state, self.cfg
+        try:
+            ratio = self.store.files.disk_usage_ratio(self.store.root)
+        except OSError as e:
+            log.warning("cannot measure the disk under %s: %s", self.store.root, e)
+            return
+        self.disk_ratio = ratio
+        full = disk_full_ratio(self.store, ratio)
+        was = st.get("disk_full")
+        st.set("disk_full", full)
+        if full and not was:
+            log.warning("disk under %s is %.1f%% used > diskSpaceWarningLevelRatio %d%%: sends "
+                        "are refused (SERVICE_NOT_AVAILABLE) until it is below; pulls go on",
+                        self.store.root, ratio * 100, cfg.diskSpaceWarningLevelRatio)
+        elif was and not full:
+            log.warning("disk under %s is %.1f%% used, at most diskSpaceWarningLevelRatio %d%%: "
+                        "sends are accepted again", self.store.root, ratio * 100,
+                        cfg.diskSpaceWarningLevelRatio)
+
+    def consumer_offsets(self) -> ConsumerOffsets | None:
+        """Each group's committed offsets: the lower of the live table's and
+        the last saved file's (a group in either counts), so that nothing a
+        group has not consumed passes for consumed."""
+        saved = offsets_from_file(self.store)
+        if saved is None or self.live_offsets is None:
+            return saved
+        try:
+            live = self.live_offsets()
+        except Exception as e:    # the table is the boss's; never let it stop retention
+            log.warning("consumer offsets: live table unreadable (%s); using %s only", e,
+                        "config/consumerOffset.json")
+            return saved
+        merged = {k: dict(v) for k, v in saved.items()}
+        for key, groups in live.items():
+            m = merged.setdefault(key, {})
+            for g, off in groups.items():
+                m[g] = min(off, m.get(g, off))
+        return merged
+
+    def report_clean(self, rep: CleanReport) -> None:
+        if rep.segments_deleted:
+            log.info("retention (%s): deleted %s, %d ConsumeQueue files", rep.reason,
+                     rep.segments_deleted, rep.cq_files_deleted)
+        for group, queues in sorted(rep.lost.items()):
+            detail = ", ".join(f"{t}:{q} {n}" for (t, q), n in sorted(queues.items()))
+            why = ("forced cleanup (cleanFileForciblyEnable=true)" if rep.forced
+                   else "retention (fileReservedTime passed)")
+            (log.error if rep.forced else log.warning)(
+                "%s deleted %d messages group %s had not consumed (%s): %s", why,
+                sum(queues.values()), group, rep.reason, detail)
+        if rep.held_back:
+            now = self.clock()
+            if now - self._held_back_logged >= HELD_BACK_LOG_S:
+                self._held_back_logged = now
+                log.warning("retention (%s): kept %s although the disk is past "
+                            "diskSpaceCleanForciblyRatio %d%%: they hold messages not yet "
+                            "consumed by %s (cleanFileForciblyEnable=false); sends are refused "
+                            "above diskSpaceWarningLevelRatio %d%%", rep.reason, rep.held_back,
+                            self.cfg.diskSpaceCleanForciblyRatio, "; ".join(rep.held_for[:10])
+                            + (f" and {len(rep.held_for) - 10} more" if len(rep.held_for) > 10
+                               else ""), self.cfg.diskSpaceWarningLevelRatio)
 
     def flush_commitlog(self) -> None:
         before = self.store.state.flushed_pos
@@ -101,17 +187,35 @@ class Flusher:
         cl = self.store.cl
         wp = self.store.state.write_pos
         nxt = cl.segment_start(wp) + cl.segment_bytes
+        if (self._prepare_failed_at is not None and nxt == self._prepared
+                and self.clock() - self._prepare_failed_at >= PREPARE_RETRY_S):
+            self._prepared = -1          # try the failed one again
         if (nxt - wp > cl.segment_bytes * PREPARE_WHEN_LEFT or nxt == self._prepared
                 or (self._preparing is not None and self._preparing.is_alive())):
             return
         path = cl.path(nxt)
         self._prepared = nxt
+        self._prepare_failed_at = None
         if cl.files.exists(path):
             return
-        self._preparing = threading.Thread(target=cl.files.create_preallocated,
-                                           args=(path, cl.segment_bytes), daemon=True,
-                                           name="segment-prealloc")
+        self._preparing = threading.Thread(target=self._preallocate, args=(path, cl.segment_bytes),
+                                           daemon=True, name="segment-prealloc")
         self._preparing.start()
+
+    def _preallocate(self, path: str, size: int) -> None:
+        """The prealloc thread: a failure (ENOSPC) is a WARNING, retried
+        PREPARE_RETRY_S later; the append that rolls creates it itself."""
+        try:
+            self.store.cl.files.create_preallocated(path, size)
+        except OSError as e:
+            try:
+                used = f"{self.store.files.disk_usage_ratio(self.store.root):.1%} used"
+            except OSError:
+                used = "use unknown"
+            log.warning("cannot create the next CommitLog segment %s (%d bytes) on the disk "
+                        "under %s (%s): %s; trying again in %.0f s", path, size, self.store.root,
+                        used, e.strerror or e, PREPARE_RETRY_S)
+            self._prepare_failed_at = self.clock()
 
     def run(self) -> None:
         while not self.stopping:
@@ -132,6 +236,33 @@ class Flusher:
         self.store.write_checkpoint()
 
 
+def live_offsets(store: MessageStore, cb: ControlBlock):
+    """A reader of the broker's live consumer offsets, if the owner gave this
+    store a registry (the boss does; a bare StoreOwner does not), else None.
+    The boss lays the registry out after the flusher starts: until it has,
+    the reader returns an empty table."""
+    from shmq.broker.registry import OFFSET_ROWS, Registry, registry_bytes
+    from shmq.broker.shared_store import extra_region
+
+    region = extra_region(cb, store)
+    if len(region) < registry_bytes():
+        return None
+    reg: list[Registry] = []
+
+    def read() -> ConsumerOffsets:
+        if not reg:
+            if int.from_bytes(region[:8], "little") != OFFSET_ROWS:
+                return {}            # not laid out yet
+            reg.append(Registry(region, store.root))
+        out: dict[tuple[str, int], dict[str, int]] = {}
+        for tg, queues in reg[0].offset_table().items():
+            topic, _, group = tg.partition("@")
+            for qid, off in queues.items():
+                out.setdefault((topic, int(qid)), {})[group] = off
+        return out
+    return read
+
+
 def flusher_main(config, owner_pid: int) -> None:
     """Entry point of the flush process (spawned by the store owner; it dies
     with the owner)."""
@@ -139,10 +270,12 @@ def flusher_main(config, owner_pid: int) -> None:
 
     die_with_parent(owner_pid)
     set_process_name("shmq-flusher")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s flusher %(message)s")
+    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s flusher %(levelname)s %(name)s %(message)s")
     store, cb = attach(config, role="flusher")
     jit.freeze()                      # no compile on a request path (core/jit.py)
     f = Flusher(store, cb)
+    f.live_offsets = live_offsets(store, cb)
 
     def on_term(signum, frame):
         f.stopping = True

@@ -32,6 +32,7 @@ from shmq.core.layout import (
     string_to_properties,
 )
 from shmq.core.records import decode, encode_arrays, split_batch_body
+from shmq.core.retention import disk_full_remark
 from shmq.core.state import StoreFullError
 from shmq.core.store import GetMessageStatus, GetResult, MessageStore
 from shmq.ipc.codes import RequestCode as RC
@@ -348,6 +349,9 @@ class Processors:
         topic = h.str("topic")
         h.str("producerGroup")
         tc = self._topic_for_send(h, topic)
+        full = self.store.state.get("disk_full")   # published by the flusher (core/retention.py)
+        if full:
+            raise BadRequest(R.SERVICE_NOT_AVAILABLE, disk_full_remark(full / 10_000))
         nq = int(tc["writeQueueNums"])
         qid = h.int("queueId")
         if qid < 0:

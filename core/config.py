@@ -55,6 +55,14 @@ class StoreConfig:
     # percent of the disk above which the oldest files go even if not expired
     # (RocketMQ's system property rocketmq.broker.diskSpaceCleanForciblyRatio)
     diskSpaceCleanForciblyRatio: int = 85
+    # percent of the disk above which the store is full: sends are refused
+    # with SERVICE_NOT_AVAILABLE until it is not (RocketMQ's system property
+    # rocketmq.broker.diskSpaceWarningLevelRatio; 1..100, 100: never)
+    diskSpaceWarningLevelRatio: int = 90
+    # may forced cleanup (above diskSpaceCleanForciblyRatio) delete messages a
+    # group with a consumer offset has not consumed? RocketMQ: true; shmq:
+    # false, so a full disk refuses sends instead of losing unread messages
+    cleanFileForciblyEnable: bool = False
     # ms between retention checks
     cleanResourceInterval: int = 10_000
     # segments deleted per retention check at most (shmq's bound; RocketMQ
@@ -95,6 +103,9 @@ class StoreConfig:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
         if not 10 <= self.diskMaxUsedSpaceRatio <= 95:
             errors.append(f"diskMaxUsedSpaceRatio={self.diskMaxUsedSpaceRatio}: must be 10..95")
+        for name in ("diskSpaceCleanForciblyRatio", "diskSpaceWarningLevelRatio"):
+            if not 1 <= getattr(self, name) <= 100:
+                errors.append(f"{name}={getattr(self, name)}: must be a percent, 1..100")
         try:
             self.delete_hours()
         except ValueError as e:

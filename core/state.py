@@ -26,6 +26,10 @@ writer never invalidates a line another process polls)::
       11  queue_slots_used      append (locked)
       12  state                 owner               0 new, 1 running, 2 stopping
       13  flushed_store_ts      flusher             store timestamp at flushed_pos
+      14  disk_full             flusher             0, or the disk's used fraction in
+                                                    1/10000 once above
+                                                    diskSpaceWarningLevelRatio: sends
+                                                    are refused
 
     then ``queue_slots`` × 192-byte queue slots (``QUEUE_DTYPE``)::
 
@@ -53,12 +57,13 @@ from typing import Iterator
 import numpy as np
 
 MAGIC = 0x73686D7173746174  # "shmqstat"
-VERSION = 1
+VERSION = 2   # 2: disk_full
 LINE = 64
 
 _HEADER_FIELDS = [
     "write_pos", "flushed_pos", "flush_request_pos", "confirm_pos", "reserve_start",
     "config_epoch", "cl_min_offset", "cq_flushed_pos", "last_store_ts", "flush_seq", "queue_slots_used", "state", "flushed_store_ts",
+    "disk_full",
 ]
 _names = ["magic", "version", "queue_slots", "segment_bytes", "creator_pid", "created_ms"]
 _offsets = [0, 8, 16, 24, 32, 40]

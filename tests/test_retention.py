@@ -5,6 +5,8 @@ import os
 import time
 
 from conftest import SMALL_CQ_UNITS, SMALL_SEGMENT, small_config
+from shmq.core.checkpoint import save_table
+from shmq.core.files import REAL_FILES
 from shmq.core.records import encode
 from shmq.core.retention import clean_expired
 from shmq.core.store import GetMessageStatus, close_clean, open_local
@@ -90,3 +92,65 @@ def test_expired_by_file_age_uses_file_reserved_time(store_dir):
     store2, _ = filled(store_dir + "2", fileReservedTime=1)   # younger than fileReservedTime
     age_segments(store_dir + "2", 0.5, now)
     assert clean_expired(store2, now, manual=True, disk_ratio=0.1).segments_deleted == []
+
+
+# ---------------------------------------------------- forced cleanup and groups
+def offset_in_segment(store, topic, qid, segment):
+    """The first queue offset of (topic, qid) whose message lies in ``segment``."""
+    for off in range(store.min_offset(topic, qid), store.max_offset(topic, qid)):
+        if store.cqs.unit(topic, qid, off)[0] >= segment * SMALL_SEGMENT:
+            return off
+    raise AssertionError("no message there")
+
+
+def commit(store_dir, table):
+    save_table(REAL_FILES, store_dir, "consumerOffset.json", {"offsetTable": table})
+
+
+def test_forced_cleanup_keeps_segments_with_messages_a_group_has_not_consumed(store_dir):
+    store, _ = filled(store_dir)
+    age_segments(store_dir, 1, at_hour(13))                    # none expired
+    g0 = offset_in_segment(store, "Ret", 0, 2)                 # G is reading segment 2
+    commit(store_dir, {"Ret@G": {"0": g0, "1": store.max_offset("Ret", 1)},
+                       "Ret@Done": {"0": store.max_offset("Ret", 0)}})
+    rep = clean_expired(store, at_hour(13), disk_ratio=0.90)   # > 85%: forced
+    assert rep.segments_deleted == [f"{s * SMALL_SEGMENT:020d}" for s in (0, 1)]
+    assert rep.held_back == [f"{s * SMALL_SEGMENT:020d}" for s in (2, 3)]
+    assert rep.held_for and rep.held_for[0].startswith("G (Ret:0")
+    assert rep.lost == {} and store.min_offset("Ret", 0) <= g0
+    r = store.get_message("Ret", 0, g0, 1)
+    assert r.status == GetMessageStatus.FOUND                  # G can still read it
+    # a group caught up everywhere holds nothing back
+    commit(store_dir, {"Ret@G": {"0": store.max_offset("Ret", 0), "1": store.max_offset("Ret", 1)}})
+    rep = clean_expired(store, at_hour(13), disk_ratio=0.90)
+    assert len(rep.segments_deleted) == 2 and rep.held_back == [] and rep.lost == {}
+
+
+def test_forced_cleanup_deletes_unconsumed_messages_only_when_enabled_and_says_per_group(store_dir):
+    store, _ = filled(store_dir, cleanFileForciblyEnable=True)
+    age_segments(store_dir, 1, at_hour(13))
+    g0 = offset_in_segment(store, "Ret", 0, 2)
+    offsets = {("Ret", 0): {"G": g0, "H": 0}, ("Ret", 1): {"G": store.max_offset("Ret", 1)}}
+    rep = clean_expired(store, at_hour(13), disk_ratio=0.90, consumer_offsets=lambda: offsets)
+    assert len(rep.segments_deleted) == 4 and rep.forced and rep.held_back == []
+    mn = store.min_offset("Ret", 0)
+    assert rep.lost == {"G": {("Ret", 0): mn - g0}, "H": {("Ret", 0): mn}}
+
+
+def test_forced_cleanup_keeps_everything_unexpired_if_the_offsets_cannot_be_read(store_dir):
+    store, _ = filled(store_dir)
+    age_segments(store_dir, 1, at_hour(13))
+    os.makedirs(os.path.join(store_dir, "config"), exist_ok=True)
+    with open(os.path.join(store_dir, "config", "consumerOffset.json"), "w") as f:
+        f.write("not json")
+    rep = clean_expired(store, at_hour(13), disk_ratio=0.90)
+    assert rep.segments_deleted == [] and len(rep.held_back) == 4
+
+
+def test_expired_segments_go_whatever_groups_have_read_and_the_loss_is_reported(store_dir):
+    store, _ = filled(store_dir)
+    age_segments(store_dir, 73, at_hour(4))
+    rep = clean_expired(store, at_hour(4), disk_ratio=0.10,
+                        consumer_offsets=lambda: {("Ret", 1): {"G": 0}})
+    assert len(rep.segments_deleted) == 4 and not rep.forced
+    assert rep.lost == {"G": {("Ret", 1): store.min_offset("Ret", 1)}}

@@ -1,0 +1,133 @@
+"""Disk full without loss (issue 15, point 4): above diskSpaceWarningLevelRatio
+percent the flusher publishes ``disk_full`` and sends are refused with
+SERVICE_NOT_AVAILABLE and RocketMQ's remark, before the OS says ENOSPC; pulls
+go on. No full disk is needed: the ratio is set below what the disk under the
+test's temp directory already uses."""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+
+import pytest
+
+from brokerproc import BrokerProc, broker_conf
+from conftest import SMALL_SEGMENT, small_config
+from shmq.broker.flusher import PREPARE_RETRY_S, Flusher
+from shmq.client.remoting import RemotingClient
+from shmq.client.requests import create_topic, decode_records, pull_message, send_batch, send_message
+from shmq.core.config import StoreConfig
+from shmq.core.records import encode
+from shmq.core.retention import disk_full_remark
+from shmq.core.store import open_local
+from shmq.ipc.codes import ResponseCode as R
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def disk_used_percent(path) -> float:
+    st = os.statvfs(path)
+    return 100 * (st.f_blocks - st.f_bfree) / st.f_blocks
+
+
+def test_the_warning_level_is_a_percent_and_the_remark_is_rocketmqs(store_dir):
+    for bad in (0, 101):
+        with pytest.raises(ValueError, match="diskSpaceWarningLevelRatio"):
+            small_config(store_dir, diskSpaceWarningLevelRatio=bad)
+    assert StoreConfig(storePathRootDir=store_dir).diskSpaceWarningLevelRatio == 90
+    assert StoreConfig(storePathRootDir=store_dir).cleanFileForciblyEnable is False
+    assert disk_full_remark(0.912) == (
+        "service not available now. It may be caused by one of the following reasons: the "
+        "broker's disk is full [CL:  0.91 CQ:  0.91 INDEX:  0.91], messages are put to the slave, "
+        "message store has been shut down, etc.")
+
+
+def test_the_flusher_publishes_disk_full_and_clears_it(store_dir, caplog):
+    if disk_used_percent(store_dir) <= 1:
+        pytest.skip("the disk under the temp directory is (almost) empty")
+    store, _ = open_local(small_config(store_dir, diskSpaceWarningLevelRatio=1))
+    f = Flusher(store, cb=None, clock=Clock())
+    with caplog.at_level(logging.WARNING, "shmq.flusher"):
+        f.step()
+    full = store.state.get("disk_full")
+    assert full > 100 and abs(full / 100 - disk_used_percent(store_dir)) < 2
+    assert "sends are refused" in caplog.text and "diskSpaceWarningLevelRatio 1%" in caplog.text
+    store2, _ = open_local(small_config(store_dir + "2", diskSpaceWarningLevelRatio=100))
+    f2 = Flusher(store2, cb=None, clock=Clock())
+    store2.state.set("disk_full", 9000)             # as a previous flusher left it
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "shmq.flusher"):
+        f2.step()
+    assert store2.state.get("disk_full") == 0 and "accepted again" in caplog.text
+
+
+def test_enospc_preparing_the_next_segment_is_a_warning_and_is_retried(store_dir, caplog,
+                                                                      monkeypatch):
+    store, _ = open_local(small_config(store_dir))
+    clock = Clock()
+    f = Flusher(store, cb=None, clock=clock)
+    calls = []
+
+    def no_space(path, size, sparse=False):
+        calls.append(path)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    died = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args))
+    store.append(encode("F", [b"x" * (SMALL_SEGMENT // 2 + 100)], properties=b""))
+    monkeypatch.setattr(store.cl.files, "create_preallocated", no_space)
+    with caplog.at_level(logging.WARNING, "shmq.flusher"):
+        f.step()
+        f._preparing.join()
+    nxt = os.path.join(store_dir, "commitlog", f"{SMALL_SEGMENT:020d}")
+    assert calls == [nxt] and not died
+    rec = [r for r in caplog.records if "next CommitLog segment" in r.getMessage()]
+    assert len(rec) == 1 and rec[0].levelno == logging.WARNING
+    assert nxt in rec[0].getMessage() and store_dir in rec[0].getMessage()
+    assert "No space left on device" in rec[0].getMessage()
+    f.step()                                        # not at once ...
+    assert len(calls) == 1
+    clock.t += PREPARE_RETRY_S
+    monkeypatch.undo()
+    f.step()                                        # ... but later, and then it works
+    f._preparing.join()
+    assert os.path.getsize(nxt) == SMALL_SEGMENT
+
+
+def test_a_full_disk_refuses_sends_with_code_14_serves_pulls_and_recovers(tmp_path):
+    if disk_used_percent(str(tmp_path)) <= 1:
+        pytest.skip("the disk under the temp directory is (almost) empty")
+    conf = broker_conf(tmp_path)
+    topic = "DiskFull"
+    with BrokerProc(tmp_path, conf).start() as b:
+        with RemotingClient(b.addr) as c:
+            assert c.invoke(create_topic(topic, 1)).code == R.SUCCESS
+            for i in range(3):
+                assert c.invoke(send_message(topic, f"m{i}".encode(), queue_id=0)).code == R.SUCCESS
+        assert b.stop() == 0
+    full = BrokerProc(tmp_path, {**conf, "diskSpaceWarningLevelRatio": "1"})
+    with full.start() as b:
+        with RemotingClient(b.addr) as c:
+            r = c.invoke(send_message(topic, b"refused", queue_id=0))
+            assert r.code == R.SERVICE_NOT_AVAILABLE
+            assert r.remark.startswith("service not available now. It may be caused by one of "
+                                       "the following reasons: the broker's disk is full [CL: ")
+            r = c.invoke(send_batch(topic, [(b"b1", ""), (b"b2", "")], queue_id=0))
+            assert r.code == R.SERVICE_NOT_AVAILABLE and "disk is full" in r.remark
+            r = c.invoke(pull_message(topic, 0, 0))
+            assert r.code == R.SUCCESS
+            assert [m.body for m in decode_records(r.body)] == [b"m0", b"m1", b"m2"]
+        assert b.stop() == 0
+        log = b.log()
+        assert "flusher WARNING" in log and "diskSpaceWarningLevelRatio 1%" in log
+    with BrokerProc(tmp_path, conf).start() as b:                     # the setting allows it
+        with RemotingClient(b.addr) as c:
+            r = c.invoke(send_message(topic, b"m3", queue_id=0))
+            assert r.code == R.SUCCESS and r.ext["queueOffset"] == "3"
