@@ -37,7 +37,7 @@ import threading
 import time
 
 from shmq.core import jit
-from shmq.core.retention import (CleanReport, ConsumerOffsets, clean_expired, disk_full_ratio,
+from shmq.core.retention import (CleanReport, ConsumerOffsets, clean_expired, publish_disk_full,
                                  offsets_from_file)
 from shmq.core.store import MessageStore
 from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent, set_process_name
@@ -111,24 +111,15 @@ class Flusher:
     def check_disk(self) -> None:
         """Measure the disk under the store; publish ``disk_full`` (read by
         every send) when it crosses diskSpaceWarningLevelRatio."""
-        st, cfg = self.store.state, self.cfg
         try:
             ratio = self.store.files.disk_usage_ratio(self.store.root)
         except OSError as e:
             log.warning("cannot measure the disk under %s: %s", self.store.root, e)
             return
         self.disk_ratio = ratio
-        full = disk_full_ratio(self.store, ratio)
-        was = st.get("disk_full")
-        st.set("disk_full", full)
-        if full and not was:
-            log.warning("disk under %s is %.1f%% used > diskSpaceWarningLevelRatio %d%%: sends "
-                        "are refused (SERVICE_NOT_AVAILABLE) until it is below; pulls go on",
-                        self.store.root, ratio * 100, cfg.diskSpaceWarningLevelRatio)
-        elif was and not full:
-            log.warning("disk under %s is %.1f%% used, at most diskSpaceWarningLevelRatio %d%%: "
-                        "sends are accepted again", self.store.root, ratio * 100,
-                        cfg.diskSpaceWarningLevelRatio)
+        changed = publish_disk_full(self.store, ratio)
+        if changed:
+            log.warning("%s", changed)
 
     def consumer_offsets(self) -> ConsumerOffsets | None:
         """Each group's committed offsets: the lower of the live table's and

@@ -341,6 +341,13 @@ class Processors:
             raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
         return tc
 
+    def _check_disk(self) -> None:
+        """Every write a client asks for (send, send-back, end of a
+        transaction) is refused while the disk is full, before it appends."""
+        full = self.store.state.get("disk_full")   # published by the flusher (core/retention.py)
+        if full:
+            raise BadRequest(R.SERVICE_NOT_AVAILABLE, disk_full_remark(full / 10_000))
+
     def send(self, conn: Connection, cmd: RemotingCommand) -> None:
         ext = cmd.ext
         if cmd.code != RC.SEND_MESSAGE:
@@ -349,9 +356,7 @@ class Processors:
         topic = h.str("topic")
         h.str("producerGroup")
         tc = self._topic_for_send(h, topic)
-        full = self.store.state.get("disk_full")   # published by the flusher (core/retention.py)
-        if full:
-            raise BadRequest(R.SERVICE_NOT_AVAILABLE, disk_full_remark(full / 10_000))
+        self._check_disk()
         nq = int(tc["writeQueueNums"])
         qid = h.int("queueId")
         if qid < 0:
@@ -913,6 +918,7 @@ class Processors:
         if not self.tables.broker_permission() & PERM_WRITE:
             raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
                                               f"message is forbidden")
+        self._check_disk()
         gc = self.tables.group(group, self.config.autoCreateSubscriptionGroup)
         if gc is None:
             raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
@@ -968,6 +974,7 @@ class Processors:
         if not self.tables.broker_permission() & PERM_WRITE:
             raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "
                                               f"message is forbidden")
+        self._check_disk()
         m = stored(self.store, phy)
         if m is None or m.topic != TRANS_HALF_TOPIC:
             raise BadRequest(R.SYSTEM_ERROR, "Find prepared transaction message failed")

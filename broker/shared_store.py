@@ -31,6 +31,7 @@ from shmq.core.checkpoint import abort_path
 from shmq.core.config import StoreConfig
 from shmq.core.files import REAL_FILES, StoreLock
 from shmq.core import jit
+from shmq.core.retention import publish_disk_full
 from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, TagsCodeRule, recover
 from shmq.core.state import STATE_RUNNING, StoreState, state_bytes
@@ -124,11 +125,24 @@ class StoreOwner:
             init_state(state, rec)
             self.store = _store(cfg, self.cb, opening=True)
             self.store.files.touch(abort_path(self.root))
+            self._measure_disk()
             self.start_flusher()
         except BaseException:
             self._release()
             raise
         return rec.report
+
+    def _measure_disk(self) -> None:
+        """Publish ``disk_full`` once before any writer attaches; the flusher
+        keeps it current from then on (a full disk refuses the first send too)."""
+        try:
+            ratio = self.store.files.disk_usage_ratio(self.root)
+        except OSError as e:
+            log.warning("cannot measure the disk under %s: %s", self.root, e)
+            return
+        changed = publish_disk_full(self.store, ratio)
+        if changed:
+            log.warning("%s", changed)
 
     def start_flusher(self) -> None:
         from shmq.broker.flusher import flusher_main

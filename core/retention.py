@@ -68,6 +68,23 @@ def disk_full_ratio(store: MessageStore, ratio: float) -> int:
     return max(1, round(ratio * 10_000))
 
 
+def publish_disk_full(store: MessageStore, ratio: float) -> str | None:
+    """Set the shared ``disk_full`` from ``ratio`` (the disk's used fraction);
+    returns the line to log when it changed (refused from now on, or
+    accepted again), else None."""
+    st, pct = store.state, store.config.diskSpaceWarningLevelRatio
+    full = disk_full_ratio(store, ratio)
+    was = st.get("disk_full")
+    st.set("disk_full", full)
+    if full and not was:
+        return (f"disk under {store.root} is {ratio * 100:.1f}% used > diskSpaceWarningLevelRatio "
+                f"{pct}%: sends are refused (SERVICE_NOT_AVAILABLE) until it is below; pulls go on")
+    if was and not full:
+        return (f"disk under {store.root} is {ratio * 100:.1f}% used, at most "
+                f"diskSpaceWarningLevelRatio {pct}%: sends are accepted again")
+    return None
+
+
 def disk_full_remark(ratio: float) -> str:
     """The remark of a send refused while the disk is full: RocketMQ's
     (SendMessageProcessor, SERVICE_NOT_AVAILABLE) with its diskUtil() — one

@@ -21,7 +21,9 @@ from shmq.core.config import StoreConfig
 from shmq.core.records import encode
 from shmq.core.retention import disk_full_remark
 from shmq.core.store import open_local
+from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import RemotingCommand
 
 
 class Clock:
@@ -123,10 +125,16 @@ def test_a_full_disk_refuses_sends_with_code_14_serves_pulls_and_recovers(tmp_pa
             assert r.code == R.SERVICE_NOT_AVAILABLE and "disk is full" in r.remark
             r = c.invoke(pull_message(topic, 0, 0))
             assert r.code == R.SUCCESS
-            assert [m.body for m in decode_records(r.body)] == [b"m0", b"m1", b"m2"]
+            stored = decode_records(r.body)
+            assert [m.body for m in stored] == [b"m0", b"m1", b"m2"]
+            # a consumer's send-back writes to %RETRY%: refused the same way
+            r = c.invoke(RemotingCommand(RC.CONSUMER_SEND_MSG_BACK, ext={
+                "group": "DiskFullGroup", "offset": str(stored[0].phy_offset), "delayLevel": "0",
+                "originTopic": topic, "maxReconsumeTimes": "16"}))
+            assert r.code == R.SERVICE_NOT_AVAILABLE and "disk is full" in r.remark
         assert b.stop() == 0
         log = b.log()
-        assert "flusher WARNING" in log and "diskSpaceWarningLevelRatio 1%" in log
+        assert "WARNING" in log and "diskSpaceWarningLevelRatio 1%: sends are refused" in log
     with BrokerProc(tmp_path, conf).start() as b:                     # the setting allows it
         with RemotingClient(b.addr) as c:
             r = c.invoke(send_message(topic, b"m3", queue_id=0))
