@@ -379,3 +379,23 @@ def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(tmp
     store, report = open_local(small_config(root))
     assert report.segments_repaired and len(store.read_queue("Cut", 0)) == 12
     assert SMALL_SEGMENT == os.path.getsize(seg)
+
+
+def test_verify_names_a_short_middle_segment_as_what_the_next_start_repairs(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from conftest import small_config
+    from shmq.core.records import encode
+    from shmq.core.store import close_clean, open_local
+    root = str(tmp_path / "cutmid")
+    store, _ = open_local(small_config(root))
+    for _ in range(300):                              # > 2 segments of 64 KiB
+        store.append(encode("Cut", [b"m" * 500], properties=b""))
+    close_clean(store)
+    first = os.path.join(root, "commitlog", f"{0:020d}")
+    os.truncate(first, 30_000)
+    r = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect", root, "--verify"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"segment {0:020d}: short: 30000 bytes of" in r.stdout and "next start repairs it" in r.stdout
+    assert os.path.getsize(first) == 30_000                              # read-only

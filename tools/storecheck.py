@@ -37,7 +37,7 @@ from shmq.core import layout as L
 from shmq.core.commitlog import CommitLog, SegmentMissing
 from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.records import CorruptRecord, decode
-from shmq.tools.storeview import StoreView
+from shmq.tools.storeview import StoreView, short_segment_note
 
 SCAN_ROWS = 1 << 16
 TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)
@@ -400,6 +400,10 @@ def _segment_layout_problem(view: StoreView, cl: CommitLog) -> dict | None:
             size = view.files.file_size(cl.path(s))
         except FileNotFoundError:
             continue                 # live: deleted by retention meanwhile
+        if size < seg:               # cut short: the next start repairs it (with what it lost)
+            return {"offset": s, "segment": segment_name(s),
+                    "problem": f"segment {segment_name(s)}: "
+                               + short_segment_note(size, seg, s == view.segments[-1])}
         if size != seg:
             return {"offset": s, "segment": segment_name(s),
                     "problem": f"segment {segment_name(s)} has {size} bytes, the first one {seg}"}
