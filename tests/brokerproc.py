@@ -83,24 +83,9 @@ class BrokerProc:
     def children(self) -> dict[str, int]:
         """Process name (shmq-worker-0, shmq-flusher, shmq-namesrv, shmq-services)
         → pid, for the boss's processes (its children and theirs: most fork
-        from its fork server)."""
-        parents = {}
-        names = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
-                names[int(pid)] = stat[stat.index("(") + 1:stat.rindex(")")]
-                parents[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-        out = {}
-        for pid, ppid in parents.items():
-            if ppid == self.proc.pid or parents.get(ppid) == self.proc.pid:
-                out[names[pid]] = pid
-        return out
+        from its fork server), found as ``shmq profile`` finds them."""
+        from shmq.tools.profile import children
+        return children(self.proc.pid)
 
     def __enter__(self) -> "BrokerProc":
         return self
