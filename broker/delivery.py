@@ -46,6 +46,7 @@ from shmq.core.recovery import QueueRecords, TagsCodeRule
 from shmq.core.store import AppendResult, MessageStore
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.fastjson import mq_map
+from shmq.ipc.headers import BadRequest
 
 from .topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
@@ -69,14 +70,6 @@ _TIMER_KEYS = (TIMER_DELAY_SEC, TIMER_DELAY_MS, TIMER_DELIVER_MS)
 TIMER_ILLEGAL = ("timer message illegal, the delay time should not be bigger than the max "
                  "delay {max}ms; or if set del msg, the delay time should be bigger than the "
                  "current time")
-
-
-class BadRequest(Exception):
-    """A request the broker refuses: answered with ``code`` and ``remark``."""
-
-    def __init__(self, code: int, remark: str):
-        super().__init__(remark)
-        self.code, self.remark = code, remark
 
 
 def _int_prop(props: dict[str, str], name: str) -> int:

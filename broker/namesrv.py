@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 import orjson
 
 from shmq.ipc.codes import RequestCode, ResponseCode, not_supported_remark
+from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import FLAG_ONEWAY, JSON, ROCKETMQ, RemotingCommand
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,6 @@ INFLATED_BYTES_MAX = 64 * 1024 * 1024      # a compressed register body may not 
 
 _I32 = struct.Struct(">i")
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
-
-
-class BadRequest(ValueError):
-    """A request the NameServer cannot act on; its text becomes the SYSTEM_ERROR remark."""
 
 
 @dataclass
@@ -161,7 +158,7 @@ class NameServer:
             else:
                 reply = handler(cmd, peer)
         except BadRequest as e:
-            reply = _error(cmd, ResponseCode.SYSTEM_ERROR, str(e))
+            reply = _error(cmd, e.code, e.remark)
         except Exception as e:     # a bug here must not take the NameServer down
             log.exception("namesrv: request code %s from %s failed", cmd.code, peer)
             reply = _error(cmd, ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
@@ -418,6 +415,11 @@ def _reply(cmd: RemotingCommand, code: int, remark: str | None = None, ext: dict
     return reply
 
 
+def _bad(remark: str) -> BadRequest:
+    """A request the NameServer cannot act on: SYSTEM_ERROR with ``remark``."""
+    return BadRequest(ResponseCode.SYSTEM_ERROR, remark)
+
+
 def _error(cmd: RemotingCommand, code: int, remark: str) -> RemotingCommand:
     reply = cmd.reply(int(code), remark)
     reply.serialize_type = JSON
@@ -434,16 +436,16 @@ def _topic_list(cmd: RemotingCommand, topics, broker_addr: str | None = None) ->
 def _need(cmd: RemotingCommand, name: str) -> str:
     value = cmd.ext.get(name)
     if value is None:
-        raise BadRequest(f"the custom field <{name}> is null")
+        raise _bad(f"the custom field <{name}> is null")
     return value
 
 
 def _parse_int(name: str, value: str) -> int:
     if not _DECIMAL.fullmatch(value):                       # as Long.parseLong: no spaces, no "_"
-        raise BadRequest(f"the custom field <{name}> is not an integer: {value!r}")
+        raise _bad(f"the custom field <{name}> is not an integer: {value!r}")
     n = int(value)
     if not -2**63 <= n < 2**63:
-        raise BadRequest(f"the custom field <{name}> is out of the int64 range: {value!r}")
+        raise _bad(f"the custom field <{name}> is out of the int64 range: {value!r}")
     return n
 
 
@@ -515,7 +517,7 @@ def _loads(raw: bytes, what: str):
     try:
         return orjson.loads(quote_bare_keys(raw.decode("utf-8")))
     except (UnicodeDecodeError, orjson.JSONDecodeError) as e:
-        raise BadRequest(f"Failed to decode {what}: {e}") from None
+        raise _bad(f"Failed to decode {what}: {e}") from None
 
 
 def _int_of(obj: dict, key: str, default: int, what: str) -> int:
@@ -523,19 +525,19 @@ def _int_of(obj: dict, key: str, default: int, what: str) -> int:
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise BadRequest(f"Failed to decode {what}: {key} is not an integer: {v!r}")
+        raise _bad(f"Failed to decode {what}: {key} is not an integer: {v!r}")
     try:
         n = int(v)
     except ValueError:
-        raise BadRequest(f"Failed to decode {what}: {key} is not an integer: {v!r}") from None
+        raise _bad(f"Failed to decode {what}: {key} is not an integer: {v!r}") from None
     if not -2**63 <= n < 2**63:
-        raise BadRequest(f"Failed to decode {what}: {key} is out of the int64 range: {n}")
+        raise _bad(f"Failed to decode {what}: {key} is out of the int64 range: {n}")
     return n
 
 
 def _data_version(obj) -> dict:
     if not isinstance(obj, dict):
-        raise BadRequest("Failed to decode DataVersion: not an object")
+        raise _bad("Failed to decode DataVersion: not an object")
     dv = {"counter": _int_of(obj, "counter", 0, "DataVersion"),
           "timestamp": _int_of(obj, "timestamp", 0, "DataVersion")}
     if "stateVersion" in obj:                                 # 5.x
@@ -550,7 +552,7 @@ def _version_key(dv: dict) -> tuple[int, int, int]:
 def _queue_data(broker_name: str, topic: str, cfg) -> QueueData:
     what = f"RegisterBrokerBody: topic config {topic!r}"
     if not isinstance(cfg, dict):
-        raise BadRequest(f"Failed to decode {what}: not an object")
+        raise _bad(f"Failed to decode {what}: not an object")
     return QueueData(broker_name=broker_name,
                      read_queue_nums=_int_of(cfg, "readQueueNums", DEFAULT_QUEUE_NUMS, what),
                      write_queue_nums=_int_of(cfg, "writeQueueNums", DEFAULT_QUEUE_NUMS, what),
@@ -567,16 +569,16 @@ def decode_register_body(body: bytes, compressed: bool) -> RegisterBody:
         return _decode_compressed(body)
     obj = _loads(body, "RegisterBrokerBody")
     if not isinstance(obj, dict):
-        raise BadRequest("Failed to decode RegisterBrokerBody: not an object")
+        raise _bad("Failed to decode RegisterBrokerBody: not an object")
     wrapper = obj.get("topicConfigSerializeWrapper")
     if wrapper is None and "topicConfigTable" in obj:         # pre-3.0.11 brokers sent the wrapper alone
         wrapper = obj
     wrapper = wrapper or {}
     if not isinstance(wrapper, dict):
-        raise BadRequest("Failed to decode RegisterBrokerBody: topicConfigSerializeWrapper is not an object")
+        raise _bad("Failed to decode RegisterBrokerBody: topicConfigSerializeWrapper is not an object")
     table = wrapper.get("topicConfigTable") or {}
     if not isinstance(table, dict):
-        raise BadRequest("Failed to decode RegisterBrokerBody: topicConfigTable is not an object")
+        raise _bad("Failed to decode RegisterBrokerBody: topicConfigTable is not an object")
     topics = {}
     for key, cfg in table.items():
         name = cfg.get("topicName") if isinstance(cfg, dict) else None
@@ -584,7 +586,7 @@ def decode_register_body(body: bytes, compressed: bool) -> RegisterBody:
     dv = wrapper.get("dataVersion")
     filters = obj.get("filterServerList") or []
     if not isinstance(filters, list):
-        raise BadRequest("Failed to decode RegisterBrokerBody: filterServerList is not a list")
+        raise _bad("Failed to decode RegisterBrokerBody: filterServerList is not a list")
     return RegisterBody(topics, _data_version(dv) if dv is not None else None, [str(f) for f in filters])
 
 
@@ -593,24 +595,24 @@ def _decode_compressed(body: bytes) -> RegisterBody:
     try:
         raw = inflater.decompress(body, INFLATED_BYTES_MAX)
     except zlib.error as e:
-        raise BadRequest(f"Failed to decode RegisterBrokerBody: {e}") from None
+        raise _bad(f"Failed to decode RegisterBrokerBody: {e}") from None
     if inflater.unconsumed_tail:
-        raise BadRequest(f"Failed to decode RegisterBrokerBody: inflates past {INFLATED_BYTES_MAX} bytes")
+        raise _bad(f"Failed to decode RegisterBrokerBody: inflates past {INFLATED_BYTES_MAX} bytes")
     pos = 0
 
     def chunk() -> bytes:
         nonlocal pos
         if pos + 4 > len(raw):
-            raise BadRequest("Failed to decode RegisterBrokerBody: End of compressed data has reached")
+            raise _bad("Failed to decode RegisterBrokerBody: End of compressed data has reached")
         (size,) = _I32.unpack_from(raw, pos)
         if size < 0 or pos + 4 + size > len(raw):
-            raise BadRequest("Failed to decode RegisterBrokerBody: End of compressed data has reached")
+            raise _bad("Failed to decode RegisterBrokerBody: End of compressed data has reached")
         pos += 4 + size
         return raw[pos - size:pos]
 
     dv = _data_version(_loads(chunk(), "DataVersion"))
     if pos + 4 > len(raw):
-        raise BadRequest("Failed to decode RegisterBrokerBody: End of compressed data has reached")
+        raise _bad("Failed to decode RegisterBrokerBody: End of compressed data has reached")
     (count,) = _I32.unpack_from(raw, pos)
     pos += 4
     topics = {}
@@ -618,7 +620,7 @@ def _decode_compressed(body: bytes) -> RegisterBody:
         line = chunk().decode("utf-8", "replace")
         parts = line.split(" ", 5)
         if len(parts) < 5:
-            raise BadRequest(f"Failed to decode RegisterBrokerBody: bad topic config {line!r}")
+            raise _bad(f"Failed to decode RegisterBrokerBody: bad topic config {line!r}")
         name, read, write, perm = parts[:4]
         topics[name] = _queue_data("", name, {"readQueueNums": read, "writeQueueNums": write, "perm": perm})
     filters = _loads(chunk(), "filterServerList")     # 5.x appends static-topic mappings: ignored

@@ -40,6 +40,14 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.codes import not_supported_remark
 from shmq.ipc.control import WANT_CLIENTS, WANT_FLUSH, WANT_PUBLISH, ControlBlock
 from shmq.ipc.fastjson import mq_map
+from shmq.ipc.headers import (
+    PULL_COMMIT_OFFSET,
+    PULL_SUBSCRIPTION,
+    PULL_SUSPEND,
+    V2_KEYS,
+    BadRequest,
+    Header,
+)
 from shmq.ipc.remoting import (
     FLAG_ONEWAY,
     JSON,
@@ -55,7 +63,6 @@ from .delivery import (
     PGROUP,
     RETRY_TOPIC,
     UNIQ_KEY,
-    BadRequest,
     check_body,
     needs_routing,
     repost,
@@ -90,12 +97,6 @@ from .transactions import resolve_half
 
 log = logging.getLogger("shmq.broker")
 
-# SendMessageRequestHeaderV2's one-letter keys (reference §3.1)
-V2_KEYS = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums",
-           "e": "queueId", "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties",
-           "j": "reconsumeTimes", "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch",
-           "n": "bname"}
-PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 0x1, 0x2, 0x4
 MULTI_TAGS_FLAG = 0x2
 PULL_STATUS_CODE = {
     GetMessageStatus.FOUND: R.SUCCESS,
@@ -109,37 +110,6 @@ PULL_STATUS_CODE = {
 VERSION_3_4_9 = 121         # clients from here on may send their own maxReconsumeTimes
 SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
 SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
-
-
-class Header:
-    """Typed access to a request's extFields; a missing or malformed field is
-    a SYSTEM_ERROR naming it (what RocketMQ's header decoding answers)."""
-
-    def __init__(self, ext: dict[str, str]):
-        self.ext = ext
-
-    def str(self, name: str, default: str | None = None, required: bool = True) -> str | None:
-        v = self.ext.get(name)
-        if v is None:
-            if required and default is None:
-                raise BadRequest(R.SYSTEM_ERROR, f"the request header has no {name}")
-            return default
-        return v
-
-    def int(self, name: str, default: int | None = None) -> int:
-        v = self.ext.get(name)
-        if v is None or v == "":
-            if default is None:
-                raise BadRequest(R.SYSTEM_ERROR, f"the request header has no {name}")
-            return default
-        try:
-            return int(v)
-        except ValueError:
-            raise BadRequest(R.SYSTEM_ERROR, f"the request header's {name}={v!r} is not a number") from None
-
-    def bool(self, name: str, default: bool = False) -> bool:
-        v = self.ext.get(name)
-        return default if v is None else v.lower() in ("true", "1")   # C++ sends 0/1
 
 
 @dataclass
