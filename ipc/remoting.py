@@ -116,30 +116,36 @@ def _int_field(obj: dict, key: str, default: int | None = None) -> int:
     return n
 
 
+_STR_ONLY = {str}
+_I32_RANGE = range(-2**31, 2**31)
+
+
+def _header_int(obj: dict, key: str, default: int | None = None) -> int:
+    v = obj.get(key, default)
+    if type(v) is int and v in _I32_RANGE:     # what every client sends: skip the checks
+        return v
+    return _int_field(obj, key, default)
+
+
 def decode_json_header(raw) -> RemotingCommand:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise RemoteProtocolError(f"header is not JSON: {e}") from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise RemoteProtocolError("JSON header is not an object")
-    ext_raw = obj.get("extFields") or {}
-    if not isinstance(ext_raw, dict):
+    ext = obj.get("extFields") or {}
+    if type(ext) is not dict:
         raise RemoteProtocolError("JSON header extFields is not an object")
-    ext = {}
-    for k, v in ext_raw.items():
-        s = _ext_value(v)
-        if s is not None:
-            ext[k] = s
+    if ext and set(map(type, ext.values())) != _STR_ONLY:    # Java and Go send strings only
+        ext = {k: s for k, v in ext.items() if (s := _ext_value(v)) is not None}
     remark = obj.get("remark")
     language = obj.get("language", "JAVA")
-    if isinstance(language, int) and not isinstance(language, bool):
-        language = LANGUAGE_NAMES.get(language, "OTHER")
-    return RemotingCommand(code=_int_field(obj, "code"), opaque=_int_field(obj, "opaque", 0),
-                           flag=_int_field(obj, "flag", 0), version=_int_field(obj, "version", 0),
-                           remark=None if remark is None else str(remark), ext=ext,
-                           language=language if isinstance(language, str) else "OTHER",
-                           serialize_type=JSON)
+    if type(language) is not str:
+        language = LANGUAGE_NAMES.get(language, "OTHER") if type(language) is int else "OTHER"
+    return RemotingCommand(_header_int(obj, "code"), _header_int(obj, "opaque", 0),
+                           _header_int(obj, "flag", 0), None if remark is None else str(remark),
+                           ext, b"", language, _header_int(obj, "version", 0), JSON)
 
 
 def decode_binary_header(raw) -> RemotingCommand:
@@ -253,8 +259,10 @@ def encode_header(cmd: RemotingCommand) -> bytes:
                "opaque": cmd.opaque, "flag": cmd.flag, "serializeTypeCurrentRPC": "JSON"}
         if cmd.remark is not None:
             obj["remark"] = cmd.remark
-        if cmd.ext:
-            obj["extFields"] = {k: str(v) for k, v in cmd.ext.items()}
+        ext = cmd.ext
+        if ext:
+            obj["extFields"] = ext if set(map(type, ext.values())) == _STR_ONLY else {
+                k: str(v) for k, v in ext.items()}
         return orjson.dumps(obj)
     if cmd.serialize_type == ROCKETMQ:
         if not -2**15 <= cmd.code < 2**15 or not -2**15 <= cmd.version < 2**15:
