@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import socket
+import struct
 import time
 import zlib
 from dataclasses import dataclass
@@ -44,9 +45,11 @@ def host_row(ip: str, port: int) -> tuple[np.ndarray, bool]:
     return row, addr.version == 6
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EncodedBatch:
-    """Records of one topic, encoded but not yet stamped with offsets."""
+    """Records of one topic, encoded but not yet stamped with offsets.
+    (Slots, not frozen: built once per send, and a frozen dataclass's
+    ``__init__`` costs a microsecond of ``object.__setattr__``.)"""
     topic: str
     buf: np.ndarray          # uint8, exactly nbytes long
     rec_pos: np.ndarray      # int64, position of each record in buf
@@ -184,6 +187,102 @@ def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_l
         codes = tags_codes(props_buf, props_off, props_len)
     return EncodedBatch(topic=topic, buf=out, rec_pos=rec_pos, sizes=sizes, queue_id=qid,
                         tags_codes=codes, store_timestamp=ts, single_queue=single)
+
+
+_HEAD = struct.Struct(">iIiiiqqiq")   # TOTALSIZE … BORNTIMESTAMP (layout: offsets 0..47)
+_TAIL = struct.Struct(">iqi")         # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH
+_I32_MIN, _I32_MAX = -2**31, 2**31 - 1
+_ONE_AT_ZERO = np.zeros(1, np.int64)
+_ONE_AT_ZERO.flags.writeable = False
+
+
+@functools.lru_cache(maxsize=4096)
+def host_raw(ip: str, port: int) -> tuple[bytes, bool]:
+    """(ip, port) as a record stores it: the packed address then the int32
+    port (8 bytes for IPv4, 20 for IPv6), and whether it is IPv6."""
+    row, v6 = host_row(ip, port)
+    return row[0, :L.HOST_V6_BYTES if v6 else L.HOST_V4_BYTES].tobytes(), v6
+
+
+@functools.lru_cache(maxsize=4096)
+def _tags_hash(tags: bytes) -> int:
+    try:
+        return L.java_string_hash(tags.decode("utf-8"))
+    except UnicodeDecodeError:   # what the kernel makes of it, so recovery agrees
+        return _tags_code_one(np.frombuffer(tags, np.uint8), 0, len(tags))
+
+
+def tags_code_of(props: bytes) -> int:
+    """The ConsumeQueue tags code of one properties string, as the kernel
+    ``find_property`` reads it (the last non-empty TAGS wins), without a
+    kernel call: single sends carry a UNIQ_KEY each, so their properties
+    never repeat, but their tags do."""
+    i = props.find(b"TAGS\x01")
+    if i < 0:
+        return 0
+    if (i == 0 or props[i - 1] == 2) and props.find(b"TAGS\x01", i + 5) < 0:   # one TAGS
+        j = props.find(b"\x02", i + 5)
+        tags = props[i + 5:j] if j >= 0 else props[i + 5:]
+        if b"\x01" not in tags:
+            return _tags_hash(tags) if tags else 0
+    tags = b""
+    for piece in props.split(b"\x02"):
+        name, sep, value = piece.partition(b"\x01")
+        if name == b"TAGS" and sep and value:
+            tags = value
+    return _tags_hash(tags) if tags else 0
+
+
+def encode_one(topic: bytes, body: bytes, props: bytes, *, queue_id: int, flag: int, sysflag: int,
+               born_timestamp: int, born_host: tuple[bytes, bool], store_host: tuple[bytes, bool],
+               store_timestamp: int, reconsume_times: int = 0, prepared_offset: int = 0,
+               max_message_bytes: int = 4 * 1024 * 1024,
+               tags_code: int | None = None) -> EncodedBatch:
+    """One message as one record, the same bytes ``encode_arrays`` writes,
+    with ``struct`` and ``zlib.crc32`` instead of a kernel call over arrays
+    built per message: a single send is the common case and the kernel's
+    dispatch of ~20 arguments cost more than the record. ``topic`` is the
+    UTF-8 name; hosts come from ``host_raw`` (parse them once per peer)."""
+    tlen, blen, plen = len(topic), len(body), len(props)
+    if not 0 < tlen <= L.TOPIC_BYTES_MAX:
+        raise ValueError(f"topic {topic.decode(errors='replace')!r}: must be "
+                         f"1..{L.TOPIC_BYTES_MAX} bytes in UTF-8")
+    if blen > max_message_bytes:
+        raise ValueError(f"message body of {blen} bytes exceeds maxMessageSize={max_message_bytes}")
+    if plen > L.PROPERTIES_BYTES_MAX:
+        raise ValueError(f"properties of {plen} bytes exceed {L.PROPERTIES_BYTES_MAX}")
+    for name, v in (("flag", flag), ("sysflag", sysflag), ("reconsume_times", reconsume_times)):
+        if not _I32_MIN <= v <= _I32_MAX:
+            raise ValueError(f"{name} out of the int32 range")
+    if not 0 <= queue_id <= _I32_MAX:
+        raise ValueError(f"queue id {queue_id} out of range 0..{_I32_MAX}")
+    born, born_v6 = born_host
+    store, store_v6 = store_host
+    sysflag = (sysflag & ~_HOST_FLAGS) | (L.SYSFLAG_BORNHOST_V6 if born_v6 else 0) \
+        | (L.SYSFLAG_STOREHOST_V6 if store_v6 else 0)
+    b = len(born)
+    head = 48 + b + 8 + len(store)               # up to RECONSUMETIMES
+    total = head + 16 + blen + 1 + tlen + 2 + plen
+    rec = bytearray(total)
+    _HEAD.pack_into(rec, 0, total, L.MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, queue_id,
+                    flag, 0, 0, sysflag, born_timestamp)
+    rec[48:48 + b] = born
+    rec[48 + b:56 + b] = store_timestamp.to_bytes(8, "big", signed=True)
+    rec[56 + b:head] = store
+    _TAIL.pack_into(rec, head, reconsume_times, prepared_offset, blen)
+    p = head + 16
+    rec[p:p + blen] = body
+    p += blen
+    rec[p] = tlen
+    rec[p + 1:p + 1 + tlen] = topic
+    p += 1 + tlen
+    rec[p:p + 2] = plen.to_bytes(2, "big")
+    rec[p + 2:] = props
+    return EncodedBatch(topic=topic.decode(), buf=np.frombuffer(rec, np.uint8),
+                        rec_pos=_ONE_AT_ZERO, sizes=np.array((total,), np.int64), queue_id=queue_id,
+                        tags_codes=np.array((tags_code_of(props) if tags_code is None else tags_code,),
+                                            np.int64),
+                        store_timestamp=store_timestamp, single_queue=True)
 
 
 def concat_batches(batches: list[EncodedBatch]) -> EncodedBatch:

@@ -361,3 +361,51 @@ def _host_text(host: tuple[str, int]) -> str:
     if ip.version == 4:
         return f"{ip}:{host[1]}"
     return "[" + ":".join(f"{int(g, 16):x}" for g in ip.exploded.split(":")) + f"]:{host[1]}"
+
+
+# ------------------------------------------------------- one message, no kernel
+_props_piece = st.sampled_from(["TAGS\x01a", "TAGS\x01TagA", "TAGS\x01é t", "TAGS\x01", "TAGS",
+                                "KEYS\x01k1 k2", "UNIQ_KEY\x010A0B", "X\x01\x01y", "\x01v", ""])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topic=st.text(min_size=1, max_size=20).filter(lambda t: len(t.encode()) <= 127),
+       body=st.binary(max_size=300), pieces=st.lists(_props_piece, max_size=4),
+       born=st.sampled_from([("10.1.2.3", 40000), ("::1", 5), ("fe80::1", 70000)]),
+       store=st.sampled_from([("127.0.0.1", 10911), ("2001:db8::5", 10911)]),
+       qid=st.integers(0, 2**31 - 1), flag=st.integers(-2**31, 2**31 - 1),
+       sysflag=st.sampled_from([0, 2, 4, 8, 12, 0x30]), reconsume=st.integers(0, 16),
+       prepared=st.integers(0, 2**40), born_ts=st.integers(0, 2**42), store_ts=st.integers(0, 2**42))
+def test_encode_one_writes_the_bytes_and_tags_code_encode_does(topic, body, pieces, born, store, qid,
+                                                               flag, sysflag, reconsume, prepared,
+                                                               born_ts, store_ts):
+    """The single-send encoder (struct + zlib, no kernel) and the batch
+    kernel are one record format: same bytes, same ConsumeQueue tags code."""
+    props = "\x02".join(pieces).encode()
+    kw = dict(flag=flag, sysflag=sysflag, reconsume_times=reconsume, prepared_offset=prepared,
+              born_timestamp=born_ts, store_timestamp=store_ts)
+    want = R.encode(topic, [body], properties=props, queue_ids=qid, born_host=born,
+                    store_host=store, **kw)
+    got = R.encode_one(topic.encode(), body, props, queue_id=qid, born_host=R.host_raw(*born),
+                       store_host=R.host_raw(*store), **kw)
+    assert got.buf.tobytes() == want.buf.tobytes()
+    assert got.tags_codes.tolist() == want.tags_codes.tolist()
+    assert (got.sizes.tolist(), got.rec_pos.tolist(), got.queue_id, got.topic) == \
+        (want.sizes.tolist(), want.rec_pos.tolist(), want.queue_id, want.topic)
+    got.buf[20] = 1        # the store stamps offsets into it in place
+
+
+@pytest.mark.parametrize("kw, problem", [
+    (dict(topic=b""), "topic"), (dict(topic=b"t" * 128), "topic"),
+    (dict(body=b"x" * 11), "maxMessageSize=10"), (dict(props=b"p" * 32768), "32767"),
+    (dict(flag=2**31), "flag"), (dict(sysflag=-2**31 - 1), "sysflag"),
+    (dict(reconsume_times=2**31), "reconsume_times"), (dict(queue_id=-1), "queue id"),
+])
+def test_encode_one_rejects_what_encode_rejects(kw, problem):
+    args = dict(topic=b"T", body=b"b", props=b"", queue_id=0, flag=0, sysflag=0,
+                born_timestamp=0, born_host=R.host_raw("127.0.0.1", 1),
+                store_host=R.host_raw("127.0.0.1", 2), store_timestamp=0, max_message_bytes=10)
+    args.update(kw)
+    topic, body, props = args.pop("topic"), args.pop("body"), args.pop("props")
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        R.encode_one(topic, body, props, **args)
