@@ -7,10 +7,14 @@ completion and answers with ``Connection.send``; it may also answer later (a
 parked pull, a sync send waiting for the flush), so replies on a connection
 go out in whatever order they are ready.
 
-Output is a queue of memory slices and file ranges. ``send`` writes at once
-what the socket takes (one ``sendmsg`` for adjacent memory pieces, ``sendfile``
-for file ranges) and queues the rest; slices of shared mappings that must
-wait are copied first, so no mapping stays pinned by a slow client. A
+Output is a queue of memory slices and file ranges. ``send`` only queues:
+every reply made for a connection in one reactor turn (the requests one
+``recv`` brought, the parked pulls one wake-up released) leaves together
+when the turn ends, in one ``sendmsg`` for adjacent memory pieces (a pull's
+header and its records' slices of the mapping included) and ``sendfile``
+for file ranges; what the socket does not take stays queued, and slices of
+shared mappings that must wait are copied first, so no mapping stays pinned
+by a slow client. A
 connection with more than ``out_max`` bytes queued stops being read until it
 drains to half that: a client that stops reading replies only stops itself.
 A malformed frame closes that connection and is logged; nothing else.
@@ -64,6 +68,8 @@ class Connection:
         self.reading = True
         self.writing = False
         self.closed = False
+        self.dirty = False         # queued output not yet offered to the socket this turn
+        self.writes = 0            # sendmsg/send/sendfile calls made (what coalescing saves)
         self.last_active = time.monotonic()
         self.attrs: dict = {}      # what processors remember about this client
 
@@ -85,26 +91,40 @@ class Connection:
 
     # ------------------------------------------------------------ writing
     def send(self, head: bytes, parts=()) -> None:
-        """Queue ``head`` then each of ``parts`` (bytes, memoryview, FileRange)
-        and write what the socket takes now."""
+        """Queue ``head`` then each of ``parts`` (bytes, memoryview, FileRange);
+        they go out when this reactor turn ends (``Reactor.flush``), with
+        every other reply of the turn, or at once past ``out_max``."""
         if self.closed:
             return
-        self.out.append(memoryview(head))
-        self.out_bytes += len(head)
+        out = self.out
+        out.append(head)
+        n = len(head)
         for p in parts:
             if isinstance(p, FileRange):
                 if p.n:
-                    self.out.append(p)
-                    self.out_bytes += p.n
+                    out.append(p)
+                    n += p.n
             else:
                 mv = memoryview(p).cast("B")
                 if mv.nbytes:
-                    self.out.append(mv)
-                    self.out_bytes += mv.nbytes
+                    out.append(mv)
+                    n += mv.nbytes
+        self.out_bytes += n
+        if not self.dirty:
+            self.dirty = True
+            self.reactor.dirty.append(self)
+        if self.out_bytes > self.out_max:
+            self.write_out()       # and stop reading while that much waits
+
+    def write_out(self) -> None:
+        """Offer the queued output to the socket; queue what it does not take."""
+        self.dirty = False
+        if self.closed or not self.out:
+            return
         self._flush()
         if self.out and not self.closed:
             # Whatever waits must not pin shared mappings: copy the slices.
-            self.out = deque(p if isinstance(p, FileRange) or isinstance(p.obj, bytes)
+            self.out = deque(p if isinstance(p, (FileRange, bytes)) or isinstance(p.obj, bytes)
                              else memoryview(p.tobytes()) for p in self.out)
             self._update_interest()
 
@@ -114,6 +134,7 @@ class Connection:
             while out:
                 first = out[0]
                 if isinstance(first, FileRange):
+                    self.writes += 1
                     n = os.sendfile(self.fd, first.fd, first.off, first.n)
                     self.out_bytes -= n
                     if n == first.n:
@@ -129,15 +150,17 @@ class Connection:
                     if isinstance(p, FileRange) or len(bufs) == IOV_MAX:
                         break
                     bufs.append(p)
+                self.writes += 1
                 n = self.sock.sendmsg(bufs) if len(bufs) > 1 else self.sock.send(bufs[0])
                 self.out_bytes -= n
                 while n:
                     p = out[0]
-                    if n >= p.nbytes:
-                        n -= p.nbytes
+                    size = len(p) if isinstance(p, bytes) else p.nbytes
+                    if n >= size:
+                        n -= size
                         out.popleft()
                     else:
-                        out[0] = p[n:]
+                        out[0] = memoryview(p)[n:]
                         n = 0
                         return
         except (BlockingIOError, InterruptedError):
@@ -194,6 +217,11 @@ class Connection:
     def close(self, reason: str = "closed") -> None:
         if self.closed:
             return
+        if self.dirty and self.out:    # replies made this turn, before what closes it
+            self.dirty = False
+            self._flush()
+            if self.closed:
+                return
         self.closed = True
         level = logging.DEBUG if reason in ("closed by peer", "closed") else logging.WARNING
         log.log(level, "connection %s: %s", self.peer, reason)
@@ -243,6 +271,7 @@ class Reactor:
         self._timers: list = []
         self._seq = itertools.count()
         self._soon: deque = deque()
+        self.dirty: list[Connection] = []    # connections with output queued this turn
         self.stopping = False
 
     def add_reader(self, fileobj, callback: Callable[[], None]) -> None:
@@ -315,6 +344,17 @@ class Reactor:
             _, _, fn = heapq.heappop(self._timers)
             if fn is not None:
                 fn()
+        self.flush()
+
+    def flush(self) -> None:
+        """End of a turn: each connection's replies of the turn leave in one
+        write (``sendmsg`` of all its queued memory pieces)."""
+        dirty = self.dirty
+        while dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.write_out()
+            dirty = self.dirty
 
     def close_idle(self, idle_s: float) -> None:
         cutoff = time.monotonic() - idle_s
@@ -322,6 +362,7 @@ class Reactor:
             conn.close(f"idle for more than {idle_s:.0f} s")
 
     def close(self) -> None:
+        self.flush()
         for conn in list(self.conns.values()):
             conn.close("shutting down")
         self.sel.close()
