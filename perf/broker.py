@@ -54,6 +54,8 @@ import numpy as np
 from perf import Skipped
 from perf.net_limits import FORK, TRANSPORTS, _check_exit
 from shmq.client.remoting import RemotingClient
+from shmq.core.state import StoreState
+from shmq.ipc.control import ControlBlock, NotRunning
 from shmq.ipc.remoting import RemotingCommand
 
 SEND_MESSAGE_V2 = 310
@@ -98,6 +100,7 @@ class Broker:
         with open(self.conf_path, "w") as f:
             f.writelines(f"{k}={v}\n" for k, v in conf.items())
         self.flush = flush
+        self.store = store
         self.log_path = os.path.join(root, "broker.log")
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
@@ -350,13 +353,17 @@ def spawn(target, args) -> tuple:
     return p, a
 
 
-def gather(kids: list, pipes: list, go, what: str) -> list:
+def gather(kids: list, pipes: list, go, what: str, on_go=None) -> list:
+    """Wait for every client's "ready", start them all (``on_go()`` first),
+    and collect what each reports."""
     for a in pipes:
         got = a.recv() if a.poll(60) else None
         if isinstance(got, BaseException):
             raise RuntimeError(f"{what}: a client failed") from got
         if got != "ready":
             raise RuntimeError(f"{what}: a client did not get ready ({got!r})")
+    if on_go is not None:
+        on_go()
     go.set()
     out = []
     for a in pipes:
@@ -651,6 +658,25 @@ def run_latency(ctx, result):
 
 
 # ------------------------------------------------------------------ (e) SYNC_FLUSH
+def flush_seq(b) -> int | None:
+    """How many fdatasyncs the broker's flusher has made (the shared state's
+    flush_seq), read from its control block where the broker runs on this
+    host; None elsewhere."""
+    if getattr(b, "store", None) is None:
+        return None
+    try:
+        cb = ControlBlock.attach(b.store)
+    except (NotRunning, OSError):
+        return None
+    try:
+        st = StoreState.over(cb.region(), None)
+        n = None if st is None else int(st.get("flush_seq"))
+        del st
+        return n
+    finally:
+        cb.close()
+
+
 @_child
 def _sync_producer(addr, topic, qid, seconds, go, pipe):
     with RemotingClient(addr) as c:
@@ -688,7 +714,10 @@ def run_sync_flush(ctx, result):
             go = FORK.Event()
             kids, pipes = zip(*(spawn(_sync_producer, (b.addr(tr), topic, q, seconds, go))
                                 for q in range(conns)))
-            got = gather(list(kids), list(pipes), go, "sync producer")
+            seq = []
+            got = gather(list(kids), list(pipes), go, "sync producer",
+                         on_go=lambda: seq.append(flush_seq(b)))
+            f0, f1 = seq[0], flush_seq(b)
             with RemotingClient(b.addr(tr)) as c:
                 verify_queues(c, topic, {q: (g[4], g[5]) for q, g in enumerate(got)})
             acked = sum(g[2] for g in got)
@@ -698,6 +727,8 @@ def run_sync_flush(ctx, result):
             yield result(f"broker_sync_flush_{conns}conn_{tr}", rate, "msg/s", fsync_rate,
                          "raw fdatasync/s (4 KiB overwrite)", connections=conns,
                          messages=acked, flush_timeouts=sum(g[3] for g in got),
+                         msgs_per_fdatasync=(round(acked / max(1, f1 - f0), 2)
+                                             if f0 is not None and f1 is not None else None),
                          fdatasync_p50_us=round(fsync_p50, 1),
                          redis_always_same_load=round(peer) if peer else None,
                          over_redis=round(rate / peer, 3) if peer else None,
