@@ -147,6 +147,7 @@ BENCHES = {
     "broker_consume": broker.run_consume,
     "broker_latency": broker.run_latency,
     "broker_sync_flush": broker.run_sync_flush,
+    "broker_scaling": broker.run_scaling,
     "broker_cpu": worker_cpu.run,
     "broker_timer": features.run_timer,
     "broker_timer_burst": features.run_timer_burst,

@@ -20,7 +20,13 @@ same transport, measured in the same run (perf.net_limits):
   stamped with CLOCK_MONOTONIC at send — against the raw round trip p50;
 - broker_sync_flush: SYNC_FLUSH broker, 1 and 16 connections (processes)
   each sending one message at a time — msg/s against the raw fdatasync rate,
-  with Redis ``appendfsync always`` under the same load beside it.
+  with Redis ``appendfsync always`` under the same load beside it, and the
+  messages each fdatasync made durable (group commit);
+- broker_scaling: brokers of W = 1, 2, 4 … workers (up to the cores), two
+  client processes per worker each pipelining SCALE_WINDOW single-message
+  sends on its own connection and queue — msg/s against W × the 1-worker
+  rate (the target: 8 workers ≥ 6× one, on ≥ 8 cores), and the workers'
+  CPU per send.
 
 One ASYNC_FLUSH broker serves the first four benches (started on first use,
 stopped at the end of the run); broker_sync_flush starts its own. Every
@@ -74,6 +80,8 @@ PRODUCERS = 4
 WINDOW = 4
 QUEUES = 4
 SYNC_CONNS = (1, 16)
+SCALE_WINDOW = 16
+SCALE_CLIENTS_PER_WORKER = 2
 TIMEOUT_S = 15.0
 
 
@@ -733,3 +741,67 @@ def run_sync_flush(ctx, result):
                          redis_always_same_load=round(peer) if peer else None,
                          over_redis=round(rate / peer, 3) if peer else None,
                          redis_always_pipelined_b32=round(peer_b32) if peer_b32 else None)
+
+
+# ------------------------------------------------------------------ (f) worker scaling
+@_child
+def _pipelined_sender(addr, topic, qid, seconds, go, pipe):
+    with RemotingClient(addr) as c:
+        check(c.invoke(send_cmd(topic, qid, body_of(qid, 0)), timeout=TIMEOUT_S), what="warm")
+        pipe.send("ready")
+        go.wait()
+        sent = acked = 0
+        t0 = time.monotonic()
+        end = t0 + seconds
+        for _ in range(SCALE_WINDOW):
+            sent += 1
+            c.send(send_cmd(topic, qid, body_of(qid, sent)))
+        while acked < sent:
+            r = c.recv(timeout=TIMEOUT_S)
+            if r.code != SUCCESS:
+                raise RuntimeError(f"send: code {r.code} ({r.remark})")
+            acked += 1
+            if time.monotonic() < end:
+                sent += 1
+                c.send(send_cmd(topic, qid, body_of(qid, sent)))
+        t1 = time.monotonic()
+    pipe.send((t0, t1, acked, acked + 1, body_of(qid, acked)))
+
+
+def run_scaling(ctx, result):
+    if getattr(ctx, "named_broker", None) is not None:
+        raise Skipped("starts brokers of 1, 2, 4 … workers of its own")
+    from perf.worker_cpu import ticks, CLK_TCK
+    from shmq.tools.profile import children
+    cores = os.cpu_count() or 1
+    counts = [w for w in (1, 2, 4, 8, 16) if w <= cores] or [1]
+    seconds = 0.8 if ctx.quick else 3.0
+    base = None
+    for w in counts:
+        b = Broker(ctx, "ASYNC_FLUSH", name=f"scale{w}", workerProcessNums=w)
+        try:
+            workers = [pid for name, pid in children(b.proc.pid).items()
+                       if name.startswith("shmq-worker")]
+            n = w * SCALE_CLIENTS_PER_WORKER
+            topic = f"PerfScale{w}"
+            with RemotingClient(b.addr("unix")) as c:
+                create_topic(c, topic, n)
+            go = FORK.Event()
+            kids, pipes = zip(*(spawn(_pipelined_sender, (b.addr("unix"), topic, q, seconds, go))
+                                for q in range(n)))
+            cpu = []
+            got = gather(list(kids), list(pipes), go, "pipelined sender",
+                         on_go=lambda: cpu.append(ticks(workers)))
+            used_s = (ticks(workers) - cpu[0]) / CLK_TCK
+            with RemotingClient(b.addr("unix")) as c:
+                verify_queues(c, topic, {q: (g[3], g[4]) for q, g in enumerate(got)})
+        finally:
+            b.stop()
+        acked = sum(g[2] for g in got)
+        rate = acked / (max(g[1] for g in got) - min(g[0] for g in got))
+        base = base or rate
+        yield result(f"broker_scaling_{w}workers", rate, "msg/s", base * w,
+                     "the 1-worker rate × workers (linear scaling)", workers=w, clients=n,
+                     window=SCALE_WINDOW, cores=cores, speedup=round(rate / base, 2),
+                     worker_cpu_us_per_send=round(used_s / max(1, acked) * 1e6, 1),
+                     target_speedup_8workers=6.0)
