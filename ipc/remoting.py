@@ -236,8 +236,9 @@ class FrameDecoder:
         if hlen > total - 4:
             raise RemoteProtocolError(f"header length {hlen} exceeds the frame ({total} bytes)")
         start = pos + 8
-        header = bytes(buf[start:start + hlen])
-        body = bytes(buf[start + hlen:pos + 4 + total])
+        with memoryview(buf) as mv:           # one copy each (a bytearray slice is two)
+            header = bytes(mv[start:start + hlen])
+            body = bytes(mv[start + hlen:pos + 4 + total])
         self._pos = pos + 4 + total
         if self._pos > (1 << 20) and self._pos * 2 > len(buf):
             del buf[:self._pos]
