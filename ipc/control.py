@@ -346,7 +346,10 @@ class ControlBlock:
 
     def wake_flagged(self, flag: int) -> None:
         """Wake every process whose slot has ``flag``."""
-        for slot in np.flatnonzero(self.proc_flags & flag):
+        flags = self.proc_flags
+        if not flags.any():    # nobody waits for anything (every send of a producer-only load)
+            return
+        for slot in np.flatnonzero(flags & flag):
             self.waker.wake(int(slot))
 
     def wait(self, timeout_s: float) -> bool:
