@@ -39,6 +39,7 @@ import hashlib
 import mmap
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -55,13 +56,16 @@ PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbe
 _HDR = ["magic", "version", "proc_slots", "region_offset", "region_bytes", "owner_pid",
         "owner_start", "lock_owner_pid", "lock_owner_start", "retired"]
 
-# process slot flags
+# process slot flags (all in the flags word's low byte: wake_flagged reads only that)
 WANT_PUBLISH = 1   # has parked pulls: wake me when messages are published
 WANT_FLUSH = 2     # has parked sync sends: wake me when flushed_pos moves
 LOCKING = 4        # waiting for or holding the append lock
 WANT_CLIENTS = 8   # a broker worker: wake me when a consumer group changes
 WANT_CONFIG = 16   # the broker's services: wake me when the topic table changes
 REGISTERED = 32    # the broker's services: a NameServer took its routes since it started
+_FLAGS_LOW = PROC_DTYPE.fields["flags"][1] + (0 if sys.byteorder == "little" else 7)
+_HAS_FLAG = {f: bytes(1 if b & f else 0 for b in range(256))
+             for f in (WANT_PUBLISH, WANT_FLUSH, LOCKING, WANT_CLIENTS, WANT_CONFIG, REGISTERED)}
 
 # roles
 ROLE_FLUSHER = 1
@@ -183,6 +187,8 @@ class ControlBlock:
         self.hdr_retired = self.header["retired"]
         self.lock = SemaphoreLock(self)
         self.slot = -1
+        self._flag_bytes: memoryview | None = None   # wake_flagged's view of the slots' flags
+        self._flag_bytes_of = None
         self.waiter: Waiter | None = None
         self.waker = Waker(self.namespace)
 
@@ -345,12 +351,19 @@ class ControlBlock:
         self.waker.wake(slot)
 
     def wake_flagged(self, flag: int) -> None:
-        """Wake every process whose slot has ``flag``."""
-        flags = self.proc_flags
-        if not flags.any():    # nobody waits for anything (every send of a producer-only load)
-            return
-        for slot in np.flatnonzero(flags & flag):
-            self.waker.wake(int(slot))
+        """Wake every process whose slot has ``flag``. Every append publishes
+        through here, so the common answer (nobody) costs one copy of the
+        slots' low flag bytes and a ``bytes.translate``, not numpy's masking
+        and scanning of every slot (5 µs here)."""
+        low = self._flag_bytes
+        if low is None or self._flag_bytes_of is not self.procs:
+            self._flag_bytes_of = self.procs
+            low = self._flag_bytes = memoryview(self.procs.view(np.uint8))[_FLAGS_LOW::PROC_DTYPE.itemsize]
+        hits = low.tobytes().translate(_HAS_FLAG[flag])
+        slot = hits.find(1)
+        while slot >= 0:
+            self.waker.wake(slot)
+            slot = hits.find(1, slot + 1)
 
     def wait(self, timeout_s: float) -> bool:
         return self.waiter.wait(timeout_s)
