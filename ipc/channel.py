@@ -12,13 +12,14 @@ is send + wait for that request's reply. Requests the broker sends to us
 from __future__ import annotations
 
 import itertools
+import select
 import socket
 import time
 from collections import deque
 
 from .remoting import FLAG_ONEWAY, FrameDecoder, RemotingCommand, encode
 
-_RECV_BYTES = 1 << 20
+_RECV_BYTES = 1 << 20     # one buffer per client, received into (never allocated per read)
 
 
 class RemotingTimeout(TimeoutError):
@@ -44,6 +45,13 @@ class RemotingClient:
     def __init__(self, addr: str, timeout: float = 5.0):
         self.addr = addr
         self.sock = connect(addr, timeout)
+        # Waiting is a poll() and reading a recv_into with MSG_DONTWAIT on the
+        # socket as it is (blocking, for sendall): a socket timeout per read
+        # cost four fcntl calls, and recv(1 MiB) an mmap and munmap.
+        self._poll = select.poll()
+        self._poll.register(self.sock, select.POLLIN)
+        self._buf = bytearray(_RECV_BYTES)
+        self._view = memoryview(self._buf)
         self.decoder = FrameDecoder()
         self.replies: dict[int, RemotingCommand] = {}
         self.requests: deque[RemotingCommand] = deque()
@@ -81,19 +89,17 @@ class RemotingClient:
         return self.requests.popleft()
 
     def _receive(self, deadline: float, timeout_message: str) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RemotingTimeout(timeout_message)
-        self.sock.settimeout(left)
         try:
-            data = self.sock.recv(_RECV_BYTES)
-        except socket.timeout:
+            n = self.sock.recv_into(self._buf, _RECV_BYTES, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemotingTimeout(timeout_message) from None
+            self._poll.poll(left * 1000)
             return
-        finally:
-            self.sock.settimeout(None)
-        if not data:
+        if not n:
             raise ConnectionError(f"{self.addr} closed the connection")
-        self.decoder.receive_data(data)
+        self.decoder.receive_data(self._view[:n])
         while (cmd := self.decoder.next_command()) is not None:
             if cmd.is_response:
                 self.replies[cmd.opaque] = cmd
