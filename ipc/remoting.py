@@ -298,3 +298,33 @@ def encode_head(cmd: RemotingCommand, body_bytes: int, frame_bytes_max: int = FR
 def encode(cmd: RemotingCommand, frame_bytes_max: int = FRAME_BYTES_MAX) -> bytes:
     """The whole frame, body included."""
     return encode_head(cmd, len(cmd.body), frame_bytes_max) + bytes(cmd.body)
+
+
+# A SEND's SUCCESS reply, the one reply per message of the commonest request:
+# the bytes ``encode_head(request.reply(SUCCESS, ext=...), 0)`` gives, from a
+# template (one ``%`` format, no RemotingCommand, dict or JSON encoder).
+_SEND_OK_EXT_TAIL = (("MSG_REGION", "DefaultRegion"), ("TRACE_ON", "true"))
+_SEND_OK_JSON = (b'{"code":0,"language":"JAVA","version":%d,"opaque":%%d,"flag":%d,'
+                 b'"serializeTypeCurrentRPC":"JSON","extFields":{"msgId":"%%s",'
+                 b'"queueId":"%%d","queueOffset":"%%d"' % (VERSION_4_9_7, FLAG_RESPONSE)
+                 + b"".join(b',"%s":"%s"' % (k.encode(), v.encode()) for k, v in _SEND_OK_EXT_TAIL)
+                 + b"}}")
+_SEND_OK_BIN_TAIL = b"".join(_I16.pack(len(k)) + k.encode() + _I32.pack(len(v)) + v.encode()
+                             for k, v in _SEND_OK_EXT_TAIL)
+
+
+def send_ok_head(serialize_type: int, opaque: int, msg_id: str, queue_id: int,
+                 queue_offset: int) -> bytes:
+    """The whole frame of a SEND's SUCCESS reply (msgId, queueId,
+    queueOffset, MSG_REGION, TRACE_ON; no body) in the request's
+    serialization."""
+    if serialize_type == JSON:
+        header = _SEND_OK_JSON % (opaque, msg_id.encode(), queue_id, queue_offset)
+    else:
+        m, q, o = msg_id.encode(), b"%d" % queue_id, b"%d" % queue_offset
+        ext = b"".join((b"\x00\x05msgId", _I32.pack(len(m)), m, b"\x00\x07queueId",
+                        _I32.pack(len(q)), q, b"\x00\x0bqueueOffset", _I32.pack(len(o)), o,
+                        _SEND_OK_BIN_TAIL))
+        header = b"".join((_BIN_FIXED.pack(0, LANGUAGES["JAVA"], VERSION_4_9_7, opaque,
+                                           FLAG_RESPONSE, 0), _I32.pack(len(ext)), ext))
+    return _PREFIX.pack(4 + len(header), (serialize_type << 24) | len(header)) + header

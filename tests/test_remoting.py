@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shmq.ipc.remoting import (FLAG_ONEWAY, FLAG_RESPONSE, JSON, ROCKETMQ, FrameDecoder,
                                LocalProtocolError, RemoteProtocolError, RemotingCommand, encode,
-                               encode_head)
+                               encode_head, send_ok_head)
 
 
 def frame(header: bytes, body: bytes = b"", stype: int = JSON) -> bytes:
@@ -208,3 +208,16 @@ def test_code_tables_hold_rocketmq_values():
     assert (C.SUCCESS, C.FLUSH_DISK_TIMEOUT, C.PULL_NOT_FOUND, C.PULL_RETRY_IMMEDIATELY,
             C.PULL_OFFSET_MOVED, C.TOPIC_NOT_EXIST, C.FLOW_CONTROL) == (0, 10, 19, 20, 21, 17, 215)
     assert not_supported_remark(999) == " request type 999 not supported"
+
+
+@pytest.mark.parametrize("stype", [JSON, ROCKETMQ])
+@pytest.mark.parametrize("opaque, msg_id, qid, qoff", [
+    (0, "7F00000100002A9F0000000000001234", 0, 0), (2**31 - 1, "AB" * 16, 7, 2**62),
+    (-5, "x", 123, 1)])
+def test_send_ok_template_is_the_encoded_reply(stype, opaque, msg_id, qid, qoff):
+    """The SEND SUCCESS template writes the bytes the general encoder does."""
+    req = RemotingCommand(310, opaque=opaque, serialize_type=stype)
+    want = encode_head(req.reply(0, ext={"msgId": msg_id, "queueId": str(qid),
+                                         "queueOffset": str(qoff), "MSG_REGION": "DefaultRegion",
+                                         "TRACE_ON": "true"}), 0)
+    assert send_ok_head(stype, opaque, msg_id, qid, qoff) == want
