@@ -7,6 +7,15 @@ epoll on its client sockets, the boss channel and its wake-up socket (new
 messages for parked pulls, flush progress for parked sync sends, consumer
 group changes). It dies with the boss (PDEATHSIG). SIGTERM: answer what is
 parked, flush replies, leave.
+
+``Driver`` is the only code between connections and the sans-I/O request
+handlers (broker/handlers/): it gives each connection a ``Peer`` (its
+address parsed once), runs each command through ``Handlers.handle`` and
+writes the reply with ``Connection.send``; it writes what the parking
+module answers later (after a request parked, on a wake-up, when the one
+reactor timer it keeps for the earliest parked deadline fires) and the
+notices to other clients, each to the connection its peer names, if still
+open.
 """
 from __future__ import annotations
 
@@ -19,12 +28,14 @@ import time
 
 from shmq.core import jit
 from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
+from shmq.ipc.remoting import RemotingCommand, encode_head
 
 from .config import BrokerConfig
-from .processors import Processors
-from .reactor import Reactor
+from .handlers import PARKED, Handlers, Peer
+from .reactor import Connection, Reactor
 from .registry import Registry
 from .shared_store import attach, extra_region
+from .stats import SAMPLE_S
 from .topics import Tables
 
 log = logging.getLogger("shmq.worker")
@@ -49,7 +60,9 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
     registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
     tables = Tables(config, store.state, on_change=lambda: cb.wake_flagged(WANT_CONFIG))
     reactor = Reactor()
-    procs = Processors(config, store, cb, tables, registry, reactor)
+    handlers = Handlers(config, store, cb, tables, registry)
+    driver = Driver(reactor, handlers)
+    reactor.every(SAMPLE_S, handlers.stats.sample)
 
     chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     chan.connect(boss_address(cb.namespace))
@@ -73,23 +86,17 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
         for i, fd in enumerate(fds):
             sock = socket.socket(fileno=fd)
             peer = peers[i] if i < len(peers) and peers[i] else f"fd{fd}"
-            reactor.add_connection(sock, peer, procs.on_command, procs.connection_closed,
-                                   config.outboundBufferMaxBytes)
+            driver.add_connection(sock, peer, config.outboundBufferMaxBytes)
 
     def on_wake():
         cb.waiter.drain()
-        procs.check_parked_pulls()
-        procs.check_parked_sends()
-        procs.check_clients()
-        procs.deliver_notices()
+        driver.on_wake()
 
     ticks = [0]
 
     def every_second():
         cb.heartbeat()
-        procs.check_parked_pulls()
-        procs.check_clients()
-        procs.deliver_notices()
+        driver.on_wake()     # a wake-up missed is a second late, not a hold late
         ticks[0] += 1
         if ticks[0] % 10 == 0:
             reactor.close_idle(config.serverChannelMaxIdleTimeSeconds)
@@ -107,23 +114,99 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
     log.info("serving (slot %d)", cb.slot)
     try:
         reactor.run()
-        _drain(reactor, procs)
+        driver.drain()
     finally:
         reactor.close()
         cb.close()
         store.close()
 
 
-def _drain(reactor: Reactor, procs: Processors) -> None:
-    """Answer parked pulls now, give parked sync sends and queued replies up
-    to DRAIN_S to go out."""
-    for waiting in procs.parked_pulls.values():
-        for p in waiting:
-            p.deadline = 0
-    procs.check_parked_pulls()
-    deadline = time.monotonic() + DRAIN_S
-    reactor.stopping = False
-    while time.monotonic() < deadline and (procs.parked_sends or any(
-            c.out for c in reactor.conns.values())):
-        reactor.run_once()
-        procs.check_parked_sends()
+class Driver:
+    """Connections ↔ handlers (see the module's docstring)."""
+
+    def __init__(self, reactor: Reactor, handlers: Handlers):
+        self.reactor = reactor
+        self.h = handlers
+        self.parking = handlers.parking
+        self.peers: dict[int, Peer] = {}        # connection id → its peer
+        self.armed = None                        # the reactor timer for the earliest deadline
+        self.armed_at = float("inf")
+        self.notices_soon = False
+
+    def add_connection(self, sock: socket.socket, addr: str, out_max: int) -> Connection:
+        conn = self.reactor.add_connection(sock, addr, self.on_command, self.on_close, out_max)
+        self.peers[conn.id] = Peer(conn.id, addr, conn.attrs)
+        return conn
+
+    def on_command(self, conn: Connection, cmd: RemotingCommand) -> None:
+        h = self.h
+        out = h.handle(self.peers[conn.id], cmd)
+        if out is not None:
+            if out is PARKED:
+                self.send_all(self.parking.ready())
+                self.arm()
+            else:
+                reply, parts, nbytes = out
+                conn.send(encode_head(reply, nbytes), parts)
+        if self.parking.arrived:         # this request appended to a queue a pull waits on
+            self.send_all(self.parking.ready())
+        if h.due:
+            self._notices_soon()
+
+    def on_close(self, conn: Connection) -> None:
+        peer = self.peers.pop(conn.id, None)
+        if peer is not None:
+            self.h.connection_closed(peer)
+            if self.h.due:
+                self._notices_soon()
+
+    def send_all(self, answers) -> None:
+        """Write ``(peer, Reply)`` pairs, each to its peer's connection if it is open."""
+        conns = self.reactor.conns
+        for peer, (reply, parts, nbytes) in answers:
+            conn = conns.get(peer.id)
+            if conn is not None:
+                conn.send(encode_head(reply, nbytes), parts)
+
+    def on_wake(self) -> None:
+        """The control block woke us (or the second passed): parked answers
+        now due, then notices."""
+        self.send_all(self.parking.on_wake())
+        self.send_all(self.h.notices())
+
+    def _notices_soon(self) -> None:
+        if not self.notices_soon:
+            self.notices_soon = True
+            self.reactor.call_soon(self._send_notices)
+
+    def _send_notices(self) -> None:
+        self.notices_soon = False
+        self.send_all(self.h.notices())
+
+    def arm(self) -> None:
+        """Keep one reactor timer at the earliest parked deadline."""
+        due = self.parking.next_deadline()
+        if due is None or due >= self.armed_at:
+            return
+        if self.armed is not None:
+            self.reactor.cancel(self.armed)
+        self.armed_at = due
+        self.armed = self.reactor.call_later(max(0.0, due - self.parking.clock()), self._expire)
+
+    def _expire(self) -> None:
+        self.armed, self.armed_at = None, float("inf")
+        self.send_all(self.parking.expire())
+        self.arm()
+
+    def drain(self) -> None:
+        """Answer parked pulls now, give parked sync sends and queued
+        replies up to DRAIN_S to go out."""
+        reactor = self.reactor
+        self.send_all(self.parking.expire_all_pulls())
+        deadline = time.monotonic() + DRAIN_S
+        reactor.stopping = False
+        while time.monotonic() < deadline and (self.parking.sends or any(
+                c.out for c in reactor.conns.values())):
+            reactor.run_once()
+            self.send_all(self.parking.on_wake())
+            self.send_all(self.parking.expire())

@@ -115,7 +115,6 @@ def test_a_parked_pull_is_answered_when_a_message_arrives_and_does_not_block_oth
     topic = topic_name(request)
     with RemotingClient(broker.addr) as c, RemotingClient(f"unix:{broker.unix}") as producer:
         make_topic(c, topic, 1)
-        t0 = time.monotonic()
         pull_op = c.send(pull_message(topic, 0, 0, suspend_ms=20_000))
         # the next request on the same connection is answered while the pull waits
         r = c.invoke(RemotingCommand(RC.GET_MAX_OFFSET, ext={"topic": topic, "queueId": "0"}))
@@ -123,18 +122,16 @@ def test_a_parked_pull_is_answered_when_a_message_arrives_and_does_not_block_oth
         with pytest.raises(RemotingTimeout):
             c.recv(pull_op, timeout=0.3)
         assert producer.invoke(send_message(topic, b"wake", queue_id=0)).code == R.SUCCESS
-        r = c.recv(pull_op, timeout=5)
+        r = c.recv(pull_op, timeout=5)     # long before the 20 s hold ends
         assert r.code == R.SUCCESS and decode_records(r.body)[0].body == b"wake"
-        assert time.monotonic() - t0 < 5
 
 
 def test_a_parked_pull_times_out_with_pull_not_found(client, request):
+    """When: tests/test_handlers.py, on a fake clock; here: that it is answered."""
     topic = topic_name(request)
     make_topic(client, topic, 1)
-    t0 = time.monotonic()
-    r = client.invoke(pull_message(topic, 0, 0, suspend_ms=700), timeout=10)
+    r = client.invoke(pull_message(topic, 0, 0, suspend_ms=300), timeout=10)
     assert r.code == R.PULL_NOT_FOUND
-    assert 0.6 < time.monotonic() - t0 < 5
 
 
 def test_consumer_offsets_min_max_and_time_lookups(client, request):

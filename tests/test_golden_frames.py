@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from shmq.ipc.headers import PULL_HEADER, SEND_HEADER, V2_KEYS, pull_ext, send_ext, send_header
 from shmq.ipc.remoting import JSON, FrameDecoder, RemotingCommand
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -293,3 +294,40 @@ def test_ons_send_back():
 def test_ons_unregister_client():
     cmd = ons("unregister-client", 35)
     assert set(cmd.ext) == {"clientID", "consumerGroup"} and cmd.ext["consumerGroup"] == "GoldenCG"
+
+
+# ------------------------------------------------------------------ the header schemas (ipc/headers.py)
+CPP_SIGNING = {"AccessKey", "OnsChannel", "Signature"}
+
+
+@pytest.mark.parametrize("name", ["cpp-1.2-send", "cpp-1.2-send-oneway", "cpp-1.2-send-batch",
+                                  "ons-3.12-send-v2", "ons-3.12-send-v2-sharding-key"])
+def test_every_send_header_field_is_in_the_send_schema_and_reads_by_its_v1_name(name):
+    cmd = decode(f"{name}.bin")
+    keys = set(cmd.ext) - CPP_SIGNING
+    if cmd.code == 10:
+        assert keys <= {f.name for f in SEND_HEADER}
+    else:
+        assert keys <= set(V2_KEYS)
+    h = send_header(cmd.code, cmd.ext)
+    assert (h.str("topic"), h.str("producerGroup"), h.int("defaultTopicQueueNums")) == ("GoldenTopic", "GoldenPG", 4)
+    assert h.bool("batch") == (name == "cpp-1.2-send-batch")
+    required = {f.name for f in SEND_HEADER if f.required}
+    assert required <= {V2_KEYS.get(k, k) for k in cmd.ext}
+
+
+@pytest.mark.parametrize("name", ["cpp-1.2-pull", "ons-3.12-pull"])
+def test_every_pull_header_field_is_in_the_pull_schema(name):
+    cmd = decode(f"{name}.bin")
+    assert set(cmd.ext) - CPP_SIGNING <= {f.name for f in PULL_HEADER}
+    assert {f.name for f in PULL_HEADER if f.required} <= set(cmd.ext)
+    # the builders write what the clients wrote
+    mine = pull_ext(**{k: v for k, v in cmd.ext.items() if k not in CPP_SIGNING})
+    assert mine == {k: v for k, v in cmd.ext.items() if k not in CPP_SIGNING}
+
+
+def test_the_send_builder_writes_ali_ons_v2_keys():
+    cmd = decode("ons-3.12-send-v2.bin")
+    values = {V2_KEYS[k]: v for k, v in cmd.ext.items()}
+    assert send_ext(**values) == cmd.ext
+    assert send_ext(v2=False, **values) == values

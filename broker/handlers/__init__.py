@@ -1,0 +1,148 @@
+"""Request handlers: RocketMQ 4.x request code → handler, run on the worker that read it.
+
+``Handlers`` is a worker's whole request-handling state (``base.Broker``: the
+store, the shared tables, the subscriptions its clients registered, the
+peers it can notify) and what it has parked (``broker/parking.py``: pulls
+waiting for messages, SYNC_FLUSH sends waiting for the disk). ``handle``
+runs one request to completion: it answers at once, or parks and answers
+when the control block wakes the worker (new messages, flush progress, a
+consumer group that changed) or a deadline passes. Replies echo the
+request's opaque and serialization; errors carry RocketMQ's response code
+and a remark; an unknown code gets REQUEST_CODE_NOT_SUPPORTED; no request
+can raise out of here.
+
+Sans-I/O: a handler takes a ``Peer`` (the connection as a handler may know
+it: id, address, born host parsed once, attrs) and the command, and returns
+the answer; it never touches a connection or a socket. The driver
+(broker/worker.py) maps each connection to its peer, calls ``handle``,
+writes what comes back, and writes the ``(peer, Reply)`` pairs that
+``parking`` and ``notices()`` return later. Tests drive the same calls with
+no socket at all (tests/test_handlers.py).
+
+One module per idea, each over ``base``:
+
+    send          SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE
+    pull          PULL_MESSAGE (long polling through the parking module)
+    offsets       consumer offsets, min/max/by-time offsets, reset offset
+    clients       heartbeat, unregister, consumer list, queue locks, notices
+    admin         topics, groups, broker config, runtime info, views, lookups
+    retry         CONSUMER_SEND_MSG_BACK (%RETRY% / %DLQ%)
+    transactions  END_TRANSACTION
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from shmq.core.state import StoreFullError
+from shmq.core.store import MessageStore
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.codes import not_supported_remark
+from shmq.ipc.control import ControlBlock
+from shmq.ipc.headers import BadRequest
+from shmq.ipc.remoting import RemotingCommand
+
+from ..config import BrokerConfig
+from ..parking import Parking
+from ..registry import Registry
+from ..topics import Tables
+from . import admin, clients, offsets, pull, retry, send, transactions
+from .base import PARKED, Broker, Peer, Reply, born_host
+from .subscription import Subscription, parse_subscription
+
+__all__ = ["HANDLERS", "PARKED", "Handlers", "Peer", "Reply", "Subscription", "born_host",
+           "parse_subscription"]
+
+log = logging.getLogger("shmq.broker")
+
+HANDLERS: dict[int, Callable] = {
+    RC.SEND_MESSAGE: send.send, RC.SEND_MESSAGE_V2: send.send,
+    RC.SEND_BATCH_MESSAGE: send.send,
+    RC.PULL_MESSAGE: pull.pull,
+    RC.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
+    RC.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
+    RC.GET_MAX_OFFSET: offsets.get_max_offset, RC.GET_MIN_OFFSET: offsets.get_min_offset,
+    RC.SEARCH_OFFSET_BY_TIMESTAMP: offsets.search_offset,
+    RC.GET_EARLIEST_MSG_STORETIME: offsets.earliest_store_time,
+    RC.INVOKE_BROKER_TO_RESET_OFFSET: offsets.reset_offset,
+    RC.HEART_BEAT: clients.heartbeat, RC.UNREGISTER_CLIENT: clients.unregister_client,
+    RC.GET_CONSUMER_LIST_BY_GROUP: clients.consumer_list,
+    RC.LOCK_BATCH_MQ: clients.lock_batch, RC.UNLOCK_BATCH_MQ: clients.unlock_batch,
+    RC.CHECK_CLIENT_CONFIG: clients.check_client_config,
+    RC.VIEW_MESSAGE_BY_ID: admin.view_message, RC.QUERY_MESSAGE: admin.query_message,
+    RC.UPDATE_AND_CREATE_TOPIC: admin.create_topic,
+    RC.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
+    RC.GET_ALL_TOPIC_CONFIG: admin.all_topic_config,
+    RC.GET_BROKER_RUNTIME_INFO: admin.runtime_info,
+    RC.UPDATE_BROKER_CONFIG: admin.update_broker_config,
+    RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: admin.update_group,
+    RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: admin.all_groups,
+    RC.DELETE_SUBSCRIPTIONGROUP: admin.delete_group,
+    RC.GET_BROKER_CONFIG: admin.get_broker_config,
+    RC.GET_TOPIC_STATS_INFO: admin.topic_stats,
+    RC.GET_CONSUME_STATS: admin.consume_stats,
+    RC.GET_CONSUMER_CONNECTION_LIST: admin.consumer_connection,
+    RC.QUERY_TOPIC_CONSUME_BY_WHO: admin.topic_consumed_by,
+    RC.CONSUMER_SEND_MSG_BACK: retry.send_back,
+    RC.END_TRANSACTION: transactions.end_transaction,
+}
+
+
+class Handlers(Broker):
+    def __init__(self, config: BrokerConfig, store: MessageStore, cb: ControlBlock,
+                 tables: Tables, registry: Registry, clock: Callable[[], float] = time.monotonic):
+        super().__init__(config, store, cb, tables, registry)
+        self.parking = Parking(store, cb.set_flag, self.answer_parked_pull, clock)
+
+    def handle(self, peer: Peer, cmd: RemotingCommand):
+        """Run one request: its ``Reply`` (a tuple: command, body pieces,
+        their bytes), ``PARKED``, or None (no answer: a oneway request, a
+        client's response, END_TRANSACTION "unknown")."""
+        if cmd.is_response:
+            return None    # a client acknowledging one of our notifications
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: request %d %s body %d bytes", peer.addr, cmd.code, cmd.ext, len(cmd.body))
+        return self._run(HANDLERS.get(cmd.code), peer, cmd)
+
+    def answer_parked_pull(self, peer: Peer, cmd: RemotingCommand):
+        """A parked pull, run again with suspension off (parking's callback)."""
+        return self._run(pull.repull, peer, cmd)
+
+    def _run(self, fn, peer: Peer, cmd: RemotingCommand):
+        try:
+            if fn is None:
+                r = cmd.reply(R.REQUEST_CODE_NOT_SUPPORTED, not_supported_remark(cmd.code))
+            else:
+                r = fn(self, peer, cmd)
+        except BadRequest as e:
+            r = cmd.reply(e.code, e.remark)
+        except StoreFullError as e:
+            r = cmd.reply(R.SERVICE_NOT_AVAILABLE, str(e))
+        except OSError as e:
+            log.error("request %d from %s: %s", cmd.code, peer.addr, e)
+            r = cmd.reply(R.SERVICE_NOT_AVAILABLE, f"service not available now: {e}")
+        except Exception as e:
+            log.exception("request %d from %s failed", cmd.code, peer.addr)
+            r = cmd.reply(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+        if r is None or r is PARKED:
+            return r
+        if type(r) is not Reply:
+            body = r.body
+            r = Reply(r, (body,), len(body)) if body else Reply(r)
+        if log.isEnabledFor(logging.DEBUG):
+            c = r.cmd
+            log.debug("%s: reply to %d: %d %s %s", peer.addr, cmd.code, c.code, c.remark, c.ext)
+        return None if cmd.is_oneway else r
+
+    # ------------------------------------------------------------ the driver's
+    def connection_closed(self, peer: Peer) -> None:
+        peer.closed = True                # parked answers to it are dropped
+        clients.connection_closed(self, peer)
+
+    def notices(self) -> list:
+        """Notices due to this worker's clients, as ``(peer, Reply)``: group
+        membership changes, transaction check-backs, offset resets."""
+        self.due = False
+        return clients.check_clients(self) + clients.deliver_notices(self)

@@ -1,0 +1,153 @@
+"""PULL_MESSAGE: read a queue from an offset through the consumer's filter
+(TAG codes, or SQL92 over the properties), commit its offset if asked, and
+answer the records as slices of the CommitLog (file ranges for big runs).
+Nothing there yet and PULL_SUSPEND set: the pull parks (long polling, for
+suspendTimeoutMillis; shortPollingTimeMills with longPollingEnable=false)
+and is run again by the parking module, suspension off, when its queue
+grows or its hold ends; that answer goes out in JSON, as RocketMQ's does.
+"""
+from __future__ import annotations
+
+import numpy as np
+from shmq.core.consumequeue import ALL_TAGS
+from shmq.core.records import decode
+from shmq.core.store import GetMessageStatus, GetResult
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, BadRequest, Header
+from shmq.ipc.remoting import JSON, RemotingCommand
+
+from ..reactor import FileRange
+from ..sql92 import Sql92Filter
+from ..topics import PERM_READ, RETRY_GROUP_TOPIC_PREFIX
+from .base import PARKED, Broker, Peer, Reply
+from .subscription import parse_subscription
+
+PULL_STATUS_CODE = {
+    GetMessageStatus.FOUND: R.SUCCESS,
+    GetMessageStatus.NO_MATCHED_MESSAGE: R.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.MESSAGE_WAS_REMOVING: R.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.OFFSET_FOUND_NULL: R.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_ONE: R.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_BADLY: R.PULL_OFFSET_MOVED,
+    GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
+}
+SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
+
+
+def pull(b: Broker, peer: Peer, cmd: RemotingCommand):
+    return _pull(b, peer, cmd, True)
+
+
+def repull(b: Broker, peer: Peer, cmd: RemotingCommand):
+    """A parked pull, run again: its answer now, whatever it is."""
+    return _pull(b, peer, cmd, False)
+
+
+def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
+    h = Header(cmd.ext)
+    group, topic = h.str("consumerGroup"), h.str("topic")
+    qid, offset = h.int("queueId"), h.int("queueOffset")
+    max_msgs = h.int("maxMsgNums")
+    sysflag = h.int("sysFlag")
+    c = b.config
+    if not b.tables.broker_permission() & PERM_READ:
+        raise BadRequest(R.NO_PERMISSION, f"the broker[{c.brokerName}] pulling "
+                                          f"message is forbidden")
+    if b.tables.group(group, c.autoCreateSubscriptionGroup) is None:
+        raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST,
+                         f"subscription group [{group}] does not exist")
+    tc = b.tables.topics.get(topic)
+    if tc is None:
+        raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+    if not tc["perm"] & PERM_READ:
+        raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+    if not 0 <= qid < int(tc["readQueueNums"]):
+        raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
+                                         f"topicConfig.readQueueNums:[{tc['readQueueNums']}]")
+    if sysflag & PULL_SUBSCRIPTION and h.str("subscription", required=False) is not None:
+        sub = parse_subscription(topic, h.str("subscription"), h.str("expressionType", "TAG"),
+                                 sql_enabled=c.enablePropertyFilter)
+    else:
+        sub = b.subs.get((group, topic))
+        if sub is None:   # not registered with this worker: serve all, clients re-filter
+            sub = parse_subscription(topic, "*")
+    if sub.error is not None:
+        raise sub.error
+    if allow_suspend and sysflag & PULL_COMMIT_OFFSET:
+        b.registry.commit_offset(topic, group, qid, h.int("commitOffset"))
+    r = b.store.get_message(topic, qid, offset,
+                            max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
+                            sub.codes, c.maxTransferBytesOnMessageInMemory)
+    if sub.sql is not None and (c.filterSupportRetry
+                                or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
+        r = _sql_filtered(b, r, sub.sql, topic, qid, max_msgs)
+    st = r.status
+    if st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+        code = R.PULL_OFFSET_MOVED if offset != 0 else R.PULL_NOT_FOUND
+    else:
+        code = PULL_STATUS_CODE[st]
+    if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
+        hold = h.int("suspendTimeoutMillis", 15000) if c.longPollingEnable else c.shortPollingTimeMills
+        b.parking.park_pull(peer, cmd, topic, qid, offset, max(0, hold) / 1000)
+        return PARKED
+    ext = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(r.next_offset),
+           "minOffset": str(r.min_offset), "maxOffset": str(r.max_offset)}
+    reply = cmd.reply(code, st.value, ext)
+    if not allow_suspend:
+        reply.serialize_type = JSON       # the reply to a parked pull, as RocketMQ's
+    if code != R.SUCCESS:
+        return reply
+    b.stats.got += len(r.sizes)
+    parts, nbytes = _body_parts(b, r.phys, r.sizes)
+    return Reply(reply, parts, nbytes)
+
+
+def _sql_filtered(b: Broker, r: GetResult, sql: Sql92Filter, topic: str, qid: int,
+                  max_msgs: int) -> GetResult:
+    """Keep the records whose properties match ``sql``, reading on while
+    none did (up to SQL_SCAN_ROUNDS reads), as RocketMQ's getMessage
+    filters by CommitLog after the ConsumeQueue."""
+    c = b.config
+    for _ in range(SQL_SCAN_ROUNDS):
+        if r.status is not GetMessageStatus.FOUND:
+            return r
+        keep = [i for i, (p, n) in enumerate(zip(r.phys.tolist(), r.sizes.tolist()))
+                if sql.matches(decode(b.store.record_view(p, n), 0, check_crc=False).properties)]
+        if keep:
+            return GetResult(r.status, r.next_offset, r.min_offset, r.max_offset,
+                             r.phys[keep], r.sizes[keep])
+        if r.next_offset >= r.max_offset:
+            break
+        r = b.store.get_message(topic, qid, r.next_offset,
+                                max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
+                                ALL_TAGS, c.maxTransferBytesOnMessageInMemory)
+    return GetResult(GetMessageStatus.NO_MATCHED_MESSAGE, r.next_offset, r.min_offset,
+                     r.max_offset, r.phys[:0], r.sizes[:0])
+
+
+def _body_parts(b: Broker, phys: np.ndarray, sizes: np.ndarray) -> tuple[list, int]:
+    """The records as few ranges as possible (adjacent ones joined), and
+    their bytes: big ranges by sendfile from the segment file, small ones as
+    slices of the mapping (one sendmsg for all)."""
+    p, s = phys.tolist(), sizes.tolist()
+    n = len(p)
+    parts = []
+    cl = b.store.cl
+    seg = b.seg_bytes
+    big = b.config.transferSendfileMinBytes
+    total = 0
+    i = 0
+    while i < n:
+        start = p[i]
+        end = start + s[i]
+        i += 1
+        while i < n and p[i] == end:
+            end += s[i]
+            i += 1
+        base = start - start % seg
+        if end - start >= big:
+            parts.append(FileRange(cl.handle(base).fd, start - base, end - start))
+        else:
+            parts.append(memoryview(cl.view(start, end - start)))
+        total += end - start
+    return parts, total

@@ -1,0 +1,327 @@
+"""Requests a worker answers later: pulls waiting for messages (long polling)
+and SYNC_FLUSH sends waiting for the disk; their deadlines in a timer queue.
+
+Owns what is parked and when each gives up; never a socket, never the
+reactor. It is driven from outside, every call returning the answers now due
+as ``(peer, Reply)`` pairs for the driver (broker/worker.py) to write:
+
+    ready()          after a request parked something: the pulls whose queue
+                     already moved (``arrived``) and the sends already flushed
+    on_wake()        the control block woke us: new messages somewhere (every
+                     parked queue's max offset is read once: O(queues), not
+                     O(pulls)), flush progress (sends up to ``flushed_pos``)
+    expire()         deadlines passed (``clock()`` now): exactly the timers
+                     due, nothing rescanned
+    expire_all_pulls()  shutting down: every parked pull answered now
+
+``clock`` is injected (monotonic seconds; tests pass a fake one and advance
+it). A pull is re-run by ``answer_pull(peer, cmd)`` (the pull handler with
+suspension off) when its queue grows past its offset or its hold ends; a
+send is answered with its prepared reply once ``flushed_pos`` reaches its
+end, or with FLUSH_DISK_TIMEOUT at syncFlushTimeout.
+
+Invariants: a parked request is answered exactly once (its timer is
+cancelled when it is answered early, its entry removed when its timer
+fires); the worker's "has parked pulls" / "has parked sync sends" flags in
+the control block are up exactly while something of that kind is parked;
+one worker appends in order, so parked sends are kept in order of ``end``
+and released from the front.
+
+``TimerQueue`` is curio's near/far time queue made for deadlines that are
+mostly cancelled (a long poll usually ends with a message, a sync send with
+the flush): deadlines within the current coarse window sit in near buckets
+of ``tick_s`` (a dict per bucket, a heap of bucket ticks), later ones in far
+buckets of ``far_s``, promoted whole when their window comes. A timer knows
+the dict it sits in: cancelling is one ``del``, and leaves no entry in any
+heap (a bucket emptied by cancels costs one int until its time). A timer
+fires within ``tick_s`` after its deadline, never before.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Callable, NamedTuple
+
+from shmq.core.store import MessageStore
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
+from shmq.ipc.remoting import RemotingCommand
+
+FLUSH_TIMEOUT_REMARK = "flush the message to disk timed out (syncFlushTimeout)"
+
+
+class Reply(NamedTuple):
+    """A reply (or a notice) as the driver writes it: the command, its body
+    as pieces (bytes, memoryview, reactor.FileRange), their total bytes."""
+    cmd: RemotingCommand
+    parts: tuple | list = ()
+    nbytes: int = 0
+
+
+class Timer:
+    __slots__ = ("deadline", "item", "bucket")
+
+    def __init__(self, deadline: float, item):
+        self.deadline = deadline
+        self.item = item
+        self.bucket: dict | None = None     # the bucket holding it; None once fired or cancelled
+
+
+class TimerQueue:
+    def __init__(self, tick_s: float = 0.001, far_s: float = 1.0):
+        assert 0 < tick_s <= far_s
+        self.tick_s, self.far_s = tick_s, far_s
+        self.near: dict[int, dict[Timer, None]] = {}     # tick → its timers
+        self.near_ticks: list[int] = []                  # heap: one per key of near
+        self.far: dict[int, dict[Timer, None]] = {}      # coarse index → its timers
+        self.far_idx: list[int] = []                     # heap: one per key of far
+        self.far_due: dict[int, float] = {}              # coarse index → when its first is due
+        self.near_until = 0      # coarse indices up to this one are near
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, deadline: float, item) -> Timer:
+        t = Timer(deadline, item)
+        c = int(deadline // self.far_s)
+        if c <= self.near_until:
+            self._put(self.near, self.near_ticks, int(deadline // self.tick_s), t)
+        else:
+            self._put(self.far, self.far_idx, c, t)
+            due = self._due(int(deadline // self.tick_s))
+            if due < self.far_due.get(c, float("inf")):
+                self.far_due[c] = due       # a bound: cancels do not raise it
+        self.count += 1
+        return t
+
+    @staticmethod
+    def _put(buckets: dict, heap: list, key: int, t: Timer) -> None:
+        b = buckets.get(key)
+        if b is None:
+            b = buckets[key] = {}
+            heapq.heappush(heap, key)
+        b[t] = None
+        t.bucket = b
+
+    def _due(self, tick: int) -> float:
+        """A time in the tick after ``tick`` (a hair past its start, so that
+        ``expire`` at that time finds it due despite float rounding)."""
+        return (tick + 1.001) * self.tick_s
+
+    def cancel(self, t: Timer) -> None:
+        b = t.bucket
+        if b is not None:
+            del b[t]
+            t.bucket = None
+            self.count -= 1
+
+    def next_deadline(self) -> float | None:
+        """When the earliest timer is due (at most ``tick_s`` after its
+        deadline; a far bucket's: its first timer's unless cancelled), or None."""
+        near, ticks = self.near, self.near_ticks
+        while ticks and not near[ticks[0]]:         # emptied by cancels
+            del near[heapq.heappop(ticks)]
+        far, idx = self.far, self.far_idx
+        while idx and not far[idx[0]]:
+            c = heapq.heappop(idx)
+            del far[c], self.far_due[c]
+        due = None
+        if ticks:
+            due = self._due(ticks[0])
+        if idx:
+            first = self.far_due[idx[0]]
+            due = first if due is None else min(due, first)
+        return due
+
+    def expire(self, now: float) -> list:
+        """The items of every timer due at ``now``, earliest first."""
+        self._promote(now)
+        out = []
+        near, ticks = self.near, self.near_ticks
+        now_tick = int(now // self.tick_s)     # a bucket is due once now is in a later tick
+        while ticks and ticks[0] < now_tick:
+            for t in near.pop(heapq.heappop(ticks)):
+                t.bucket = None
+                out.append(t.item)
+        self.count -= len(out)
+        return out
+
+    def _promote(self, now: float) -> None:
+        c_now = int(now // self.far_s)
+        if c_now > self.near_until:
+            self.near_until = c_now
+        far, idx = self.far, self.far_idx
+        while idx and idx[0] <= self.near_until:
+            c = heapq.heappop(idx)
+            del self.far_due[c]
+            for t in far.pop(c):
+                self._put(self.near, self.near_ticks, int(t.deadline // self.tick_s), t)
+
+
+class ParkedPull:
+    __slots__ = ("peer", "cmd", "key", "offset", "timer")
+
+    def __init__(self, peer, cmd: RemotingCommand, key: tuple[str, int], offset: int):
+        self.peer, self.cmd, self.key, self.offset = peer, cmd, key, offset
+        self.timer: Timer | None = None
+
+
+class ParkedSend:
+    __slots__ = ("peer", "cmd", "reply", "end", "timer")
+
+    def __init__(self, peer, cmd: RemotingCommand, reply: RemotingCommand, end: int):
+        self.peer, self.cmd, self.reply, self.end = peer, cmd, reply, end
+        self.timer: Timer | None = None
+
+
+class Parking:
+    def __init__(self, store: MessageStore, set_flag: Callable[[int, bool], None],
+                 answer_pull: Callable, clock: Callable[[], float] = time.monotonic,
+                 timers: TimerQueue | None = None):
+        self.store = store
+        self.set_flag = set_flag            # ControlBlock.set_flag of this process
+        self.answer_pull = answer_pull      # (peer, cmd) → reply or None
+        self.clock = clock
+        self.timers = timers or TimerQueue()
+        self.pulls: dict[tuple[str, int], dict[ParkedPull, None]] = {}
+        self.arrived: set[tuple[str, int]] = set()    # queues to look at in ready()
+        self.sends: dict[ParkedSend, None] = {}        # in order of end
+        self.last_end = -1
+
+    # ----------------------------------------------------------------- pulls
+    def park_pull(self, peer, cmd: RemotingCommand, topic: str, qid: int, offset: int,
+                  hold_s: float) -> None:
+        key = (topic, qid)
+        p = ParkedPull(peer, cmd, key, offset)
+        waiting = self.pulls.get(key)
+        if waiting is None:
+            if not self.pulls:
+                self.set_flag(WANT_PUBLISH, True)
+            waiting = self.pulls[key] = {}
+        waiting[p] = None
+        p.timer = self.timers.add(self.clock() + hold_s, p)
+        if self.store.max_offset(topic, qid) > offset:     # arrived before the flag was up
+            self.arrived.add(key)
+
+    def _release_queue(self, key, out: list) -> None:
+        waiting = self.pulls.get(key)
+        if not waiting:
+            return
+        mx = self.store.max_offset(*key)
+        due = [p for p in waiting if p.offset < mx]
+        for p in due:
+            del waiting[p]
+            self.timers.cancel(p.timer)
+            self._answer_pull(p, out)
+        if not waiting:
+            del self.pulls[key]
+            if not self.pulls:
+                self.set_flag(WANT_PUBLISH, False)
+
+    def _answer_pull(self, p: ParkedPull, out: list) -> None:
+        if p.peer.closed:
+            return
+        reply = self.answer_pull(p.peer, p.cmd)
+        if reply is not None:
+            out.append((p.peer, reply))
+
+    def _expire_pull(self, p: ParkedPull, out: list) -> None:
+        waiting = self.pulls[p.key]
+        del waiting[p]
+        if not waiting:
+            del self.pulls[p.key]
+            if not self.pulls:
+                self.set_flag(WANT_PUBLISH, False)
+        self._answer_pull(p, out)
+
+    def expire_all_pulls(self) -> list:
+        out: list = []
+        for waiting in list(self.pulls.values()):
+            for p in list(waiting):
+                self.timers.cancel(p.timer)
+                self._expire_pull(p, out)
+        return out
+
+    # ----------------------------------------------------------------- sends
+    def park_send(self, peer, cmd: RemotingCommand, reply: RemotingCommand, end: int,
+                  timeout_s: float) -> None:
+        assert end > self.last_end, (end, self.last_end)   # one worker appends in order
+        self.last_end = end
+        p = ParkedSend(peer, cmd, reply, end)
+        if not self.sends:
+            self.set_flag(WANT_FLUSH, True)
+        self.sends[p] = None
+        p.timer = self.timers.add(self.clock() + timeout_s, p)
+
+    def _release_flushed(self, out: list) -> None:
+        sends = self.sends
+        if not sends:
+            return
+        flushed = self.store.state.flushed_pos
+        while sends:
+            p = next(iter(sends))
+            if p.end > flushed:
+                break
+            del sends[p]
+            self.timers.cancel(p.timer)
+            self._answer_send(p, out)
+        if not sends:
+            self.set_flag(WANT_FLUSH, False)
+
+    @staticmethod
+    def _answer_send(p: ParkedSend, out: list) -> None:
+        if not p.peer.closed and not p.cmd.is_oneway:
+            body = p.reply.body
+            out.append((p.peer, Reply(p.reply, (body,), len(body)) if body else Reply(p.reply)))
+
+    def _expire_send(self, p: ParkedSend, out: list) -> None:
+        del self.sends[p]
+        if not self.sends:
+            self.set_flag(WANT_FLUSH, False)
+        p.reply.code = R.FLUSH_DISK_TIMEOUT
+        p.reply.remark = FLUSH_TIMEOUT_REMARK
+        self._answer_send(p, out)
+
+    # ----------------------------------------------------------------- driving
+    def ready(self) -> list:
+        """Answers due without a wake-up: queues that grew while their pull
+        parked, sends flushed while they parked."""
+        out: list = []
+        if self.arrived:
+            arrived, self.arrived = self.arrived, set()
+            for key in arrived:
+                self._release_queue(key, out)
+        self._release_flushed(out)
+        return out
+
+    def on_wake(self) -> list:
+        """New messages or flush progress somewhere: each parked queue's max
+        offset read once, sends released up to ``flushed_pos``."""
+        out: list = []
+        self.arrived.clear()
+        for key in list(self.pulls):
+            self._release_queue(key, out)
+        self._release_flushed(out)
+        return out
+
+    def expire(self) -> list:
+        """Answers whose deadline has passed."""
+        out: list = []
+        due = self.timers.expire(self.clock())
+        if not due:
+            return out
+        self._release_flushed(out)     # flushed, no wake-up yet: the real answer, not a timeout
+        for p in due:
+            if type(p) is ParkedPull:
+                self._expire_pull(p, out)
+            elif p in self.sends:
+                self._expire_send(p, out)
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self.timers.next_deadline()
+
+    @property
+    def parked_pulls(self) -> int:
+        return sum(len(w) for w in self.pulls.values())

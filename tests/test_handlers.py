@@ -1,0 +1,414 @@
+"""The request handlers with no socket: frames captured from real clients
+(tests/golden/, see test_golden_frames.py) replayed into ``Handlers`` over a
+real store (files in a temp dir, the shared control block, the shared
+registry), checking each reply: code, remark, ext fields, body. Long polling
+and SYNC_FLUSH run on a fake clock: the tests advance it, nothing sleeps.
+
+What the real-client compatibility tests see over sockets, these see at
+the handler: the same answers, and a parked request answered exactly once.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import small_config
+from shmq.broker.config import BrokerConfig
+from shmq.broker.delivery import DELAY, REAL_TOPIC, RETRY_TOPIC, tags_code_rules
+from shmq.broker.handlers import PARKED, Handlers, Peer, Reply
+from shmq.broker.parking import FLUSH_TIMEOUT_REMARK
+from shmq.broker.registry import Registry, registry_bytes
+from shmq.broker.shared_store import StoreOwner, extra_region
+from shmq.broker.topics import SCHEDULE_TOPIC, Tables
+from shmq.client.requests import create_topic, decode_records
+from shmq.core.layout import java_string_hash
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.codes import not_supported_remark
+from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
+from shmq.ipc.headers import V1_KEYS
+from shmq.ipc.remoting import FLAG_ONEWAY, JSON, ROCKETMQ, VERSION_4_9_7, FrameDecoder, RemotingCommand
+
+GOLDEN = Path(__file__).parent / "golden"
+TICK_S = 0.002            # a parked answer is due within the timer queue's tick after its deadline
+TCP = "10.9.8.7:41234"
+
+
+def golden(name: str, **ext) -> RemotingCommand:
+    """A captured frame, decoded; ``ext`` overrides header fields (by their
+    V1 names: a V2 send's letters are found through V1_KEYS)."""
+    d = FrameDecoder()
+    d.receive_data((GOLDEN / f"{name}.bin").read_bytes())
+    cmd = d.next_command()
+    assert cmd is not None and d.next_command() is None
+    v2 = cmd.code in (RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSAGE)
+    for k, v in ext.items():
+        cmd.ext[V1_KEYS[k] if v2 else k] = v
+    return cmd
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 5000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+class _Owner(StoreOwner):
+    """The store's owner, without its flusher: the tests flush (or do not)."""
+
+    def start_flusher(self) -> None:
+        self.flusher = None
+
+
+class Rig:
+    def __init__(self, root: str, store: dict | None = None, **broker):
+        self.config = BrokerConfig(store=small_config(root, **(store or {})), **broker)
+        sc = self.config.store
+        self.owner = _Owner(sc, extra_bytes=registry_bytes(),
+                            tags_code_rules=tags_code_rules(self.config.delay_levels_ms))
+        self.owner.open()
+        self.store, self.cb = self.owner.store, self.owner.cb
+        self.registry = Registry(extra_region(self.cb, self.store), root, create=True)
+        Tables(self.config, self.store.state).ensure_system_topics()
+        self.clock = FakeClock()
+        self.h = Handlers(self.config, self.store, self.cb, Tables(self.config, self.store.state),
+                          self.registry, clock=self.clock)
+        self.parking = self.h.parking
+        self.tcp = Peer(1, TCP)
+        self.unix = Peer(2, "unix")
+
+    def call(self, cmd: RemotingCommand, peer: Peer | None = None):
+        return self.h.handle(peer or self.tcp, cmd)
+
+    def ok(self, cmd: RemotingCommand, peer: Peer | None = None) -> RemotingCommand:
+        r = self.call(cmd, peer)
+        assert isinstance(r, Reply), r
+        assert r.cmd.code == R.SUCCESS, r.cmd.remark
+        return r.cmd
+
+    def flags(self) -> int:
+        return int(self.cb.proc_flags[self.cb.slot])
+
+    def close(self) -> None:
+        self.owner.close()
+
+
+@pytest.fixture
+def rig(store_dir):
+    r = Rig(store_dir)
+    r.ok(create_topic("GoldenTopic", 4))
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def sync_rig(store_dir):
+    r = Rig(store_dir, store={"flushDiskType": "SYNC_FLUSH", "syncFlushTimeout": 5000})
+    r.ok(create_topic("GoldenTopic", 4))
+    yield r
+    r.close()
+
+
+def body_of(reply: Reply) -> bytes:
+    assert reply.nbytes == sum(len(memoryview(p).cast("B")) for p in reply.parts)
+    return b"".join(bytes(p) for p in reply.parts)
+
+
+def assert_echoes(reply: RemotingCommand, cmd: RemotingCommand) -> None:
+    assert reply.is_response and reply.opaque == cmd.opaque
+
+
+# ------------------------------------------------------------------ sends
+def test_a_cpp_v1_send_is_stored_with_its_born_host_and_answered_as_rocketmq_does(rig):
+    cmd = golden("cpp-1.2-send", queueId="1")
+    r = rig.ok(cmd)
+    assert_echoes(r, cmd)
+    assert r.serialize_type == JSON            # as the request came
+    assert set(r.ext) == {"msgId", "queueId", "queueOffset", "MSG_REGION", "TRACE_ON"}
+    assert (r.ext["queueId"], r.ext["queueOffset"], r.ext["TRACE_ON"]) == ("1", "0", "true")
+    [m] = rig.store.read_queue("GoldenTopic", 1)
+    assert r.ext["msgId"] == rig.h.msgid_prefix + f"{m.phy_offset:016X}" == m.offset_msg_id()
+    assert m.body == b"golden-body-1" and m.tags == "TagA" and m.keys == ["key-1", "key-2"]
+    assert m.born_host == ("10.9.8.7", 41234) and m.store_host == ("127.0.0.1", 10911)
+    assert m.born_timestamp == int(cmd.ext["bornTimestamp"])
+    p = m.properties
+    assert p["CLUSTER"] == "DefaultCluster" and p["UNIQ_KEY"] == rig.store.read_queue("GoldenTopic", 1)[0].properties["UNIQ_KEY"]
+
+
+def test_a_unix_socket_client_is_born_at_127_0_0_1_port_0_and_a_send_without_the_oneway_bit_is_answered(rig):
+    cmd = golden("cpp-1.2-send-oneway", queueId="0")
+    assert cmd.flag == 0
+    r = rig.ok(cmd, rig.unix)
+    assert r.ext["queueOffset"] == "0"
+    [m] = rig.store.read_queue("GoldenTopic", 0)
+    assert m.born_host == ("127.0.0.1", 0) and m.body == b"golden-oneway"
+
+
+def test_a_oneway_request_is_run_and_not_answered(rig):
+    cmd = golden("cpp-1.2-send", queueId="0")
+    cmd.flag |= FLAG_ONEWAY
+    assert rig.call(cmd) is None
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"golden-body-1"]
+
+
+def test_a_cpp_batch_flagged_batch_1_is_split_into_its_messages(rig):
+    cmd = golden("cpp-1.2-send-batch", queueId="2")
+    r = rig.ok(cmd)
+    msgs = rig.store.read_queue("GoldenTopic", 2)
+    assert [m.body for m in msgs] == [b"b1", b"b2"] and [m.keys for m in msgs] == [["kb1"], ["kb2"]]
+    assert r.ext["msgId"].split(",") == [m.offset_msg_id() for m in msgs]
+    assert r.ext["queueOffset"] == "0"
+
+
+@pytest.mark.parametrize("name", ["ons-3.12-send-v2", "ons-3.12-send-v2-sharding-key"])
+def test_an_ali_ons_v2_send_reads_its_one_letter_keys(rig, name):
+    cmd = golden(name, queueId="3")
+    r = rig.ok(cmd)
+    assert r.ext["queueId"] == "3"
+    [m] = rig.store.read_queue("GoldenTopic", 3)
+    assert m.body == cmd.body and m.born_host == ("10.9.8.7", 41234)
+    sent = {k: v for k, v in (s.split("\x01", 1) for s in cmd.ext["i"].split("\x02") if s)}
+    assert {k: m.properties[k] for k in sent} == sent
+
+
+def test_a_send_to_a_new_topic_creates_it_from_tbw102(store_dir):
+    rig = Rig(store_dir)
+    try:
+        r = rig.ok(golden("cpp-1.2-send", queueId="3"))
+        assert r.ext["queueId"] == "3"
+        tc = rig.h.tables.topics.get("GoldenTopic")
+        assert (tc["readQueueNums"], tc["writeQueueNums"]) == (4, 4)    # defaultTopicQueueNums
+    finally:
+        rig.close()
+
+
+def test_send_errors_carry_rocketmq_codes_and_remarks(rig):
+    cmd = golden("cpp-1.2-send", topic="NoSuch", defaultTopic="NoDefault")
+    r = rig.call(cmd).cmd
+    assert (r.code, r.remark) == (R.TOPIC_NOT_EXIST, "topic[NoSuch] not exist, apply first please!")
+    cmd = golden("ons-3.12-send-v2")
+    del cmd.ext["b"]
+    r = rig.call(cmd).cmd
+    assert (r.code, r.remark) == (R.SYSTEM_ERROR, "the request header has no topic")
+    r = rig.call(golden("cpp-1.2-send", queueId="9")).cmd
+    assert (r.code, r.remark) == (R.SYSTEM_ERROR, "request queueId[9] is illegal, topic: GoldenTopic "
+                                                  "writeQueueNums: 4")
+    cmd = golden("cpp-1.2-send", queueId="0")
+    cmd.body = b""
+    r = rig.call(cmd).cmd
+    assert (r.code, r.remark) == (R.MESSAGE_ILLEGAL, "the message body is empty")
+    r = rig.call(golden("ons-3.12-get-routeinfo")).cmd      # a NameServer request
+    assert (r.code, r.remark) == (R.REQUEST_CODE_NOT_SUPPORTED, not_supported_remark(RC.GET_ROUTEINFO_BY_TOPIC))
+
+
+# ------------------------------------------------------------------ clients
+def test_heartbeats_register_groups_and_subscriptions_and_membership_changes_are_notices(rig):
+    cpp_peer, ons_peer = rig.tcp, rig.unix
+    r = rig.ok(golden("cpp-1.2-heartbeat"), cpp_peer)
+    assert r.version == VERSION_4_9_7
+    cpp_id = orjson.loads(golden("cpp-1.2-heartbeat").body)["clientID"]
+    assert rig.registry.group_members("GoldenCG") == [cpp_id]
+    sub = rig.h.subs[("GoldenCG", "GoldenTopic")]      # C++ sends codeSet zeros: computed here
+    assert sub.codes.tolist() == sorted(java_string_hash(t) for t in ("TagA", "TagB", "TagC", "TagO"))
+    assert rig.h.due and rig.h.notices() == []          # first sight of the group: nothing to tell
+    rig.ok(golden("ons-3.12-heartbeat"), ons_peer)
+    ons_id = orjson.loads(golden("ons-3.12-heartbeat").body)["clientID"]
+    assert rig.registry.group_members("GoldenCG") == sorted([cpp_id, ons_id])
+    assert rig.h.subs[("GoldenCG", "GoldenTopic")].sub_string == "TagA || TagO"
+    notes = rig.h.notices()
+    assert {p.id for p, _ in notes} == {cpp_peer.id, ons_peer.id}
+    for _, n in notes:
+        assert n.cmd.code == RC.NOTIFY_CONSUMER_IDS_CHANGED and n.cmd.is_oneway
+        assert n.cmd.ext == {"consumerGroup": "GoldenCG"}
+    rig.ok(golden("ons-3.12-unregister-client"), ons_peer)
+    assert rig.registry.group_members("GoldenCG") == [cpp_id]
+    assert [p.id for p, _ in rig.h.notices()] == [cpp_peer.id]
+    rig.h.connection_closed(cpp_peer)
+    assert rig.registry.group_members("GoldenCG") == []
+
+
+def test_a_cpp_orderly_consumer_locks_its_queues_once(rig):
+    cmd = golden("cpp-1.2-lock-batch-mq")
+    r = rig.ok(cmd)
+    want = orjson.loads(cmd.body)["mqSet"]
+    assert orjson.loads(r.body) == {"lockOKMQSet": want}
+    other = RemotingCommand(RC.LOCK_BATCH_MQ, body=orjson.dumps(
+        {"consumerGroup": "GoldenOrderCG", "clientId": "someone-else", "mqSet": want}))
+    assert orjson.loads(rig.ok(other).body) == {"lockOKMQSet": []}
+
+
+def test_cpp_unregister_client_is_answered(rig):
+    rig.ok(golden("cpp-1.2-heartbeat"))
+    rig.ok(golden("cpp-1.2-unregister-client"))
+    assert rig.registry.group_members("GoldenCG") == []
+
+
+# ------------------------------------------------------------------ offsets
+def test_offsets_as_cpp_and_ali_ons_commit_and_query_them(rig):
+    r = rig.ok(golden("ons-3.12-query-offset"))
+    assert r.ext == {"offset": "0"}                     # a new group on a queue from its start
+    rig.ok(golden("ons-3.12-update-offset"))            # queue 2 → 1
+    assert rig.ok(golden("ons-3.12-query-offset", queueId="2")).ext == {"offset": "1"}
+    rig.ok(golden("cpp-1.2-update-offset"))             # queue 0 → 1
+    assert rig.ok(golden("cpp-1.2-query-offset")).ext == {"offset": "1"}
+    rig.ok(golden("ons-3.12-update-offset-minus-one"))  # queue 0 → -1: "never consumed"
+    assert rig.ok(golden("cpp-1.2-query-offset")).ext == {"offset": "0"}
+
+
+def test_a_reset_offset_is_a_notice_to_the_groups_consumers_on_this_worker(rig):
+    rig.ok(golden("cpp-1.2-send", queueId="0"))
+    rig.ok(golden("ons-3.12-heartbeat"), rig.unix)
+    rig.h.notices()
+    cmd = RemotingCommand(RC.INVOKE_BROKER_TO_RESET_OFFSET, ext={
+        "topic": "GoldenTopic", "group": "GoldenCG", "timestamp": "-1", "isForce": "true"})
+    r = rig.ok(cmd)
+    assert b'"offsetTable"' in r.body                   # the new offsets, per queue
+    assert rig.registry.get_offset("GoldenTopic", "GoldenCG", 0) == 1
+    [(peer, note)] = rig.h.notices()
+    assert peer is rig.unix and note.cmd.code == RC.RESET_CONSUMER_CLIENT_OFFSET
+    assert note.cmd.ext["group"] == "GoldenCG" and note.nbytes == len(note.parts[0]) > 0
+
+
+# ------------------------------------------------------------------ retry
+@pytest.mark.parametrize("name", ["cpp-1.2-consumer-send-msg-back", "ons-3.12-consumer-send-msg-back"])
+def test_a_message_sent_back_waits_in_the_delay_queue_for_retry_topic(rig, name):
+    rig.ok(golden("cpp-1.2-send", queueId="0"))        # at commit-log offset 0, as the frames name
+    cmd = golden(name)
+    rig.ok(cmd)
+    [m] = rig.store.read_queue(SCHEDULE_TOPIC, 2)       # delay level 3 = 3 + times consumed
+    p = m.properties
+    assert (p[REAL_TOPIC], p[RETRY_TOPIC], p[DELAY]) == ("%RETRY%GoldenCG", "GoldenTopic", "3")
+    assert m.reconsume_times == 1 and m.body == b"golden-body-1"
+
+
+# ------------------------------------------------------------------ pull and long polling
+def test_pulls_as_cpp_and_ali_ons_send_them_get_the_matching_records(rig):
+    rig.ok(golden("cpp-1.2-send", queueId="0"))               # TagA
+    rig.ok(golden("cpp-1.2-send-batch", queueId="0"))         # TagC, TagC
+    for name in ("cpp-1.2-pull", "ons-3.12-pull"):             # TagA || TagB || TagC || TagO; TagA || TagO
+        cmd = golden(name)
+        r = rig.call(cmd)
+        assert r.cmd.code == R.SUCCESS and r.cmd.remark == "FOUND"
+        assert r.cmd.serialize_type == JSON
+        msgs = decode_records(body_of(r))
+        tags = {"cpp-1.2-pull": ["TagA", "TagC", "TagC"], "ons-3.12-pull": ["TagA"]}[name]
+        assert [m.tags for m in msgs] == tags
+        assert r.cmd.ext == {"suggestWhichBrokerId": "0", "nextBeginOffset": "3",
+                             "minOffset": "0", "maxOffset": "3"}
+
+
+def test_a_pull_with_nothing_to_read_parks_and_is_answered_when_its_queue_gets_a_message(rig):
+    cmd = golden("ons-3.12-pull")
+    assert cmd.ext["suspendTimeoutMillis"] == "15000"
+    assert rig.call(cmd) is PARKED
+    assert rig.flags() & WANT_PUBLISH                   # writers wake this process
+    rig.clock.advance(14.9)
+    assert rig.parking.expire() == [] and rig.parking.ready() == []
+    rig.ok(golden("ons-3.12-send-v2", queueId="1"))    # another queue: still parked
+    assert rig.parking.ready() == [] and rig.parking.on_wake() == []
+    rig.ok(golden("ons-3.12-send-v2", queueId="0"))    # its queue: answered at once
+    [(peer, r)] = rig.parking.ready()
+    assert peer is rig.tcp and r.cmd.code == R.SUCCESS and r.cmd.opaque == cmd.opaque
+    assert r.cmd.serialize_type == JSON                 # a parked pull's answer, as RocketMQ's
+    assert [m.body for m in decode_records(body_of(r))] == [b"golden-body-1"]
+    assert len(rig.parking.timers) == 0 and not rig.flags() & WANT_PUBLISH
+    rig.clock.advance(1)
+    assert rig.parking.expire() == []                  # answered once
+
+
+def test_a_parked_pull_is_answered_on_a_wake_up_for_a_message_another_process_wrote(rig):
+    cmd = golden("cpp-1.2-pull")
+    cmd.serialize_type = ROCKETMQ
+    assert rig.call(cmd) is PARKED
+    rig.ok(golden("cpp-1.2-send", queueId="0"))
+    rig.parking.arrived.clear()                         # as if another worker appended it
+    [(_, r)] = rig.parking.on_wake()
+    assert r.cmd.code == R.SUCCESS and r.cmd.serialize_type == JSON
+
+
+def test_a_parked_pull_times_out_with_pull_not_found_at_suspend_timeout_millis(rig):
+    cmd = golden("cpp-1.2-pull", suspendTimeoutMillis="700")
+    assert rig.call(cmd) is PARKED
+    due = rig.parking.next_deadline()
+    assert 0.7 <= due - rig.clock() <= 0.7 + TICK_S
+    rig.clock.advance(0.699)
+    assert rig.parking.expire() == []
+    rig.clock.advance(0.001 + TICK_S)
+    [(peer, r)] = rig.parking.expire()
+    assert (r.cmd.code, r.cmd.remark) == (R.PULL_NOT_FOUND, "NO_MATCHED_LOGIC_QUEUE")   # never written
+    assert r.cmd.ext["nextBeginOffset"] == "0" and r.nbytes == 0
+    assert rig.parking.next_deadline() is None and not rig.flags() & WANT_PUBLISH
+
+
+def test_short_polling_holds_a_pull_short_polling_time_mills(store_dir):
+    rig = Rig(store_dir, longPollingEnable=False, shortPollingTimeMills=300)
+    try:
+        rig.ok(create_topic("GoldenTopic", 4))
+        assert rig.call(golden("ons-3.12-pull")) is PARKED
+        rig.clock.advance(0.3 + TICK_S)
+        [(_, r)] = rig.parking.expire()
+        assert r.cmd.code == R.PULL_NOT_FOUND
+    finally:
+        rig.close()
+
+
+def test_a_parked_pull_of_a_closed_connection_is_dropped(rig):
+    assert rig.call(golden("ons-3.12-pull")) is PARKED
+    rig.h.connection_closed(rig.tcp)
+    rig.ok(golden("ons-3.12-send-v2", queueId="0"), rig.unix)
+    assert rig.parking.ready() == [] and rig.parking.pulls == {}
+
+
+def test_shutting_down_answers_every_parked_pull(rig):
+    for peer in (rig.tcp, rig.unix):
+        assert rig.call(golden("ons-3.12-pull"), peer) is PARKED
+    out = rig.parking.expire_all_pulls()
+    assert [(p.id, r.cmd.code) for p, r in out] == [(1, R.PULL_NOT_FOUND), (2, R.PULL_NOT_FOUND)]
+    assert len(rig.parking.timers) == 0
+
+
+# ------------------------------------------------------------------ SYNC_FLUSH
+def test_a_sync_flush_send_is_answered_once_its_bytes_are_flushed(sync_rig):
+    rig = sync_rig
+    cmd = golden("ons-3.12-send-v2", queueId="0")
+    assert rig.call(cmd) is PARKED
+    assert rig.flags() & WANT_FLUSH
+    assert rig.parking.on_wake() == []                 # woken, not flushed yet
+    rig.store.flush_commitlog()
+    [(peer, r)] = rig.parking.on_wake()
+    assert peer is rig.tcp and r.cmd.code == R.SUCCESS and r.cmd.opaque == cmd.opaque
+    assert r.cmd.ext["queueOffset"] == "0" and r.cmd.ext["TRACE_ON"] == "true"
+    assert not rig.flags() & WANT_FLUSH and len(rig.parking.timers) == 0
+
+
+def test_a_sync_flush_send_times_out_at_sync_flush_timeout(sync_rig):
+    rig = sync_rig
+    first, second = golden("ons-3.12-send-v2", queueId="0"), golden("ons-3.12-send-v2", queueId="1")
+    assert rig.call(first) is PARKED
+    rig.clock.advance(1)
+    assert rig.call(second, rig.unix) is PARKED
+    rig.clock.advance(3.999)
+    assert rig.parking.expire() == []
+    rig.clock.advance(0.001 + TICK_S)
+    [(peer, r)] = rig.parking.expire()
+    assert (peer, r.cmd.code, r.cmd.remark) == (rig.tcp, R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK)
+    assert r.cmd.ext["queueId"] == "0"                  # the rest of the answer stands
+    rig.store.flush_commitlog()                         # flushed, no wake-up before its deadline
+    rig.clock.advance(1)
+    [(peer, r)] = rig.parking.expire()
+    assert (peer, r.cmd.code) == (rig.unix, R.SUCCESS)
+    assert rig.store.read_queue("GoldenTopic", 0)[0].body == b"golden-body-1"   # stored all the same
+
+
+def test_a_send_that_says_wait_false_is_answered_before_the_flush(sync_rig):
+    cmd = golden("cpp-1.2-send", queueId="0")
+    cmd.ext["properties"] = cmd.ext["properties"].replace("WAIT\x01true", "WAIT\x01false")
+    assert sync_rig.ok(cmd).ext["queueOffset"] == "0"
+    assert sync_rig.parking.sends == {}
