@@ -1,12 +1,33 @@
 """One asyncio remoting connection to a broker or a NameServer.
 
+Owns one socket (an ``asyncio.Protocol``, no stream reader task) and the
+table of requests waiting for their answer. Never retries, never picks a
+broker: that is the producer's and the consumer's business.
+
 Requests are matched to replies by ``opaque``, so any number may be in
-flight on one connection and replies may come in any order. Requests the
-server sends us (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE,
-RESET_CONSUMER_CLIENT_OFFSET, …) go to ``on_request``, which may return a
-reply. Addresses are ``host:port`` or ``unix:/path``. Fork-safe by
-construction: a connection belongs to the event loop that opened it, and a
-client checks its pid before using any (``ClientInstance``).
+flight and replies may come in any order. A request is a frame appended to
+an output list and a future in ``pending``; every frame queued in one turn
+of the event loop leaves in one ``transport.write`` at the end of that turn
+(64 pipelined sends are one syscall, not 64). The protocol's
+``data_received`` decodes whatever arrived and resolves the futures itself:
+no task per request, no task per read.
+
+Deadlines cost nothing per request beyond a number: one timer per
+connection sweeps ``pending`` at the earliest deadline it knows and is
+re-armed at the next one (most requests are answered long before, so a
+busy connection sweeps about once per timeout, not once per request; a
+request with a shorter timeout than all those pending pulls the timer in).
+
+Invariant: once ``closed`` is set, every future in ``pending`` has failed
+with ``RemotingError`` naming the connection, and every later request fails
+at once; a caller never waits past the close for an answer that cannot come.
+
+Requests the server sends us (NOTIFY_CONSUMER_IDS_CHANGED,
+CHECK_TRANSACTION_STATE, RESET_CONSUMER_CLIENT_OFFSET, …) go to
+``on_request``, which may return a reply. Addresses are ``host:port`` or
+``unix:/path``. Fork-safe by construction: a connection belongs to the event
+loop that opened it, and a client checks its pid before using any
+(``ClientInstance``).
 """
 from __future__ import annotations
 
@@ -19,91 +40,152 @@ from typing import Awaitable, Callable
 from shmq.ipc.remoting import FLAG_ONEWAY, FrameDecoder, RemoteProtocolError, RemotingCommand, encode
 
 log = logging.getLogger("shmq.client")
-_READ_BYTES = 1 << 20
 _opaques = itertools.count(1)
 
 OnRequest = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+
+
+def next_opaque() -> int:
+    """A request id unique in this process (int32, positive)."""
+    return next(_opaques) & 0x7FFFFFFF
 
 
 class RemotingError(Exception):
     """A request that got no usable answer: timeout, closed connection."""
 
 
-class Connection:
-    def __init__(self, addr: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 on_request: OnRequest | None):
+class Connection(asyncio.Protocol):
+    def __init__(self, addr: str, on_request: OnRequest | None):
         self.addr = addr
-        self.reader, self.writer = reader, writer
         self.on_request = on_request
-        self.pending: dict[int, asyncio.Future] = {}
+        # opaque → (future, deadline on the loop's clock, request code, timeout s)
+        self.pending: dict[int, tuple[asyncio.Future, float, int, float]] = {}
         self.closed = False
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._decoder = FrameDecoder()
+        self._out: list[bytes] = []            # frames queued this loop turn
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._why_closed = "closed"
 
     @classmethod
     async def open(cls, addr: str, on_request: OnRequest | None = None,
                    timeout: float = 3.0) -> "Connection":
         # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a
         # cancellation that races with its result, and the task runs on
+        loop = asyncio.get_running_loop()
+        conn = cls(addr, on_request)
         try:
             async with asyncio.timeout(timeout):
                 if addr.startswith("unix:"):
-                    r, w = await asyncio.open_unix_connection(addr[5:])
+                    await loop.create_unix_connection(lambda: conn, addr[5:])
                 else:
                     host, _, port = addr.rpartition(":")
-                    r, w = await asyncio.open_connection(host, int(port))
-                    w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    tr, _ = await loop.create_connection(lambda: conn, host, int(port))
+                    tr.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, TimeoutError) as e:
+            conn._closed(f"connect failed: {e or 'timed out'}")
             raise RemotingError(f"connect to {addr} failed: {e or 'timed out'}") from None
-        return cls(addr, r, w, on_request)
+        return conn
+
+    # ------------------------------------------------------------ requests
+    def send_frame(self, opaque: int, frame: bytes, timeout: float, code: int = 0) -> asyncio.Future:
+        """Queue ``frame`` (a request carrying ``opaque``); the future gets its
+        reply, or RemotingError on timeout or close. No awaiting here."""
+        if self.closed:
+            raise RemotingError(f"connection to {self.addr} is {self._why_closed}")
+        fut = self._loop.create_future()
+        deadline = self._loop.time() + timeout
+        self.pending[opaque] = (fut, deadline, code, timeout)
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(deadline)
+        self._write(frame)
+        return fut
+
+    def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> asyncio.Future:
+        cmd.opaque = next_opaque()
+        return self.send_frame(cmd.opaque, encode(cmd), timeout, cmd.code)
 
     async def invoke(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
-        if self.closed:
-            raise RemotingError(f"connection to {self.addr} is closed")
-        cmd.opaque = next(_opaques) & 0x7FFFFFFF
-        fut = asyncio.get_running_loop().create_future()
-        self.pending[cmd.opaque] = fut
-        try:
-            self.writer.write(encode(cmd))
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
-            raise RemotingError(f"no reply from {self.addr} to request {cmd.code} "
-                                f"within {timeout} s") from None
-        finally:
-            self.pending.pop(cmd.opaque, None)
+        return await self.request(cmd, timeout)
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
         if self.closed:
-            raise RemotingError(f"connection to {self.addr} is closed")
+            raise RemotingError(f"connection to {self.addr} is {self._why_closed}")
         cmd.flag |= FLAG_ONEWAY
-        cmd.opaque = next(_opaques) & 0x7FFFFFFF
-        self.writer.write(encode(cmd))
+        cmd.opaque = next_opaque()
+        self._write(encode(cmd))
 
     def send_reply(self, reply: RemotingCommand) -> None:
         if not self.closed:
-            self.writer.write(encode(reply))
+            self._write(encode(reply))
 
-    async def _read_loop(self) -> None:
-        decoder = FrameDecoder()
+    def _write(self, frame: bytes) -> None:
+        out = self._out
+        out.append(frame)
+        if len(out) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out or self.closed:
+            out.clear()
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self.transport.write(data)
+
+    # ------------------------------------------------------------ deadlines
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._sweep)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        expired, nxt = [], None
+        for opaque, (fut, deadline, _, _) in self.pending.items():
+            if deadline <= now:
+                expired.append(opaque)
+            elif nxt is None or deadline < nxt:
+                nxt = deadline
+        for opaque in expired:
+            fut, _, code, timeout = self.pending.pop(opaque)
+            if not fut.done():
+                fut.set_exception(RemotingError(f"no reply from {self.addr} to request {code} "
+                                                f"within {timeout} s"))
+        if nxt is not None:
+            self._arm(nxt)
+
+    # ------------------------------------------------------------ protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        decoder, pending = self._decoder, self.pending
         try:
-            while True:
-                data = await self.reader.read(_READ_BYTES)
-                if not data:
-                    break
-                decoder.receive_data(data)
-                while (cmd := decoder.next_command()) is not None:
-                    if cmd.is_response:
-                        fut = self.pending.get(cmd.opaque)
-                        if fut is not None and not fut.done():
-                            fut.set_result(cmd)
-                    elif self.on_request is not None:
-                        asyncio.get_running_loop().create_task(self._serve(cmd))
-        except (OSError, RemoteProtocolError) as e:
+            decoder.receive_data(data)
+            while (cmd := decoder.next_command()) is not None:
+                if cmd.flag & 1:                  # FLAG_RESPONSE
+                    entry = pending.pop(cmd.opaque, None)
+                    if entry is not None and not entry[0].done():
+                        entry[0].set_result(cmd)
+                elif self.on_request is not None:
+                    self._loop.create_task(self._serve(cmd))
+        except RemoteProtocolError as e:
             log.warning("connection to %s: %s", self.addr, e)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._closed()
+            self._closed(f"closed: the peer broke the protocol ({e})")
+
+    def eof_received(self) -> bool:
+        return False                              # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self.closed:
+            log.warning("connection to %s: %s", self.addr, exc)
+        self._closed(f"closed ({exc})" if exc else "closed by the peer")
 
     async def _serve(self, cmd: RemotingCommand) -> None:
         try:
@@ -114,18 +196,24 @@ class Connection:
         if reply is not None and not cmd.is_oneway:
             self.send_reply(reply)
 
-    def _closed(self) -> None:
+    def _closed(self, why: str = "closed") -> None:
         if self.closed:
             return
         self.closed = True
-        for fut in self.pending.values():
+        self._why_closed = why
+        self._out.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self.pending = self.pending, {}
+        for fut, *_ in pending.values():
             if not fut.done():
-                fut.set_exception(RemotingError(f"connection to {self.addr} closed"))
-        try:
-            self.writer.close()
-        except RuntimeError:
-            pass    # the loop is gone
+                fut.set_exception(RemotingError(f"connection to {self.addr} {why}"))
+        if self.transport is not None:
+            try:
+                self.transport.close()
+            except RuntimeError:
+                pass    # the loop is gone
 
     async def close(self) -> None:
-        self._task.cancel()
-        self._closed()
+        self._closed("closed by this client")

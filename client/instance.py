@@ -34,6 +34,15 @@ from .message import MessageQueue
 log = logging.getLogger("shmq.client")
 PERM_READ, PERM_WRITE = 4, 2
 MASTER_ID = "0"
+PID = os.getpid()          # this process's pid, kept current by a fork hook (no syscall per send)
+
+
+def _forked() -> None:
+    global PID
+    PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class MQClientError(Exception):
@@ -124,6 +133,7 @@ class ClientInstance:
         self.loop = asyncio.get_running_loop()
         self.routes: dict[str, TopicRoute] = {}
         self.conns: dict[str, Connection] = {}
+        self._by_name: dict[str, Connection] = {}    # broker name → its open connection (a cache)
         self._conn_locks: dict[str, asyncio.Lock] = {}
         self.producers: dict[str, object] = {}
         self.consumers: dict[str, object] = {}
@@ -178,6 +188,7 @@ class ClientInstance:
         for c in list(self.conns.values()):
             await c.close()
         self.conns.clear()
+        self._by_name.clear()
 
     # ------------------------------------------------------------ routes
     async def namesrv_invoke(self, cmd: RemotingCommand) -> RemotingCommand:
@@ -206,6 +217,7 @@ class ClientInstance:
         if reply.code != R.SUCCESS:
             raise MQClientError(reply.code, reply.remark, f"route of {topic}")
         r = self.routes[topic] = TopicRoute.parse(topic, orjson.loads(reply.body))
+        self._by_name.clear()                    # an address may have changed
         return r
 
     async def refresh_routes(self) -> None:
@@ -283,11 +295,21 @@ class ClientInstance:
         await conn.close()
         return unix
 
+    def broker_now(self, broker_name: str) -> Connection | None:
+        """The open connection to ``broker_name`` if there is one (no awaiting:
+        the send path's common case); None means ``await broker(...)``."""
+        conn = self._by_name.get(broker_name)
+        return conn if conn is not None and not conn.closed else None
+
     async def broker(self, broker_name: str) -> Connection:
+        conn = self._by_name.get(broker_name)
+        if conn is not None and not conn.closed:
+            return conn
         addr = self.broker_addr(broker_name)
         if addr is None:
             raise MQClientError(R.SYSTEM_ERROR, f"the broker {broker_name} is not in any route")
-        return await self.connection(addr)
+        conn = self._by_name[broker_name] = await self.connection(addr)
+        return conn
 
     async def invoke(self, broker_name: str, cmd: RemotingCommand,
                      timeout: float | None = None) -> RemotingCommand:
