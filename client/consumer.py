@@ -36,16 +36,16 @@ from shmq.ipc.remoting import RemotingCommand
 from . import rebalance
 from .connection import RemotingError
 from .instance import ClientConfig, ClientInstance, MQClientError
-from .message import MessageExt, MessageQueue
+from .message import MAX_OFFSET, MIN_OFFSET, MessageExt, MessageQueue, decode_messages
 from .offsets import (CONSUME_FROM_WHERE, LocalFileOffsetStore, OffsetStore, ReadOffsetType,
                       RemoteBrokerOffsetStore, compute_pull_from_where, default_consume_timestamp,
                       parse_consume_timestamp, parse_offset_table)
-from .requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, decode_records, send_back
+from .requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, send_back
 
 log = logging.getLogger("shmq.client")
 RETRY_PREFIX = "%RETRY%"
 RETRY_TOPIC, ORIGIN_MESSAGE_ID, DELAY = "RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "DELAY"
-MIN_OFFSET, MAX_OFFSET, TRAN_MSG = "MIN_OFFSET", "MAX_OFFSET", "TRAN_MSG"
+TRAN_MSG = "TRAN_MSG"
 SYSFLAG_COMPRESSED = 0x1
 GROUP_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 FLOW_CONTROL_DELAY = 0.05                   # PULL_TIME_DELAY_MILLS_WHEN_CACHE_FLOW_CONTROL
@@ -134,15 +134,19 @@ class ProcessQueue:
     def put_messages(self, msgs: list[MessageExt]) -> bool:
         """Add pulled messages; True if a consumer should be started for them."""
         resort = False
+        held = self.msgs
+        last = next(reversed(held)) if held else -1
+        size = 0
         for m in msgs:
             off = m.queue_offset
-            if off in self.msgs:
+            if off in held:
                 continue
-            if self.msgs and off < next(reversed(self.msgs)):
+            if off < last:
                 resort = True
-            self.msgs[off] = m
-            self.queue_offset_max = off
-            self.msg_size += len(m.body)
+            held[off] = m
+            last = self.queue_offset_max = off
+            size += m.body_size
+        self.msg_size += size
         if resort:
             self.msgs = dict(sorted(self.msgs.items()))
         dispatch = bool(self.msgs) and not self.consuming
@@ -161,9 +165,11 @@ class ProcessQueue:
         self.last_consume_time = time.monotonic()
         if not self.msgs:
             return -1
+        held, size = self.msgs, 0
         for m in msgs:
-            if self.msgs.pop(m.queue_offset, None) is not None:
-                self.msg_size -= len(m.body)
+            if held.pop(m.queue_offset, None) is not None:
+                size += m.body_size
+        self.msg_size -= size
         return next(iter(self.msgs)) if self.msgs else self.queue_offset_max + 1
 
     def take_messages(self, n: int) -> list[MessageExt]:
@@ -183,7 +189,7 @@ class ProcessQueue:
         if not self.consuming_orderly:
             return -1
         last = next(reversed(self.consuming_orderly))
-        self.msg_size -= sum(len(m.body) for m in self.consuming_orderly.values())
+        self.msg_size -= sum(m.body_size for m in self.consuming_orderly.values())
         self.consuming_orderly.clear()
         return last + 1
 
@@ -233,25 +239,6 @@ async def _cancel(tasks) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def set_record(msg: MessageExt, **changes: Any) -> None:
-    """Change fields of a consumed message (its topic, reconsume times, body)."""
-    msg.record = dataclasses.replace(msg.record, **changes)
-
-
-def _decode(body: bytes, broker_name: str) -> list[MessageExt]:
-    out = []
-    for rec in decode_records(body):
-        msg = MessageExt(rec, broker_name)
-        if rec.sysflag & SYSFLAG_COMPRESSED:
-            try:
-                set_record(msg, body=zlib.decompress(rec.body))
-            except zlib.error as e:
-                log.warning("message %s at %s:%d: body not zlib (%s); kept as stored",
-                            msg.msg_id, broker_name, rec.queue_offset, e)
-        out.append(msg)
-    return out
-
-
 async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, sub: SubscriptionData,
                       offset: int, max_nums: int, sysflag: int, commit_offset: int,
                       suspend_ms: int, timeout: float) -> PullResult:
@@ -275,12 +262,9 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
     result = PullResult(status, int(h["nextBeginOffset"]), int(h.get("minOffset", 0)),
                         int(h.get("maxOffset", 0)), [])
     if status is PullStatus.FOUND:
-        lo, hi = str(result.min_offset), str(result.max_offset)
-        for msg in _decode(r.body, mq.broker_name):
-            if sub.accepts(msg):
-                msg.properties[MIN_OFFSET] = lo
-                msg.properties[MAX_OFFSET] = hi
-                result.msgs.append(msg)
+        # one tuple for the pull's MIN_OFFSET/MAX_OFFSET, shared by its messages
+        msgs = decode_messages(r.body, mq.broker_name, (str(result.min_offset), str(result.max_offset)))
+        result.msgs = [m for m in msgs if sub.accepts(m)] if sub.tags_set else msgs
     return result
 
 
@@ -292,7 +276,7 @@ def restore_retry_topic(msgs: list[MessageExt], group: str) -> None:
         if m.topic == retry:
             original = m.properties.get(RETRY_TOPIC)
             if original:
-                set_record(m, topic=original)
+                m.topic = original
 
 
 # ------------------------------------------------------------ listeners
@@ -1016,7 +1000,8 @@ class AsyncPushConsumer(ConsumerBase):
         async with self._slots:
             if pq.dropped or self._stopping:
                 return
-            restore_retry_topic(msgs, self.group)
+            if mq.topic.startswith(RETRY_PREFIX):      # a queue's records carry its topic
+                restore_retry_topic(msgs, self.group)
             context = ConsumeConcurrentlyContext(mq)
             status = await self._call_listener(msgs, context)
         if not isinstance(status, ConsumeConcurrentlyStatus):
@@ -1039,7 +1024,7 @@ class AsyncPushConsumer(ConsumerBase):
             for m in failed:
                 if not await self._send_message_back(m, context.delay_level_when_next_consume,
                                                      mq.broker_name):
-                    set_record(m, reconsume_times=m.reconsume_times + 1)
+                    m.reconsume_times += 1
                     back_failed.append(m)
             if back_failed:
                 msgs = [m for m in msgs if m not in back_failed]
@@ -1083,7 +1068,7 @@ class AsyncPushConsumer(ConsumerBase):
         topic = RETRY_PREFIX + self.group
         cmd = RemotingCommand(RC.SEND_MESSAGE_V2, body=body, ext={
             "a": self.group, "b": topic, "c": "TBW102", "d": "4", "e": "-1", "f": str(sysflag),
-            "g": str(int(time.time() * 1000)), "h": str(msg.record.flag),
+            "g": str(int(time.time() * 1000)), "h": str(msg.flag),
             "i": properties_to_string(props), "j": str(reconsume_times), "k": "false",
             "l": str(self.max_reconsume_times()), "m": "false"})
         try:
@@ -1117,7 +1102,8 @@ class AsyncPushConsumer(ConsumerBase):
                 msgs = pq.take_messages(batch)
                 if not msgs:
                     return
-                restore_retry_topic(msgs, self.group)
+                if mq.topic.startswith(RETRY_PREFIX):
+                    restore_retry_topic(msgs, self.group)
                 context = ConsumeOrderlyContext(mq)
                 async with pq.consume_lock:
                     if pq.dropped:
@@ -1159,10 +1145,10 @@ class AsyncPushConsumer(ConsumerBase):
             if m.reconsume_times >= self.max_reconsume_times():
                 if not await self._send_to_retry_topic(m, m.reconsume_times, mq.broker_name):
                     suspend = True
-                    set_record(m, reconsume_times=m.reconsume_times + 1)
+                    m.reconsume_times += 1
             else:
                 suspend = True
-                set_record(m, reconsume_times=m.reconsume_times + 1)
+                m.reconsume_times += 1
         return suspend
 
     def _submit_orderly_later(self, pq: ProcessQueue, mq: MessageQueue, millis: int) -> None:

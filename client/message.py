@@ -4,19 +4,34 @@ Names follow RocketMQ's Java client (``Message``, ``MessageExt``,
 ``MessageQueue``, ``SendResult``/``SendStatus``). A message's id is its
 ``UNIQ_KEY`` (MessageClientIDSetter's layout, made here when sending); the
 broker's ``offsetMsgId`` locates the stored record.
+
+A ``MessageExt`` is a view of one record in the body of a pull reply (the
+record layout is drawn in ``shmq.core.layout``): ``decode_messages`` walks
+the body, checks each record's frame (magic, lengths that add up to
+TOTALSIZE, body CRC) and makes one object per record holding the buffer,
+the record's position, its size, queue offset and sysflag. Everything else
+(topic, body, properties, hosts, timestamps) is read from the buffer when
+the listener first asks, so a listener that only looks at the body never
+pays for the properties, and nothing but the ``MessageExt`` itself is kept
+per message (the pull's MIN_OFFSET/MAX_OFFSET are one tuple shared by the
+pull's messages). The buffer stays alive while any of its messages does.
 """
 from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import os
 import socket
 import struct
 import time
+import zlib
 from dataclasses import dataclass, field
 
-from shmq.core.layout import properties_to_string
-from shmq.core.records import StoredMessage
+from shmq.core import layout as L
+from shmq.core.layout import properties_to_string, string_to_properties
+
+log = logging.getLogger("shmq.client")
 
 TAGS, KEYS, UNIQ_KEY, DELAY, WAIT = "TAGS", "KEYS", "UNIQ_KEY", "DELAY", "WAIT"
 
@@ -69,6 +84,8 @@ class Message:
         return split_keys(self.keys)
 
     def properties_string(self, uniq_key: str | None = None) -> str:
+        if not self.properties and isinstance(self.keys, (str, type(None))):
+            return self._system_properties(uniq_key)
         d = dict(self.properties)
         if self.tags:
             d[TAGS] = self.tags
@@ -79,6 +96,22 @@ class Message:
         if uniq_key and UNIQ_KEY not in d:
             d[UNIQ_KEY] = uniq_key
         return properties_to_string(d)
+
+    def _system_properties(self, uniq_key: str | None) -> str:
+        """properties_string without user properties (the common case), without
+        the dict: the same pieces in the same order."""
+        parts = []
+        for name, v in ((TAGS, self.tags), (KEYS, self.keys)):
+            if v:
+                if "\x01" in v or "\x02" in v:
+                    raise ValueError(f"property {name!r} contains a reserved separator "
+                                     f"\\u0001 or \\u0002")
+                parts.append(f"{name}\x01{v}")
+        if self.delay_level > 0:
+            parts.append(f"{DELAY}\x01{self.delay_level}")
+        if uniq_key:
+            parts.append(f"{UNIQ_KEY}\x01{uniq_key}")
+        return "\x02".join(parts)
 
 
 @dataclass
@@ -92,85 +125,258 @@ class SendResult:
     region_id: str = "DefaultRegion"
 
 
+_HEAD = struct.Struct(">ii12xq8xi")       # TOTALSIZE, MAGICCODE, QUEUEOFFSET, SYSFLAG
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_I16 = struct.Struct(">h")
+_MAGIC = L.MESSAGE_MAGIC_I32
+_COMPRESSED, _BORN_V6, _STORE_V6 = L.SYSFLAG_COMPRESSED, L.SYSFLAG_BORNHOST_V6, L.SYSFLAG_STOREHOST_V6
+MIN_OFFSET, MAX_OFFSET = "MIN_OFFSET", "MAX_OFFSET"
+
+
+class CorruptMessage(ValueError):
+    """A pulled body holds bytes that are not a stored-message record."""
+
+
 class MessageExt:
-    """A consumed message: the stored record plus where it came from."""
+    """A consumed message: a view of its record in a pulled buffer, and the
+    broker it came from. ``topic``, ``body`` and ``reconsume_times`` may be
+    set (a retry's original topic, a failed consume)."""
 
-    __slots__ = ("record", "broker_name", "_props")
+    __slots__ = ("_buf", "_pos", "broker_name", "store_size", "queue_offset", "sysflag",
+                 "_body", "_topic", "_props", "_reconsume", "_pull")
 
-    def __init__(self, record: StoredMessage, broker_name: str):
-        self.record = record
+    def __init__(self, buf: bytes, pos: int, broker_name: str, store_size: int,
+                 queue_offset: int, sysflag: int, pull: tuple[str, str] | None = None):
+        self._buf, self._pos = buf, pos
         self.broker_name = broker_name
-        self._props: dict[str, str] | None = None
+        self.store_size, self.queue_offset, self.sysflag = store_size, queue_offset, sysflag
+        self._body = self._topic = self._props = self._reconsume = None
+        self._pull = pull                  # (MIN_OFFSET, MAX_OFFSET) of the pull, shared
+
+    # ------------------------------------------------------------ positions
+    def _host_bytes(self) -> tuple[int, int]:
+        f = self.sysflag
+        return (20 if f & _BORN_V6 else 8), (20 if f & _STORE_V6 else 8)
+
+    def _body_at(self) -> int:
+        """Position of BODYLENGTH in the buffer."""
+        f = self.sysflag
+        return self._pos + 68 + (20 if f & _BORN_V6 else 8) + (20 if f & _STORE_V6 else 8)
+
+    def _props_span(self) -> tuple[int, int]:
+        buf = self._buf
+        q = self._body_at()
+        q += 4 + _I32.unpack_from(buf, q)[0]
+        q += 1 + buf[q]
+        return q + 2, self._pos + self.store_size
+
+    # ------------------------------------------------------------ fields
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            q = self._body_at()
+            self._body = self._buf[q + 4:q + 4 + _I32.unpack_from(self._buf, q)[0]]
+        return self._body
+
+    @body.setter
+    def body(self, value: bytes) -> None:
+        self._body = value
+
+    @property
+    def body_size(self) -> int:
+        """len(body), without slicing it out of the buffer."""
+        if self._body is not None:
+            return len(self._body)
+        return _I32.unpack_from(self._buf, self._body_at())[0]
+
+    @property
+    def topic(self) -> str:
+        if self._topic is None:
+            buf = self._buf
+            q = self._body_at()
+            q += 4 + _I32.unpack_from(buf, q)[0]
+            self._topic = buf[q + 1:q + 1 + buf[q]].decode("utf-8", "replace")
+        return self._topic
+
+    @topic.setter
+    def topic(self, value: str) -> None:
+        self._topic = value
 
     @property
     def properties(self) -> dict[str, str]:
         if self._props is None:
-            self._props = self.record.properties
+            s, e = self._props_span()
+            props = string_to_properties(self._buf[s:e].decode("utf-8", "replace"))
+            if self._pull is not None:
+                props[MIN_OFFSET], props[MAX_OFFSET] = self._pull
+            self._props = props
         return self._props
 
-    @property
-    def topic(self) -> str:
-        return self.record.topic
-
-    @property
-    def body(self) -> bytes:
-        return self.record.body
+    def _property(self, name: str, key: bytes) -> str | None:
+        """One property, read from the raw bytes while the dict is not built
+        (``key`` is ``name`` + 0x01; the last piece with it wins, as in
+        string_to_properties; anything unusual asks the dict)."""
+        if self._props is not None:
+            return self._props.get(name)
+        s, e = self._props_span()
+        buf = self._buf
+        i = buf.rfind(b"\x02" + key, s, e)
+        if i >= 0:
+            i += 1
+        elif buf.startswith(key, s, e):
+            i = s
+        else:
+            return None
+        v = i + len(key)
+        end = buf.find(b"\x02", v, e)
+        value = buf[v:e if end < 0 else end]
+        if not value or b"\x01" in value:
+            return self.properties.get(name)
+        return value.decode("utf-8", "replace")
 
     @property
     def tags(self) -> str | None:
-        return self.properties.get(TAGS)
+        return self._property(TAGS, b"TAGS\x01")
 
     @property
     def keys(self) -> str | None:
         """The KEYS property as sent: one string, keys separated by spaces
         (RocketMQ's getKeys()); None without keys."""
-        return self.properties.get(KEYS) or None
+        return self._property(KEYS, b"KEYS\x01") or None
 
     @property
     def key_list(self) -> list[str]:
         """The keys as a list (``keys`` split at spaces)."""
-        return split_keys(self.properties.get(KEYS))
+        return split_keys(self.keys)
 
     @property
     def msg_id(self) -> str:
-        return self.properties.get(UNIQ_KEY) or self.offset_msg_id
+        return self._property(UNIQ_KEY, b"UNIQ_KEY\x01") or self.offset_msg_id
 
     @property
     def offset_msg_id(self) -> str:
-        return self.record.offset_msg_id()
+        """The broker's id of the record: store host ip + port + phy offset, hex."""
+        born, store = self._host_bytes()
+        at = self._pos + 56 + born
+        return (self._buf[at:at + store] + _I64.pack(self.commit_log_offset)).hex().upper()
 
     @property
     def queue_id(self) -> int:
-        return self.record.queue_id
+        return _I32.unpack_from(self._buf, self._pos + 12)[0]
 
     @property
-    def queue_offset(self) -> int:
-        return self.record.queue_offset
+    def flag(self) -> int:
+        return _I32.unpack_from(self._buf, self._pos + 16)[0]
 
     @property
     def commit_log_offset(self) -> int:
-        return self.record.phy_offset
+        return _I64.unpack_from(self._buf, self._pos + 28)[0]
 
     @property
-    def reconsume_times(self) -> int:
-        return self.record.reconsume_times
+    def body_crc(self) -> int:
+        return _I32.unpack_from(self._buf, self._pos + 8)[0]
 
     @property
     def born_timestamp(self) -> int:
-        return self.record.born_timestamp
+        return _I64.unpack_from(self._buf, self._pos + 40)[0]
 
     @property
     def store_timestamp(self) -> int:
-        return self.record.store_timestamp
+        return _I64.unpack_from(self._buf, self._pos + 48 + self._host_bytes()[0])[0]
+
+    def _host(self, at: int, n: int) -> tuple[str, int]:
+        family = socket.AF_INET6 if n == 20 else socket.AF_INET
+        return socket.inet_ntop(family, self._buf[at:at + n - 4]), \
+            _I32.unpack_from(self._buf, at + n - 4)[0]
+
+    @property
+    def born_host(self) -> tuple[str, int]:
+        return self._host(self._pos + 48, self._host_bytes()[0])
+
+    @property
+    def store_host(self) -> tuple[str, int]:
+        born, store = self._host_bytes()
+        return self._host(self._pos + 56 + born, store)
+
+    @property
+    def reconsume_times(self) -> int:
+        if self._reconsume is None:
+            born, store = self._host_bytes()
+            return _I32.unpack_from(self._buf, self._pos + 56 + born + store)[0]
+        return self._reconsume
+
+    @reconsume_times.setter
+    def reconsume_times(self, value: int) -> None:
+        self._reconsume = value
+
+    @property
+    def prepared_transaction_offset(self) -> int:
+        born, store = self._host_bytes()
+        return _I64.unpack_from(self._buf, self._pos + 60 + born + store)[0]
 
     @property
     def queue(self) -> MessageQueue:
         return MessageQueue(self.topic, self.broker_name, self.queue_id)
 
+    @property
+    def record(self):
+        """The record as a ``shmq.core.records.StoredMessage``, with the topic,
+        body and reconsume times as they are here (imported on use: the
+        client's own paths never load core.records and its numba kernels)."""
+        import dataclasses
+
+        from shmq.core.records import decode
+        rec = decode(self._buf, self._pos, check_crc=False)
+        return dataclasses.replace(rec, topic=self.topic, body=self.body,
+                                   reconsume_times=self.reconsume_times)
+
     def __repr__(self) -> str:
         return (f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, "
                 f"queue_offset={self.queue_offset}, msg_id={self.msg_id!r}, tags={self.tags!r}, "
                 f"keys={self.keys!r})")
+
+
+def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None = None,
+                    check_crc: bool = True) -> list[MessageExt]:
+    """The records of a pull (or VIEW/QUERY) reply body as ``MessageExt``s.
+    Each record's frame is checked (magic, field lengths adding up to
+    TOTALSIZE, body CRC); a compressed body is inflated here (one that is not
+    zlib is kept as stored, with a warning). Raises CorruptMessage."""
+    if not isinstance(body, bytes):
+        body = bytes(body)
+    out = []
+    append = out.append
+    head, i32, i16 = _HEAD.unpack_from, _I32.unpack_from, _I16.unpack_from
+    crc32 = zlib.crc32
+    mv = memoryview(body)
+    pos, n = 0, len(body)
+    while pos < n:
+        if n - pos < L.RECORD_FIXED_BYTES:
+            raise CorruptMessage(f"record at {pos}: {n - pos} bytes left, too few for a record")
+        size, magic, qoff, sysflag = head(body, pos)
+        q = pos + 68 + (20 if sysflag & _BORN_V6 else 8) + (20 if sysflag & _STORE_V6 else 8)
+        end = pos + size
+        if magic != _MAGIC or size < L.RECORD_FIXED_BYTES or end > n or q + 7 > end:
+            raise CorruptMessage(f"record at {pos}: magic {magic & 0xFFFFFFFF:#x}, TOTALSIZE "
+                                 f"{size}: not a message record within the {n} bytes")
+        blen = i32(body, q)[0]
+        t = q + 4 + blen                   # TOPICLENGTH
+        if blen < 0 or t + 3 > end or t + 3 + body[t] + i16(body, t + 1 + body[t])[0] != end \
+                or body[t] == 0:
+            raise CorruptMessage(f"record at {pos}: field lengths do not add up to TOTALSIZE {size}")
+        if check_crc and crc32(mv[q + 4:t]) & 0x7FFFFFFF != i32(body, pos + 8)[0]:
+            raise CorruptMessage(f"record at {pos}: body CRC mismatch")
+        m = MessageExt(body, pos, broker_name, size, qoff, sysflag, pull)
+        if sysflag & _COMPRESSED:
+            try:
+                m._body = zlib.decompress(body[q + 4:t])
+            except zlib.error as e:
+                log.warning("message %s at %s:%d: body not zlib (%s); kept as stored",
+                            m.msg_id, broker_name, qoff, e)
+        append(m)
+        pos = end
+    return out
 
 
 class UniqueIds:
@@ -190,13 +396,23 @@ class UniqueIds:
         t = time.localtime()
         self._month_start = time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
         self._counter = itertools.count()
+        self._ms, self._head = -1, ""
 
     def next(self) -> str:
-        if self._pid != os.getpid():
+        if self._pid < 0:                 # first use, or a forked child (_forked)
             self._seed()
         ms = int((time.time() - self._month_start) * 1000) & 0x7FFFFFFF
-        tail = struct.pack(">ih", ms, next(self._counter) & 0x7FFF)
-        return self._prefix + tail.hex().upper()
+        if ms != self._ms:                # prefix + the ms field, in hex, once a millisecond
+            self._ms, self._head = ms, f"{self._prefix}{ms:08X}"
+        return self._head + _COUNTER_HEX[next(self._counter) & 0x7FFF]
 
 
+_COUNTER_HEX = [f"{i:04X}" for i in range(0x8000)]     # the int16 field, non-negative
 unique_ids = UniqueIds()
+
+
+def _forked() -> None:
+    unique_ids._pid = -1
+
+
+os.register_at_fork(after_in_child=_forked)

@@ -181,6 +181,7 @@ def test_process_queue_commits_the_smallest_unconsumed_offset():
     class M:
         def __init__(self, off):
             self.queue_offset, self.body = off, b"x"
+            self.body_size = len(self.body)
     pq = ProcessQueue()
     msgs = [M(o) for o in range(10, 15)]
     assert pq.put_messages(msgs) is True and pq.put_messages([M(15)]) is False
