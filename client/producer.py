@@ -12,6 +12,15 @@ A topic the NameServer does not know is sent through the route of
 ``max_message_size`` are refused before sending. Every message gets a
 unique id (``UNIQ_KEY``): ``SendResult.msg_id``.
 
+Many sends pipeline on one connection with no task per send: a send writes
+its frame (``SendTemplate``: the header pre-built, the numbers filled in;
+the connection joins every frame of a loop turn into one write) and awaits
+the future its reply resolves. At most ``max_in_flight`` sends of a producer
+wait for their answer (the window, default 64); the next one waits for a
+slot. With ``linger_ms`` > 0 single sends to one queue are gathered into
+SEND_BATCH_MESSAGE requests of up to ``batch_max_bytes`` (``accumulator``),
+each caller still getting its own ``SendResult``.
+
 ``AsyncTransactionProducer`` sends half messages, runs the local
 transaction, ends it (commit, rollback or unknown) and answers the broker's
 CHECK_TRANSACTION_STATE through ``check_local_transaction``.
@@ -30,17 +39,19 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-from shmq.core.records import decode
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
 
-from .connection import Connection, RemotingError
+from . import instance
+from .accumulator import Accumulator, Window
+from .connection import Connection, RemotingError, next_opaque
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute
 from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
-                      unique_ids)
+                      decode_messages, unique_ids)
+from .requests import SendTemplate
 
 log = logging.getLogger("shmq.client")
 DEFAULT_TOPIC = "TBW102"
@@ -92,6 +103,12 @@ class ProducerConfig:
     max_message_size: int = 4 * 1024 * 1024
     default_topic_queue_nums: int = 4
     create_topic_key: str = DEFAULT_TOPIC
+    max_in_flight: int = 64            # sends awaiting their answer at once (the window)
+    linger_ms: float = 0               # accumulator: wait up to this for a batch; 0 = off
+    batch_max_bytes: int = 16 * 1024   # accumulator: a batch's body at most (Kafka's batch.size)
+
+
+_CACHED_MAX = 4096                     # topics whose name and template a producer keeps
 
 
 class AsyncProducer:
@@ -102,18 +119,32 @@ class AsyncProducer:
         if namesrv_addr:
             self.client_config.namesrv_addr = namesrv_addr
         self.config = ProducerConfig(**settings)
+        if self.config.linger_ms < 0:
+            raise ValueError(f"linger_ms {self.config.linger_ms}: 0 (off) or more")
         self.instance: ClientInstance | None = None
         self._rr = itertools.count()
-        self._failed_broker: str | None = None
+        self.failed_broker: str | None = None
+        self.window = Window(self.config.max_in_flight)
+        self.accumulator = Accumulator(self) if self.config.linger_ms > 0 else None
+        self.retry_codes = RETRY_CODES
+        self._templates: dict[str, SendTemplate] = {}      # topic → its send frames; names checked
 
     async def start(self) -> None:
         self.instance = ClientInstance.get(self.client_config)
         await self.instance.register("producer", self.group, self)
 
     async def shutdown(self) -> None:
+        """Send what the accumulator holds, wait for those answers, unregister."""
         if self.instance is not None:
+            if self.accumulator is not None:
+                await self.accumulator.drain()
             await self.instance.unregister("producer", self.group)
             self.instance = None
+
+    def flush(self) -> None:
+        """Send every batch the accumulator holds now (no waiting for linger_ms)."""
+        if self.accumulator is not None:
+            self.accumulator.flush()
 
     async def __aenter__(self) -> "AsyncProducer":
         await self.start()
@@ -144,13 +175,23 @@ class AsyncProducer:
         brokers = [{"brokerName": n, "brokerAddrs": a} for n, a in default.broker_addrs.items()]
         return TopicRoute.parse(topic, {"queueDatas": qds, "brokerDatas": brokers})
 
-    def _pick(self, queues: list[MessageQueue]) -> MessageQueue:
+    def pick(self, queues: list[MessageQueue]) -> MessageQueue:
+        """The next queue, round robin, avoiding the broker that just failed."""
         n = len(queues)
         for _ in range(n):
             q = queues[next(self._rr) % n]
-            if q.broker_name != self._failed_broker:
+            if q.broker_name != self.failed_broker:
                 return q
         return queues[next(self._rr) % n]
+
+    def _queues_now(self, topic: str) -> list[MessageQueue] | None:
+        """The topic's writable queues if this process's instance has them
+        cached (the send path's common case, no awaiting); else None."""
+        inst = self.instance
+        if inst is None or inst.loop is not asyncio.get_running_loop() or inst.pid != instance.PID:
+            return None
+        route = inst.routes.get(topic)
+        return route.publish if route is not None and route.publish else None
 
     async def _attach(self) -> ClientInstance:
         """This process's and loop's instance: a producer used in a forked child
@@ -169,13 +210,67 @@ class AsyncProducer:
 
     # ------------------------------------------------------------ sending
     def _check(self, msg: Message) -> None:
-        if not msg.topic or len(msg.topic) > 127 or not TOPIC_NAME.match(msg.topic):
-            raise MQClientError(R.MESSAGE_ILLEGAL, f"the topic name {msg.topic!r} is not valid")
+        if msg.topic not in self._templates:
+            self._template(msg.topic)
         if not msg.body:
             raise MQClientError(R.MESSAGE_ILLEGAL, "the message body is empty")
         if len(msg.body) > self.config.max_message_size:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"the message body size over max value, "
                                 f"MAX: {self.config.max_message_size}")
+
+    def _template(self, topic: str) -> SendTemplate:
+        """The topic's send frames (the name checked once, here)."""
+        t = self._templates.get(topic)
+        if t is None:
+            if not topic or len(topic) > 127 or not TOPIC_NAME.match(topic):
+                raise MQClientError(R.MESSAGE_ILLEGAL, f"the topic name {topic!r} is not valid")
+            if len(self._templates) >= _CACHED_MAX:
+                self._templates.clear()
+            c = self.config
+            t = self._templates[topic] = SendTemplate(self.group, topic, c.create_topic_key,
+                                                      c.default_topic_queue_nums)
+        return t
+
+    def write_send(self, conn: Connection, q: MessageQueue, msg: Message, props: str,
+                   timeout: float, sysflag: int = 0) -> asyncio.Future:
+        """Write one SEND_MESSAGE_V2 for ``msg`` (``props``: its properties
+        string, UNIQ_KEY included) on ``conn``; the future gets the reply."""
+        body = msg.body
+        if len(body) > self.config.compress_msg_body_over_howmuch:
+            body = zlib.compress(body, 5)
+            sysflag |= SYSFLAG_COMPRESSED
+        opaque = next_opaque()
+        frame = self._template(msg.topic).frame(opaque, q.queue_id, sysflag, int(time.time() * 1000),
+                                                msg.flag, props, body)
+        return conn.send_frame(opaque, frame, timeout, RC.SEND_MESSAGE_V2)
+
+    def write_batch(self, conn: Connection, q: MessageQueue, entries: list[bytes],
+                    timeout: float) -> asyncio.Future:
+        """Write one SEND_BATCH_MESSAGE of the encoded ``entries`` on ``conn``."""
+        opaque = next_opaque()
+        frame = self._template(q.topic).frame(opaque, q.queue_id, 0, int(time.time() * 1000), 0, "",
+                                              b"".join(entries), batch=True)
+        return conn.send_frame(opaque, frame, timeout, RC.SEND_BATCH_MESSAGE)
+
+    def results(self, reply: RemotingCommand, q: MessageQueue, uniqs: list[str]) -> list[SendResult]:
+        """Each message's ``SendResult`` from the answer to a send of
+        ``uniqs`` (one message, or a batch in this order): a batch's answer
+        names the first queue offset and every offsetMsgId, comma-joined."""
+        status = STATUS.get(reply.code)
+        if status is None:
+            raise MQClientError(reply.code, reply.remark, f"send to {q.broker_name}")
+        ext = reply.ext
+        qid = ext.get("queueId")
+        if qid is not None and int(qid) != q.queue_id:
+            q = MessageQueue(q.topic, q.broker_name, int(qid))
+        first = int(ext.get("queueOffset", -1))
+        msg_id = ext.get("msgId", "")
+        ids = msg_id.split(",") if len(uniqs) > 1 else [msg_id]
+        if len(ids) != len(uniqs):
+            ids = [msg_id] * len(uniqs)              # a broker that answers otherwise: the whole id
+        tx, region = ext.get("transactionId"), ext.get("MSG_REGION", "DefaultRegion")
+        return [SendResult(status, u, ids[i], q, first + i if first >= 0 else -1, tx, region)
+                for i, u in enumerate(uniqs)]
 
     def _request(self, msg: Message, q: MessageQueue, uniq: str, sysflag: int = 0,
                  extra: dict[str, str] | None = None) -> RemotingCommand:
@@ -204,12 +299,14 @@ class AsyncProducer:
             int(ext.get("queueOffset", -1)), ext.get("transactionId"),
             ext.get("MSG_REGION", "DefaultRegion"))
 
-    async def send(self, msg: Message, queue: MessageQueue | None = None,
-                   selector: Selector | None = None, arg: Any = None,
-                   timeout: float | None = None) -> SendResult:
-        """Send and wait for the broker's answer. ``queue`` or ``selector``
-        (with ``arg``) fix the queue: ordered messages, no retry elsewhere."""
-        return await self._send(msg, queue, selector, arg, timeout)
+    def send(self, msg: Message, queue: MessageQueue | None = None,
+             selector: Selector | None = None, arg: Any = None,
+             timeout: float | None = None) -> Awaitable[SendResult]:
+        """Send and wait for the broker's answer (``await p.send(msg)``).
+        ``queue`` or ``selector`` (with ``arg``) fix the queue: ordered
+        messages, no retry elsewhere. (A plain function returning the
+        coroutine: one frame less per send.)"""
+        return self._send(msg, queue, selector, arg, timeout)
 
     async def _send(self, msg: Message, queue, selector, arg, timeout, sysflag: int = 0,
                     extra: dict[str, str] | None = None) -> SendResult:
@@ -217,29 +314,53 @@ class AsyncProducer:
         timeout = timeout or self.config.send_msg_timeout
         uniq = msg.properties.get(UNIQ_KEY) or unique_ids.next()
         deadline = time.monotonic() + timeout
-        queues = await self.publish_queues(msg.topic)      # also loads the route of a given queue
+        # also loads the route of a given queue
+        queues = self._queues_now(msg.topic) or await self.publish_queues(msg.topic)
         if queue is None and selector is not None:
             queue = selector(queues, msg, arg)
-        tries = 1 if queue is not None else 1 + self.config.retry_times_when_send_failed
-        last: Exception | None = None
-        for _ in range(tries):
-            q = queue or self._pick(await self.publish_queues(msg.topic))
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                r = await self._send_to(q, self._request(msg, q, uniq, sysflag, extra), uniq, left)
-                self._failed_broker = None
-                return r
-            except RemotingError as e:
-                last = e
-            except MQClientError as e:
-                if e.code not in RETRY_CODES:
-                    raise
-                last = e
-            self._failed_broker = q.broker_name
-            log.info("send to %s failed (%s); trying another queue", q, last)
-        raise last or MQClientError(-1, f"send timed out after {timeout} s")
+        acc = self.accumulator
+        window = self.window
+        if window.used < window.size:              # Window.try_take, inline: the hot path
+            window.used += 1
+        else:
+            if acc is not None:
+                acc.flush()                        # lingering cannot fill a batch any more
+            await window.wait()
+        try:
+            if acc is not None and not sysflag and acc.takes(msg):
+                fut = acc.add(msg, uniq, queue, queues, deadline)
+                if fut is not None:
+                    return await fut
+            props = msg.properties_string(uniq)
+            if extra:
+                props += "".join(f"\x02{k}\x01{v}" for k, v in extra.items())
+            tries = 1 if queue is not None else 1 + self.config.retry_times_when_send_failed
+            last: Exception | None = None
+            for _ in range(tries):
+                q = queue or self.pick(self._queues_now(msg.topic) or await self.publish_queues(msg.topic))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    inst = self.instance
+                    conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
+                    if acc is not None:
+                        acc.flush_queue(q)             # what waits for q leaves first
+                    reply = await self.write_send(conn, q, msg, props, left, sysflag)
+                    r = self.results(reply, q, [uniq])[0]
+                    self.failed_broker = None
+                    return r
+                except RemotingError as e:
+                    last = e
+                except MQClientError as e:
+                    if e.code not in RETRY_CODES:
+                        raise
+                    last = e
+                self.failed_broker = q.broker_name
+                log.info("send to %s failed (%s); trying another queue", q, last)
+            raise last or MQClientError(-1, f"send timed out after {timeout} s")
+        finally:
+            window.release()
 
     def send_async(self, msg: Message, callback: Callable[[SendResult | None, Exception | None], Any] | None = None,
                    queue: MessageQueue | None = None, selector: Selector | None = None,
@@ -258,7 +379,9 @@ class AsyncProducer:
         """Send without waiting for any answer."""
         self._check(msg)
         queues = await self.publish_queues(msg.topic)
-        q = queue or self._pick(queues)
+        q = queue or self.pick(queues)
+        if self.accumulator is not None:
+            self.accumulator.flush_queue(q)
         conn = await self._inst().broker(q.broker_name)
         conn.send_oneway(self._request(msg, q, msg.properties.get(UNIQ_KEY) or unique_ids.next()))
 
@@ -285,7 +408,9 @@ class AsyncProducer:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"the batch is {len(body)} bytes, over "
                                 f"max_message_size {self.config.max_message_size}")
         queues = await self.publish_queues(topic)
-        q = queue or self._pick(queues)
+        q = queue or self.pick(queues)
+        if self.accumulator is not None:
+            self.accumulator.flush_queue(q)
         cmd = RemotingCommand(RC.SEND_BATCH_MESSAGE, body=body, ext={
             "a": self.group, "b": topic, "c": self.config.create_topic_key,
             "d": str(self.config.default_topic_queue_nums), "e": str(q.queue_id), "f": "0",
@@ -359,10 +484,9 @@ class AsyncTransactionProducer(AsyncProducer):
 
     async def check_transaction_state(self, conn: Connection, cmd: RemotingCommand) -> bool:
         """A broker asks about a half message of this group: answer it."""
-        rec = decode(cmd.body, 0, check_crc=False)
-        if rec.properties.get("PGROUP") not in (None, self.group):
+        msg = decode_messages(cmd.body, "", check_crc=False)[0]
+        if msg.properties.get("PGROUP") not in (None, self.group):
             return False
-        msg = MessageExt(rec, "")
         try:
             state = await _call(self.listener.check_local_transaction, msg)
         except Exception:

@@ -4,6 +4,11 @@ Builders return ``RemotingCommand``s ready for ``RemotingClient``:
 ``send_message`` (SEND_MESSAGE_V2, or SEND_BATCH_MESSAGE with ``batch_body``),
 ``pull_message``, ``create_topic``; ``decode_records`` turns a pull (or
 VIEW/QUERY) body back into ``StoredMessage``s.
+
+``SendTemplate`` is the producer's hot path: the whole SEND_MESSAGE_V2 /
+SEND_BATCH_MESSAGE frame from a pre-built JSON header with the per-send
+numbers filled in, byte for byte what ``encode(RemotingCommand(...))``
+writes (tests check it), at a fraction of the cost (no ext dict, no copy).
 """
 from __future__ import annotations
 
@@ -13,9 +18,8 @@ import time
 import orjson
 
 from shmq.core.layout import properties_to_string
-from shmq.core.records import StoredMessage, decode
 from shmq.ipc.codes import RequestCode
-from shmq.ipc.remoting import RemotingCommand
+from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
 
 PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 0x1, 0x2, 0x4
 _ENTRY = struct.Struct(">iiiii")
@@ -38,6 +42,51 @@ def send_message(topic: str, body: bytes, *, tags: str | None = None, keys=None,
         "a": group, "b": topic, "c": "TBW102", "d": str(default_queues), "e": str(queue_id),
         "f": str(sysflag), "g": str(int(time.time() * 1000)), "h": str(flag),
         "i": properties(tags, keys, props), "j": "0", "k": "false", "m": "false"})
+
+
+_PREFIX = struct.Struct(">ii")
+
+
+class SendTemplate:
+    """SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE frames of one producer group to one
+    topic: the JSON header ``ipc.remoting.encode_header`` writes for them, its
+    constant parts joined once. ``frame`` fills in opaque, queue, sysflag,
+    born timestamp, flag and properties and appends the body."""
+
+    __slots__ = ("_v2", "_batch")
+
+    def __init__(self, group: str, topic: str, create_topic_key: str, default_queues: int):
+        def head(code: int) -> bytes:
+            return (b'{"code":%d,"language":"JAVA","version":%d,"opaque":%%d,"flag":0,'
+                    b'"serializeTypeCurrentRPC":"JSON","extFields":{"a":%s,"b":%s,"c":%s,'
+                    b'"d":"%d","e":"%%d","f":"%%d","g":"%%d","h":"%%d","i":%%s,"j":"0",'
+                    b'"k":"false","m":"%%s"}}'
+                    % (code, VERSION_4_9_7, orjson.dumps(group), orjson.dumps(topic),
+                       orjson.dumps(create_topic_key), default_queues))
+        self._v2 = head(RequestCode.SEND_MESSAGE_V2)
+        self._batch = head(RequestCode.SEND_BATCH_MESSAGE)
+
+    def frame(self, opaque: int, queue_id: int, sysflag: int, born_ms: int, flag: int,
+              props: str, body: bytes, batch: bool = False) -> bytes:
+        """The whole frame (``props`` is the properties string; "" for a batch)."""
+        if batch:
+            h = self._batch % (opaque, queue_id, sysflag, born_ms, flag, orjson.dumps(props), b"true")
+        else:
+            h = self._v2 % (opaque, queue_id, sysflag, born_ms, flag, orjson.dumps(props), b"false")
+        return _PREFIX.pack(4 + len(h) + len(body), len(h)) + h + body
+
+
+def batch_entry(body: bytes, props: bytes, flag: int = 0) -> bytes:
+    """One message of a SEND_BATCH_MESSAGE body (reference §5.5)::
+
+        int32 total = 20 + body + 2 + props | int32 magic (0) | int32 body CRC (0)
+        int32 flag | int32 body length | body | int16 props length | props
+    """
+    return b"".join((_ENTRY.pack(20 + len(body) + 2 + len(props), 0, 0, flag, len(body)), body,
+                     _I16.pack(len(props)), props))
+
+
+_I16 = struct.Struct(">h")
 
 
 def batch_body(messages: list[tuple[bytes, str]]) -> bytes:
@@ -81,7 +130,11 @@ def create_topic(topic: str, queues: int = 4, perm: int = 6, order: bool = False
         "topicSysFlag": "0", "order": str(order).lower()})
 
 
-def decode_records(body) -> list[StoredMessage]:
+def decode_records(body) -> list:
+    """Every record of ``body`` as a ``shmq.core.records.StoredMessage`` (imported
+    here, not at the top: the client's own paths never need core.records and
+    its numba kernels)."""
+    from shmq.core.records import decode
     out = []
     pos = 0
     n = len(body)
