@@ -142,7 +142,9 @@ class Driver:
         h = self.h
         out = h.handle(self.peers[conn.id], cmd)
         if out is not None:
-            if out is PARKED:
+            if type(out) is bytes:
+                conn.send(out)
+            elif out is PARKED:
                 self.send_all(self.parking.ready())
                 self.arm()
             else:

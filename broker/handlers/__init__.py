@@ -98,7 +98,7 @@ class Handlers(Broker):
 
     def handle(self, peer: Peer, cmd: RemotingCommand):
         """Run one request: its ``Reply`` (a tuple: command, body pieces,
-        their bytes), ``PARKED``, or None (no answer: a oneway request, a
+        their bytes), a whole encoded frame (``bytes``), ``PARKED``, or None (no answer: a oneway request, a
         client's response, END_TRANSACTION "unknown")."""
         if cmd.is_response:
             return None    # a client acknowledging one of our notifications
@@ -128,6 +128,8 @@ class Handlers(Broker):
             r = cmd.reply(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
         if r is None or r is PARKED:
             return r
+        if type(r) is bytes:                 # a whole frame (send_ok_head)
+            return None if cmd.is_oneway else r
         if type(r) is not Reply:
             body = r.body
             r = Reply(r, (body,), len(body)) if body else Reply(r)

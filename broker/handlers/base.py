@@ -3,8 +3,9 @@ per-connection context (``Peer``), and the reply helpers.
 
 A handler is a function ``(b: Broker, peer: Peer, cmd) -> answer`` where the
 answer is a ``RemotingCommand`` (its body inline), a ``Reply`` (a command
-with its body as pieces: memory slices, file ranges), ``PARKED`` (the
-parking module answers later) or None (no answer). It never sees a
+with its body as pieces: memory slices, file ranges), ``bytes`` (a whole
+reply frame already encoded: a send's SUCCESS from its template),
+``PARKED`` (the parking module answers later) or None (no answer). It never sees a
 connection or a socket: the driver (broker/worker.py) writes what it
 returns, and what ``Broker`` leaves for other clients (notices) once the
 handler sets ``due``.
@@ -17,6 +18,7 @@ import time
 import orjson
 from shmq.core.checkpoint import parse_json_lenient
 from shmq.core.index import IndexService
+from shmq.core.records import host_raw
 from shmq.core.retention import disk_full_remark
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
@@ -58,12 +60,13 @@ class Peer:
     id, its address (text and born host, parsed once), what the broker
     remembers about the client (``attrs``: client id, language, groups),
     and whether it has closed (parked answers to it are dropped)."""
-    __slots__ = ("id", "addr", "born_host", "attrs", "closed")
+    __slots__ = ("id", "addr", "born_host", "born_raw", "attrs", "closed")
 
     def __init__(self, id: int, addr: str, attrs: dict | None = None):
         self.id = id
         self.addr = addr
         self.born_host = born_host(addr)
+        self.born_raw = host_raw(*self.born_host)    # as a record stores it
         self.attrs = {} if attrs is None else attrs
         self.closed = False
 
@@ -85,6 +88,8 @@ class Broker:
         self.registry = registry
         self.parking = parking
         self.store_host = (config.brokerIP1, config.listenPort)
+        self.store_host_raw = host_raw(*self.store_host)
+        self.send_topics: dict[str, tuple[int, dict]] = {}   # topic → (config_epoch, config)
         ip = ipaddress.ip_address(config.brokerIP1).packed
         self.msgid_prefix = (ip + config.listenPort.to_bytes(4, "big")).hex().upper()
         self.cluster_prop = f"CLUSTER\x01{config.brokerClusterName}"
