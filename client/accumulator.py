@@ -32,10 +32,12 @@ messages asking not to wait for the store (WAIT=false), retry-topic sends,
 bodies that would be compressed (a batch is never compressed, as in
 RocketMQ), and messages whose entry alone is over ``batch_max_bytes``.
 
-Invariant: a batch's frame is written when it leaves if the connection is
-open (in the caller's loop turn), so frames for one queue leave in the order
-their batches closed; only a failed batch of a queue the producer chose is
-retried, whole, on another queue (``retry_times_when_send_failed``).
+Invariant: frames for one queue leave in the order their batches closed: a
+batch is written when it leaves if its broker's connection is open (in the
+caller's loop turn); otherwise it queues behind the one task that opens the
+connection, which writes them all in order, before anything else can use
+it. Only a failed batch of a queue the producer chose is retried, whole, on
+another queue (``retry_times_when_send_failed``).
 """
 from __future__ import annotations
 
@@ -132,6 +134,7 @@ class Accumulator:
         self.flush_at = max(1, self.window.size // 2)  # lingering messages that send every batch
         self.requests = 0                               # SEND_BATCH_MESSAGE requests sent
         self._deliveries: set[asyncio.Task] = set()
+        self._unconnected: dict[str, list[Batch]] = {}  # broker name → batches waiting to connect
 
     def takes(self, msg: Message) -> bool:
         """May ``msg`` share a request with others?"""
@@ -187,8 +190,12 @@ class Accumulator:
         for b in list(self.batches.values()):
             self._flush(b)
 
-    def flush_queue(self, q: MessageQueue) -> None:
-        """Send ``q``'s open batch now (a message for ``q`` goes alone after it)."""
+    def flush_queue(self, q: MessageQueue, conn=None) -> None:
+        """Send ``q``'s open batch now, and with ``conn`` (q's broker's open
+        connection) any batch still waiting for it: a message for ``q`` that
+        goes alone must not overtake them."""
+        if conn is not None and self._unconnected.get(q.broker_name):
+            self._send_waiting(q.broker_name, conn)
         b = self.batches.get(q)
         if b is not None:
             self._flush(b)
@@ -208,13 +215,46 @@ class Accumulator:
             del self.sticky[q.topic]                       # the next batch takes the next queue
         b.timer.cancel()
         self.lingering -= len(b.futures)
-        conn = self.p.instance.broker_now(q.broker_name) if self.p.instance is not None else None
-        fut = None
-        if conn is not None:
-            left = b.deadline - time.monotonic()
-            if left > 0:
-                fut = self._write(conn, b, q, left)        # now: keeps the queue's order
-        task = asyncio.get_running_loop().create_task(self._deliver(b, fut))
+        name = q.broker_name
+        conn = self.p.instance.broker_now(name) if self.p.instance is not None else None
+        waiting = self._unconnected.get(name)
+        if conn is None:                  # one task opens the connection; batches queue behind it
+            if waiting is None:
+                self._unconnected[name] = [b]
+                self._spawn(self._connect(name))
+            else:
+                waiting.append(b)
+            return
+        if waiting:
+            self._send_waiting(name, conn)
+        self._send(b, conn)
+
+    def _send(self, b: Batch, conn) -> None:
+        """Write ``b`` now (frames of a queue leave in the order batches close)
+        and hand its answer to a delivery task."""
+        left = b.deadline - time.monotonic()
+        fut = self._write(conn, b, b.queue, left) if left > 0 else None
+        self._spawn(self._deliver(b, fut))
+
+    def _send_waiting(self, name: str, conn) -> None:
+        for b in self._unconnected.pop(name, ()):
+            self._send(b, conn)
+
+    async def _connect(self, name: str) -> None:
+        try:
+            conn = await self.p.instance.broker(name)
+        except Exception as e:                     # every waiting caller gets it; not swallowed
+            for b in self._unconnected.pop(name, ()):
+                for f in b.futures:
+                    if not f.done():
+                        f.set_exception(e)
+            if not isinstance(e, (RemotingError, MQClientError)):
+                raise
+            return
+        self._send_waiting(name, conn)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 

@@ -345,7 +345,7 @@ class AsyncProducer:
                     inst = self.instance
                     conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
                     if acc is not None:
-                        acc.flush_queue(q)             # what waits for q leaves first
+                        acc.flush_queue(q, conn)       # what waits for q leaves first
                     reply = await self.write_send(conn, q, msg, props, left, sysflag)
                     r = self.results(reply, q, [uniq])[0]
                     self.failed_broker = None
@@ -380,9 +380,9 @@ class AsyncProducer:
         self._check(msg)
         queues = await self.publish_queues(msg.topic)
         q = queue or self.pick(queues)
-        if self.accumulator is not None:
-            self.accumulator.flush_queue(q)
         conn = await self._inst().broker(q.broker_name)
+        if self.accumulator is not None:
+            self.accumulator.flush_queue(q, conn)
         conn.send_oneway(self._request(msg, q, msg.properties.get(UNIQ_KEY) or unique_ids.next()))
 
     async def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None,
@@ -410,7 +410,7 @@ class AsyncProducer:
         queues = await self.publish_queues(topic)
         q = queue or self.pick(queues)
         if self.accumulator is not None:
-            self.accumulator.flush_queue(q)
+            self.accumulator.flush_queue(q, await self._inst().broker(q.broker_name))
         cmd = RemotingCommand(RC.SEND_BATCH_MESSAGE, body=body, ext={
             "a": self.group, "b": topic, "c": self.config.create_topic_key,
             "d": str(self.config.default_topic_queue_nums), "e": str(q.queue_id), "f": "0",

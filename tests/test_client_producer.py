@@ -178,3 +178,209 @@ def test_select_by_hash_picks_the_queue_java_picks_in_every_process():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                              env={**__import__("os").environ, "PYTHONHASHSEED": seed})
         assert out.stdout.strip() == str(list(picks.values())), out.stderr
+
+
+# ---------------------------------------------------------------- pipelining, window, accumulator
+def _spy_requests(monkeypatch) -> list[tuple[int, bytes]]:
+    """(request code, frame) of every request a Connection sends, in order."""
+    from shmq.client.connection import Connection
+    sent = []
+    real = Connection.send_frame
+
+    def send_frame(self, opaque, frame, timeout, code=0):
+        sent.append((code, frame))
+        return real(self, opaque, frame, timeout, code)
+    monkeypatch.setattr(Connection, "send_frame", send_frame)
+    return sent
+
+
+def _by_position(broker, topic, queues=4):
+    """Every stored record of ``topic`` by (queue, offset), pulled page by page."""
+    from shmq.client.remoting import RemotingClient
+    from shmq.client.requests import decode_records, pull_message
+    from shmq.ipc.codes import ResponseCode
+    held = {}
+    with RemotingClient(broker.addr) as c:
+        for q in range(queues):
+            while True:
+                r = c.invoke(pull_message(topic, q, sum(k[0] == q for k in held), max_msgs=32))
+                page = decode_records(r.body) if r.code == ResponseCode.SUCCESS else []
+                if not page:
+                    break
+                held.update({(m.queue_id, m.queue_offset): m for m in page})
+    return held
+
+
+def _check_results(broker, topic, sent_bodies, results, queues=4):
+    """Each caller's SendResult names its own stored message: UNIQ_KEY, offsetMsgId,
+    queue and offset, and that message holds what this caller sent."""
+    held = _by_position(broker, topic, queues)
+    assert len(held) == len(sent_bodies)
+    for body, r in zip(sent_bodies, results):
+        m = held[(r.queue.queue_id, r.queue_offset)]
+        assert (m.body, m.properties["UNIQ_KEY"], m.offset_msg_id()) == (body, r.msg_id, r.offset_msg_id)
+        assert r.status is SendStatus.SEND_OK and r.queue.topic == topic
+
+
+def test_sends_pipeline_on_one_connection_without_a_task_each(broker, request, monkeypatch):
+    """64 callers sending 20 messages each through one producer: one broker
+    connection, never more than max_in_flight requests waiting, tasks only
+    for the callers (none per send), every caller its own result, and on one
+    queue the stored order is the order of the calls."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    sent = _spy_requests(monkeypatch)
+    bodies = {w: [b"w%d-%d" % (w, i) for i in range(20)] for w in range(64)}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        created = []
+        factory = loop.get_task_factory()
+
+        def count(loop, coro, **kw):
+            created.append(coro)
+            return factory(loop, coro, **kw) if factory else asyncio.Task(coro, loop=loop, **kw)
+        async with AsyncProducer("pg-pipe", namesrv_addr=broker.namesrv, max_in_flight=8) as p:
+            q = (await p.publish_queues(topic))[1]
+            conn = await p.instance.broker(q.broker_name)
+            most = []
+            real = conn.send_frame
+
+            def watched(*a, **kw):
+                fut = real(*a, **kw)
+                most.append(len(conn.pending))
+                return fut
+            conn.send_frame = watched
+            loop.set_task_factory(count)
+
+            async def caller(w):
+                return [await p.send(Message(topic, b), queue=q) for b in bodies[w]]
+            tasks = [loop.create_task(caller(w)) for w in range(64)]
+            results = await asyncio.gather(*tasks)
+            loop.set_task_factory(factory)
+            conns = [c for a, c in p.instance.conns.items() if a != broker.namesrv and not c.closed]
+            return results, max(most), len(created), len(conns)
+
+    results, most, tasks, conns = asyncio.run(main())
+    assert conns == 1 and most <= 8 and tasks <= 64 + 4, (conns, most, tasks)
+    assert sum(code == 310 for code, _ in sent) == 64 * 20        # SEND_MESSAGE_V2, one each
+    flat_bodies = [b for w in range(64) for b in bodies[w]]
+    flat_results = [r for rs in results for r in rs]
+    _check_results(broker, topic, flat_bodies, flat_results)
+    for rs in results:                                  # one caller's sends: in its order
+        assert [r.queue_offset for r in rs] == sorted(r.queue_offset for r in rs)
+
+
+def test_a_closed_connection_fails_every_pending_send_at_once(tmp_path):
+    """Sends waiting on a broker that stops answering (SIGSTOP) and then dies
+    (SIGKILL) fail as soon as the connection closes, with an error naming
+    it, not after their 60 s timeout; later sends fail at once too."""
+    import os
+    import signal
+    from shmq.client.connection import RemotingError
+    b = start_broker(tmp_path)
+    try:
+        topic = make_topic(b, "C_closed")
+
+        async def main():
+            async with AsyncProducer("pg-closed", namesrv_addr=b.namesrv) as p:
+                q = (await p.publish_queues(topic))[0]
+                assert (await p.send(Message(topic, b"first"), queue=q)).status is SendStatus.SEND_OK
+                conn = await p.instance.broker(q.broker_name)
+                os.killpg(b.proc.pid, signal.SIGSTOP)
+                sends = [asyncio.ensure_future(p.send(Message(topic, b"x%d" % i), queue=q, timeout=60))
+                         for i in range(40)]
+                while len(conn.pending) < 40:
+                    await asyncio.sleep(0.01)
+                os.killpg(b.proc.pid, signal.SIGKILL)
+                async with asyncio.timeout(30):                # a hang guard, not a timing
+                    errors = await asyncio.gather(*sends, return_exceptions=True)
+                with pytest.raises(RemotingError):
+                    conn.send_frame(1, b"", 1.0)
+                return errors, conn.closed
+        errors, closed = asyncio.run(main())
+        assert closed
+        assert all(isinstance(e, RemotingError) and "closed" in str(e) and "within" not in str(e)
+                   for e in errors), errors[:3]
+    finally:
+        b.kill9()
+
+
+def test_the_accumulator_turns_single_sends_into_batches(broker, request, monkeypatch):
+    """linger_ms: 100 concurrent single sends leave as a few SEND_BATCH_MESSAGE
+    requests; every caller still gets the SendResult of its own message, and
+    the broker holds each message once with what its caller sent."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    sent = _spy_requests(monkeypatch)
+    msgs = [Message(topic, b"acc-%d" % i, tags="T%d" % (i % 3), keys=["k%d" % i, "x"],
+                    properties={"n": str(i), "uni": "é日"}) for i in range(100)]
+
+    async def main():
+        async with AsyncProducer("pg-acc", namesrv_addr=broker.namesrv, linger_ms=200) as p:
+            return await asyncio.gather(*[p.send(m) for m in msgs]), p.accumulator.requests
+    results, batches = asyncio.run(main())
+    codes = [code for code, _ in sent]
+    assert 1 <= codes.count(320) == batches < 100 and codes.count(310) <= 1, codes   # SEND_BATCH
+    _check_results(broker, topic, [m.body for m in msgs], results)
+    held = _by_position(broker, topic)
+    for m, r in zip(msgs, results):
+        s = held[(r.queue.queue_id, r.queue_offset)]
+        assert (s.tags, s.keys, s.properties["n"], s.properties["uni"]) == (m.tags, m.keys, m.properties["n"], "é日")
+
+
+def test_the_accumulator_keeps_a_chosen_queues_order(broker, request):
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    bodies = [b"ord-%d" % i for i in range(60)]
+
+    async def main():
+        async with AsyncProducer("pg-acc-ord", namesrv_addr=broker.namesrv, linger_ms=50,
+                                 batch_max_bytes=1000) as p:        # several batches of the queue
+            return await asyncio.gather(*[p.send(Message(topic, b), selector=select_by_hash, arg="o")
+                                          for b in bodies])
+    results = asyncio.run(main())
+    assert len({r.queue for r in results}) == 1
+    assert [r.queue_offset for r in results] == list(range(results[0].queue_offset, results[0].queue_offset + 60))
+    _check_results(broker, topic, bodies, results)
+
+
+def test_too_big_and_delayed_messages_go_alone(broker, request, monkeypatch):
+    """A message whose batch entry is over batch_max_bytes, a delayed one and
+    one sent in a transaction are never batched; the rest still are."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    sent = _spy_requests(monkeypatch)
+    small = [Message(topic, b"s%d" % i) for i in range(20)]
+    big = Message(topic, b"B" * 600)                       # < compress threshold, > batch_max_bytes
+    delayed = Message(topic, b"later", delay_level=1)
+
+    async def main():
+        async with AsyncProducer("pg-alone", namesrv_addr=broker.namesrv, linger_ms=200,
+                                 batch_max_bytes=500) as p:
+            return await asyncio.gather(*[p.send(m) for m in [*small[:10], big, delayed, *small[10:]]])
+    results = asyncio.run(main())
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    alone = [frame for code, frame in sent if code == 310]
+    assert sum(b"B" * 600 in f for f in alone) == 1 and sum(b"later" in f for f in alone) == 1
+    batched = [frame for code, frame in sent if code == 320]
+    assert batched and not any(b"B" * 600 in f or b"later" in f for f in batched)
+    assert sum(f.count(b"UNIQ_KEY") for f in batched) + len(alone) == 22
+    held = _by_position(broker, topic)
+    r_big = results[10]
+    assert held[(r_big.queue.queue_id, r_big.queue_offset)].body == big.body
+    assert not any(m.body == b"later" for m in held.values())      # in the delay queue for now
+
+
+def test_the_send_frame_template_writes_what_encode_writes():
+    """SendTemplate's frames are byte for byte ipc.remoting.encode's."""
+    from shmq.client.requests import SendTemplate
+    from shmq.ipc.codes import RequestCode as RC
+    from shmq.ipc.remoting import RemotingCommand, encode
+    t = SendTemplate('g"r\\oup', "Topic_1", "TBW102", 8)
+    for batch, props, body in ((False, "TAGS\x01a\x02UNIQ_KEY\x01AB\x02u\x01é日", b"x" * 33), (True, "", b"\x00\x01")):
+        cmd = RemotingCommand(RC.SEND_BATCH_MESSAGE if batch else RC.SEND_MESSAGE_V2, opaque=991, body=body,
+                              ext={"a": 'g"r\\oup', "b": "Topic_1", "c": "TBW102", "d": "8", "e": "3",
+                                   "f": "1", "g": "1700000000123", "h": "7", "i": props, "j": "0",
+                                   "k": "false", "m": "true" if batch else "false"})
+        assert t.frame(991, 3, 1, 1700000000123, 7, props, body, batch) == encode(cmd)
