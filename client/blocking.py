@@ -96,6 +96,12 @@ class Producer(_Blocking):
     def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None) -> SendResult:
         return self._run(self._p.send_batch(msgs, queue))
 
+    def flush(self) -> None:
+        """Send what the accumulator holds now (``linger_ms`` > 0)."""
+        async def flush() -> None:
+            self._p.flush()
+        self._run(flush())
+
 
 class TransactionProducer(Producer):
     """TransactionMQProducer: ``send_message_in_transaction(msg, arg)``; the

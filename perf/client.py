@@ -1,11 +1,23 @@
 """shmq's Python client against the real C++-core client, same broker, same run.
 
-- client_send_async: ``AsyncProducer.send`` of 100-byte messages, WINDOW in
-  flight (asyncio tasks) — msg/s; beside it the raw request/response rate
-  on the same transport (the limit) and the C++ core (PyPI
-  ``rocketmq==0.4.4``) doing ``send_async`` with the same window, when
-  that wheel is installed (``pip install -e '.[compat]'``, as the README's
-  test command does) — the target is not slower than the native client.
+- client_send_async: ``AsyncProducer.send`` of 100-byte messages, one per
+  call, WINDOW in flight (WINDOW caller tasks awaiting ``send`` in a loop,
+  ``max_in_flight`` = WINDOW: no task per send) — msg/s and the client's
+  CPU per send; beside it the raw request/response rate on the same
+  transport (the limit) and the C++ core (PyPI ``rocketmq==0.4.4``) doing
+  ``send_async`` with the same window, when that wheel is installed
+  (``pip install -e '.[compat]'``, as the README's test command does) — the
+  target is not slower than the native client.
+- client_send_accumulated: the same sends with the accumulator on
+  (``linger_ms`` = LINGER_MS, ``batch_max_bytes`` 16 KiB): single sends
+  leave as SEND_BATCH_MESSAGE, each caller still awaiting its own result.
+  Both lines carry what a user could pick instead on this host, measured in
+  the same run with 100-byte messages: ``multiprocessing.Queue`` (one
+  process puts, this one gets), pyzmq PUSH/PULL over ipc:// and NATS core
+  publish/subscribe (``nats-py`` and a ``nats-server`` on the PATH) — each
+  where installed, else a note says what is missing. None of them is
+  durable or acknowledged. Issue 14's targets: >= 100 k msg/s, >= 500 k
+  with the accumulator, on 2 cores.
 - client_send_batch: ``send_batch`` of 16 × 100 B — msg/s, C++
   ``send_batch`` of the same beside it (librocketmq 1.x fails batches of
   24 or more of these locally, before sending), and shmq's with 256.
@@ -34,6 +46,7 @@ from shmq.client import AsyncProducer, ClientConfig, Message, SendStatus
 from shmq.client.remoting import RemotingClient
 
 WINDOW = 64
+LINGER_MS = 5
 BODY = b"x" * 100
 
 
@@ -59,23 +72,172 @@ def _route_ready(b: Broker | NamedBroker, topic: str) -> None:
             time.sleep(0.05)
 
 
-async def _shmq_send(namesrv: str, topic: str, seconds: float, unix: bool, batch: int) -> float:
+async def _shmq_send(namesrv: str, topic: str, seconds: float, unix: bool, batch: int,
+                     linger_ms: float = 0) -> float:
+    """msg/s (and, for single sends, ``_LAST_CPU_US``: the client's CPU per send)."""
     cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, instance_name=f"perf-{unix}")
-    async with AsyncProducer("perf-client", client=cfg) as p:
+    async with AsyncProducer("perf-client", client=cfg, max_in_flight=WINDOW, linger_ms=linger_ms) as p:
         sent = 0
         msgs = [Message(topic, BODY) for _ in range(batch)]
         await p.send(msgs[0])                                # route, connection, heartbeat
+        if batch == 1:
+            return await _single_sends(p, topic, seconds)
         t0 = time.perf_counter()
         end = t0 + seconds
         while time.perf_counter() < end:
-            if batch == 1:
-                rs = await asyncio.gather(*[p.send(Message(topic, BODY)) for _ in range(WINDOW)])
-            else:
-                rs = await asyncio.gather(*[p.send_batch(msgs) for _ in range(max(1, WINDOW // batch))])
+            rs = await asyncio.gather(*[p.send_batch(msgs) for _ in range(max(1, WINDOW // batch))])
             if any(r.status is not SendStatus.SEND_OK for r in rs):
                 raise AssertionError(f"a send was answered {[r.status for r in rs]}")
             sent += batch * len(rs)
         return sent / (time.perf_counter() - t0)
+
+
+_LAST_CPU_US: list[float] = [0.0]
+
+
+async def _single_sends(p: AsyncProducer, topic: str, seconds: float) -> float:
+    """WINDOW callers, each awaiting one ``send`` after another until the time
+    is up. Checks: every answer SEND_OK, and every message got a position of
+    its own (queue, offset) — none lost or answered twice."""
+    places: set[tuple[int, int]] = set()
+    answered = [0]
+    end = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        while time.perf_counter() < end:
+            r = await p.send(Message(topic, BODY))
+            if r.status is not SendStatus.SEND_OK:
+                raise AssertionError(f"a send was answered {r.status}")
+            places.add((r.queue.queue_id, r.queue_offset))
+            answered[0] += 1
+    t0, c0 = time.perf_counter(), time.process_time()
+    await asyncio.gather(*[caller() for _ in range(WINDOW)])
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if len(places) != answered[0]:
+        raise AssertionError(f"{answered[0]} answers name {len(places)} distinct positions")
+    _LAST_CPU_US[0] = cpu / max(1, answered[0]) * 1e6
+    return answered[0] / dt
+
+
+# ---------------------------------------------------------------- peers a user could pick instead
+_PEER_N = 200_000
+
+
+def _mp_queue(n: int) -> float:
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    q = ctx.Queue(maxsize=10_000)
+    p = ctx.Process(target=_mp_put, args=(q, n), daemon=True)
+    p.start()
+    q.get()                                               # the producer is running
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if len(q.get()) != len(BODY):
+            raise AssertionError("multiprocessing.Queue handed back another message")
+    rate = n / (time.perf_counter() - t0)
+    p.join(10)
+    return rate
+
+
+def _mp_put(q, n: int) -> None:
+    q.put(BODY)
+    for _ in range(n):
+        q.put(BODY)
+
+
+def _zmq_ipc(n: int, scratch: str) -> float:
+    import zmq
+    addr = f"ipc://{scratch}/perf-zmq-{os.getpid()}"
+    code = textwrap.dedent(f'''
+        import sys, zmq
+        s = zmq.Context().socket(zmq.PUSH); s.connect({addr!r})
+        s.send(b"go")
+        for _ in range({n}): s.send({BODY!r})
+        s.close(linger=-1)
+    ''')
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(addr)
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        pull.recv()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if len(pull.recv()) != len(BODY):
+                raise AssertionError("pyzmq handed back another message")
+        return n / (time.perf_counter() - t0)
+    finally:
+        proc.wait(30)
+        pull.close(0)
+        ctx.term()
+
+
+def _nats_core(n: int) -> float:
+    import shutil
+    import socket
+
+    import nats                                            # noqa: F401  (nats-py)
+    server = shutil.which("nats-server")
+    if server is None:
+        raise ImportError("no nats-server on the PATH")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "-a", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def run() -> float:
+        import nats as natslib
+        for _ in range(100):
+            try:
+                nc = await natslib.connect(f"nats://127.0.0.1:{port}")
+                break
+            except Exception:                              # the server is still starting
+                await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError("nats-server did not start")
+        got, done = [0], asyncio.Event()
+
+        async def on(msg) -> None:
+            got[0] += 1
+            if got[0] == n:
+                done.set()
+        await nc.subscribe("perf", cb=on)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await nc.publish("perf", BODY)
+        await asyncio.wait_for(done.wait(), 120)
+        rate = n / (time.perf_counter() - t0)
+        await nc.close()
+        return rate
+    try:
+        return asyncio.run(run())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def peers(ctx) -> dict:
+    """msg/s of the peers on this host (once per run), or why one is missing."""
+    if "client_peers" in ctx.shared:
+        return ctx.shared["client_peers"]
+    n = _PEER_N // 4 if ctx.quick else _PEER_N
+    out: dict = {"peer_messages": n}
+    notes = []
+    out["mp_queue"] = round(_mp_queue(n))
+    try:
+        out["pyzmq_ipc"] = round(_zmq_ipc(n, ctx.scratch))
+    except ImportError as e:
+        out["pyzmq_ipc"] = None
+        notes.append(f"pyzmq not measured: {e}")
+    try:
+        out["nats_core"] = round(_nats_core(n))
+    except ImportError as e:
+        out["nats_core"] = None
+        notes.append(f"NATS core not measured: {e}")
+    out["peer_note"] = "; ".join(notes) or None
+    ctx.shared["client_peers"] = out
+    return out
 
 
 _CPP = textwrap.dedent('''
@@ -136,12 +298,27 @@ def run_send(ctx, result):
         extra = {}
         if batch > 1:
             extra["batch_256"] = round(asyncio.run(_shmq_send(ns, topic, seconds, False, 256)))
+        else:
+            cpu_tcp = _LAST_CPU_US[0]
+            extra.update(peers(ctx), client_cpu_us_per_send=round(cpu_tcp, 2), target=100_000)
         yield result(name, tcp, "msg/s", rt["rate"],
                      "raw request/response round trip (tcp, one in flight)",
                      unix_socket=round(unix) if unix else None, cpp_client=round(cpp) if cpp else None,
                      vs_cpp=round(tcp / cpp, 3) if cpp else None,
                      note=None if cpp else "rocketmq==0.4.4 not installed (pip install -e '.[compat]'): no C++ comparison",
                      window=WINDOW, batch=batch, body_bytes=100, **extra)
+        if batch == 1:
+            yield from _accumulated(ctx, result, b, ns, topic, seconds, rt)
+
+
+def _accumulated(ctx, result, b, ns: str, topic: str, seconds: float, rt: dict):
+    unix = "unix" in b.transports
+    rate = asyncio.run(_shmq_send(ns, topic, seconds, unix, 1, linger_ms=LINGER_MS))
+    yield result("client_send_accumulated", rate, "msg/s", rt["rate"],
+                 "raw request/response round trip (tcp, one in flight)",
+                 transport="unix" if unix else "tcp", client_cpu_us_per_send=round(_LAST_CPU_US[0], 2),
+                 window=WINDOW, linger_ms=LINGER_MS, batch_max_bytes=16 * 1024, body_bytes=100,
+                 target=500_000, **peers(ctx))
 
 
 
