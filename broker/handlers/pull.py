@@ -32,6 +32,7 @@ PULL_STATUS_CODE = {
     GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
 }
 SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
+PULL_TOPICS_CACHED = 4096    # (group, topic) pairs whose pull checks are remembered
 
 
 def pull(b: Broker, peer: Peer, cmd: RemotingCommand):
@@ -50,17 +51,7 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     max_msgs = h.int("maxMsgNums")
     sysflag = h.int("sysFlag")
     c = b.config
-    if not b.tables.broker_permission() & PERM_READ:
-        raise BadRequest(R.NO_PERMISSION, f"the broker[{c.brokerName}] pulling "
-                                          f"message is forbidden")
-    if b.tables.group(group, c.autoCreateSubscriptionGroup) is None:
-        raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST,
-                         f"subscription group [{group}] does not exist")
-    tc = b.tables.topics.get(topic)
-    if tc is None:
-        raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-    if not tc["perm"] & PERM_READ:
-        raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+    tc = _topic_for_pull(b, group, topic)
     if not 0 <= qid < int(tc["readQueueNums"]):
         raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
                                          f"topicConfig.readQueueNums:[{tc['readQueueNums']}]")
@@ -102,6 +93,33 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     return Reply(reply, parts, nbytes)
 
 
+def _topic_for_pull(b: Broker, group: str, topic: str) -> dict:
+    """The topic's config if ``group`` may pull it here (NO_PERMISSION,
+    SUBSCRIPTION_GROUP_NOT_EXIST, TOPIC_NOT_EXIST otherwise), remembered
+    until the tables change (config_epoch), as a send's checks are."""
+    epoch = b.store.state.get("config_epoch")
+    key = (group, topic)
+    hit = b.pull_topics.get(key)
+    if hit is not None and hit[0] == epoch:
+        return hit[1]
+    c = b.config
+    if not b.tables.broker_permission() & PERM_READ:
+        raise BadRequest(R.NO_PERMISSION, f"the broker[{c.brokerName}] pulling "
+                                          f"message is forbidden")
+    if b.tables.group(group, c.autoCreateSubscriptionGroup) is None:
+        raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST,
+                         f"subscription group [{group}] does not exist")
+    tc = b.tables.topics.get(topic)
+    if tc is None:
+        raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+    if not tc["perm"] & PERM_READ:
+        raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+    if len(b.pull_topics) >= PULL_TOPICS_CACHED:
+        b.pull_topics.clear()
+    b.pull_topics[key] = (b.store.state.get("config_epoch"), tc)
+    return tc
+
+
 def _sql_filtered(b: Broker, r: GetResult, sql: Sql92Filter, topic: str, qid: int,
                   max_msgs: int) -> GetResult:
     """Keep the records whose properties match ``sql``, reading on while
@@ -135,6 +153,13 @@ def _body_parts(b: Broker, phys: np.ndarray, sizes: np.ndarray) -> tuple[list, i
     cl = b.store.cl
     seg = b.seg_bytes
     big = b.config.transferSendfileMinBytes
+    total = sum(s)
+    start = p[0] if n else 0
+    if n and p[-1] + s[-1] - start == total:   # back to back in one segment: one range
+        base = start - start % seg
+        if total >= big:
+            return [FileRange(cl.handle(base).fd, start - base, total)], total
+        return [memoryview(cl.view(start, total))], total
     total = 0
     i = 0
     while i < n:
