@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from .connection import RemotingError
 from .instance import MQClientError
-from .message import Message, MessageQueue, SendResult
+from .message import Message, MessageQueue
 from .requests import batch_entry
 
 if TYPE_CHECKING:
