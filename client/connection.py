@@ -1,6 +1,7 @@
 """One asyncio remoting connection to a broker or a NameServer.
 
-Owns one socket (an ``asyncio.Protocol``, no stream reader task) and the
+Owns one socket (an ``asyncio.BufferedProtocol`` reading into one buffer
+of its own, no stream reader task) and the
 table of requests waiting for their answer. Never retries, never picks a
 broker: that is the producer's and the consumer's business.
 
@@ -54,7 +55,10 @@ class RemotingError(Exception):
     """A request that got no usable answer: timeout, closed connection."""
 
 
-class Connection(asyncio.Protocol):
+RECV_BYTES = 256 * 1024
+
+
+class Connection(asyncio.BufferedProtocol):
     def __init__(self, addr: str, on_request: OnRequest | None):
         self.addr = addr
         self.on_request = on_request
@@ -64,6 +68,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder()
+        self._recv_view = memoryview(bytearray(RECV_BYTES))   # asyncio reads into it
         self._out: list[bytes] = []            # frames queued this loop turn
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -164,7 +169,17 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    # asyncio reads into our buffer (BufferedProtocol): with plain
+    # data_received it reads with recv(256 KiB), an allocation above glibc's
+    # mmap threshold per read (mmap, page faults, munmap) that cost more
+    # than decoding the replies it carried.
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._recv_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._recv_view[:nbytes])
+
+    def data_received(self, data) -> None:
         decoder, pending = self._decoder, self.pending
         try:
             decoder.receive_data(data)
