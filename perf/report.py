@@ -20,6 +20,13 @@ PEERS = {
     "redis_always_same_load": ("Redis appendfsync always, same load", "over_redis"),
     "cpp_client": ("C++ core client (rocketmq 0.4.4), same load", "vs_cpp"),
 }
+# further peers a line may carry (what a user could pick instead, same host,
+# same messages, none of them durable), shown after the first
+ALSO = {
+    "mp_queue": "multiprocessing.Queue",
+    "pyzmq_ipc": "pyzmq PUSH/PULL ipc",
+    "nats_core": "NATS core",
+}
 
 
 def num(v: float) -> str:
@@ -58,6 +65,10 @@ def cells(line: dict) -> dict[str, str]:
                 out["peer"] = figure(line[field], unit)
                 out["peer_name"] = name + (f"; ÷ peer {line[over]:.3g}" if line.get(over) else "")
             break
+    also = [f"{name} {figure(line[f], unit)}" if line[f] is not None else f"{name}: not installed"
+            for f, name in ALSO.items() if f in line]
+    if also:
+        out["peer_name"] = "; ".join(filter(None, [out["peer_name"], "also " + ", ".join(also)]))
     return out
 
 
