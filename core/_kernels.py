@@ -439,6 +439,9 @@ def scan_records(buf, start, end, phy_base, check_crc, t, tags_key, out):
     message magic; the field lengths add up to TOTALSIZE; the topic is 1..127
     bytes; PHYSICALOFFSET equals its own position; and (if check_crc) BODYCRC
     matches. A blank record is valid only if it runs exactly to the segment end.
+    A PAD record (``layout``: a claimed range never finished) that is whole is
+    skipped without a row, like a record no reader wants; one that is not is
+    corrupt. (Recovery finds the pads it needs in the gaps between rows.)
     """
     n, pos, status = _scan_headers(buf, start, end, phy_base, tags_key, out)
     if check_crc:
@@ -460,6 +463,18 @@ def _first_bad_crc(buf, out, n, phy_base, t):
     return n
 
 
+@njit(inline="always", **_JIT)
+def _pad_ok(buf, pos, size, end, phy_base):
+    """Is the PAD record (``layout``) at ``pos`` whole: it fits before ``end``,
+    names its own position, a topic of 1..127 bytes and no negative count?"""
+    if size < L.PAD_FIXED_BYTES + 1 or pos + size > end:
+        return False
+    tlen = np.int64(buf[pos + L.PAD_OFF_TOPIC])
+    return (ld_i64(buf, pos + L.PAD_OFF_PHYSICALOFFSET) == phy_base + pos
+            and 1 <= tlen <= L.TOPIC_BYTES_MAX and size >= L.PAD_FIXED_BYTES + tlen
+            and ld_i32(buf, pos + L.PAD_OFF_UNITS) >= 0)
+
+
 @njit(**_JIT)
 def _scan_headers(buf, start, end, phy_base, tags_key, out):
     """scan_records without the body CRCs."""
@@ -478,6 +493,11 @@ def _scan_headers(buf, start, end, phy_base, tags_key, out):
             if pos + size == seg_bytes:
                 return n, pos, SCAN_BLANK
             return n, pos, SCAN_CORRUPT
+        if magic == L.PAD_MAGIC_I32:   # a claimed range never finished: no record, skip it
+            if not _pad_ok(buf, pos, size, end, phy_base):
+                return n, pos, SCAN_CORRUPT
+            pos += size
+            continue
         if magic == MESSAGE_MAGIC_V2_I32:
             return n, pos, SCAN_FOREIGN
         if magic != L.MESSAGE_MAGIC_I32:

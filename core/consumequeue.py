@@ -14,12 +14,15 @@ system call); which units are published is decided by the queue table in
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 
 from . import _kernels as K
 from .files import FileLayer, Handle
 from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, offset_to_file_name
+
+_UNIT = struct.Struct(">qiq")   # layout.CQ_UNIT_DTYPE
 
 # A tag filter that matches everything ("*").
 ALL_TAGS = np.zeros(0, dtype=np.int64)
@@ -108,6 +111,22 @@ class ConsumeQueues:
             first_offset += n
             start += n
             count -= n
+
+    def put_one(self, topic: str, queue_id: int, offset: int, phy: int, size: int,
+                tags_code: int) -> None:
+        """Write one unit (a single send: no arrays, no kernel call)."""
+        fi, rel = divmod(offset, self.units_per_file)
+        h = self._open.get((topic, queue_id, fi))
+        cq = h.array if h is not None else self.mapped(topic, queue_id, fi, create=True)
+        _UNIT.pack_into(cq, rel * CQ_UNIT_BYTES, phy, size, tags_code)
+
+    def put_padding(self, topic: str, queue_id: int, first_offset: int, count: int) -> None:
+        """Padding units (RocketMQ's fillPreBlank: size Integer.MAX_VALUE, the
+        rest 0) at queue offsets [first_offset, first_offset + count): readers
+        skip them, recovery keeps them, the offsets are never handed out again."""
+        zeros = np.zeros(count, dtype=np.int64)
+        self.put(topic, queue_id, first_offset, zeros, np.full(count, K.CQ_PAD_SIZE, np.int64),
+                 zeros, 0, count)
 
     def unit(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int] | None:
         fi, rel = divmod(offset, self.units_per_file)

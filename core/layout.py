@@ -29,6 +29,23 @@ and shifts every later field)::
 The end of a segment is marked by a BLANK record: TOTALSIZE = bytes left in the
 segment, MAGICCODE = 0xCBD43194; the rest of the segment is left as is.
 
+A PAD record (a shmq extension: RocketMQ has none) fills a CommitLog range
+that an appender claimed and never finished (it died, or its write failed)
+while later claims were written after it (``store`` module: claim, write,
+publish). Every scanner skips it as it would a record without a ConsumeQueue
+unit; its queue offsets are padding units (size ``CQ_PAD_SIZE``) that pulls
+skip, and recovery rewrites them from the fields below::
+
+    off  size  field
+      0     4  TOTALSIZE            int32, the whole range (>= 33 + topic)
+      4     4  MAGICCODE            int32, 0x53484D51 ("SHMQ")
+      8     8  PHYSICALOFFSET       int64, its own position (checked like a record's)
+     16     4  QUEUEID              int32
+     20     8  QUEUEOFFSET          int64, the first queue offset of the range
+     28     4  UNITS                int32, queue offsets it holds (padding units)
+     32   1+t  TOPICLENGTH (int8, 1..127) + TOPIC
+         rest  zeros
+
 ConsumeQueue unit, 20 bytes, numpy dtype ``CQ_UNIT_DTYPE``::
 
     off size field
@@ -38,6 +55,9 @@ ConsumeQueue unit, 20 bytes, numpy dtype ``CQ_UNIT_DTYPE``::
 """
 from __future__ import annotations
 
+import struct
+from dataclasses import dataclass
+
 import numpy as np
 
 MESSAGE_MAGIC = 0xDAA320A7
@@ -45,6 +65,14 @@ BLANK_MAGIC = 0xCBD43194
 MESSAGE_MAGIC_I32 = MESSAGE_MAGIC - (1 << 32)   # -626843481, as Java sees it
 BLANK_MAGIC_I32 = BLANK_MAGIC - (1 << 32)       # -875286124
 END_FILE_MIN_BLANK_BYTES = 8
+PAD_MAGIC = 0x53484D51                          # "SHMQ": a claimed range never finished
+PAD_MAGIC_I32 = PAD_MAGIC                       # positive as an int32
+PAD_OFF_PHYSICALOFFSET = 8
+PAD_OFF_QUEUEID = 16
+PAD_OFF_QUEUEOFFSET = 20
+PAD_OFF_UNITS = 28
+PAD_OFF_TOPIC = 32                              # TOPICLENGTH, then the topic
+PAD_FIXED_BYTES = 33
 
 # Field offsets for the IPv4/IPv4 record.
 OFF_TOTALSIZE = 0
@@ -127,6 +155,42 @@ def string_to_properties(s: str) -> dict[str, str]:
         if sep and k and v:
             out[k] = v
     return out
+
+
+@dataclass(frozen=True)
+class Pad:
+    """The fields of a PAD record."""
+    phy_offset: int
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    units: int
+
+
+_PAD_HEAD = struct.Struct(">iIqiqiB")
+
+
+def pad_header(pad: Pad) -> bytes:
+    """The first bytes of a PAD record (the rest of its range is zeros)."""
+    tb = pad.topic.encode()
+    assert 0 < len(tb) <= TOPIC_BYTES_MAX and pad.size >= PAD_FIXED_BYTES + len(tb), pad
+    return _PAD_HEAD.pack(pad.size, PAD_MAGIC, pad.phy_offset, pad.queue_id, pad.queue_offset,
+                          pad.units, len(tb)) + tb
+
+
+def read_pad(data, pos: int, phy_base: int = 0) -> Pad:
+    """The PAD record at ``pos`` of ``data`` (bytes or uint8 array; its
+    CommitLog offset is ``phy_base + pos``). ValueError if it is not one."""
+    head = bytes(data[pos:pos + PAD_FIXED_BYTES + TOPIC_BYTES_MAX])
+    if len(head) < PAD_FIXED_BYTES:
+        raise ValueError(f"no PAD record at {phy_base + pos}: the buffer ends")
+    size, magic, phy, qid, qoff, units, tlen = _PAD_HEAD.unpack_from(head)
+    if (magic != PAD_MAGIC or phy != phy_base + pos or not 0 < tlen <= TOPIC_BYTES_MAX
+            or size < PAD_FIXED_BYTES + tlen or units < 0):
+        raise ValueError(f"no PAD record at {phy_base + pos}")
+    topic = head[PAD_FIXED_BYTES:PAD_FIXED_BYTES + tlen].decode("utf-8", "replace")
+    return Pad(phy, size, topic, qid, qoff, units)
 
 
 def java_string_hash(s: str) -> int:

@@ -26,6 +26,10 @@ the checkpoint.
    without a usable checkpoint (or with the consumequeue directory missing).
    Validate every record (``_kernels.scan_records``: magic, sizes, topic,
    physical offset, body CRC). The first invalid record, or zeros, is the end.
+   PAD records (claims an appender never finished, padded by a repair:
+   ``store`` module) are skipped by the kernel; recovery finds them in the
+   gaps between the rows and rewrites their queue offsets as padding units.
+   A claim nobody finished lies past the published end: a torn write.
 3. Truncate: zero the bytes past the end in its segment, delete later segments.
 4. Every queue keeps its units that point wholly below the scan start. The
    records scanned are re-dispatched: their units are rewritten (counted as
@@ -56,6 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels as K
+from . import layout as L
 from .checkpoint import Checkpoint, abort_path
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -131,6 +136,7 @@ class RecoveryReport:
     flushed_lost_bytes: int = 0          # checkpointed-durable bytes not found (disk damage)
     segments_repaired: list[SegmentRepair] = field(default_factory=list)  # short segments extended
     records_lost: int = 0                # records counted missing (middle segment repairs)
+    pads: int = 0                        # PAD records scanned (claims a dead appender left)
     cq_files_rebuilt: list[str] = field(default_factory=list)  # ConsumeQueue files of a wrong size
     seconds: float = 0.0
 
@@ -140,6 +146,9 @@ class RecoveryReport:
              f"stopped at {self.stop_reason}; truncated {self.bytes_truncated} bytes, "
              f"deleted {len(self.segments_deleted)} segments; ConsumeQueue units rebuilt "
              f"{self.units_rebuilt}, dropped {self.units_dropped}")
+        if self.pads:
+            s += (f"; {self.pads} PAD records (appends a process never finished; their queue "
+                  f"offsets are skipped)")
         if self.full_redispatch:
             s += "; ConsumeQueues were incomplete: re-dispatched the whole CommitLog"
         if self.flushed_lost_bytes:
@@ -207,7 +216,8 @@ def recover(config: StoreConfig, files: FileLayer,
             rep.full_redispatch = bool(repaired_middle)
         kept = _kept_extents(cqs, cl_min, scan_from)
         dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle)
-        end, last_ts = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep, dispatch.chunk)
+        end, last_ts = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep, dispatch.chunk,
+                             dispatch.pad)
         if ckpt is not None and ckpt.cl_flushed > end:
             rep.flushed_lost_bytes = ckpt.cl_flushed - end
         _truncate(cl, segs, end, rep)
@@ -219,7 +229,8 @@ def recover(config: StoreConfig, files: FileLayer,
             scan_from = segs[0]
             kept = _kept_extents(cqs, cl_min, scan_from)
             dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle)
-            _scan(cl, segs, scan_from, config.checkCRCOnRecover, RecoveryReport(), dispatch.chunk)
+            _scan(cl, segs, scan_from, config.checkCRCOnRecover, RecoveryReport(), dispatch.chunk,
+                  dispatch.pad)
         dispatched = dispatch.new_max
         rep.scan_from, rep.end, rep.min_offset = scan_from, end, cl_min
         queues = _finish_queues(cqs, kept, dispatched, cl_min, end, rep)
@@ -361,9 +372,10 @@ def _count_lost(rep: RecoveryReport, dispatch: "_Dispatcher") -> None:
 
 
 def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
-          rep: RecoveryReport, on_rows) -> tuple[int, int]:
+          rep: RecoveryReport, on_rows, on_pad=None) -> tuple[int, int]:
     """Validate from ``scan_from``, handing each chunk of rows to
-    ``on_rows(buf, rows)`` (rows are only valid during the call); returns
+    ``on_rows(buf, rows)`` (rows are only valid during the call) and each
+    PAD record, in CommitLog order among them, to ``on_pad(pad)``; returns
     (end, store timestamp of the last record)."""
     out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
     last_ts = 0
@@ -372,10 +384,11 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
         buf = cl.map(s)
         pos = 0
         while True:
+            begin = pos
             n, pos, status = K.scan_records(buf, pos, buf.shape[0], s, check_crc, K.CRC_TABLES,
                                             _TAGS_KEY, out)
+            _emit(buf, s, out[:n], begin, pos, on_rows, on_pad, rep)
             if n:
-                on_rows(buf, out[:n])
                 last_ts = int(out[n - 1, K.S_STORE_TS])
                 rep.records_scanned += n
             if status != K.SCAN_FULL:
@@ -391,6 +404,38 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
         rep.stop_reason = "end" if status == K.SCAN_END else f"corrupt record at {s + pos}"
         break
     return end, last_ts
+
+
+def _emit(buf: np.ndarray, base: int, rows: np.ndarray, begin: int, stop: int, on_rows, on_pad,
+          rep: RecoveryReport) -> None:
+    """Hand on, in CommitLog order, the rows scan_records found in
+    buf[begin:stop] and the PAD records it skipped: whatever lies before a
+    row that does not start where the one before it ended (or ``begin``), and
+    after the last row, is pads, since the kernel skips nothing else."""
+    n = rows.shape[0]
+    if n == 0:
+        _pads(buf, base, begin, stop, on_pad, rep)
+        return
+    at = rows[:, K.S_PHY] - base
+    ends = at + rows[:, K.S_SIZE]
+    prev = np.concatenate(([begin], ends[:-1]))
+    first = 0
+    for c in np.flatnonzero(at != prev).tolist():
+        if c > first:
+            on_rows(buf, rows[first:c])
+        _pads(buf, base, int(prev[c]), int(at[c]), on_pad, rep)
+        first = c
+    on_rows(buf, rows[first:])
+    _pads(buf, base, int(ends[-1]), stop, on_pad, rep)
+
+
+def _pads(buf: np.ndarray, base: int, pos: int, stop: int, on_pad, rep: RecoveryReport) -> None:
+    while pos < stop:
+        pad = L.read_pad(buf, pos, base)   # scan_records skips nothing but whole pads
+        rep.pads += 1
+        if on_pad is not None:
+            on_pad(pad)
+        pos += pad.size
 
 
 def _truncate(cl: CommitLog, segs: list[int], end: int, rep: RecoveryReport) -> None:
@@ -472,17 +517,7 @@ class _Dispatcher:
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             key = (self.topics[int(th[a])], int(qid[a]))
             q = cols[K.S_QUEUE_OFFSET][a:b]
-            expect = self.new_max.get(key, self.kept.get(key, (0, 0))[1])
-            known = key in self.new_max or self.kept.get(key, (0, 0))[1] > self.kept.get(key, (0, 0))[0]
-            if self.pad_after and int(q[0]) > expect and known:
-                n = int(q[0]) - expect
-                _pad_units(self.cqs, key, expect, n)
-                self.padded.append((int(cols[K.S_PHY][a]), n))
-                expect = int(q[0])
-            if int(q[0]) > expect:
-                self.gap = True
-            if int(q[0]) != expect and key in self.new_max:
-                rep.offset_anomalies += 1
+            self._arrive(key, int(q[0]), int(cols[K.S_PHY][a]))
             rep.offset_anomalies += int(np.count_nonzero(np.diff(q) != 1))
             units = np.empty(b - a, dtype=CQ_UNIT_DTYPE)
             units["phy_offset"] = cols[K.S_PHY][a:b]
@@ -494,6 +529,36 @@ class _Dispatcher:
                 units["tags_code"] = _ruled_codes(rule, key, buf, rows[order[a:b]])
             rep.units_rebuilt += _write_units(self.cqs, key, q, units)
             self.new_max[key] = int(q[-1]) + 1
+
+    def pad(self, pad: L.Pad) -> None:
+        """A PAD record (a claim its appender never finished): its queue
+        offsets are padding units again, as the repair that wrote it left them."""
+        if not pad.units:
+            return
+        key = (pad.topic, pad.queue_id)
+        self._arrive(key, pad.queue_offset, pad.phy_offset)
+        q = np.arange(pad.queue_offset, pad.queue_offset + pad.units, dtype=np.int64)
+        units = np.zeros(pad.units, dtype=CQ_UNIT_DTYPE)
+        units["size"] = K.CQ_PAD_SIZE
+        self.rep.units_rebuilt += _write_units(self.cqs, key, q, units)
+        self.new_max[key] = pad.queue_offset + pad.units
+
+    def _arrive(self, key: tuple[str, int], q0: int, phy: int) -> None:
+        """The queue ``key`` goes on at offset ``q0`` (a record or a pad at
+        ``phy``): note units lost before it, or pad them (``pad_after``)."""
+        rep = self.rep
+        first, kept = self.kept.get(key, (0, 0))
+        expect = self.new_max.get(key, kept)
+        known = key in self.new_max or kept > first
+        if self.pad_after and q0 > expect and known:
+            n = q0 - expect
+            self.cqs.put_padding(key[0], key[1], expect, n)
+            self.padded.append((phy, n))
+            expect = q0
+        if q0 > expect:
+            self.gap = True
+        if q0 != expect and key in self.new_max:
+            rep.offset_anomalies += 1
 
     def _learn_topics(self, buf: np.ndarray, rows: np.ndarray) -> None:
         """Topic hash → name, decoding one record per topic not seen yet."""
@@ -512,21 +577,6 @@ def _ruled_codes(rule: TagsCodeRule, key: tuple[str, int], buf: np.ndarray,
     # a rule that answers something else is a bug: crash, never write it
     assert codes.shape == (rows.shape[0],) and codes.dtype.kind == "i", (key, codes.shape, codes.dtype)
     return codes
-
-
-def _pad_units(cqs: ConsumeQueues, key, first: int, n: int) -> None:
-    """Padding units (RocketMQ's fillPreBlank: size Integer.MAX_VALUE) at
-    queue offsets [first, first + n): readers skip them."""
-    upf = cqs.units_per_file
-    off = first
-    while off < first + n:
-        fi, lo = divmod(off, upf)
-        k = min(first + n - off, upf - lo)
-        cq = cqs.mapped(key[0], key[1], fi, create=True).reshape(-1, CQ_UNIT_BYTES)
-        pad = np.zeros(k, dtype=CQ_UNIT_DTYPE)
-        pad["size"] = K.CQ_PAD_SIZE
-        cq[lo:lo + k] = pad.view(np.uint8).reshape(-1, CQ_UNIT_BYTES)
-        off += k
 
 
 def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray) -> int:

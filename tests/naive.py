@@ -20,6 +20,7 @@ import struct
 MESSAGE_MAGIC = 0xDAA320A7          # 4.x stored message
 BLANK_MAGIC = 0xCBD43194            # end-of-segment filler
 MESSAGE_MAGIC_V2 = 0xDAA320AB       # 5.x stored message: not ours, but known
+PAD_MAGIC = 0x53484D51              # shmq: a claimed range an appender never finished
 
 SYSFLAG_TRANSACTION_MASK = 0xC
 SYSFLAG_TRANSACTION_PREPARED = 0x4
@@ -272,6 +273,25 @@ def parse_record(record: bytes) -> dict | None:
     return f
 
 
+def pad_record(phy: int, size: int, topic: bytes, queue_id: int, queue_offset: int,
+               units: int) -> bytes:
+    """A whole PAD record: TOTALSIZE, PAD_MAGIC, PHYSICALOFFSET, QUEUEID,
+    QUEUEOFFSET, UNITS, TOPICLENGTH + TOPIC, then zeros up to ``size``."""
+    head = struct.pack(">iIqiqiB", size, PAD_MAGIC, phy, queue_id, queue_offset, units,
+                       len(topic)) + topic
+    assert len(head) <= size
+    return head + bytes(size - len(head))
+
+
+def pad_ok(segment: bytes, pos: int, size: int, end: int, phy_base: int) -> bool:
+    """A PAD record is whole: inside ``end``, naming its own position, a
+    1..127-byte topic that fits, a count that is not negative."""
+    if size < 34 or pos + size > end:
+        return False
+    _, _, phy, _, _, units, tlen = struct.unpack_from(">iIqiqiB", segment, pos)
+    return phy == phy_base + pos and 1 <= tlen <= TOPIC_BYTES_MAX and size >= 33 + tlen and units >= 0
+
+
 def scan_records(segment: bytes, start: int, end: int, phy_base: int,
                  check_crc: bool) -> tuple[list[tuple], int, int]:
     """Validate the records of ``segment`` from position ``start`` up to
@@ -287,6 +307,11 @@ def scan_records(segment: bytes, start: int, end: int, phy_base: int,
             return rows, pos, SCAN_END
         if magic == BLANK_MAGIC:
             return rows, pos, SCAN_BLANK if pos + size == len(segment) else SCAN_CORRUPT
+        if magic == PAD_MAGIC:
+            if not pad_ok(segment, pos, size, end, phy_base):
+                return rows, pos, SCAN_CORRUPT
+            pos += size                         # no record: skipped, no row
+            continue
         if magic == MESSAGE_MAGIC_V2:
             return rows, pos, SCAN_FOREIGN
         if magic != MESSAGE_MAGIC or size <= 0 or pos + size > end:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import zlib
+import dataclasses
 from dataclasses import dataclass
 from unittest import mock
 
@@ -64,6 +65,7 @@ def test_twin_constants_match_the_kernels():
     assert naive.INT_DIGITS_MAX == K.INT_DIGITS_MAX
     assert naive.MESSAGE_MAGIC == L.MESSAGE_MAGIC and naive.BLANK_MAGIC == L.BLANK_MAGIC
     assert naive.MESSAGE_MAGIC_V2 - 2**32 == K.MESSAGE_MAGIC_V2_I32
+    assert naive.PAD_MAGIC == L.PAD_MAGIC == L.PAD_MAGIC_I32
     assert (naive.OFF_QUEUEOFFSET, naive.OFF_PHYSICALOFFSET, naive.OFF_SYSFLAG) == (
         L.OFF_QUEUEOFFSET, L.OFF_PHYSICALOFFSET, L.OFF_SYSFLAG)
 
@@ -451,6 +453,7 @@ class Segment:
     records_end: int          # where the records stop and the tail starts
     tail: str                 # "zeros" or "blank"
     messages: list[tuple[Batch, dict]]
+    pads: list[int] = dataclasses.field(default_factory=list)   # position of every PAD record
 
     @property
     def count(self) -> int:
@@ -458,16 +461,35 @@ class Segment:
 
 
 @st.composite
-def segments(draw) -> Segment:
+def pad_records(draw, phy: int) -> bytes:
+    """A whole PAD record at CommitLog offset ``phy`` (what a repair writes
+    over a claim its appender never finished)."""
+    topic = draw(st.binary(min_size=1, max_size=L.TOPIC_BYTES_MAX))
+    size = L.PAD_FIXED_BYTES + len(topic) + draw(st.integers(0, 300))
+    return naive.pad_record(phy, size, topic, draw(st.integers(0, 2**31 - 1)),
+                            draw(st.integers(0, 2**40)), draw(st.integers(0, 64)))
+
+
+@st.composite
+def segments(draw, pads: bool = False) -> Segment:
     """Encoded and stamped records (a few batches, so several topics and host
     kinds), then either zeros or a blank record running to the segment end
-    (whose remaining bytes are garbage: nothing may read them)."""
+    (whose remaining bytes are garbage: nothing may read them). ``pads``:
+    PAD records may come before, between and after the batches."""
     phy_base = draw(st.integers(0, 2**40))
     buf = bytearray()
     starts: list[int] = []
+    pad_at: list[int] = []
     messages: list[tuple[Batch, dict]] = []
     qnext = np.array([draw(st.integers(0, 2**40))], np.int64)
+
+    def maybe_pad():
+        if pads and draw(st.booleans()):
+            pad_at.append(len(buf))
+            buf.extend(draw(pad_records(phy_base + len(buf))))
+
     for batch in draw(st.lists(batches(max_messages=4), min_size=1, max_size=3)):
+        maybe_pad()
         enc = batch.encode()
         records = enc.buf.copy()
         K.stamp_batch(records, enc.rec_pos, enc.count, phy_base + len(buf),
@@ -475,6 +497,7 @@ def segments(draw) -> Segment:
         starts += (len(buf) + enc.rec_pos).tolist()
         messages += [(batch, m) for m in batch.messages]
         buf += bytes(records)
+    maybe_pad()
     records_end = len(buf)
     tail = draw(st.sampled_from(["zeros", "blank"]))
     if tail == "zeros":
@@ -482,7 +505,7 @@ def segments(draw) -> Segment:
     else:
         rest = draw(st.binary(min_size=L.END_FILE_MIN_BLANK_BYTES - 8, max_size=40))
         buf += struct.pack(">iI", 8 + len(rest), L.BLANK_MAGIC) + rest
-    return Segment(bytes(buf), phy_base, starts, records_end, tail, messages)
+    return Segment(bytes(buf), phy_base, starts, records_end, tail, messages, pad_at)
 
 
 def kernel_scan(buf: bytes, start: int, end: int, phy_base: int, check_crc: bool,
@@ -542,6 +565,53 @@ def test_scan_matches_twin(seg, check_crc, data):
         assert len(rows) == seg.count - first
         assert stop == seg.records_end
         assert status == (naive.SCAN_BLANK if seg.tail == "blank" else naive.SCAN_END)
+
+
+@budget(100)
+@given(seg=segments(pads=True), check_crc=st.booleans(), data=st.data())
+def test_scan_skips_whole_pads_like_the_twin(seg, check_crc, data):
+    """PAD records (claims never finished) give no row and do not stop the
+    scan; cut by ``end`` one is corrupt, as a cut record is."""
+    event(f"{len(seg.pads)} pads")
+    first = data.draw(st.integers(0, seg.count), label="first record")
+    start = seg.starts[first] if first < seg.count else seg.records_end
+    end = data.draw(st.one_of(st.just(len(seg.buf)), st.integers(start, len(seg.buf))), label="end")
+    cap = data.draw(st.integers(1, seg.count + 1), label="cap")
+    got = kernel_scan(seg.buf, start, end, seg.phy_base, check_crc, cap)
+    assert got == naive.scan_records(seg.buf, start, end, seg.phy_base, check_crc)
+    rows, stop, status = got
+    check_rows_against_inputs(seg, first, rows)
+    if end == len(seg.buf):
+        assert len(rows) == seg.count - first and stop == seg.records_end
+        assert status == (naive.SCAN_BLANK if seg.tail == "blank" else naive.SCAN_END)
+
+
+@pytest.mark.parametrize("damage", ["phy", "topic_len 0", "topic_len past size", "units < 0",
+                                    "size past end", "size too small"])
+def test_a_broken_pad_is_corrupt(damage):
+    """A PAD record that is not whole stops the scan as a bad record does."""
+    topic = b"PadTopic"
+    pad = bytearray(naive.pad_record(4096, 80, topic, 3, 17, 2))
+    if damage == "phy":
+        struct.pack_into(">q", pad, L.PAD_OFF_PHYSICALOFFSET, 4097)
+    elif damage == "topic_len 0":
+        pad[L.PAD_OFF_TOPIC] = 0
+    elif damage == "topic_len past size":
+        pad[L.PAD_OFF_TOPIC] = 80
+    elif damage == "units < 0":
+        struct.pack_into(">i", pad, L.PAD_OFF_UNITS, -1)
+    elif damage == "size past end":
+        struct.pack_into(">i", pad, 0, 81)
+    else:
+        struct.pack_into(">i", pad, 0, L.PAD_FIXED_BYTES)
+    buf = bytes(pad) + bytes(16)
+    want = ([], 0, naive.SCAN_CORRUPT)
+    assert naive.scan_records(buf, 0, 80 if damage == "size past end" else len(buf), 4096, True) \
+        == want
+    assert kernel_scan(buf, 0, 80 if damage == "size past end" else len(buf), 4096, True, 4) == want
+    whole = naive.pad_record(4096, 80, topic, 3, 17, 2) + bytes(16)
+    assert kernel_scan(whole, 0, len(whole), 4096, True, 4) == ([], 80, naive.SCAN_END)
+    assert L.read_pad(np.frombuffer(whole, np.uint8), 0, 4096) == L.Pad(4096, 80, "PadTopic", 3, 17, 2)
 
 
 def field_spans(sysflag: int, body_len: int, topic_len: int, props_len: int):

@@ -100,6 +100,9 @@ def describe_bad(buf, base: int, rel: int, hi: int, status: int) -> dict:
     elif magic == L.BLANK_MAGIC:
         out["problem"] = (f"a BLANK record of {size} bytes that does not reach the segment end "
                           f"({buf.shape[0] - rel} bytes left)")
+    elif magic == L.PAD_MAGIC:
+        out["problem"] = (f"a PAD record (an append its process never finished) of {size} bytes "
+                          f"that is not whole: past the end, not at its own offset, or no topic")
     else:
         out.update(_decode_problem(buf, base, rel, hi))
     return out
