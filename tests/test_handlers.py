@@ -419,3 +419,23 @@ def test_a_send_that_says_wait_false_is_answered_before_the_flush(sync_rig):
     cmd.ext["properties"] = cmd.ext["properties"].replace("WAIT\x01true", "WAIT\x01false")
     assert sync_rig.ok(cmd).ext["queueOffset"] == "0"
     assert sync_rig.parking.sends == {}
+
+
+def test_remembered_topic_checks_follow_a_permission_change_at_once(rig):
+    """Sends and pulls remember a topic's checks only until the tables
+    change: a topic made read-only refuses the next send, made unreadable
+    the next pull, and both work again once it is restored."""
+    rig.ok(golden("ons-3.12-send-v2", queueId="0"))
+    rig.ok(golden("ons-3.12-pull"))
+    rig.ok(create_topic("GoldenTopic", 4, perm=4))          # read only
+    r = rig.call(golden("ons-3.12-send-v2", queueId="0")).cmd
+    assert (r.code, r.remark) == (R.NO_PERMISSION,
+                                  "the topic[GoldenTopic] sending message is forbidden")
+    rig.ok(golden("ons-3.12-pull"))
+    rig.ok(create_topic("GoldenTopic", 4, perm=2))          # write only
+    r = rig.call(golden("ons-3.12-pull")).cmd
+    assert (r.code, r.remark) == (R.NO_PERMISSION,
+                                  "the topic[GoldenTopic] pulling message is forbidden")
+    rig.ok(create_topic("GoldenTopic", 4, perm=6))
+    rig.ok(golden("ons-3.12-send-v2", queueId="0"))
+    rig.ok(golden("ons-3.12-pull"))

@@ -36,6 +36,9 @@ from .subscription import Subscription
 __all__ = ["PARKED", "Broker", "Peer", "Reply", "born_host", "int_or", "json_body", "json_reply"]
 
 
+CHECKS_REMEMBERED = 4096      # topics (groups × topics) whose checks a worker remembers
+
+
 class _Parked:
     def __repr__(self) -> str:
         return "PARKED"
@@ -110,6 +113,21 @@ class Broker:
         self.due = False      # clients changed or a notice was posted: the driver runs notices()
 
     # ------------------------------------------------------------- checks
+    def remembered(self, cache: dict, key, check):
+        """``check()``'s answer for ``key`` (a topic's config once a send or
+        a pull to it passed its checks), remembered until the tables change:
+        the topic, group and broker tables all move config_epoch. A refusal
+        (BadRequest) is not remembered."""
+        epoch = self.store.state.get("config_epoch")
+        hit = cache.get(key)
+        if hit is not None and hit[0] == epoch:
+            return hit[1]
+        value = check()
+        if len(cache) >= CHECKS_REMEMBERED:
+            cache.clear()
+        cache[key] = (self.store.state.get("config_epoch"), value)   # after any auto-create
+        return value
+
     def check_writable(self) -> None:
         if not self.tables.broker_permission() & PERM_WRITE:
             raise BadRequest(R.NO_PERMISSION, f"the broker[{self.config.brokerName}] sending "

@@ -32,7 +32,6 @@ PULL_STATUS_CODE = {
     GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
 }
 SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
-PULL_TOPICS_CACHED = 4096    # (group, topic) pairs whose pull checks are remembered
 
 
 def pull(b: Broker, peer: Peer, cmd: RemotingCommand):
@@ -96,12 +95,11 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
 def _topic_for_pull(b: Broker, group: str, topic: str) -> dict:
     """The topic's config if ``group`` may pull it here (NO_PERMISSION,
     SUBSCRIPTION_GROUP_NOT_EXIST, TOPIC_NOT_EXIST otherwise), remembered
-    until the tables change (config_epoch), as a send's checks are."""
-    epoch = b.store.state.get("config_epoch")
-    key = (group, topic)
-    hit = b.pull_topics.get(key)
-    if hit is not None and hit[0] == epoch:
-        return hit[1]
+    until the tables change, as a send's checks are."""
+    return b.remembered(b.pull_topics, (group, topic), lambda: _check_pull_topic(b, group, topic))
+
+
+def _check_pull_topic(b: Broker, group: str, topic: str) -> dict:
     c = b.config
     if not b.tables.broker_permission() & PERM_READ:
         raise BadRequest(R.NO_PERMISSION, f"the broker[{c.brokerName}] pulling "
@@ -114,9 +112,6 @@ def _topic_for_pull(b: Broker, group: str, topic: str) -> dict:
         raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
     if not tc["perm"] & PERM_READ:
         raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
-    if len(b.pull_topics) >= PULL_TOPICS_CACHED:
-        b.pull_topics.clear()
-    b.pull_topics[key] = (b.store.state.get("config_epoch"), tc)
     return tc
 
 

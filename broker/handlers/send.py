@@ -29,18 +29,16 @@ from .retry import retry_or_dlq
 
 MULTI_TAGS_FLAG = 0x2
 SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
-SEND_TOPICS_CACHED = 4096     # topics whose send checks are remembered (then forgotten at once)
 
 
 def topic_for_send(b: Broker, h: Header, topic: str) -> dict:
     """The topic's config if this broker takes sends to it (NO_PERMISSION,
     TOPIC_NOT_EXIST, SYSTEM_ERROR otherwise), creating it where RocketMQ
-    would. An accepted topic is remembered until the tables change: the
-    broker's permission and the topic table both move config_epoch."""
-    epoch = b.store.state.get("config_epoch")
-    hit = b.send_topics.get(topic)
-    if hit is not None and hit[0] == epoch:
-        return hit[1]
+    would; remembered until the tables change."""
+    return b.remembered(b.send_topics, topic, lambda: _check_send_topic(b, h, topic))
+
+
+def _check_send_topic(b: Broker, h: Header, topic: str) -> dict:
     b.check_writable()
     err = topic_error(topic)
     if err:
@@ -59,9 +57,6 @@ def topic_for_send(b: Broker, h: Header, topic: str) -> dict:
             raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
     if not tc["perm"] & PERM_WRITE:
         raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
-    if len(b.send_topics) >= SEND_TOPICS_CACHED:
-        b.send_topics.clear()
-    b.send_topics[topic] = (b.store.state.get("config_epoch"), tc)
     return tc
 
 
