@@ -17,8 +17,8 @@ workers and services, wait for the first NameServer registration, print the
 ready line. A signal at any step stops the start at the next. Then: accept
 → hand the socket to the worker with the fewest connections handed so far
 (round robin among equals); every tick, repair after any dead process
-(append lock, registry rows) and restart it, with back-off for one that
-keeps failing (``Restarts``). Every child dies with the boss (PDEATHSIG on
+(append lock, its unfinished appends, registry rows) and restart it, with
+back-off for one that keeps failing (``Restarts``). Every child dies with the boss (PDEATHSIG on
 the fork server, which exits with the boss). SIGTERM/SIGINT: stop
 accepting, stop the workers (they answer what is parked), stop services
 (offsets saved, broker unregistered), flush and checkpoint, remove
@@ -427,7 +427,7 @@ class Boss:
                 self._channel_closed(index)
                 slot = self.worker_slots.pop(index, None)
                 if slot is not None:
-                    self.owner.supervise(restart_flusher=False)   # its slot, the append lock
+                    self.owner.supervise(restart_flusher=False)   # its slot, the append lock, its claims
                     if self.registry.forget_worker(slot):
                         self.owner.cb.wake_flagged(WANT_CLIENTS)   # its groups changed
                 self.restarts[f"worker-{index}"].died(p.exitcode, now, f"worker {index} (pid {p.pid})")

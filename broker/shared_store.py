@@ -8,8 +8,10 @@
            spawn the flusher
     supervise (call often)
            for each registered process that died: if it held the append lock,
-           repair its half-done append (roll back or forward) and release the
-           lock; free its slot; restart the flusher if it was the flusher
+           take the lock over, repair and release it; repair the claims it
+           left unfinished or unpublished (``MessageStore.repair_after_death``:
+           roll back, pad or publish); free its slot; restart the flusher if
+           it was the flusher
     close  stop the flusher (it flushes and checkpoints), flush again,
            remove ``abort``, unlink the control block, release the lock
 
@@ -155,16 +157,25 @@ class StoreOwner:
         """Handle every registered process that died; returns what was done."""
         done = []
         cb = self.cb
+        store = self.store
         holder = cb.dead_lock_holder()   # also one that died before it had a slot
         if holder:
-            what = self.store.repair_after_death()
+            what = store.repair_after_death(lock_held=True)
             cb.release_dead_lock()
             done.append(f"pid {holder} died holding the append lock: {what}")
-        for slot, pid in cb.dead_processes():
+        dead = cb.dead_processes()
+        for slot, pid in dead:   # lock holders first: the repair below takes the lock
             if cb.died_holding_lock(slot, pid):
-                what = self.store.repair_after_death()
+                what = store.repair_after_death(lock_held=True)
                 cb.release_dead_lock()
                 done.append(f"pid {pid} died holding the append lock: {what}")
+        if dead or store.repair_pending:
+            # appends the dead left claimed but unfinished, or finished but unpublished
+            what = store.repair_after_death()
+            if what != "none":
+                who = ", ".join(str(pid) for _, pid in dead) or "earlier"
+                done.append(f"appends of dead processes ({who}): {what}")
+        for slot, pid in dead:
             cb.clear_slot(slot)
             done.append(f"pid {pid} (slot {slot}) is gone")
         if restart_flusher and self.flusher is not None and not self.flusher.is_alive():
@@ -215,7 +226,7 @@ class StoreOwner:
                 holder = int(cb.hdr_lock_owner[0])
                 live = holder and pid_alive(holder, int(cb.hdr_lock_owner_start[0]))
                 if not live and time.monotonic() > deadline - wait_s + 2 * LOCK_GRACE_S:
-                    what = self.store.repair_after_death()
+                    what = self.store.repair_after_death(lock_held=True)
                     cb.release_dead_lock()
                     log.warning("append lock left taken by a dead process: %s, released", what)
                     return

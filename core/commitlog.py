@@ -20,11 +20,15 @@ kept one; a record never spans two segments.
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 
 from .files import FileLayer, Handle
 from .layout import BLANK_MAGIC_I32, offset_to_file_name
+
+
+_BLANK = struct.Struct(">ii")   # TOTALSIZE, MAGICCODE
 
 
 class SegmentMissing(LookupError):
@@ -122,15 +126,17 @@ class CommitLog:
         assert phy + n <= start + self.segment_bytes, "a write never spans segments"
         self.files.pwrite(self.handle(start), data, phy - start)
 
+    def blank(self, phy: int) -> bytes:
+        """The BLANK record that ends the segment holding ``phy`` there."""
+        left = self.segment_start(phy) + self.segment_bytes - phy
+        assert left >= 8
+        return _BLANK.pack(left, BLANK_MAGIC_I32)
+
     def write_blank(self, phy: int) -> int:
         """End the segment holding ``phy`` with a BLANK record; returns the
         start of the next segment."""
-        start = self.segment_start(phy)
-        left = start + self.segment_bytes - phy
-        assert left >= 8
-        blank = np.array([left, BLANK_MAGIC_I32], dtype=">i4")
-        self.write(phy, blank.view(np.uint8))
-        return start + self.segment_bytes
+        self.write(phy, self.blank(phy))
+        return self.segment_start(phy) + self.segment_bytes
 
     def zero(self, begin: int, end: int) -> None:
         """Overwrite [begin, end) with zeros, segment by segment (missing ones skipped)."""

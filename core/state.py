@@ -12,38 +12,66 @@ writer never invalidates a line another process polls)::
 
     line  field                 written by          meaning
        0  magic, version, queue_slots, segment_bytes, creator_pid, created_ms
-       1  write_pos             append (locked)     CommitLog end, bytes visible
+       1  write_pos             publisher           CommitLog end, bytes visible
        2  flushed_pos           flusher             CommitLog durable up to here
-       3  flush_request_pos     append (locked)     highest end a SYNC send waits for
+       3  flush_request_pos     publisher           highest end a SYNC send waits for
        4  confirm_pos           (replication)       reserved
-       5  reserve_start, _end,  append (locked)     the append in flight: its bytes,
-          _slot, _qnext                             queue slot and next queue offset
+       5  claim_seq, claim_pos  claim (locked)      the next claim's sequence number
+                                                    and first byte
        6  config_epoch          admin               topics changed: reload
        7  cl_min_offset         retention           first CommitLog byte kept
        8  cq_flushed_pos        flusher             ConsumeQueues durable up to here
-       9  last_store_ts         append (locked)     store timestamp of the last record
+       9  last_store_ts         publisher           store timestamp of the last record
       10  flush_seq             flusher             +1 per flush
-      11  queue_slots_used      append (locked)
+      11  queue_slots_used      claim (locked)
       12  state                 owner               0 new, 1 running, 2 stopping
       13  flushed_store_ts      flusher             store timestamp at flushed_pos
       14  disk_full             flusher             0, or the disk's used fraction in
                                                     1/10000 once above
                                                     diskSpaceWarningLevelRatio: sends
                                                     are refused
+      15  publish_seq           publisher           claims below this are published
+      16  queue_pos             publisher           every claim ending at or below
+                                                    has published its queue offsets
+
+    "publisher": whoever publishes the claim numbered publish_seq: its owner,
+    or (under the lock) a process repairing a dead owner's claim; one at a
+    time by construction (``store`` module).
+
+    then ``RING_ENTRIES`` × 128-byte claim entries (claim sequence s lives in
+    entry s % RING_ENTRIES; int64 words, ``E_*`` below)::
+
+      0 seq     the claim sequence number (written at claim)
+      1 state   CLAIMED, then DONE once its bytes and units are all written
+      2 start   its first byte: the old claim end (a BLANK goes there on a roll)
+      3 phy     its first record (start, or the next segment's first byte)
+      4 end     just past its last record
+      5 slot    queue slot
+      6 q0      its first queue offset
+      7 q_end   just past its last queue offset
+      8 pid     the owner (0: given up, anyone may repair or publish it)
+      9 ticks   the owner's start time (clock ticks since boot: pid reuse)
+     10 ts      store timestamp of its records
 
     then ``queue_slots`` × 192-byte queue slots (``QUEUE_DTYPE``)::
 
       0 state i4 (0 free, 1 used) | 4 queue_id i4 | 8 topic_len i4
-     16 next_offset i8   (max offset: next queue offset to hand out)
+     16 next_offset i8   (max offset: published; readers stop here)
      24 min_offset i8    (first queue offset still stored)
      32 cq_flushed i8    (queue offsets below are durable; flusher)
+     40 claim_next i8    (next queue offset to hand out; claim, locked)
      64 topic u1[128]
 
+Hot paths read and write these through ``words``, one flat int64 memoryview
+of the whole block (``words[I_WRITE_POS]``: a Python int in ~25 ns, where a
+numpy scalar costs ~80), at the ``I_*``, ``E_*`` and ``Q_*`` indexes.
+
 Visibility rule (x86-64 TSO; an aarch64 port needs release/acquire fences):
-an appender writes record bytes, then ConsumeQueue units, then ``write_pos``,
-then each queue's ``next_offset``. A reader that loads ``next_offset`` and then
-reads units and records below it sees complete data. Slots are filled in the
-same order: fields first, ``state`` last.
+an appender writes record bytes, then ConsumeQueue units; the publisher then
+writes ``write_pos``, then the queue's ``next_offset``, then ``queue_pos``,
+then ``publish_seq``. A reader that loads ``next_offset`` and then reads units
+and records below it sees complete data. Slots are filled in the same order:
+fields first, ``state`` last.
 """
 from __future__ import annotations
 
@@ -57,34 +85,58 @@ from typing import Iterator
 import numpy as np
 
 MAGIC = 0x73686D7173746174  # "shmqstat"
-VERSION = 2   # 2: disk_full
+VERSION = 3   # 2: disk_full; 3: claims (claim, write, publish)
 LINE = 64
 
 _HEADER_FIELDS = [
-    "write_pos", "flushed_pos", "flush_request_pos", "confirm_pos", "reserve_start",
+    "write_pos", "flushed_pos", "flush_request_pos", "confirm_pos", "claim_seq",
     "config_epoch", "cl_min_offset", "cq_flushed_pos", "last_store_ts", "flush_seq", "queue_slots_used", "state", "flushed_store_ts",
-    "disk_full",
+    "disk_full", "publish_seq", "queue_pos",
 ]
 _names = ["magic", "version", "queue_slots", "segment_bytes", "creator_pid", "created_ms"]
 _offsets = [0, 8, 16, 24, 32, 40]
 for _i, _f in enumerate(_HEADER_FIELDS, start=1):
     _names.append(_f)
     _offsets.append(_i * LINE)
-    if _f == "reserve_start":  # the lock holder's in-flight append, one line
-        _names += ["reserve_end", "reserve_slot", "reserve_qnext"]
-        _offsets += [_i * LINE + 8, _i * LINE + 16, _i * LINE + 24]
+    if _f == "claim_seq":  # written together, under the lock
+        _names.append("claim_pos")
+        _offsets.append(_i * LINE + 8)
 HEADER_BYTES = (len(_HEADER_FIELDS) + 1) * LINE
 HEADER_DTYPE = np.dtype({"names": _names, "formats": [np.int64] * len(_names),
                          "offsets": _offsets, "itemsize": HEADER_BYTES})
 
+# Word indexes (int64) of the hot header fields in ``StoreState.words``.
+_W = {name: off // 8 for name, off in zip(_names, _offsets)}
+I_WRITE_POS = _W["write_pos"]
+I_FLUSHED_POS = _W["flushed_pos"]
+I_FLUSH_REQUEST_POS = _W["flush_request_pos"]
+I_CLAIM_SEQ = _W["claim_seq"]
+I_CLAIM_POS = _W["claim_pos"]
+I_LAST_STORE_TS = _W["last_store_ts"]
+I_PUBLISH_SEQ = _W["publish_seq"]
+I_QUEUE_POS = _W["queue_pos"]
+
+# The claim ring.
+RING_ENTRIES = 256            # claims in flight at most; a claimant waits when it is full
+ENTRY_WORDS = 16              # 128 bytes: two lines
+RING_BYTES = RING_ENTRIES * ENTRY_WORDS * 8
+RING_BASE = HEADER_BYTES // 8
+E_SEQ, E_STATE, E_START, E_PHY, E_END, E_SLOT, E_Q0, E_QEND, E_PID, E_TICKS, E_TS = range(11)
+CLAIMED, DONE = 1, 2
+
 TOPIC_BYTES_MAX = 127
 QUEUE_DTYPE = np.dtype({
     "names": ["state", "queue_id", "topic_len", "next_offset", "min_offset", "cq_flushed",
-              "topic"],
-    "formats": [np.int32, np.int32, np.int32, np.int64, np.int64, np.int64, (np.uint8, 128)],
-    "offsets": [0, 4, 8, 16, 24, 32, 64],
+              "claim_next", "topic"],
+    "formats": [np.int32, np.int32, np.int32, np.int64, np.int64, np.int64, np.int64,
+                (np.uint8, 128)],
+    "offsets": [0, 4, 8, 16, 24, 32, 40, 64],
     "itemsize": 192,
 })
+QUEUE_BASE = (HEADER_BYTES + RING_BYTES) // 8   # word index of queue slot 0
+Q_WORDS = QUEUE_DTYPE.itemsize // 8
+Q_NEXT = 2                                      # next_offset, words into a slot
+Q_CLAIM = 5                                     # claim_next
 
 STATE_NEW, STATE_RUNNING, STATE_STOPPING = 0, 1, 2
 
@@ -107,7 +159,46 @@ class ThreadLock:
 
 
 def state_bytes(queue_slots: int) -> int:
-    return HEADER_BYTES + queue_slots * QUEUE_DTYPE.itemsize
+    return HEADER_BYTES + RING_BYTES + queue_slots * QUEUE_DTYPE.itemsize
+
+
+def start_ticks(pid: int) -> int:
+    """Start time of ``pid`` in clock ticks since boot; -1 if it is gone or a
+    zombie. (``ipc.control`` reads the same field; core imports no ipc.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return -1
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):
+        return -1
+    return int(fields[19])
+
+
+def owner_alive(pid: int, ticks: int) -> bool:
+    """Is the owner of a claim still running (pid 0: it gave its claim up)?"""
+    return pid > 0 and start_ticks(pid) == ticks
+
+
+_me: tuple[int, int] | None = None
+
+
+def me() -> tuple[int, int]:
+    """(pid, start ticks) of this process, as claims record their owner."""
+    global _me
+    if _me is None:
+        pid = os.getpid()
+        _me = (pid, start_ticks(pid))
+    return _me
+
+
+def _forget_me() -> None:
+    global _me
+    _me = None
+
+
+os.register_at_fork(after_in_child=_forget_me)
 
 
 def _slot_hash(topic: bytes, queue_id: int) -> int:
@@ -121,13 +212,18 @@ class StoreState:
         self._buf = buf
         self.lock_impl = lock
         self.header = np.ndarray((1,), HEADER_DTYPE, buf, offset)
-        self.queues = np.ndarray((queue_slots,), QUEUE_DTYPE, buf, offset + HEADER_BYTES)
+        self.ring = np.ndarray((RING_ENTRIES, ENTRY_WORDS), np.int64, buf, offset + HEADER_BYTES)
+        self.queues = np.ndarray((queue_slots,), QUEUE_DTYPE, buf,
+                                 offset + HEADER_BYTES + RING_BYTES)
         self.queue_slots = queue_slots
+        # The whole block as int64 words (the hot paths' way in: see the module doc).
+        self.words = memoryview(buf).cast("B")[offset:offset + state_bytes(queue_slots)].cast("q")
         # One-element views: ``v[0]`` reads and writes the shared int64 directly.
         self._v = {name: self.header[name] for name in HEADER_DTYPE.names}
         self.queue_next = self.queues["next_offset"]
         self.queue_min = self.queues["min_offset"]
         self.queue_cq_flushed = self.queues["cq_flushed"]
+        self.queue_claim = self.queues["claim_next"]
         self._slot_cache: dict[tuple[str, int], int] = {}
         self._used: np.ndarray | None = None
 
@@ -169,17 +265,17 @@ class StoreState:
 
     @property
     def write_pos(self) -> int:
-        return int(self._v["write_pos"][0])
+        return self.words[I_WRITE_POS]
 
     @property
     def flushed_pos(self) -> int:
-        return int(self._v["flushed_pos"][0])
+        return self.words[I_FLUSHED_POS]
 
     # ---------------------------------------------------------------- lock
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the append lock. A cross-process lock records its holder, so
-        that a holder's death is found and its reservation undone
+        that a holder's death is found and its claims repaired
         (``MessageStore.repair_after_death``)."""
         self.lock_impl.acquire()
         try:
@@ -221,6 +317,7 @@ class StoreState:
             q["next_offset"] = 0
             q["min_offset"] = 0
             q["cq_flushed"] = 0
+            q["claim_next"] = 0
             self.queues["state"][slot] = 1
             self._v["queue_slots_used"][0] += 1
         self._slot_cache[(topic, queue_id)] = slot

@@ -4,19 +4,47 @@
 instances of a store share the files (page cache) and the ``StoreState``
 (shared memory in a broker), so several processes append concurrently.
 
-Append (the only writer path), with the append lock held::
+Append (the only writer path) is claim, write, publish: the LMAX Disruptor's
+multi-producer sequencer, Aeron's log buffers. The append lock is held only
+for the claim, so appends from many processes write in parallel::
 
-    1. reserve: phy = write_pos (or the next segment if the batch + an 8-byte
-       blank does not fit), end = phy + bytes; stamp offsets into the private
-       buffer; record reserve_{slot,qnext,start,end} in the state
-    2. write:   blank (on a roll), records (pwrite), ConsumeQueue units
-    3. publish: write_pos = end, then the queue's next_offset, then clear the
-                reservation (reserve_start = end)
+    1. claim    (append lock held: a few integer operations) seq = claim_seq;
+                start = claim_pos; phy = start, or the next segment's first
+                byte if the batch + an 8-byte blank does not fit (the blank
+                at start belongs to this claim); end = phy + bytes; q0 = the
+                queue's claim_next. Fill ring entry seq % RING_ENTRIES (start,
+                phy, end, slot, q0, q_end, owner pid, CLAIMED), then claim_next,
+                claim_pos and, last, claim_seq = seq + 1. With RING_ENTRIES
+                claims in flight the claimant waits for the publishers.
+    2. write    (no lock) stamp the offsets into the private buffer; the blank
+                (on a roll), the records (pwrite), the ConsumeQueue units;
+                then the entry is DONE.
+    3. publish  (no lock) wait until publish_seq == seq (every earlier claim
+                is published: spin, then sched_yield, then sleeps of at most
+                1 ms); then last_store_ts, write_pos = end, the queue's
+                next_offset, queue_pos, flush_request_pos (SYNC_FLUSH) and,
+                last, publish_seq = seq + 1. ``append`` returns after that, so
+                an acknowledged append is visible and recoverable.
 
-so at every instant either the reservation is empty, or ``write_pos <
-reserve_end`` (nothing published: roll back by zeroing), or ``write_pos ==
-reserve_end`` (published: roll the queue offset forward). ``repair_after_death``
-does exactly that for a process that died holding the lock.
+Claims are published in claim order, one at a time, by whoever holds the
+turn: the owner of claim ``publish_seq``, or, when that owner is dead (or gave
+its claim up), a process that repairs it holding the lock. So every published
+position has its bytes and units below it, and each shared counter has one
+writer at a time without an atomic instruction (Python has none).
+
+Repair (``repair_after_death``: the boss when a process dies; an appender
+whose turn waits on a dead owner; an appender whose own write failed, e.g.
+ENOSPC): a claim not DONE whose owner is dead or gave it up is
+
+    * rolled back if it is the last claim: its bytes (a blank included) and
+      units zeroed, claim_seq, claim_pos and the queue's claim_next moved back;
+    * padded otherwise: a BLANK at start (on a roll), a PAD record over
+      [phy, end) (``layout``; every scanner skips it) and padding units at its
+      queue offsets (pulls skip them; its offsets are never reused); now DONE.
+
+A DONE claim of a dead owner is published as it stands (rolled forward). A
+claim past ``write_pos`` that nobody finished is, to recovery after a crash, a
+torn write: the scan stops at its first bad byte and truncates what follows.
 
 Reads never look past a queue's published ``next_offset`` nor a record past
 ``write_pos``. A batch goes to one queue, as every RocketMQ batch does.
@@ -25,6 +53,7 @@ from __future__ import annotations
 
 import enum
 import os
+import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,7 +61,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _kernels as K
-from .commitlog import CommitLog
+from . import layout as L
+from .commitlog import CommitLog, SegmentMissing
 from .config import StoreConfig
 from .consumequeue import ALL_TAGS, ConsumeQueues
 from .files import REAL_FILES, FileLayer
@@ -40,7 +70,11 @@ from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, END_FILE_MIN_BLANK_BYTES
 from .checkpoint import Checkpoint, abort_path
 from .records import EncodedBatch, StoredMessage, decode
 from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
-from .state import STATE_RUNNING, StoreState
+from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_SLOT, E_START,
+                    E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ,
+                    I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ, I_QUEUE_POS, I_WRITE_POS,
+                    Q_CLAIM, Q_NEXT, Q_WORDS, QUEUE_BASE, RING_BASE, RING_ENTRIES, STATE_RUNNING,
+                    StoreState, me, owner_alive)
 
 CQ_SCAN_BYTES_MIN = 16000
 # Above this many dirty ConsumeQueues one syncfs beats a sync per file
@@ -60,17 +94,27 @@ class GetMessageStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-@dataclass(frozen=True)
 class AppendResult:
-    phy_offset: int            # CommitLog offset of the first record
-    end: int                   # CommitLog offset just past the last record
-    queue_offset: int          # queue offset of the first record (-1: none got one)
-    rec_phy: np.ndarray        # CommitLog offset of each record
-    store_timestamp: int
+    """Where an append went. (Slots and a plain ``__init__``, not a frozen
+    dataclass: built once per send, and frozen ones cost a microsecond.)"""
+    __slots__ = ("phy_offset", "end", "queue_offset", "rec_pos", "store_timestamp")
+
+    def __init__(self, phy_offset: int, end: int, queue_offset: int, rec_pos: np.ndarray,
+                 store_timestamp: int):
+        self.phy_offset = phy_offset        # CommitLog offset of the first record
+        self.end = end                      # CommitLog offset just past the last record
+        self.queue_offset = queue_offset    # queue offset of the first record (-1: none got one)
+        self.rec_pos = rec_pos              # position of each record in the batch
+        self.store_timestamp = store_timestamp
+
+    @property
+    def rec_phy(self) -> np.ndarray:
+        """CommitLog offset of each record."""
+        return self.rec_pos + self.phy_offset
 
     @property
     def count(self) -> int:
-        return int(self.rec_phy.shape[0])
+        return int(self.rec_pos.shape[0])
 
 
 @dataclass(frozen=True)
@@ -91,6 +135,27 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_UNITS = np.zeros(0, dtype=CQ_UNIT_DTYPE)
 
 
+# Waiting for the turn to publish: spin, then yield the CPU, then sleep (doubling
+# up to the cap); a claim ahead whose owner may be dead is checked every
+# LIVENESS_CHECK_S of sleeping (a /proc read), and repaired if it is.
+SPINS = 64
+YIELDS = 256
+SLEEP_MIN_S = 20e-6
+SLEEP_MAX_S = 1e-3
+LIVENESS_CHECK_S = 0.01
+
+_STAMP = struct.Struct(">qq")          # QUEUEOFFSET, PHYSICALOFFSET, back to back
+assert L.OFF_PHYSICALOFFSET == L.OFF_QUEUEOFFSET + 8
+_TX_BYTE = L.OFF_SYSFLAG + 3           # the SYSFLAG byte holding the transaction type bits
+_TX_MASK = L.SYSFLAG_TRANSACTION_MASK
+_TX_NO_UNIT = (L.SYSFLAG_TRANSACTION_PREPARED, L.SYSFLAG_TRANSACTION_ROLLBACK)
+
+
+def _entry(seq: int) -> int:
+    """Word index of claim ``seq``'s ring entry."""
+    return RING_BASE + seq % RING_ENTRIES * ENTRY_WORDS
+
+
 class MessageStore:
     def __init__(self, config: StoreConfig, state: StoreState, files: FileLayer = REAL_FILES,
                  on_published: Callable[[], None] | None = None,
@@ -104,9 +169,18 @@ class MessageStore:
         self.on_published = on_published
         self.on_flush_request = on_flush_request
         self._seg = config.mappedFileSizeCommitLog
+        self._sync = config.sync_flush
+        self._w = state.words
+        self._lock = state.lock_impl
         self._slot_of = np.zeros(1, dtype=np.int32)
         self._seen_cl_min = 0
         self.store_lock = None   # set by open_local: released on close
+        # A repair left a dead owner's finished claim unpublished behind a live
+        # one: the owner's supervisor calls repair_after_death again.
+        self.repair_pending = False
+        # Tests only: called as hook(stage, seq) once the claim is made
+        # ("claimed") and once its bytes are written ("written").
+        self.hook: Callable[[str, int], None] | None = None
 
     def close(self) -> None:
         self.cl.close()
@@ -122,97 +196,309 @@ class MessageStore:
         caller then waits for ``flushed_pos >= result.end``."""
         if not batch.single_queue:
             raise ValueError("a batch goes to one queue; split it by queue id")
-        nbytes = batch.nbytes
+        buf = batch.buf
+        nbytes = buf.shape[0]
         if nbytes + END_FILE_MIN_BLANK_BYTES > self._seg:
             raise ValueError(f"batch of {nbytes} bytes does not fit a {self._seg}-byte segment")
-        st = self.state
+        rec_pos = batch.rec_pos
+        n = rec_pos.shape[0]
+        if n == 1:   # prepared and rollback transaction records get no queue offset
+            tx = buf.item(_TX_BYTE) & _TX_MASK
+            nq = 0 if tx == _TX_NO_UNIT[0] or tx == _TX_NO_UNIT[1] else 1
+        else:        # both have the PREPARED bit (0x4), which COMMIT (0x8) lacks
+            nq = n - int(np.count_nonzero(buf[rec_pos + _TX_BYTE] & L.SYSFLAG_TRANSACTION_PREPARED))
         topic, qid = batch.topic, batch.queue_id
-        n = batch.count
-        qoff = np.empty(n, dtype=np.int64)
-        slot = st.queue_slot(topic, qid)
-        with st.locked():
-            if slot < 0:
-                slot = st.queue_slot_create(topic, qid)
-            wp = st.write_pos
-            seg_start = wp - wp % self._seg
-            phy = wp
-            if nbytes + END_FILE_MIN_BLANK_BYTES > seg_start + self._seg - wp:
-                phy = seg_start + self._seg
-            end = phy + nbytes
-            q0 = int(st.queue_next[slot])
-            qnext = np.array([q0], dtype=np.int64)
-            if self._slot_of.shape[0] < n:   # one queue per batch: every record in slot 0
-                self._slot_of = np.zeros(n, dtype=np.int32)
-            K.stamp_batch(batch.buf, batch.rec_pos, n, phy, self._slot_of, qnext, qoff)
-            q_end = int(qnext[0])
-            # 1. reserve (reserve_end last: it is what marks the reservation)
-            st.set("reserve_slot", slot)
-            st.set("reserve_qnext", q_end)
-            st.set("reserve_start", wp)
-            st.set("reserve_end", end)
-            # 2. write
-            rec_phy = batch.rec_pos + phy
+        ts = batch.store_timestamp
+        slot, seq, e, start, phy, q0 = self._claim(self.state.queue_slot(topic, qid), topic, qid,
+                                                   nbytes, nq, ts)
+        end = phy + nbytes
+        w = self._w
+        hook = self.hook
+        try:
+            if hook is not None:
+                hook("claimed", seq)
+            self._write(batch, n, nq, topic, qid, start, phy, q0)
+        except BaseException:
+            # e.g. ENOSPC: leave nothing that a later recovery could take for
+            # records (roll back or pad), then let the caller see the error.
+            self._give_up(seq)
+            raise
+        w[e + E_STATE] = DONE
+        if hook is not None:
+            hook("written", seq)
+        # publish, in claim order
+        if w[I_PUBLISH_SEQ] != seq:
             try:
-                if phy != wp:
-                    self.cl.write_blank(wp)
-                self.cl.ensure_segment(phy - phy % self._seg)
-                self.cl.write(phy, batch.buf)
-                if q_end - q0 == n:
-                    self.cqs.put(topic, qid, q0, rec_phy, batch.sizes, batch.tags_codes, 0, n)
-                elif q_end > q0:  # prepared/rollback transaction records get no unit
-                    keep = np.flatnonzero(qoff >= 0)
-                    self.cqs.put(topic, qid, q0, rec_phy[keep], batch.sizes[keep],
-                                 batch.tags_codes[keep], 0, keep.shape[0])
-            except BaseException:
-                # e.g. ENOSPC: leave nothing that a later recovery could take
-                # for records, then let the caller see the error.
-                self._roll_back(slot)
+                self._await(seq)
+            except BaseException:   # finished, but not ours to publish now: anyone's
+                w[e + E_PID] = 0
                 raise
-            # 3. publish
-            st.set("last_store_ts", batch.store_timestamp)
-            st.set("write_pos", end)
-            st.queue_next[slot] = q_end
-            st.set("reserve_start", end)
-            if self.config.sync_flush:
-                st.set("flush_request_pos", end)
+        w[I_LAST_STORE_TS] = ts
+        w[I_WRITE_POS] = end
+        w[QUEUE_BASE + slot * Q_WORDS + Q_NEXT] = q0 + nq
+        w[I_QUEUE_POS] = end
+        if self._sync:
+            w[I_FLUSH_REQUEST_POS] = end
+        w[I_PUBLISH_SEQ] = seq + 1
         if self.on_published is not None:
             self.on_published()
-        if self.config.sync_flush and self.on_flush_request is not None:
+        if self._sync and self.on_flush_request is not None:
             self.on_flush_request()
-        return AppendResult(phy_offset=phy, end=end, queue_offset=q0 if q_end > q0 else -1,
-                            rec_phy=rec_phy, store_timestamp=batch.store_timestamp)
+        return AppendResult(phy, end, q0 if nq else -1, rec_pos, ts)
 
-    def repair_after_death(self) -> str:
-        """Undo or finish the reservation of a process that died holding the
-        append lock. Call with the lock taken over from the dead holder.
-        Returns what it did: "none", "rolled back" or "rolled forward"."""
-        st = self.state
-        start, end, wp = st.get("reserve_start"), st.get("reserve_end"), st.write_pos
-        if start >= end:
-            return "none"
-        slot, q_end = st.get("reserve_slot"), st.get("reserve_qnext")
-        if wp >= end:
-            assert wp == end, (wp, end)
-            if st.queue_next[slot] < q_end:
-                st.queue_next[slot] = q_end
-            st.set("reserve_start", end)
-            return "rolled forward"
-        assert wp == start, (wp, start)
-        self._roll_back(slot)
-        return "rolled back"
+    def _claim(self, slot: int, topic: str, qid: int, nbytes: int, nq: int,
+               ts: int) -> tuple[int, int, int, int, int, int]:
+        """Step 1: (slot, seq, ring entry, start, phy, q0) of a new claim of
+        ``nbytes`` and ``nq`` queue offsets. Only integer operations under
+        the lock."""
+        w = self._w
+        lock = self._lock
+        seg = self._seg
+        pid, ticks = me()
+        while True:
+            lock.acquire()
+            try:
+                if slot < 0:
+                    slot = self.state.queue_slot_create(topic, qid)
+                seq = w[I_CLAIM_SEQ]
+                if seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
+                    start = w[I_CLAIM_POS]
+                    seg_end = start - start % seg + seg
+                    phy = seg_end if nbytes + END_FILE_MIN_BLANK_BYTES > seg_end - start else start
+                    qi = QUEUE_BASE + slot * Q_WORDS + Q_CLAIM
+                    q0 = w[qi]
+                    e = RING_BASE + seq % RING_ENTRIES * ENTRY_WORDS
+                    w[e + E_STATE] = CLAIMED
+                    w[e + E_START] = start
+                    w[e + E_PHY] = phy
+                    w[e + E_END] = phy + nbytes
+                    w[e + E_SLOT] = slot
+                    w[e + E_Q0] = q0
+                    w[e + E_QEND] = q0 + nq
+                    w[e + E_PID] = pid
+                    w[e + E_TICKS] = ticks
+                    w[e + E_TS] = ts
+                    w[e + E_SEQ] = seq
+                    w[qi] = q0 + nq
+                    w[I_CLAIM_POS] = phy + nbytes
+                    w[I_CLAIM_SEQ] = seq + 1     # last: this makes the claim
+                    return slot, seq, e, start, phy, q0
+            finally:
+                lock.release()
+            self._await(seq - RING_ENTRIES + 1)   # the ring is full
 
-    def _roll_back(self, slot: int) -> None:
-        """Undo an unpublished reservation (lock held): erase its bytes and
-        units, so neither recovery nor a reader can take them for records."""
-        st = self.state
-        start, end, q_end = st.get("reserve_start"), st.get("reserve_end"), st.get("reserve_qnext")
+    def _write(self, batch: EncodedBatch, n: int, nq: int, topic: str, qid: int, start: int,
+               phy: int, q0: int) -> None:
+        """Step 2: stamp the offsets, write the blank (on a roll), the records
+        and the ConsumeQueue units. No lock."""
+        buf = batch.buf
+        if n == 1:   # one record, at 0 (a batch's first record always is)
+            _STAMP.pack_into(buf, L.OFF_QUEUEOFFSET, q0 if nq else 0, phy)
+        else:
+            qnext = np.array([q0], dtype=np.int64)
+            qoff = np.empty(n, dtype=np.int64)
+            if self._slot_of.shape[0] < n:   # one queue per batch: every record in slot 0
+                self._slot_of = np.zeros(n, dtype=np.int32)
+            K.stamp_batch(buf, batch.rec_pos, n, phy, self._slot_of, qnext, qoff)
+            assert int(qnext[0]) == q0 + nq, (int(qnext[0]), q0, nq)
+        if phy != start:
+            self._pwrite(start, self.cl.blank(start))
+        self._pwrite(phy, buf)
+        if nq == 0:
+            return
+        if n == 1:   # the record is the whole buffer
+            self.cqs.put_one(topic, qid, q0, phy, buf.shape[0], batch.tags_codes.item(0))
+        elif nq == n:
+            self.cqs.put(topic, qid, q0, batch.rec_pos + phy, batch.sizes, batch.tags_codes, 0, n)
+        else:
+            keep = np.flatnonzero(qoff >= 0)
+            self.cqs.put(topic, qid, q0, batch.rec_pos[keep] + phy, batch.sizes[keep],
+                         batch.tags_codes[keep], 0, keep.shape[0])
+
+    def _pwrite(self, phy: int, data) -> None:
+        """Write into the CommitLog, creating the segment if nobody has yet
+        (the flusher usually has, ahead of the writers)."""
+        try:
+            self.cl.write(phy, data)
+        except SegmentMissing:
+            self.cl.ensure_segment(phy - phy % self._seg)
+            self.cl.write(phy, data)
+
+    def _await(self, seq: int) -> None:
+        """Step 3's wait: until ``publish_seq >= seq``. Claims ahead are their
+        owners' to publish; one whose owner died or gave it up is repaired
+        here (under the lock), so a dead process never stops the store."""
+        w = self._w
+        spins = 0
+        sleep_s = SLEEP_MIN_S
+        check_at = 0.0
+        while True:
+            ps = w[I_PUBLISH_SEQ]
+            if ps >= seq:
+                return
+            spins += 1
+            if spins <= SPINS:
+                continue
+            e = _entry(ps)
+            if w[e + E_PID] == 0 and w[e + E_SEQ] == ps:   # given up: anyone finishes it
+                self.repair_after_death()
+                continue
+            if spins <= SPINS + YIELDS:
+                os.sched_yield()
+                continue
+            now = time.monotonic()
+            if not check_at:
+                check_at = now + LIVENESS_CHECK_S
+            elif now >= check_at:
+                check_at = now + LIVENESS_CHECK_S
+                pid, ticks = w[e + E_PID], w[e + E_TICKS]
+                if w[e + E_SEQ] == ps and not owner_alive(pid, ticks):
+                    self.repair_after_death()
+                    continue
+            time.sleep(sleep_s)
+            sleep_s = min(2 * sleep_s, SLEEP_MAX_S)
+
+    def _give_up(self, seq: int) -> None:
+        """This process's write for claim ``seq`` failed: roll it back (the
+        last claim) or pad it and leave it for the publishers (owner 0). If
+        even that fails, the claim is left with owner 0 and the next repair
+        (by any process) tries again."""
+        w = self._w
+        e = _entry(seq)
+        self._lock.acquire()
+        try:
+            try:
+                if w[I_CLAIM_SEQ] == seq + 1:
+                    self._roll_back(seq)
+                    return
+                self._pad(seq)
+                w[e + E_STATE] = DONE
+            finally:
+                if w[e + E_SEQ] == seq:
+                    w[e + E_PID] = 0
+        finally:
+            self._lock.release()
+
+    # ------------------------------------------------------------------ repair
+    def repair_after_death(self, lock_held: bool = False) -> str:
+        """Finish what dead processes left: every claim whose owner is dead
+        or gave it up is rolled back (the last ones, unfinished), padded
+        (unfinished, with later claims) or published as it stands (finished);
+        see the module doc. ``lock_held``: the caller took the append lock
+        over from a dead holder (which may have died mid-claim). Returns what
+        it did ("none" if nothing)."""
+        if not lock_held:
+            self._lock.acquire()
+        try:
+            return self._repair(lock_held)
+        finally:
+            if not lock_held:
+                self._lock.release()
+
+    def _repair(self, normalize: bool) -> str:
+        w = self._w
+        if normalize:
+            self._normalize_claims()
+        alive: dict[tuple[int, int], bool] = {}
+
+        def dead(e: int) -> bool:
+            key = (w[e + E_PID], w[e + E_TICKS])
+            if key not in alive:
+                alive[key] = owner_alive(*key)
+            return not alive[key]
+
+        rolled = padded = forward = 0
+        while w[I_CLAIM_SEQ] > w[I_PUBLISH_SEQ]:     # the last claims, newest first
+            seq = w[I_CLAIM_SEQ] - 1
+            e = _entry(seq)
+            if w[e + E_STATE] != CLAIMED or not dead(e):
+                break
+            self._roll_back(seq)
+            rolled += 1
+        for seq in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]):
+            e = _entry(seq)
+            if w[e + E_STATE] == CLAIMED and dead(e):
+                self._pad(seq)
+                w[e + E_STATE] = DONE
+                w[e + E_PID] = 0
+                padded += 1
+        while w[I_PUBLISH_SEQ] < w[I_CLAIM_SEQ]:     # the turn is a dead owner's: take it
+            seq = w[I_PUBLISH_SEQ]
+            e = _entry(seq)
+            if w[e + E_STATE] != DONE or not dead(e):
+                break
+            forward += w[e + E_PID] != 0
+            self._publish(seq)
+        self.repair_pending = any(w[_entry(s) + E_STATE] == DONE and dead(_entry(s))
+                                  for s in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]))
+        what = [f"{k} {name}" for k, name in ((rolled, "rolled back"), (padded, "padded"),
+                                               (forward, "rolled forward")) if k]
+        return ", ".join(what) or "none"
+
+    def _normalize_claims(self) -> None:
+        """A lock holder died, maybe mid-claim: make claim_pos and every
+        queue's claim_next agree with the claims made (claim_seq commits a
+        claim; what a dead holder wrote before it is dropped). Lock held."""
+        w, st = self._w, self.state
+        used = st.used_slots()
+        st.queue_claim[used] = st.queue_next[used]
+        pos = w[I_WRITE_POS]
+        for seq in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]):
+            e = _entry(seq)
+            st.queue_claim[w[e + E_SLOT]] = w[e + E_QEND]
+            pos = w[e + E_END]
+        w[I_CLAIM_POS] = pos
+
+    def _roll_back(self, seq: int) -> None:
+        """Undo the last claim (lock held): erase its bytes (a blank
+        included) and units, so neither recovery nor a reader can take them
+        for records, and hand its range and queue offsets out again."""
+        w, st = self._w, self.state
+        e = _entry(seq)
+        assert w[I_CLAIM_SEQ] == seq + 1, (w[I_CLAIM_SEQ], seq)
+        start, end, slot, q0, q_end = (w[e + E_START], w[e + E_END], w[e + E_SLOT], w[e + E_Q0],
+                                       w[e + E_QEND])
         self.cl.zero(start, end)
-        topic, qid = st.slot_key(slot)
-        q0 = int(st.queue_next[slot])
         if q_end > q0:
+            topic, qid = st.slot_key(slot)
             units = np.zeros(q_end - q0, dtype=np.int64)
             self.cqs.put(topic, qid, q0, units, units, units, 0, q_end - q0)
-        st.set("reserve_end", start)
+        w[QUEUE_BASE + slot * Q_WORDS + Q_CLAIM] = q0
+        w[I_CLAIM_POS] = start
+        w[I_CLAIM_SEQ] = seq
+        w[e + E_SEQ] = -1
+
+    def _pad(self, seq: int) -> None:
+        """Make claim ``seq``'s range a PAD record (after a BLANK, on a roll)
+        and its queue offsets padding units (``layout``)."""
+        w = self._w
+        e = _entry(seq)
+        start, phy, end, slot, q0, q_end = (w[e + E_START], w[e + E_PHY], w[e + E_END],
+                                            w[e + E_SLOT], w[e + E_Q0], w[e + E_QEND])
+        topic, qid = self.state.slot_key(slot)
+        if phy != start:
+            self._pwrite(start, self.cl.blank(start))
+        data = bytearray(end - phy)
+        head = L.pad_header(L.Pad(phy, end - phy, topic, qid, q0, q_end - q0))
+        data[:len(head)] = head
+        self._pwrite(phy, data)
+        if q_end > q0:
+            self.cqs.put_padding(topic, qid, q0, q_end - q0)
+
+    def _publish(self, seq: int) -> None:
+        """Publish claim ``seq`` from its ring entry, for its dead owner (the
+        turn is ours: lock held, publish_seq == seq)."""
+        w = self._w
+        e = _entry(seq)
+        assert w[I_PUBLISH_SEQ] == seq and w[e + E_SEQ] == seq, (w[I_PUBLISH_SEQ], seq)
+        end = w[e + E_END]
+        w[I_LAST_STORE_TS] = w[e + E_TS]
+        w[I_WRITE_POS] = end
+        w[QUEUE_BASE + w[e + E_SLOT] * Q_WORDS + Q_NEXT] = w[e + E_QEND]
+        w[I_QUEUE_POS] = end
+        if self._sync:
+            w[I_FLUSH_REQUEST_POS] = end
+        w[I_PUBLISH_SEQ] = seq + 1
 
     # -------------------------------------------------------------------- read
     def max_offset(self, topic: str, queue_id: int) -> int:
@@ -369,11 +655,10 @@ class MessageStore:
         write-protects thousands of pages that the next appends fault on).
         Returns the checkpoint's ConsumeQueue position. Flusher only."""
         st = self.state
-        with st.locked():
-            # Every append ending at or before pos has published its queue
-            # offsets once we hold the lock: next offsets read after it
-            # cover all their units (and maybe more, which is fine).
-            pos = st.write_pos
+        # Every claim ending at or before queue_pos has published its queue
+        # offsets: next offsets read after it cover all their units (and
+        # maybe more, which is fine).
+        pos = self._w[I_QUEUE_POS]
         used = st.used_slots()
         nxt = st.queue_next[used]
         done = st.queue_cq_flushed[used]
@@ -431,8 +716,10 @@ def init_state(state: StoreState, rec: Recovered) -> None:
     state.set("write_pos", rec.write_pos)
     state.set("flushed_pos", rec.write_pos)        # recover() synced what it kept
     state.set("flush_request_pos", rec.write_pos)
-    state.set("reserve_start", rec.write_pos)
-    state.set("reserve_end", rec.write_pos)
+    state.set("claim_pos", rec.write_pos)
+    state.set("queue_pos", rec.write_pos)
+    state.set("claim_seq", 0)
+    state.set("publish_seq", 0)
     state.set("cq_flushed_pos", rec.write_pos)
     state.set("cl_min_offset", rec.cl_min_offset)
     state.set("last_store_ts", rec.last_store_ts)
@@ -441,6 +728,7 @@ def init_state(state: StoreState, rec: Recovered) -> None:
         for q in rec.queues:
             slot = state.queue_slot_create(q.topic, q.queue_id)
             state.queue_next[slot] = q.max_offset
+            state.queue_claim[slot] = q.max_offset
             state.queue_min[slot] = q.min_offset
             state.queue_cq_flushed[slot] = q.max_offset
     state.set("state", STATE_RUNNING)

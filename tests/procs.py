@@ -28,18 +28,10 @@ def append_then_die_mid_write(cfg, topic):
     store.append(encode(topic, [b"lost-" + b"x" * 3000], properties=b""))
 
 
-def append_then_die_after_publish(cfg, topic):
-    """Die right after publishing write_pos, before the queue offset."""
+def append_then_die_after_write(cfg, topic):
+    """Die with the append written (its claim DONE) but not yet published."""
     store, cb = attach(cfg)
-    st = store.state
-    real_set = st.set
-
-    def set_then_die(name, value):
-        real_set(name, value)
-        if name == "write_pos":
-            die()
-
-    st.set = set_then_die
+    store.hook = lambda stage, seq: die() if stage == "written" else None
     store.append(encode(topic, [b"published"], properties=b""))
 
 
@@ -159,4 +151,73 @@ def hold_lock_without_a_slot_then_die(store_dir):
     """Take the append lock through a block this process never registered in."""
     cb = ControlBlock.attach(store_dir)
     cb.lock.acquire()
+    die()
+
+
+# ----------------------------------------------- claims (test_claims.py)
+def claim_writer(cfg, wid, n, topics, queues, out):
+    """Append n single messages "wid:i", round-robin over topics x queues,
+    and report (topic, qid, queue offset, i) of each."""
+    store, cb = attach(cfg)
+    rows = []
+    for i in range(n):
+        topic, qid = topics[i % len(topics)], (i // len(topics)) % queues
+        r = store.append(encode(topic, [f"{wid}:{i}".encode()], queue_ids=qid,
+                                properties=properties_bytes(tags=f"w{wid}")))
+        rows.append((topic, qid, r.queue_offset, i))
+    out.put((wid, rows))
+    cb.close()
+
+
+def claim_then_hang_mid_write(cfg, topic, body_bytes, ready):
+    """Append one message normally; then claim a second, write the first half
+    of its record, say so and hang there (until the test kills it)."""
+    from shmq.core.state import E_PHY, RING_ENTRIES
+    store, cb = attach(cfg)
+    store.append(encode(topic, [b"kept"], properties=b""))
+    batch = encode(topic, [b"lost-" + b"x" * body_bytes], properties=b"")
+
+    def hook(stage, seq):
+        if stage == "claimed":
+            phy = int(store.state.ring[seq % RING_ENTRIES, E_PHY])
+            store.cl.ensure_segment(store.cl.segment_start(phy))   # (on a roll: maybe new)
+            store.cl.write(phy, batch.buf[:batch.nbytes // 2])   # unstamped: half a record
+            ready.set()
+            time.sleep(WRITER_SECONDS_MAX)
+
+    store.hook = hook
+    store.append(batch)
+
+
+def append_after(cfg, topic, bodies, written, go, out):
+    """Append ``bodies`` one by one; with ``written`` given, the first stops
+    once written (not yet published), says so and waits for ``go``.
+    Reports (queue offset, phy) of each."""
+    store, cb = attach(cfg)
+    if written is not None:
+        def hook(stage, seq):
+            if stage == "written":
+                store.hook = None
+                written.set()
+                go.wait(WRITER_SECONDS_MAX)
+        store.hook = hook
+    rows = []
+    for body in bodies:
+        r = store.append(encode(topic, [body], properties=b""))
+        rows.append((r.queue_offset, r.phy_offset))
+    out.put(rows)
+    cb.close()
+
+
+def die_mid_claim(cfg, topic):
+    """Take the append lock and die halfway through a claim: claim_pos and
+    the queue's claim_next moved, claim_seq (which makes a claim) not."""
+    from shmq.core.state import I_CLAIM_POS
+    store, cb = attach(cfg)
+    store.append(encode(topic, [b"before"], properties=b""))
+    st = store.state
+    slot = st.queue_slot(topic, 0)
+    cb.lock.acquire()
+    st.words[I_CLAIM_POS] += 1000
+    st.queue_claim[slot] += 5
     die()
