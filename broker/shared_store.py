@@ -160,18 +160,16 @@ class StoreOwner:
         store = self.store
         holder = cb.dead_lock_holder()   # also one that died before it had a slot
         if holder:
-            what = store.repair_after_death(lock_held=True)
-            cb.release_dead_lock()
+            what = self._repair(lock_held=True)
             done.append(f"pid {holder} died holding the append lock: {what}")
         dead = cb.dead_processes()
         for slot, pid in dead:   # lock holders first: the repair below takes the lock
             if cb.died_holding_lock(slot, pid):
-                what = store.repair_after_death(lock_held=True)
-                cb.release_dead_lock()
+                what = self._repair(lock_held=True)
                 done.append(f"pid {pid} died holding the append lock: {what}")
         if dead or store.repair_pending:
             # appends the dead left claimed but unfinished, or finished but unpublished
-            what = store.repair_after_death()
+            what = self._repair(lock_held=False)
             if what != "none":
                 who = ", ".join(str(pid) for _, pid in dead) or "earlier"
                 done.append(f"appends of dead processes ({who}): {what}")
@@ -186,6 +184,23 @@ class StoreOwner:
             log.warning("%s", d)
         self.repairs.extend(done)
         return done
+
+    def _repair(self, lock_held: bool) -> str:
+        """``repair_after_death``; with ``lock_held`` (taken over from a dead
+        holder) the lock is released after it. A repair the disk refuses
+        (ENOSPC, EIO) is an ERROR and is tried again at the next supervise:
+        until then the dead claim holds back the appends after it, whose
+        senders see errors, and nothing acknowledged is lost."""
+        try:
+            return self.store.repair_after_death(lock_held=lock_held)
+        except OSError as e:
+            self.store.repair_pending = True
+            log.error("repairing the appends of a dead process failed (%s): tried again at the "
+                      "next supervise", e)
+            return f"repair failed ({e})"
+        finally:
+            if lock_held:
+                self.cb.release_dead_lock()
 
     def wait_flusher_ready(self, timeout_s: float = 60) -> None:
         """Until the flusher has registered in its slot (tests, benchmarks)."""
@@ -226,8 +241,7 @@ class StoreOwner:
                 holder = int(cb.hdr_lock_owner[0])
                 live = holder and pid_alive(holder, int(cb.hdr_lock_owner_start[0]))
                 if not live and time.monotonic() > deadline - wait_s + 2 * LOCK_GRACE_S:
-                    what = self.store.repair_after_death(lock_held=True)
-                    cb.release_dead_lock()
+                    what = self._repair(lock_held=True)
                     log.warning("append lock left taken by a dead process: %s, released", what)
                     return
                 if time.monotonic() > deadline:

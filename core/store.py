@@ -176,7 +176,7 @@ class MessageStore:
         self._seen_cl_min = 0
         self.store_lock = None   # set by open_local: released on close
         # A repair left a dead owner's finished claim unpublished behind a live
-        # one: the owner's supervisor calls repair_after_death again.
+        # one (or failed): the owner's supervisor calls repair_after_death again.
         self.repair_pending = False
         # Tests only: called as hook(stage, seq) once the claim is made
         # ("claimed") and once its bytes are written ("written").

@@ -260,6 +260,41 @@ def test_a_lock_holder_that_dies_mid_claim_leaves_nothing_claimed(owner):
     assert (r.phy_offset, r.queue_offset) == (end, 1)
 
 
+def test_a_full_ring_makes_the_claimant_wait_for_the_publishers(store_dir, monkeypatch):
+    """With RING_ENTRIES claims in flight (here 2) the next claimant waits
+    until the oldest is published, then claims."""
+    from shmq.core import store as store_mod
+    monkeypatch.setattr(store_mod, "RING_ENTRIES", 2)
+    store, _ = open_local(small_config(store_dir))
+    w = store.state.words
+    written, go, results = threading.Event(), threading.Event(), {}
+
+    def first_waits(stage, seq):
+        if stage == "written" and seq == 0:
+            written.set()
+            assert go.wait(WAIT_S)
+
+    def put(name):
+        results[name] = store.append(encode("Ring", [name.encode()], properties=b""))
+
+    store.hook = first_waits
+    threads = [threading.Thread(target=put, args=(name,)) for name in ("a", "b", "c")]
+    threads[0].start()
+    assert written.wait(WAIT_S)
+    threads[1].start()
+    wait_until(lambda: w[I_CLAIM_SEQ] == 2, "b did not claim")
+    threads[2].start()
+    time.sleep(0.2)
+    assert w[I_CLAIM_SEQ] == 2 and w[I_PUBLISH_SEQ] == 0   # c waits: the ring is full
+    go.set()
+    for t in threads:
+        t.join(WAIT_S)
+    assert sorted(r.queue_offset for r in results.values()) == [0, 1, 2]
+    assert w[I_PUBLISH_SEQ] == w[I_CLAIM_SEQ] == 3
+    assert [m.body for m in store.read_queue("Ring", 0)] == [b"a", b"b", b"c"]
+    close_clean(store)
+
+
 # ------------------------------------------------------ a write that fails
 def fail_a_write_with_a_later_claim(store, topic):
     """Append to ``topic`` with a write that fails (ENOSPC) while a later
