@@ -81,14 +81,17 @@ def extra_region(cb: ControlBlock, store: MessageStore) -> memoryview:
     return cb.region()[state_bytes(store.state.queue_slots):]
 
 
-def wait_flushed(store: MessageStore, cb: ControlBlock, end: int) -> bool:
+def wait_flushed(store: MessageStore, cb: ControlBlock, end: int, wait=None,
+                 clock=time.monotonic) -> bool:
     """Block a SYNC_FLUSH send until its bytes are durable; False on
-    syncFlushTimeout (the caller answers FLUSH_DISK_TIMEOUT)."""
+    syncFlushTimeout (the caller answers FLUSH_DISK_TIMEOUT). ``wait`` and
+    ``clock`` default to the control block's wake-up and the monotonic
+    clock (tests give a fake pair)."""
     if store.state.flushed_pos >= end:
         return True
     cb.set_flag(WANT_FLUSH, True)
     try:
-        return store.wait_flushed(end, store.config.syncFlushTimeout, cb.wait)
+        return store.wait_flushed(end, store.config.syncFlushTimeout, wait or cb.wait, clock)
     finally:
         cb.set_flag(WANT_FLUSH, False)
 

@@ -695,12 +695,14 @@ class MessageStore:
         ck.save(self.files, self.root)
         return ck
 
-    def wait_flushed(self, end: int, timeout_ms: int, wait: Callable[[float], None]) -> bool:
+    def wait_flushed(self, end: int, timeout_ms: int, wait: Callable[[float], None],
+                     clock: Callable[[], float] = time.monotonic) -> bool:
         """Block until ``flushed_pos >= end`` (True) or ``timeout_ms`` passes
-        (False: FLUSH_DISK_TIMEOUT). ``wait(seconds)`` sleeps until woken."""
-        deadline = time.monotonic() + timeout_ms / 1000
+        on ``clock`` (False: FLUSH_DISK_TIMEOUT). ``wait(seconds)`` sleeps
+        until woken."""
+        deadline = clock() + timeout_ms / 1000
         while self.state.flushed_pos < end:
-            left = deadline - time.monotonic()
+            left = deadline - clock()
             if left <= 0:
                 return False
             wait(left)

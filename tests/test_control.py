@@ -181,9 +181,14 @@ def test_a_sync_send_past_sync_flush_timeout_times_out(store_dir):
         os.kill(o.flusher.pid, signal.SIGSTOP)
         try:
             r = store.append(encode("Slow", [b"x"], properties=b""))
-            t0 = time.monotonic()
-            assert wait_flushed(store, cb, r.end) is False
-            assert 0.25 <= time.monotonic() - t0 < 5
+            now, waits = [100.0], []
+
+            def wait(s):             # a fake clock: each wake-up wait "takes" its whole timeout
+                waits.append(s)
+                cb.wait(0)
+                now[0] += s
+            assert wait_flushed(store, cb, r.end, wait, lambda: now[0]) is False
+            assert waits == [pytest.approx(0.3)] and now[0] == pytest.approx(100.3)
             assert store.read_queue("Slow", 0)[0].body == b"x"   # published all the same
         finally:
             os.kill(o.flusher.pid, signal.SIGCONT)
