@@ -71,7 +71,7 @@ class Connection:
         self.dirty = False         # queued output not yet offered to the socket this turn
         self.writes = 0            # sendmsg/send/sendfile calls made (what coalescing saves)
         self.last_active = time.monotonic()
-        self.attrs: dict = {}      # what processors remember about this client
+        self.attrs: dict = {}      # what the handlers remember about this client (Peer.attrs)
 
     # ------------------------------------------------------------ reading
     def _on_readable(self) -> None:

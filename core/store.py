@@ -1,6 +1,6 @@
 """The message store: append, read, flush, over CommitLog + ConsumeQueues + StoreState.
 
-``MessageStore`` is what processors call. One instance per process; all
+``MessageStore`` is what the broker's request handlers call. One instance per process; all
 instances of a store share the files (page cache) and the ``StoreState``
 (shared memory in a broker), so several processes append concurrently.
 
