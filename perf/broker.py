@@ -685,12 +685,18 @@ def flush_seq(b) -> int | None:
         cb.close()
 
 
+def _warm_then_wait(c: RemotingClient, topic: str, qid: int, go, pipe) -> None:
+    """A sending client's start: one send (body 0) to warm the path, then
+    "ready" to the parent and wait for every client's go."""
+    check(c.invoke(send_cmd(topic, qid, body_of(qid, 0)), timeout=TIMEOUT_S), what="warm")
+    pipe.send("ready")
+    go.wait()
+
+
 @_child
 def _sync_producer(addr, topic, qid, seconds, go, pipe):
     with RemotingClient(addr) as c:
-        check(c.invoke(send_cmd(topic, qid, body_of(qid, 0)), timeout=TIMEOUT_S), what="warm")
-        pipe.send("ready")
-        go.wait()
+        _warm_then_wait(c, topic, qid, go, pipe)
         acked = timeouts = 0
         i = 1
         t0 = time.monotonic()
@@ -747,9 +753,7 @@ def run_sync_flush(ctx, result):
 @_child
 def _pipelined_sender(addr, topic, qid, seconds, go, pipe):
     with RemotingClient(addr) as c:
-        check(c.invoke(send_cmd(topic, qid, body_of(qid, 0)), timeout=TIMEOUT_S), what="warm")
-        pipe.send("ready")
-        go.wait()
+        _warm_then_wait(c, topic, qid, go, pipe)
         sent = acked = 0
         t0 = time.monotonic()
         end = t0 + seconds
