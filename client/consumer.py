@@ -31,6 +31,7 @@ import orjson
 from shmq.core.layout import java_string_hash, properties_to_string
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, pull_ext, send_ext
 from shmq.ipc.remoting import RemotingCommand
 
 from . import rebalance
@@ -40,7 +41,7 @@ from .message import MAX_OFFSET, MIN_OFFSET, MessageExt, MessageQueue, decode_me
 from .offsets import (CONSUME_FROM_WHERE, LocalFileOffsetStore, OffsetStore, ReadOffsetType,
                       RemoteBrokerOffsetStore, compute_pull_from_where, default_consume_timestamp,
                       parse_consume_timestamp, parse_offset_table)
-from .requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, send_back
+from .requests import send_back
 
 log = logging.getLogger("shmq.client")
 RETRY_PREFIX = "%RETRY%"
@@ -247,13 +248,11 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
     Raises MQClientError (a broker refusal) or RemotingError."""
     if instance.broker_addr(mq.broker_name) is None:
         await instance.route(mq.topic, refresh=True)
-    ext = {"consumerGroup": group, "topic": mq.topic, "queueId": str(mq.queue_id),
-           "queueOffset": str(offset), "maxMsgNums": str(max_nums), "sysFlag": str(sysflag),
-           "commitOffset": str(commit_offset), "suspendTimeoutMillis": str(suspend_ms),
-           "subVersion": str(sub.sub_version), "expressionType": sub.expression_type,
-           "bname": mq.broker_name}
-    if sysflag & PULL_SUBSCRIPTION:
-        ext["subscription"] = sub.sub_string
+    ext = pull_ext(consumerGroup=group, topic=mq.topic, queueId=mq.queue_id, queueOffset=offset,
+                   maxMsgNums=max_nums, sysFlag=sysflag, commitOffset=commit_offset,
+                   suspendTimeoutMillis=suspend_ms, subVersion=sub.sub_version,
+                   expressionType=sub.expression_type, bname=mq.broker_name,
+                   subscription=sub.sub_string if sysflag & PULL_SUBSCRIPTION else None)
     r = await instance.invoke(mq.broker_name, RemotingCommand(RC.PULL_MESSAGE, ext=ext), timeout)
     status = PULL_STATUS.get(r.code)
     if status is None:
@@ -1066,11 +1065,11 @@ class AsyncPushConsumer(ConsumerBase):
         if len(body) > 4096:
             body, sysflag = zlib.compress(body, 5), SYSFLAG_COMPRESSED
         topic = RETRY_PREFIX + self.group
-        cmd = RemotingCommand(RC.SEND_MESSAGE_V2, body=body, ext={
-            "a": self.group, "b": topic, "c": "TBW102", "d": "4", "e": "-1", "f": str(sysflag),
-            "g": str(int(time.time() * 1000)), "h": str(msg.flag),
-            "i": properties_to_string(props), "j": str(reconsume_times), "k": "false",
-            "l": str(self.max_reconsume_times()), "m": "false"})
+        cmd = RemotingCommand(RC.SEND_MESSAGE_V2, body=body, ext=send_ext(
+            producerGroup=self.group, topic=topic, defaultTopic="TBW102", defaultTopicQueueNums=4,
+            queueId=-1, sysFlag=sysflag, bornTimestamp=int(time.time() * 1000), flag=msg.flag,
+            properties=properties_to_string(props), reconsumeTimes=reconsume_times,
+            unitMode=False, maxReconsumeTimes=self.max_reconsume_times(), batch=False))
         try:
             r = await self._inst().invoke(broker_name, cmd, SEND_BACK_TIMEOUT)
         except (RemotingError, MQClientError) as e:

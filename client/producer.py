@@ -43,6 +43,7 @@ from typing import Any, Awaitable, Callable
 
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.headers import send_ext
 from shmq.ipc.remoting import RemotingCommand
 
 from . import instance
@@ -281,11 +282,11 @@ class AsyncProducer:
         props = msg.properties_string(uniq)
         if extra:
             props += "".join(f"\x02{k}\x01{v}" for k, v in extra.items())
-        return RemotingCommand(RC.SEND_MESSAGE_V2, body=body, ext={
-            "a": self.group, "b": msg.topic, "c": self.config.create_topic_key,
-            "d": str(self.config.default_topic_queue_nums), "e": str(q.queue_id),
-            "f": str(sysflag), "g": str(int(time.time() * 1000)), "h": str(msg.flag),
-            "i": props, "j": "0", "k": "false", "m": "false"})
+        return RemotingCommand(RC.SEND_MESSAGE_V2, body=body, ext=send_ext(
+            producerGroup=self.group, topic=msg.topic, defaultTopic=self.config.create_topic_key,
+            defaultTopicQueueNums=self.config.default_topic_queue_nums, queueId=q.queue_id,
+            sysFlag=sysflag, bornTimestamp=int(time.time() * 1000), flag=msg.flag,
+            properties=props, reconsumeTimes=0, unitMode=False, batch=False))
 
     async def _send_to(self, q: MessageQueue, cmd: RemotingCommand, uniq: str,
                        timeout: float) -> SendResult:
@@ -411,11 +412,11 @@ class AsyncProducer:
         q = queue or self.pick(queues)
         if self.accumulator is not None:
             self.accumulator.flush_queue(q, await self._inst().broker(q.broker_name))
-        cmd = RemotingCommand(RC.SEND_BATCH_MESSAGE, body=body, ext={
-            "a": self.group, "b": topic, "c": self.config.create_topic_key,
-            "d": str(self.config.default_topic_queue_nums), "e": str(q.queue_id), "f": "0",
-            "g": str(int(time.time() * 1000)), "h": "0", "i": "", "j": "0", "k": "false",
-            "m": "true"})
+        cmd = RemotingCommand(RC.SEND_BATCH_MESSAGE, body=body, ext=send_ext(
+            producerGroup=self.group, topic=topic, defaultTopic=self.config.create_topic_key,
+            defaultTopicQueueNums=self.config.default_topic_queue_nums, queueId=q.queue_id,
+            sysFlag=0, bornTimestamp=int(time.time() * 1000), flag=0, properties="",
+            reconsumeTimes=0, unitMode=False, batch=True))
         return await self._send_to(q, cmd, ",".join(uniqs), timeout or self.config.send_msg_timeout)
 
 

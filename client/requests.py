@@ -19,9 +19,9 @@ import orjson
 
 from shmq.core.layout import properties_to_string
 from shmq.ipc.codes import RequestCode
+from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, pull_ext, send_ext
 from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
 
-PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 0x1, 0x2, 0x4
 _ENTRY = struct.Struct(">iiiii")
 
 
@@ -38,10 +38,11 @@ def properties(tags: str | None = None, keys: str | list[str] | None = None,
 def send_message(topic: str, body: bytes, *, tags: str | None = None, keys=None,
                  queue_id: int = -1, group: str = "shmq-producer", props: dict | None = None,
                  default_queues: int = 4, flag: int = 0, sysflag: int = 0) -> RemotingCommand:
-    return RemotingCommand(RequestCode.SEND_MESSAGE_V2, body=body, ext={
-        "a": group, "b": topic, "c": "TBW102", "d": str(default_queues), "e": str(queue_id),
-        "f": str(sysflag), "g": str(int(time.time() * 1000)), "h": str(flag),
-        "i": properties(tags, keys, props), "j": "0", "k": "false", "m": "false"})
+    return RemotingCommand(RequestCode.SEND_MESSAGE_V2, body=body, ext=send_ext(
+        producerGroup=group, topic=topic, defaultTopic="TBW102",
+        defaultTopicQueueNums=default_queues, queueId=queue_id, sysFlag=sysflag,
+        bornTimestamp=int(time.time() * 1000), flag=flag, properties=properties(tags, keys, props),
+        reconsumeTimes=0, unitMode=False, batch=False))
 
 
 _PREFIX = struct.Struct(">ii")
@@ -116,11 +117,11 @@ def pull_message(topic: str, queue_id: int, offset: int, *, group: str = "shmq-c
     flag = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)
     if commit_offset is not None:
         flag |= PULL_COMMIT_OFFSET
-    return RemotingCommand(RequestCode.PULL_MESSAGE, ext={
-        "consumerGroup": group, "topic": topic, "queueId": str(queue_id),
-        "queueOffset": str(offset), "maxMsgNums": str(max_msgs), "sysFlag": str(flag),
-        "commitOffset": str(commit_offset or 0), "suspendTimeoutMillis": str(suspend_ms),
-        "subscription": subscription, "subVersion": "0", "expressionType": "TAG"})
+    return RemotingCommand(RequestCode.PULL_MESSAGE, ext=pull_ext(
+        consumerGroup=group, topic=topic, queueId=queue_id, queueOffset=offset,
+        maxMsgNums=max_msgs, sysFlag=flag, commitOffset=commit_offset or 0,
+        suspendTimeoutMillis=suspend_ms, subscription=subscription, subVersion=0,
+        expressionType="TAG"))
 
 
 def create_topic(topic: str, queues: int = 4, perm: int = 6, order: bool = False) -> RemotingCommand:

@@ -116,6 +116,7 @@ PULL_HEADER = (
     Field("subscription", str, False),
     Field("subVersion", int, True),
     Field("expressionType", str, False),
+    Field("bname", str, False),           # 5.x brokerName; 4.x brokers ignore it
 )
 PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 0x1, 0x2, 0x4   # PullSysFlag
 

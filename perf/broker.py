@@ -62,6 +62,7 @@ from perf.net_limits import FORK, TRANSPORTS, _check_exit
 from shmq.client.remoting import RemotingClient
 from shmq.core.state import StoreState
 from shmq.ipc.control import ControlBlock, NotRunning
+from shmq.ipc.headers import PULL_SUBSCRIPTION, PULL_SUSPEND, pull_ext, send_ext
 from shmq.ipc.remoting import RemotingCommand
 
 SEND_MESSAGE_V2 = 310
@@ -70,7 +71,6 @@ PULL_MESSAGE = 11
 UPDATE_AND_CREATE_TOPIC = 17
 GET_BROKER_CONFIG, GET_BROKER_RUNTIME_INFO = 26, 28
 SUCCESS, FLUSH_DISK_TIMEOUT, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY = 0, 10, 19, 20
-PULL_SUSPEND, PULL_SUBSCRIPTION = 0x2, 0x4
 MAGIC = -626843481                          # 0xDAA320A7, §5.1
 GROUP = "perf_group"
 PRODUCER_GROUP = "perf_producer"
@@ -268,10 +268,14 @@ def create_topic(client: RemotingClient, topic: str, queues: int) -> None:
 
 
 def send_cmd(topic: str, qid: int, body: bytes, props: str = PROPS) -> RemotingCommand:
-    return RemotingCommand(SEND_MESSAGE_V2, body=body, ext={
-        "a": PRODUCER_GROUP, "b": topic, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
-        "g": str(int(time.time() * 1000)), "h": "0", "i": props, "j": "0", "k": "false",
-        "m": "false"})
+    return RemotingCommand(SEND_MESSAGE_V2, body=body, ext=_send_ext(topic, qid, props, False))
+
+
+def _send_ext(topic: str, qid: int, props: str, batch: bool) -> dict[str, str]:
+    return send_ext(producerGroup=PRODUCER_GROUP, topic=topic, defaultTopic="TBW102",
+                    defaultTopicQueueNums=4, queueId=qid, sysFlag=0,
+                    bornTimestamp=int(time.time() * 1000), flag=0, properties=props,
+                    reconsumeTimes=0, unitMode=False, batch=batch)
 
 
 def batch_body(bodies: list[bytes], props: bytes = PROPS.encode()) -> bytes:
@@ -287,20 +291,15 @@ def batch_body(bodies: list[bytes], props: bytes = PROPS.encode()) -> bytes:
 
 
 def batch_cmd(topic: str, qid: int, body: bytes) -> RemotingCommand:
-    return RemotingCommand(SEND_BATCH_MESSAGE, body=body, ext={
-        "a": PRODUCER_GROUP, "b": topic, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
-        "g": str(int(time.time() * 1000)), "h": "0", "i": "", "j": "0", "k": "false",
-        "m": "true"})
+    return RemotingCommand(SEND_BATCH_MESSAGE, body=body, ext=_send_ext(topic, qid, "", True))
 
 
 def pull_cmd(topic: str, qid: int, offset: int, max_msgs: int = 32, suspend_ms: int = 0,
              group: str = GROUP) -> RemotingCommand:
-    return RemotingCommand(PULL_MESSAGE, ext={
-        "consumerGroup": group, "topic": topic, "queueId": str(qid), "queueOffset": str(offset),
-        "maxMsgNums": str(max_msgs),
-        "sysFlag": str(PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)),
-        "commitOffset": "0", "suspendTimeoutMillis": str(suspend_ms), "subVersion": "0",
-        "subscription": "*"})
+    return RemotingCommand(PULL_MESSAGE, ext=pull_ext(
+        consumerGroup=group, topic=topic, queueId=qid, queueOffset=offset, maxMsgNums=max_msgs,
+        sysFlag=PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0), commitOffset=0,
+        suspendTimeoutMillis=suspend_ms, subVersion=0, subscription="*"))
 
 
 def records(body) -> list[tuple[int, int, bytes, int]]:
