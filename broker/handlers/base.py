@@ -113,8 +113,8 @@ class Broker:
         self.due = False      # clients changed or a notice was posted: the driver runs notices()
 
     # ------------------------------------------------------------- checks
-    def remembered(self, cache: dict, key, check):
-        """``check()``'s answer for ``key`` (a topic's config once a send or
+    def remembered(self, cache: dict, key, check, *args):
+        """``check(*args)``'s answer for ``key`` (a topic's config once a send or
         a pull to it passed its checks), remembered until the tables change:
         the topic, group and broker tables all move config_epoch. A refusal
         (BadRequest) is not remembered."""
@@ -122,7 +122,7 @@ class Broker:
         hit = cache.get(key)
         if hit is not None and hit[0] == epoch:
             return hit[1]
-        value = check()
+        value = check(*args)
         if len(cache) >= CHECKS_REMEMBERED:
             cache.clear()
         cache[key] = (self.store.state.get("config_epoch"), value)   # after any auto-create

@@ -96,7 +96,7 @@ def _topic_for_pull(b: Broker, group: str, topic: str) -> dict:
     """The topic's config if ``group`` may pull it here (NO_PERMISSION,
     SUBSCRIPTION_GROUP_NOT_EXIST, TOPIC_NOT_EXIST otherwise), remembered
     until the tables change, as a send's checks are."""
-    return b.remembered(b.pull_topics, (group, topic), lambda: _check_pull_topic(b, group, topic))
+    return b.remembered(b.pull_topics, (group, topic), _check_pull_topic, b, group, topic)
 
 
 def _check_pull_topic(b: Broker, group: str, topic: str) -> dict:
@@ -144,18 +144,10 @@ def _body_parts(b: Broker, phys: np.ndarray, sizes: np.ndarray) -> tuple[list, i
     slices of the mapping (one sendmsg for all)."""
     p, s = phys.tolist(), sizes.tolist()
     n = len(p)
-    parts = []
-    cl = b.store.cl
-    seg = b.seg_bytes
-    big = b.config.transferSendfileMinBytes
     total = sum(s)
-    start = p[0] if n else 0
-    if n and p[-1] + s[-1] - start == total:   # back to back in one segment: one range
-        base = start - start % seg
-        if total >= big:
-            return [FileRange(cl.handle(base).fd, start - base, total)], total
-        return [memoryview(cl.view(start, total))], total
-    total = 0
+    if n and p[-1] + s[-1] - p[0] == total:   # back to back in one segment (the common pull)
+        return [_range(b, p[0], total)], total
+    parts = []
     i = 0
     while i < n:
         start = p[i]
@@ -164,10 +156,14 @@ def _body_parts(b: Broker, phys: np.ndarray, sizes: np.ndarray) -> tuple[list, i
         while i < n and p[i] == end:
             end += s[i]
             i += 1
-        base = start - start % seg
-        if end - start >= big:
-            parts.append(FileRange(cl.handle(base).fd, start - base, end - start))
-        else:
-            parts.append(memoryview(cl.view(start, end - start)))
-        total += end - start
+        parts.append(_range(b, start, end - start))
     return parts, total
+
+
+def _range(b: Broker, start: int, n: int):
+    """``n`` CommitLog bytes from ``start`` (inside one segment) as a reply piece."""
+    cl = b.store.cl
+    if n >= b.config.transferSendfileMinBytes:
+        base = start - start % b.seg_bytes
+        return FileRange(cl.handle(base).fd, start - base, n)
+    return memoryview(cl.view(start, n))

@@ -35,7 +35,7 @@ def topic_for_send(b: Broker, h: Header, topic: str) -> dict:
     """The topic's config if this broker takes sends to it (NO_PERMISSION,
     TOPIC_NOT_EXIST, SYSTEM_ERROR otherwise), creating it where RocketMQ
     would; remembered until the tables change."""
-    return b.remembered(b.send_topics, topic, lambda: _check_send_topic(b, h, topic))
+    return b.remembered(b.send_topics, topic, _check_send_topic, b, h, topic)
 
 
 def _check_send_topic(b: Broker, h: Header, topic: str) -> dict:
