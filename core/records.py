@@ -110,6 +110,19 @@ _PER_MESSAGE = (("queue_ids", K.M_QUEUE_ID), ("flag", K.M_FLAG), ("sysflag", K.M
 _HOST_FLAGS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
 
 
+def check_sizes(topic: bytes, body_max: int, props_max: int, max_message_bytes: int) -> None:
+    """What a record's sizes must fit: a 1..127-byte topic, bodies within
+    maxMessageSize, properties within an int16 (ValueError naming it)."""
+    if not 0 < len(topic) <= L.TOPIC_BYTES_MAX:
+        raise ValueError(f"topic {topic.decode(errors='replace')!r}: must be "
+                         f"1..{L.TOPIC_BYTES_MAX} bytes in UTF-8")
+    if body_max > max_message_bytes:
+        raise ValueError(f"message body of {body_max} bytes exceeds "
+                         f"maxMessageSize={max_message_bytes}")
+    if props_max > L.PROPERTIES_BYTES_MAX:
+        raise ValueError(f"properties of {props_max} bytes exceed {L.PROPERTIES_BYTES_MAX}")
+
+
 def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] = b"",
            queue_ids=0, flag=0, sysflag=0, born_timestamp=None, reconsume_times=0,
            prepared_offset=0, born_host: tuple[str, int] = ("127.0.0.1", 0),
@@ -146,14 +159,7 @@ def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_l
     if n == 0:
         raise ValueError("empty batch")
     tb = topic.encode()
-    if not 0 < len(tb) <= L.TOPIC_BYTES_MAX:
-        raise ValueError(f"topic {topic!r}: must be 1..{L.TOPIC_BYTES_MAX} bytes in UTF-8")
-    if int(body_len.max()) > max_message_bytes:
-        raise ValueError(f"message body of {int(body_len.max())} bytes exceeds "
-                         f"maxMessageSize={max_message_bytes}")
-    if int(props_len.max()) > L.PROPERTIES_BYTES_MAX:
-        raise ValueError(f"properties of {int(props_len.max())} bytes exceed "
-                         f"{L.PROPERTIES_BYTES_MAX}")
+    check_sizes(tb, int(body_len.max()), int(props_len.max()), max_message_bytes)
     now = int(time.time() * 1000)
     born_row, born_v6 = host_row(*born_host)
     store_row, store_v6 = host_row(*store_host)
@@ -244,13 +250,7 @@ def encode_one(topic: bytes, body: bytes, props: bytes, *, queue_id: int, flag: 
     dispatch of ~20 arguments cost more than the record. ``topic`` is the
     UTF-8 name; hosts come from ``host_raw`` (parse them once per peer)."""
     tlen, blen, plen = len(topic), len(body), len(props)
-    if not 0 < tlen <= L.TOPIC_BYTES_MAX:
-        raise ValueError(f"topic {topic.decode(errors='replace')!r}: must be "
-                         f"1..{L.TOPIC_BYTES_MAX} bytes in UTF-8")
-    if blen > max_message_bytes:
-        raise ValueError(f"message body of {blen} bytes exceeds maxMessageSize={max_message_bytes}")
-    if plen > L.PROPERTIES_BYTES_MAX:
-        raise ValueError(f"properties of {plen} bytes exceed {L.PROPERTIES_BYTES_MAX}")
+    check_sizes(topic, blen, plen, max_message_bytes)
     for name, v in (("flag", flag), ("sysflag", sysflag), ("reconsume_times", reconsume_times)):
         if not _I32_MIN <= v <= _I32_MAX:
             raise ValueError(f"{name} out of the int32 range")
