@@ -12,11 +12,16 @@ batch leaves when
 - the next message would take it past ``batch_max_bytes`` (or it is exactly
   full),
 - ``linger_ms`` have passed since its first message,
-- half the window's slots are held by messages waiting in batches, or a
-  send is waiting for a slot: waiting longer could add at most the other
-  half (the window is the limit, not the clock), and sending now lets the
-  broker store one half while the callers of the other refill the next
-  batch (two batches in flight, as double buffering), or
+- half the window's slots are held by messages waiting in batches:
+  waiting longer could add at most the other half (the window is the
+  limit, not the clock), and sending now lets the broker store one half
+  while the callers of the other refill the next batch (two batches in
+  flight, as double buffering), or
+- a send is waiting for a slot and every slot taken is held by a message
+  waiting in a batch: nothing else would free one. (While some slots are
+  held by sends still on their way in — a route lookup, a request on the
+  wire — the batches keep filling: flushing at every message then would
+  send batches of one.)
 - the producer flushes (``flush()``, ``shutdown()``, or a message for the same
   queue that goes alone: it must not overtake the batch).
 
@@ -181,8 +186,9 @@ class Accumulator:
         self.lingering += 1
         if b.size >= self.max_bytes:
             self._flush(b)
-        elif self.lingering >= self.flush_at or self.window.has_waiters:
-            self.flush()                  # half the window waits: see the module's header
+        elif self.lingering >= self.flush_at or (self.window.has_waiters
+                                                 and self.lingering >= self.window.used):
+            self.flush()                  # see the module's header
         return fut
 
     def flush(self) -> None:

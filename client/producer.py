@@ -324,8 +324,8 @@ class AsyncProducer:
         if window.used < window.size:              # Window.try_take, inline: the hot path
             window.used += 1
         else:
-            if acc is not None:
-                acc.flush()                        # lingering cannot fill a batch any more
+            if acc is not None and acc.lingering >= window.used:
+                acc.flush()                        # only lingering holds slots: nothing else frees one
             await window.wait()
         try:
             if acc is not None and not sysflag and acc.takes(msg):
