@@ -67,6 +67,9 @@ class Context:
         # things several benches share (a running broker), by name
         self.shared: dict[str, object] = {}
         self._closers: list = []
+        # called with each broker this run starts, once it serves and before a
+        # bench loads it (``shmq profile`` attaches its samplers here)
+        self.broker_watchers: list = []
 
     def on_close(self, fn) -> None:
         """Run ``fn`` when the run ends (stop a broker started for several benches)."""
@@ -194,8 +197,8 @@ def run(chosen: list[str], quick: bool, emit, broker_addr: str | None = None,
     every result line (with the run id and the machine record) as it comes;
     returns them all. ``setup(ctx)`` runs before the first bench and
     ``before_close()`` after the last, before the brokers stop (``shmq profile``
-    watches ``ctx.shared`` for the brokers the benches start, and stops
-    recording them before they go)."""
+    adds to ``ctx.broker_watchers`` to record each broker the benches start
+    before any load reaches it, and stops recording before the brokers go)."""
     base = scratch_base()
     os.makedirs(base, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="run-", dir=base)

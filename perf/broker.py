@@ -248,6 +248,8 @@ def broker(ctx, flush: str = "ASYNC_FLUSH", name: str = "", **extra) -> Broker |
     if b is None:
         b = ctx.shared[key] = Broker(ctx, flush, name, **extra)
         ctx.on_close(b.stop)
+        for watch in getattr(ctx, "broker_watchers", ()):
+            watch(b)
     b.alive()
     return b
 

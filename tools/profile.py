@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 CAP_SYS_PTRACE = 19
@@ -134,6 +133,17 @@ class Recording:
              "--rate", str(rate), "--duration", str(max(1, round(duration))), "-o", self.svg],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
 
+    def sampling(self, timeout: float) -> bool:
+        """Wait until py-spy says it samples (its first line), or has exited."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.log.seek(0)
+            if "Sampling process" in self.log.read(4096):
+                return True
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False                    # wait() names what went wrong
+            time.sleep(0.01)
+
     def idle(self) -> bool:
         """py-spy had no sample to draw (it drops idle stacks): the process only waited."""
         with open(self.svg, errors="replace") as f:
@@ -170,40 +180,30 @@ class Profiler:
         self.recordings: list[Recording] = []
         self.bosses: set[int] = set()
         self.not_recorded: list[tuple[str, int]] = []
-        self.lock = threading.Lock()
 
     def attach(self, boss: int) -> None:
-        with self.lock:
-            if boss in self.bosses:
-                return
-            self.bosses.add(boss)
-            roles, others = broker_processes(boss)
-            self.not_recorded += others
-            for role, pid in roles:
-                self.recordings.append(Recording(self.pyspy, role, pid, self.out_dir, self.rate,
-                                                 self.duration))
+        """Record every process of the broker whose boss is ``boss``; returns once
+        each sampler has begun, so load sent after it is seen."""
+        if boss in self.bosses:
+            return
+        self.bosses.add(boss)
+        roles, others = broker_processes(boss)
+        self.not_recorded += others
+        started = [Recording(self.pyspy, role, pid, self.out_dir, self.rate, self.duration)
+                   for role, pid in roles]
+        self.recordings += started
+        for r in started:
+            r.sampling(30.0)
 
-    def watch(self, ctx, broker_type) -> None:
-        """Attach to each broker the benches start (they appear in ``ctx.shared``)."""
-        self._stop = threading.Event()
-
-        def loop():
-            while not self._stop.wait(0.02):
-                for b in list(ctx.shared.values()):
-                    if isinstance(b, broker_type) and b.proc.poll() is None:
-                        self.attach(b.proc.pid)
-        self._thread = threading.Thread(target=loop, daemon=True)
-        self._thread.start()
+    def watch(self, ctx) -> None:
+        """Attach to each broker the benches start, before they send it anything."""
+        ctx.broker_watchers.append(lambda b: self.attach(b.proc.pid))
 
     def finish(self) -> list[tuple[Recording, str | None]]:
-        """Stop watching and recording; (recording, error or None) each."""
-        if hasattr(self, "_stop"):
-            self._stop.set()
-            self._thread.join()
-        with self.lock:
-            for r in self.recordings:
-                r.stop()
-            return [(r, r.wait(60)) for r in self.recordings]
+        """Stop recording; (recording, error or None) each."""
+        for r in self.recordings:
+            r.stop()
+        return [(r, r.wait(60)) for r in self.recordings]
 
 
 # ------------------------------------------------------------------ the command
@@ -264,7 +264,7 @@ def _profile(args) -> int:
         if args.pid is not None:
             prof.attach(args.pid)
         else:
-            prof.watch(ctx, runner.broker.Broker)
+            prof.watch(ctx)
 
     done = None
 
