@@ -25,7 +25,14 @@ the checkpoint.
    checkpoint.cq_flushed) — both record boundaries — or from the first segment
    without a usable checkpoint (or with the consumequeue directory missing).
    Validate every record (``_kernels.scan_records``: magic, sizes, topic,
-   physical offset, body CRC). The first invalid record, or zeros, is the end.
+   physical offset, body CRC). Zeros are the end. An invalid record past the
+   checkpoint's flushed position is a torn write: it is the end. One below it
+   is damage to bytes that were durable (a flipped bit, a bad sector): it is
+   quarantined and the scan goes on (``_Quarantine``): its bytes are copied
+   to ``<root>/quarantine/<offset>``, its range [it, the next valid record)
+   becomes a PAD record whose padding unit keeps its queue offset (never
+   reused, never served), and every good record after it is kept. Each one
+   is an ERROR naming the offset, the file, the queue and offset lost.
    PAD records (claims an appender never finished, padded by a repair:
    ``store`` module) are skipped by the kernel; recovery finds them in the
    gaps between the rows and rewrites their queue offsets as padding units.
@@ -53,6 +60,8 @@ checks; the report says which it was.
 from __future__ import annotations
 
 import logging
+import os
+import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -112,9 +121,28 @@ class SegmentRepair:
         what = (f"CommitLog segment {self.name} was {self.old_size} bytes, "
                 f"extended to {self.new_size}")
         if self.last:
-            return what + " (the last one: its tail past the cut is truncated like a torn write)"
+            return what + (" (the last one: records past the cut that the checkpoint had as flushed "
+                           "are quarantined, their queue offsets kept; the rest is a torn write, "
+                           "truncated)")
         return (what + f" (a middle one: {self.lost_bytes} bytes from {self.records_end} to its end "
                 f"lost, {self.records_lost} records missing by their queue offsets)")
+
+
+@dataclass
+class Quarantined:
+    """A damaged range below the flushed position, set aside by recovery."""
+    phy: int                       # CommitLog offset of the bad record
+    size: int                      # bytes set aside: up to the next valid record
+    copy: str                      # where its bytes were copied ("" if that failed)
+    records: list[tuple[str, int, int]]   # (topic, queue id, queue offset) of each record known in it
+    records_lost: int = 0          # records counted missing (those, and holes padded after it)
+
+    def describe(self) -> str:
+        what = (f"{self.size} bytes at CommitLog offset {self.phy} "
+                f"(copied to {self.copy or 'nowhere: the copy failed'})")
+        shown = ", ".join(f"{t} queue {q} offset {o}" for t, q, o in self.records[:5])
+        more = f" and {len(self.records) - 5} more" if len(self.records) > 5 else ""
+        return what + (f", records: {shown}{more}" if shown else ", records unknown")
 
 
 @dataclass
@@ -138,6 +166,7 @@ class RecoveryReport:
     records_lost: int = 0                # records counted missing (middle segment repairs)
     pads: int = 0                        # PAD records scanned (claims a dead appender left)
     cq_files_rebuilt: list[str] = field(default_factory=list)  # ConsumeQueue files of a wrong size
+    quarantined: list["Quarantined"] = field(default_factory=list)  # damaged records set aside
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -147,8 +176,8 @@ class RecoveryReport:
              f"deleted {len(self.segments_deleted)} segments; ConsumeQueue units rebuilt "
              f"{self.units_rebuilt}, dropped {self.units_dropped}")
         if self.pads:
-            s += (f"; {self.pads} PAD records (appends a process never finished; their queue "
-                  f"offsets are skipped)")
+            s += (f"; {self.pads} PAD records (appends a process never finished, or damaged "
+                  f"ranges set aside; their queue offsets are skipped)")
         if self.full_redispatch:
             s += "; ConsumeQueues were incomplete: re-dispatched the whole CommitLog"
         if self.flushed_lost_bytes:
@@ -156,7 +185,10 @@ class RecoveryReport:
         for r in self.segments_repaired:
             s += f"; ERROR repaired a short segment: {r.describe()}"
         if self.records_lost:
-            s += f"; ERROR {self.records_lost} records lost in short segments"
+            s += (f"; ERROR {self.records_lost} records lost in damaged ranges (short segments, "
+                  f"quarantined records)")
+        for q in self.quarantined:
+            s += f"; ERROR quarantined {q.describe()}"
         if self.cq_files_rebuilt:
             s += (f"; ERROR {len(self.cq_files_rebuilt)} ConsumeQueue files of the wrong size "
                   f"were removed and rebuilt ({', '.join(self.cq_files_rebuilt)})")
@@ -215,9 +247,12 @@ def recover(config: StoreConfig, files: FileLayer,
             scan_from = segs[0]   # records lost mid-log, or units lost: re-dispatch everything
             rep.full_redispatch = bool(repaired_middle)
         kept = _kept_extents(cqs, cl_min, scan_from)
-        dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle)
+        dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle,
+                               whole=cl_min == 0)
+        flushed = ckpt.cl_flushed if ckpt is not None else -1
+        quarantine = _Quarantine(cl, cqs, root, flushed, rep, dispatch)
         end, last_ts = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep, dispatch.chunk,
-                             dispatch.pad)
+                             dispatch.pad, quarantine)
         if ckpt is not None and ckpt.cl_flushed > end:
             rep.flushed_lost_bytes = ckpt.cl_flushed - end
         _truncate(cl, segs, end, rep)
@@ -228,7 +263,9 @@ def recover(config: StoreConfig, files: FileLayer,
             rep.full_redispatch = True
             scan_from = segs[0]
             kept = _kept_extents(cqs, cl_min, scan_from)
-            dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle)
+            dispatch = _Dispatcher(cqs, kept, rep, rules,
+                                   pad_after=repaired_middle or bool(rep.quarantined),
+                                   whole=cl_min == 0)
             _scan(cl, segs, scan_from, config.checkCRCOnRecover, RecoveryReport(), dispatch.chunk,
                   dispatch.pad)
         dispatched = dispatch.new_max
@@ -353,14 +390,16 @@ def _remove_bad_cq_files(cqs: ConsumeQueues) -> list[str]:
 
 
 def _count_lost(rep: RecoveryReport, dispatch: "_Dispatcher") -> None:
-    """Give each repaired middle segment the records counted missing after it."""
-    if not dispatch.padded:
-        return
+    """Give each damaged range (a repaired middle segment, a quarantined
+    record) the records counted missing after it: the queue holes padded
+    after it and before the next one."""
     middles = [r for r in rep.segments_repaired if not r.last]
+    marks = sorted([(r.records_end, r) for r in middles] + [(q.phy, q) for q in rep.quarantined],
+                   key=lambda m: m[0])
     for phy, n in dispatch.padded:
         owner = None
-        for r in middles:
-            if r.records_end <= phy:
+        for at, r in marks:
+            if at <= phy:
                 owner = r
         if owner is not None:
             owner.records_lost += n
@@ -369,14 +408,20 @@ def _count_lost(rep: RecoveryReport, dispatch: "_Dispatcher") -> None:
         log.error("recovery: %d records lost with the %d bytes cut from CommitLog segment %s "
                   "(their queue offsets are skipped, never reused)", r.records_lost,
                   r.lost_bytes, r.name)
+    for q in rep.quarantined:
+        if q.records_lost > len(q.records):
+            log.error("recovery: %d records lost with the quarantined range at %d (their queue "
+                      "offsets are skipped, never reused)", q.records_lost, q.phy)
 
 
 def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
-          rep: RecoveryReport, on_rows, on_pad=None) -> tuple[int, int]:
+          rep: RecoveryReport, on_rows, on_pad=None, on_damage=None) -> tuple[int, int]:
     """Validate from ``scan_from``, handing each chunk of rows to
     ``on_rows(buf, rows)`` (rows are only valid during the call) and each
     PAD record, in CommitLog order among them, to ``on_pad(pad)``; returns
-    (end, store timestamp of the last record)."""
+    (end, store timestamp of the last record). ``on_damage(s, buf, pos)``
+    is asked about an invalid record: True when it set the range aside (a
+    PAD record now starts there) and the scan goes on."""
     out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
     last_ts = 0
     end = scan_from
@@ -391,12 +436,14 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
             if n:
                 last_ts = int(out[n - 1, K.S_STORE_TS])
                 rep.records_scanned += n
+            if status == K.SCAN_CORRUPT and on_damage is not None and on_damage(s, buf, pos):
+                continue
             if status != K.SCAN_FULL:
                 break
         end = s + pos
         rep.bytes_scanned += pos
-        if status == K.SCAN_BLANK:
-            end = s + buf.shape[0]
+        if status == K.SCAN_BLANK or (status == K.SCAN_END and pos == buf.shape[0]):
+            end = s + buf.shape[0]         # a BLANK, or a PAD, ends the segment
             continue
         if status == K.SCAN_FOREIGN:
             raise RecoveryError(f"record at {s + pos} has the RocketMQ 5 magic (MESSAGE_MAGIC_V2): "
@@ -481,6 +528,162 @@ def _kept_extents(cqs: ConsumeQueues, cl_min: int, scan_from: int) -> dict[tuple
     return out
 
 
+class _Quarantine:
+    """``_scan``'s ``on_damage``: sets aside an invalid record below the
+    flushed position (see the module doc); past it, or with no checkpoint,
+    an invalid record is a torn write and ends the log (returns False)."""
+
+    QUARANTINE_TOPIC = "SHMQ_QUARANTINED"    # a PAD's topic when the record's queue is unknown
+
+    def __init__(self, cl: CommitLog, cqs: ConsumeQueues, root: str, flushed: int,
+                 rep: RecoveryReport, dispatch: "_Dispatcher"):
+        self.cl, self.cqs, self.flushed, self.rep, self.dispatch = cl, cqs, flushed, rep, dispatch
+        self.dir = os.path.join(root, "quarantine")
+
+    def __call__(self, s: int, buf: np.ndarray, pos: int) -> bool:
+        phy = s + pos
+        if phy >= self.flushed:
+            return False
+        seg_end = buf.shape[0]
+        stop = _next_valid(buf, s, pos + 1, seg_end)
+        if stop is None:
+            # nothing valid after it in this segment: what was flushed is the
+            # range set aside (the checkpoint's positions are record bounds)
+            stop = min(self.flushed - s, seg_end)
+        # The records the range held, by the ConsumeQueue units pointing into
+        # it (derived data written at append: they usually outlive damage to
+        # the records), else by the damaged record's own header: each becomes
+        # a PAD record at its own position carrying its queue offset.
+        tiles = _units_in(self.cqs, phy, s + stop)
+        if not tiles or tiles[0][0] != phy:
+            tiles.insert(0, (phy, _queue_in_header(buf, pos, stop, s)))
+        copy = self._copy(phy, bytes(buf[pos:stop]))
+        records = []
+        for i, (at, queue) in enumerate(tiles):
+            end = tiles[i + 1][0] if i + 1 < len(tiles) else s + stop
+            topic, qid, qoff = queue or (self.QUARANTINE_TOPIC, 0, 0)
+            if end - at >= L.PAD_FIXED_BYTES + len(topic.encode()):
+                head = L.pad_header(L.Pad(at, end - at, topic, qid, qoff, 1 if queue else 0))
+                self.cl.zero(at + len(head), end)
+                self.cl.write(at, head)
+                records += [queue] if queue else []
+            elif end == s + seg_end:
+                self.cl.zero(at, end)
+                self.cl.write_blank(at)       # a damaged BLANK, or a sliver at the segment's end
+            else:
+                return False                  # too small to hold a record: cannot be set aside
+        self.cl.flush(phy, s + stop)
+        q = Quarantined(phy, stop - pos, copy, records, records_lost=len(records))
+        self.rep.quarantined.append(q)
+        self.rep.records_lost += q.records_lost
+        self.dispatch.pad_after = True        # queue holes after it are its records: pad them
+        log.error("recovery: the record at CommitLog offset %d (segment %s) fails its check "
+                  "(magic, sizes, own offset or body CRC) below the flushed position %d: "
+                  "quarantined %s; never served, queue offsets never reused; every record "
+                  "after it is kept", phy, offset_to_file_name(s), self.flushed, q.describe())
+        return True
+
+    def _copy(self, phy: int, data: bytes) -> str:
+        path = os.path.join(self.dir, offset_to_file_name(phy))
+        try:
+            self.cl.files.makedirs(self.dir)
+            self.cl.files.write_durable(path, data)
+        except OSError as e:
+            log.error("recovery: could not copy the damaged bytes at %d to %s: %s", phy, path, e)
+            return ""
+        return path
+
+
+def _next_valid(buf: np.ndarray, s: int, start: int, end: int) -> int | None:
+    """Position of the first valid record (a message, a PAD or the segment's
+    BLANK) at or after ``start`` in the segment ``buf`` at CommitLog offset
+    ``s``: a candidate carries a magic at +4 and must pass scan_records' checks."""
+    out = np.empty((1, K.N_SCAN), dtype=np.int64)
+    magics = [struct.pack(">I", m) for m in (L.MESSAGE_MAGIC, L.PAD_MAGIC, L.BLANK_MAGIC)]
+    window = 1 << 22
+    lo = max(start, 0) + 4
+    while lo < end:
+        hi = min(end, lo + window + 3)
+        chunk = buf[lo:hi].tobytes()
+        hits = sorted(i for m in magics for i in _find_all(chunk, m))
+        for i in hits:
+            c = lo + i - 4
+            if chunk[i:i + 4] == magics[1]:
+                try:
+                    if c + L.read_pad(buf, c, s).size <= end:   # a whole PAD record
+                        return c
+                except ValueError:
+                    pass
+                continue
+            n, _, status = K.scan_records(buf, c, end, s, True, K.CRC_TABLES, _TAGS_KEY[:0], out)
+            if n or status == K.SCAN_BLANK:
+                return c
+        lo += window
+    return None
+
+
+def _find_all(chunk: bytes, needle: bytes):
+    i = chunk.find(needle)
+    while i >= 0:
+        yield i
+        i = chunk.find(needle, i + 1)
+
+
+def _units_in(cqs: ConsumeQueues, lo: int, hi: int) -> list[tuple[int, tuple[str, int, int]]]:
+    """(phy, (topic, queue id, queue offset)) of each ConsumeQueue unit on
+    disk pointing into [lo, hi), by phy; units closer together than a
+    record can be are not believed (a stale unit)."""
+    upf = cqs.units_per_file
+    found = []
+    for topic, qid in cqs.list_queues():
+        for fi in cqs.list_files(topic, qid):
+            cq = cqs.mapped(topic, qid, fi, create=False)
+            if cq is None:
+                continue
+            units = cq.view(CQ_UNIT_DTYPE)
+            phy = units["phy_offset"]
+            for i in np.flatnonzero((phy >= lo) & (phy < hi) & (units["size"] > 0)
+                                    & (units["size"] != K.CQ_PAD_SIZE)).tolist():
+                found.append((int(phy[i]), (topic, qid, fi * upf + i)))
+    found.sort()
+    out: list[tuple[int, tuple[str, int, int]]] = []
+    for at, queue in found:
+        if not out or at - out[-1][0] >= L.RECORD_FIXED_BYTES:
+            out.append((at, queue))
+    return out
+
+
+def _queue_in_header(buf: np.ndarray, pos: int, stop: int, s: int) -> tuple[str, int, int] | None:
+    """(topic, queue id, queue offset) read from a damaged record's header,
+    when what it says is consistent: the message magic, its own offset, a
+    topic of 1..127 UTF-8 bytes inside [pos, stop)."""
+    head = buf[pos:stop].tobytes()
+    if len(head) < L.RECORD_FIXED_BYTES:
+        return None
+    magic, = struct.unpack_from(">I", head, L.OFF_MAGIC)
+    qid, = struct.unpack_from(">i", head, L.OFF_QUEUEID)
+    qoff, phy = struct.unpack_from(">qq", head, L.OFF_QUEUEOFFSET)
+    sysflag, = struct.unpack_from(">i", head, L.OFF_SYSFLAG)
+    if magic != L.MESSAGE_MAGIC or phy != s + pos or qid < 0 or qoff < 0:
+        return None
+    bh = 20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8
+    sh = 20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8
+    q = 48 + bh + 8 + sh + 12
+    if q + 4 > len(head):
+        return None
+    blen, = struct.unpack_from(">i", head, q)
+    t = q + 4 + blen
+    if blen < 0 or t + 1 > len(head):
+        return None
+    tlen = head[t]
+    if not 1 <= tlen <= L.TOPIC_BYTES_MAX or t + 1 + tlen > len(head):
+        return None
+    try:
+        return head[t + 1:t + 1 + tlen].decode("utf-8"), qid, qoff
+    except UnicodeDecodeError:
+        return None
+
+
 class _Dispatcher:
     """Rewrites the ConsumeQueue units of scanned records, chunk by chunk.
     ``new_max``: queue → offset past its last record; ``gap``: some queue's
@@ -488,8 +691,11 @@ class _Dispatcher:
     A topic in ``rules`` gets its tags codes from its rule."""
 
     def __init__(self, cqs: ConsumeQueues, kept, rep: RecoveryReport,
-                 rules: dict[str, TagsCodeRule], pad_after: bool = False):
+                 rules: dict[str, TagsCodeRule], pad_after: bool = False, whole: bool = False):
         self.cqs, self.kept, self.rep, self.rules = cqs, kept, rep, rules
+        # ``whole``: the CommitLog starts at 0 (retention deleted nothing), so
+        # every queue starts at offset 0 and a first record past 0 follows a hole
+        self.whole = whole
         self.new_max: dict[tuple[str, int], int] = {}
         self.gap = False
         # ``pad_after``: records were cut from a middle segment; a queue whose
@@ -549,7 +755,7 @@ class _Dispatcher:
         rep = self.rep
         first, kept = self.kept.get(key, (0, 0))
         expect = self.new_max.get(key, kept)
-        known = key in self.new_max or kept > first
+        known = key in self.new_max or kept > first or self.whole
         if self.pad_after and q0 > expect and known:
             n = q0 - expect
             self.cqs.put_padding(key[0], key[1], expect, n)

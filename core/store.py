@@ -625,7 +625,8 @@ class MessageStore:
                 out.extend(self.read_message(int(p)) for p in r.phys)
             elif r.status not in (GetMessageStatus.NO_MATCHED_MESSAGE,
                                   GetMessageStatus.MESSAGE_WAS_REMOVING,
-                                  GetMessageStatus.OFFSET_FOUND_NULL):
+                                  GetMessageStatus.OFFSET_FOUND_NULL,
+                                  GetMessageStatus.OFFSET_TOO_SMALL):   # from the queue's min
                 break
             if r.next_offset <= offset:
                 break
