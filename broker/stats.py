@@ -37,6 +37,8 @@ class RuntimeStats:
         self.store = store
         self.cb = cb
         self.got = 0               # messages this worker's pulls returned (the pull path adds)
+        self.corrupt_skipped = 0   # damaged records this worker's pulls refused to serve
+        self._corrupt_published = 0
         self._published = 0        # of those, already in this process's slot
         self.samples: deque[tuple[float, int, int]] = deque(maxlen=KEEP)
         self.sample()
@@ -50,10 +52,14 @@ class RuntimeStats:
         return int(self.cb.procs["msgs_got"].sum())
 
     def publish(self) -> None:
-        """Add what this worker got since the last call to its slot's counter."""
+        """Add what this worker got since the last call to its slot's counters."""
         if self.got != self._published and self.cb.slot >= 0:
             self.cb.procs["msgs_got"][self.cb.slot] += self.got - self._published
             self._published = self.got
+        if self.corrupt_skipped != self._corrupt_published and self.cb.slot >= 0:
+            self.cb.procs["corrupt_skipped"][self.cb.slot] += (self.corrupt_skipped
+                                                               - self._corrupt_published)
+            self._corrupt_published = self.corrupt_skipped
 
     def sample(self) -> None:
         """Once a second (the worker's timer)."""
@@ -79,5 +85,7 @@ class RuntimeStats:
                 # shmq: the totals the rates are taken from (messages put since the store
                 # was made, got since the broker started)
                 "msgPutTotal": str(now[1]), "msgGetTotal": str(now[2]),
+                # shmq: damaged records pulls refused to serve (checkCRCOnRead)
+                "corruptSkipped": str(int(self.cb.procs["corrupt_skipped"].sum())),
                 "commitLogDiskRatio": str(disk),
                 "consumeQueueDiskRatio": str(disk)}     # one store root: the same disk

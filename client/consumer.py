@@ -262,9 +262,31 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
                         int(h.get("maxOffset", 0)), [])
     if status is PullStatus.FOUND:
         # one tuple for the pull's MIN_OFFSET/MAX_OFFSET, shared by its messages
-        msgs = decode_messages(r.body, mq.broker_name, (str(result.min_offset), str(result.max_offset)))
+        skipped: list = []
+        msgs = decode_messages(r.body, mq.broker_name, (str(result.min_offset), str(result.max_offset)),
+                               skipped=skipped)
+        if skipped:
+            result.next_begin_offset = _past_damage(msgs, skipped, offset, result.next_begin_offset)
+            for qoff, why, _ in skipped:
+                log.error("pull %s: %s (queue offset %s): a damaged record, skipped and not "
+                          "delivered", mq, why, "unknown" if qoff is None else qoff)
         result.msgs = [m for m in msgs if sub.accepts(m)] if sub.tags_set else msgs
     return result
+
+
+def _past_damage(msgs: list[MessageExt], skipped: list, offset: int, next_begin: int) -> int:
+    """Where the queue goes on after a pull with damaged records: a record
+    whose body alone was bad is skipped like a poison message (its
+    neighbours were read); a broken frame hid what came after it, so the
+    next pull starts past it — right after it when its queue offset is
+    believable, else after the last good message, else (it came first) at
+    the broker's next offset — so the queue never stops on it."""
+    qoff, _, framed = skipped[-1]
+    if framed:
+        return next_begin
+    if qoff is not None and offset <= qoff < next_begin:
+        return qoff + 1
+    return msgs[-1].queue_offset + 1 if msgs else next_begin
 
 
 def restore_retry_topic(msgs: list[MessageExt], group: str) -> None:

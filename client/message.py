@@ -338,11 +338,15 @@ class MessageExt:
 
 
 def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None = None,
-                    check_crc: bool = True) -> list[MessageExt]:
+                    check_crc: bool = True, skipped: list | None = None) -> list[MessageExt]:
     """The records of a pull (or VIEW/QUERY) reply body as ``MessageExt``s.
     Each record's frame is checked (magic, field lengths adding up to
     TOTALSIZE, body CRC); a compressed body is inflated here (one that is not
-    zlib is kept as stored, with a warning). Raises CorruptMessage."""
+    zlib is kept as stored, with a warning). Raises CorruptMessage, unless
+    ``skipped`` is a list: then a damaged record is left out and described
+    there as (its queue offset or None, why, framed): ``framed`` when the
+    records after it could still be read (only its body is bad); a broken
+    frame ends the decoding there."""
     if not isinstance(body, bytes):
         body = bytes(body)
     out = []
@@ -358,15 +362,29 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
         q = pos + 68 + (20 if sysflag & _BORN_V6 else 8) + (20 if sysflag & _STORE_V6 else 8)
         end = pos + size
         if magic != _MAGIC or size < L.RECORD_FIXED_BYTES or end > n or q + 7 > end:
-            raise CorruptMessage(f"record at {pos}: magic {magic & 0xFFFFFFFF:#x}, TOTALSIZE "
-                                 f"{size}: not a message record within the {n} bytes")
+            why = (f"record at {pos}: magic {magic & 0xFFFFFFFF:#x}, TOTALSIZE {size}: not a "
+                   f"message record within the {n} bytes")
+            if skipped is None:
+                raise CorruptMessage(why)
+            skipped.append((qoff if magic == _MAGIC else None, why, False))
+            break
         blen = i32(body, q)[0]
         t = q + 4 + blen                   # TOPICLENGTH
         if blen < 0 or t + 3 > end or t + 3 + body[t] + i16(body, t + 1 + body[t])[0] != end \
                 or body[t] == 0:
-            raise CorruptMessage(f"record at {pos}: field lengths do not add up to TOTALSIZE {size}")
+            why = f"record at {pos}: field lengths do not add up to TOTALSIZE {size}"
+            if skipped is None:
+                raise CorruptMessage(why)
+            skipped.append((qoff, why, True))        # TOTALSIZE passed its checks: go on
+            pos = end
+            continue
         if check_crc and crc32(mv[q + 4:t]) & 0x7FFFFFFF != i32(body, pos + 8)[0]:
-            raise CorruptMessage(f"record at {pos}: body CRC mismatch")
+            why = f"record at {pos}: body CRC mismatch"
+            if skipped is None:
+                raise CorruptMessage(why)
+            skipped.append((qoff, why, True))
+            pos = end
+            continue
         m = MessageExt(body, pos, broker_name, size, qoff, sysflag, pull)
         if sysflag & _COMPRESSED:
             try:

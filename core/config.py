@@ -69,6 +69,15 @@ class StoreConfig:
     # spaces deletions by deleteCommitLogFilesInterval instead)
     deleteFileBatchMax: int = 10
     checkCRCOnRecover: bool = True
+    # shmq: pulls check each record they read from outside the page-cache
+    # window (below) as recovery does — sizes, magic, own offset, body CRC —
+    # and never serve one that fails: the queue moves past it (an ERROR and
+    # stats' corruptSkipped). Off: RocketMQ's behaviour, records served unread
+    checkCRCOnRead: bool = True
+    # RocketMQ's MessageStoreConfig: the share of physical memory (percent)
+    # that the newest CommitLog bytes are taken to occupy in the page cache;
+    # records further behind the write position are read from disk
+    accessMessageInMemoryMaxRatio: int = 40
     # build the IndexFile (QUERY_MESSAGE by key / UNIQ_KEY)
     messageIndexEnable: bool = True
     # hash slots per IndexFile (4 bytes each)

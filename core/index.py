@@ -14,6 +14,7 @@ CommitLog does not back and the build redoes it.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from . import layout as L
 from .commitlog import SegmentMissing
 from .config import StoreConfig
 from .files import REAL_FILES, FileLayer
+from .recovery import next_valid_record
 from .store import MessageStore
 
 if sys.byteorder != "little":
@@ -37,6 +39,7 @@ NAME_DIGITS = 17
 # MessageStoreConfig.maxMsgsNumBatch: IndexService.queryOffset caps maxNum at it.
 MAX_MSGS_NUM_BATCH = 64
 SCAN_ROWS = 8192
+log = logging.getLogger("shmq.store")
 BUILD_BYTES = 32 << 20
 
 HEADER_DTYPE = np.dtype([("begin_ts", ">i8"), ("end_ts", ">i8"), ("begin_phy", ">i8"),
@@ -52,10 +55,6 @@ _TAGS = np.frombuffer(L.PROPERTY_TAGS.encode(), np.uint8)
 
 class IndexGeometryError(ValueError):
     """An index file's size does not match maxHashSlotNum and maxIndexNum."""
-
-
-class IndexBuildError(RuntimeError):
-    """The CommitLog below the write position holds something that is not a record."""
 
 
 def file_bytes(slot_num: int, index_num: int) -> int:
@@ -179,6 +178,7 @@ class IndexService:
         self._recovery: IndexRecovery | None = None
         self._next_phy = 0    # the record the build goes on with ...
         self._skip = 0        # ... and how many of its keys are indexed
+        self.damaged_skipped = 0   # damaged ranges the build stepped over
         self._rows = None if read_only else np.empty((SCAN_ROWS, K.N_SCAN), np.int64)
         self._out = np.empty(MAX_MSGS_NUM_BATCH, np.int64)
         if not read_only:
@@ -379,9 +379,24 @@ class IndexService:
             elif status == K.SCAN_FULL or (status == K.SCAN_END and n):
                 self._next_phy = seg_start + rel
             else:
-                raise IndexBuildError(f"CommitLog offset {seg_start + rel}: no valid record "
-                                      f"(scan status {status}) below the write position {end}")
+                self._next_phy = self._past_damage(seg, seg_start, rel, end)
         return self._next_phy - start
+
+    def _past_damage(self, seg: np.ndarray, seg_start: int, rel: int, end: int) -> int:
+        """No valid record at ``seg_start + rel``, below the write position:
+        damage (recovery quarantines what it scans; older segments are not
+        rescanned). Skip to the next valid record, or the next segment, and
+        say so: the records there are not indexed (QUERY_MESSAGE will not
+        find them) but nothing after them is lost."""
+        stop_in_seg = min(end - seg_start, seg.shape[0])
+        nxt = next_valid_record(seg, seg_start, rel + 1, stop_in_seg)
+        resume = seg_start + (nxt if nxt is not None else seg.shape[0])
+        resume = min(resume, end)
+        self.damaged_skipped += 1
+        log.error("index: no valid record at CommitLog offset %d below the write position %d "
+                  "(damaged): %d bytes skipped to %d, not indexed", seg_start + rel, end,
+                  resume - seg_start - rel, resume)
+        return resume
 
     def _index_rows(self, seg: np.ndarray, n: int) -> None:
         first, skip = 0, self._skip

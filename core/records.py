@@ -459,6 +459,34 @@ def _host(b: bytes, pos: int, v6: bool) -> tuple[tuple[str, int], int]:
     return (ip, int.from_bytes(b[pos + n:pos + n + 4], "big", signed=True)), pos + n + 4
 
 
+def record_fault(data, phy: int) -> str | None:
+    """Why the record at the start of ``data`` (a view of exactly its bytes,
+    at CommitLog offset ``phy``) fails the check recovery makes — TOTALSIZE,
+    MAGIC, its own offset, the field lengths, the body CRC — or None when
+    it passes. No object per field: pulls that read old records from disk
+    call it per record."""
+    size = len(data)
+    if size < L.RECORD_FIXED_BYTES + 1:
+        return f"record at {phy}: {size} bytes, too few for a record"
+    total, magic, crc, _, _, _, own, sysflag, _ = _HEAD.unpack_from(data, 0)
+    if total != size:
+        return f"record at {phy}: TOTALSIZE {total}, its ConsumeQueue unit says {size}"
+    if magic != L.MESSAGE_MAGIC:
+        return f"record at {phy}: magic {magic:#x} is not {L.MESSAGE_MAGIC:#x}"
+    if own != phy:
+        return f"record at {phy}: PHYSICALOFFSET says {own}"
+    q = 48 + (20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8) + 8 \
+        + (20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8) + 12
+    blen = int.from_bytes(data[q:q + 4], "big", signed=True)
+    t = q + 4 + blen
+    if blen < 0 or t + 3 > size or t + 1 + data[t] + 2 + int.from_bytes(
+            data[t + 1 + data[t]:t + 3 + data[t]], "big", signed=True) != size:
+        return f"record at {phy}: field lengths do not add up to TOTALSIZE {size}"
+    if zlib.crc32(data[q + 4:t]) & 0x7FFFFFFF != crc:
+        return f"record at {phy}: body CRC mismatch"
+    return None
+
+
 def decode(data, pos: int = 0, check_crc: bool = True) -> StoredMessage:
     """Decode the record at ``pos`` of ``data`` (bytes or uint8 array)."""
     b = bytes(data[pos:pos + 4])

@@ -545,7 +545,7 @@ class _Quarantine:
         if phy >= self.flushed:
             return False
         seg_end = buf.shape[0]
-        stop = _next_valid(buf, s, pos + 1, seg_end)
+        stop = next_valid_record(buf, s, pos + 1, seg_end)
         if stop is None:
             # nothing valid after it in this segment: what was flushed is the
             # range set aside (the checkpoint's positions are record bounds)
@@ -594,7 +594,7 @@ class _Quarantine:
         return path
 
 
-def _next_valid(buf: np.ndarray, s: int, start: int, end: int) -> int | None:
+def next_valid_record(buf: np.ndarray, s: int, start: int, end: int) -> int | None:
     """Position of the first valid record (a message, a PAD or the segment's
     BLANK) at or after ``start`` in the segment ``buf`` at CommitLog offset
     ``s``: a candidate carries a magic at +4 and must pass scan_records' checks."""

@@ -9,7 +9,8 @@ One POSIX shared-memory object per store, named from the store's real path
     128  proc_slots × 64-byte process slots (PROC_DTYPE):
            0 pid | 8 start_ticks | 16 flags | 24 role | 32 heartbeat_ms |
           40 msgs_got (a worker's messages returned by pulls: the broker's
-             getTransferedTps; kept when a new process takes the slot)
+             getTransferedTps; kept when a new process takes the slot) |
+          48 corrupt_skipped (damaged records its pulls refused; kept likewise)
      region_offset (4 KiB aligned): the caller's region (the store's
          ``StoreState``; this module never interprets it)
 
@@ -50,8 +51,9 @@ from .wakeup import Waiter, Waker
 MAGIC = 0x73686D716374726C  # "shmqctrl"
 VERSION = 1
 HEADER_BYTES = 128
-PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbeat_ms", "msgs_got"],
-                       "formats": [np.int64] * 6, "offsets": [0, 8, 16, 24, 32, 40],
+PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbeat_ms", "msgs_got",
+                                 "corrupt_skipped"],
+                       "formats": [np.int64] * 7, "offsets": [0, 8, 16, 24, 32, 40, 48],
                        "itemsize": 64})
 _HDR = ["magic", "version", "proc_slots", "region_offset", "region_bytes", "owner_pid",
         "owner_start", "lock_owner_pid", "lock_owner_start", "retired"]

@@ -725,3 +725,25 @@ def test_queries_racing_inserts_see_only_complete_entries(tmp_path):
     assert reads[0] > 10 and not bad
     r.close()
     w.close()
+
+
+def test_a_damaged_record_is_skipped_and_reported_and_later_records_are_indexed(store_and_cfg,
+                                                                               caplog):
+    """A bad record header below the write position used to raise
+    IndexBuildError, crash-looping the services process (12 restarts in
+    25 s) until the topic's route went from the NameServer."""
+    store, cfg = store_and_cfg
+    rs = [store.append(encode("T", [b"x" * 50], properties=properties_bytes(keys=f"k{i}"),
+                              store_timestamp=T0)) for i in range(10)]
+    bad = rs[4]
+    store.cl.write(bad.phy_offset + 4, b"\0\0\0\0")           # its MAGIC
+    svc = I.IndexService(cfg)
+    with caplog.at_level("ERROR", logger="shmq.store"):
+        assert svc.build(store) == rs[-1].end
+    assert svc.damaged_skipped == 1
+    assert any(f"no valid record at CommitLog offset {bad.phy_offset}" in r.getMessage()
+               for r in caplog.records)
+    assert svc.query("T", "k4", 8, *EVER) == []
+    assert [svc.query("T", f"k{i}", 8, *EVER) for i in (3, 5, 9)] == \
+        [[rs[3].phy_offset], [rs[5].phy_offset], [rs[9].phy_offset]]
+    svc.close()

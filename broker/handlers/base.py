@@ -13,6 +13,7 @@ handler sets ``due``.
 from __future__ import annotations
 
 import ipaddress
+import os
 import time
 
 import orjson
@@ -77,6 +78,10 @@ class Peer:
         return f"Peer({self.id}, {self.addr!r})"
 
 
+def _physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class Broker:
     """A worker's request-handling state: the store, the shared tables, the
     subscriptions its clients registered, what it has parked, and the
@@ -102,6 +107,12 @@ class Broker:
         self.boot_ms = int(time.time() * 1000)
         self.put_count = 0
         self.stats = RuntimeStats(store, cb)       # putTps, getTransferedTps, disk use
+        # pulls check records further than this behind the write position
+        # (read from disk, not the page cache this broker wrote: checkCRCOnRead)
+        sc = config.store
+        self.in_memory_bytes = (_physical_memory() * sc.accessMessageInMemoryMaxRatio // 100
+                                if sc.checkCRCOnRead else 1 << 62)
+        self.corrupt_seen: dict[int, str] = {}      # phy → why, of records pulls refused
         self.index: IndexService | None = None      # opened on the first query
         self.subs: dict[tuple[str, str], Subscription] = {}
         self.group_peers: dict[str, dict[str, Peer]] = {}     # group → client id → its peer

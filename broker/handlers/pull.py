@@ -8,9 +8,11 @@ grows or its hold ends; that answer goes out in JSON, as RocketMQ's does.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from shmq.core.consumequeue import ALL_TAGS
-from shmq.core.records import decode
+from shmq.core.records import decode, record_fault
 from shmq.core.store import GetMessageStatus, GetResult
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, BadRequest, Header
@@ -31,7 +33,8 @@ PULL_STATUS_CODE = {
     GetMessageStatus.OFFSET_OVERFLOW_BADLY: R.PULL_OFFSET_MOVED,
     GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
 }
-SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
+SQL_SCAN_ROUNDS = 8
+log = logging.getLogger("shmq.broker")          # reads a SQL92-filtered pull makes while nothing matches
 
 
 def pull(b: Broker, peer: Peer, cmd: RemotingCommand):
@@ -71,6 +74,8 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     if sub.sql is not None and (c.filterSupportRetry
                                 or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
         r = _sql_filtered(b, r, sub.sql, topic, qid, max_msgs)
+    if r.phys.shape[0] and int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes:
+        r = _checked(b, r, topic, qid, offset)     # read from disk, not the page cache: check
     st = r.status
     if st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
         code = R.PULL_OFFSET_MOVED if offset != 0 else R.PULL_NOT_FOUND
@@ -90,6 +95,51 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     b.stats.got += len(r.sizes)
     parts, nbytes = _body_parts(b, r.phys, r.sizes)
     return Reply(reply, parts, nbytes)
+
+
+def _checked(b: Broker, r: GetResult, topic: str, qid: int, offset: int) -> GetResult:
+    """``r`` without the first record read from disk that fails its check
+    (``records.record_fault``) and what follows it: the records before it
+    are served, and a pull that starts at it moves the queue past it
+    (NO_MATCHED_MESSAGE, next offset after it: PULL_RETRY_IMMEDIATELY), so
+    a damaged record is never served and never stops a consumer. Each one
+    is an ERROR once per worker and counted in the stats (corruptSkipped)."""
+    horizon = b.store.state.write_pos - b.in_memory_bytes
+    phys, sizes = r.phys.tolist(), r.sizes.tolist()
+    for i, (p, n) in enumerate(zip(phys, sizes)):
+        if p >= horizon:
+            break                         # this one and the rest: newer, in the page cache
+        why = b.corrupt_seen.get(p) or record_fault(memoryview(b.store.record_view(p, n)), p)
+        if why is None:
+            continue
+        qoff = _queue_offset_of(b, topic, qid, offset, p)
+        if p not in b.corrupt_seen:
+            b.corrupt_seen[p] = why
+            b.stats.corrupt_skipped += 1
+            log.error("pull %s queue %d: %s; queue offset %s is skipped, never served "
+                      "(recovery quarantines it at the next start if it lies in the segments "
+                      "it scans; shmq store inspect --offset %d shows it)", topic, qid, why,
+                      qoff, p)
+        if i:
+            prev = b.store.record_view(phys[i - 1], sizes[i - 1])
+            nxt = int.from_bytes(prev[20:28].tobytes(), "big", signed=True) + 1
+            return GetResult(r.status, nxt, r.min_offset, r.max_offset, r.phys[:i], r.sizes[:i])
+        nxt = r.next_offset if qoff is None else qoff + 1
+        return GetResult(GetMessageStatus.NO_MATCHED_MESSAGE, nxt, r.min_offset, r.max_offset,
+                         r.phys[:0], r.sizes[:0])
+    return r
+
+
+def _queue_offset_of(b: Broker, topic: str, qid: int, offset: int, phy: int) -> int | None:
+    """The queue offset at or after ``offset`` whose unit points at ``phy``."""
+    while True:
+        units = b.store.queue_units(topic, qid, offset, 1024)
+        if not units.shape[0]:
+            return None
+        hit = np.flatnonzero(units["phy_offset"] == phy)
+        if hit.shape[0]:
+            return offset + int(hit[0])
+        offset += units.shape[0]
 
 
 def _topic_for_pull(b: Broker, group: str, topic: str) -> dict:
