@@ -131,6 +131,18 @@ class BrokerConfig:
         if not 1 <= self.defaultTopicQueueNums <= 1024:
             errors.append(f"defaultTopicQueueNums={self.defaultTopicQueueNums}: must be 1..1024")
         if self.outboundBufferMaxBytes < 64 * 1024:
+    # shmq: bytes of unfinished request frames one worker holds across its
+    # connections; past it the connection holding the most is closed
+    # (16 clients each sending 16 MiB of a frame and stopping cost 256 MiB)
+    serverPendingFrameBytesMax: int = 64 * 1024 * 1024
+    # shmq: client connections the broker serves at once (split evenly over
+    # the workers); past it a new one is closed with an ERROR a second.
+    # 0: the descriptor limit (RLIMIT_NOFILE) less 256 kept for the store
+    serverMaxConnections: int = 0
+    # RocketMQ's: a send that waited longer than this (ms) between arriving
+    # and being handled is refused with SYSTEM_BUSY ([TIMEOUT_CLEAN_QUEUE]),
+    # so the producer backs off or tries another broker
+    waitTimeMillsInSendQueue: int = 200
             errors.append(f"outboundBufferMaxBytes={self.outboundBufferMaxBytes}: at least 65536")
         try:
             parse_delay_levels(self.messageDelayLevel)
@@ -157,6 +169,14 @@ class BrokerConfig:
 
     @property
     def unix_path(self) -> str:
+        if self.serverPendingFrameBytesMax < 1 << 20:
+            errors.append(f"serverPendingFrameBytesMax={self.serverPendingFrameBytesMax}: "
+                          f"at least 1048576")
+        if self.serverMaxConnections < 0:
+            errors.append(f"serverMaxConnections={self.serverMaxConnections}: must be >= 0")
+        if self.waitTimeMillsInSendQueue <= 0:
+            errors.append(f"waitTimeMillsInSendQueue={self.waitTimeMillsInSendQueue}: "
+                          f"must be positive")
         return self.unixSocketPath or os.path.join(self.store.storePathRootDir, "broker.sock")
 
     @property

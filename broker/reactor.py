@@ -18,6 +18,10 @@ by a slow client. A
 connection with more than ``out_max`` bytes queued stops being read until it
 drains to half that: a client that stops reading replies only stops itself.
 A malformed frame closes that connection and is logged; nothing else.
+Bytes of unfinished frames are counted across the reactor's connections:
+past ``pending_max`` the connection holding the most is closed, so clients
+that send part of a large frame and stop cannot grow the process without
+bound (each is capped at the 16 MiB frame limit, but not their sum).
 """
 from __future__ import annotations
 
@@ -70,7 +74,8 @@ class Connection:
         self.closed = False
         self.dirty = False         # queued output not yet offered to the socket this turn
         self.writes = 0            # sendmsg/send/sendfile calls made (what coalescing saves)
-        self.last_active = time.monotonic()
+        self.last_active = time.monotonic()    # when its last bytes came (requests since wait)
+        self.held = 0              # bytes in its decoder after the last read (Reactor.pending)
         self.attrs: dict = {}      # what the handlers remember about this client (Peer.attrs)
 
     # ------------------------------------------------------------ reading
@@ -212,8 +217,15 @@ class Connection:
                 self.close(f"protocol error: {e}")
                 return
             if cmd is None:
-                return
+                break
             self.on_command(self, cmd)
+        held = self.decoder.buffered_bytes
+        if held != self.held and not self.closed:
+            r = self.reactor
+            r.pending += held - self.held
+            self.held = held
+            if r.pending > r.pending_max:
+                r.shed()
 
     def close(self, reason: str = "closed") -> None:
         if self.closed:
@@ -231,6 +243,8 @@ class Connection:
         except (KeyError, ValueError):
             pass
         self.reactor.conns.pop(self.id, None)
+        self.reactor.pending -= self.held
+        self.held = 0
         self.sock.close()
         self.out.clear()
         self.out_bytes = 0
@@ -266,7 +280,7 @@ class SignalWakeup:
 
 
 class Reactor:
-    def __init__(self):
+    def __init__(self, pending_max: int = 1 << 62):
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Connection] = {}
         self._timers: list = []
@@ -280,6 +294,19 @@ class Reactor:
         self.recv_buf = bytearray(RECV_BYTES)
         self.recv_view = memoryview(self.recv_buf)
         self.stopping = False
+        self.pending = 0                     # bytes held in the connections' decoders
+        self.pending_max = pending_max
+
+    def shed(self) -> None:
+        """Over ``pending_max``: close the connection holding the most bytes
+        of unfinished requests until under it again."""
+        while self.pending > self.pending_max and self.conns:
+            conn = max(self.conns.values(), key=lambda c: c.held)
+            if not conn.held:
+                return
+            conn.close(f"closed holding {conn.held} bytes of unfinished requests: this process "
+                       f"held {self.pending} across its connections, past its limit "
+                       f"{self.pending_max} (serverPendingFrameBytesMax)")
 
     def add_reader(self, fileobj, callback: Callable[[], None]) -> None:
         self.sel.register(fileobj, selectors.EVENT_READ, _Reader(callback))

@@ -28,6 +28,8 @@ import time
 
 from shmq.core import jit
 from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand, encode_head
 
 from .config import BrokerConfig
@@ -42,6 +44,10 @@ log = logging.getLogger("shmq.worker")
 HANDOFF_MSG_BYTES = 64 * 1024
 HANDOFF_FDS_MAX = 64
 DRAIN_S = 5.0
+# the requests RocketMQ's send thread pool runs (waitTimeMillsInSendQueue applies)
+SEND_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSAGE,
+                        RC.CONSUMER_SEND_MSG_BACK})
+FDS_KEPT = 256        # descriptors a worker keeps for the store's files past its connections
 
 
 def boss_address(namespace: str) -> bytes:
@@ -59,7 +65,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
     cb.set_flag(WANT_CLIENTS, True)
     registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
     tables = Tables(config, store.state, on_change=lambda: cb.wake_flagged(WANT_CONFIG))
-    reactor = Reactor()
+    reactor = Reactor(config.serverPendingFrameBytesMax)
     handlers = Handlers(config, store, cb, tables, registry)
     driver = Driver(reactor, handlers)
     reactor.every(SAMPLE_S, handlers.stats.sample)
@@ -67,6 +73,9 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
     chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     chan.connect(boss_address(cb.namespace))
     chan.sendall(f"{index} {cb.slot} {os.getpid()}\n".encode())
+
+    conn_max = connection_cap(config)
+    refused = Refusals(conn_max)
 
     def on_handoff():
         try:
@@ -86,6 +95,10 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
         for i, fd in enumerate(fds):
             sock = socket.socket(fileno=fd)
             peer = peers[i] if i < len(peers) and peers[i] else f"fd{fd}"
+            if len(reactor.conns) >= conn_max:
+                refused.note(peer)
+                sock.close()
+                continue
             driver.add_connection(sock, peer, config.outboundBufferMaxBytes)
 
     def on_wake():
@@ -121,6 +134,30 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
         store.close()
 
 
+def connection_cap(config: BrokerConfig) -> int:
+    """The connections one worker serves at once: its share of
+    serverMaxConnections, or of the descriptor limit less FDS_KEPT."""
+    total = config.serverMaxConnections or max(
+        1, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - FDS_KEPT)
+    return max(1, -(-total // max(1, config.workers)))
+
+
+class Refusals:
+    """Connections closed past the cap: one ERROR a second at most, with the count."""
+
+    def __init__(self, cap: int):
+        self.cap, self.count, self.logged_at = cap, 0, float("-inf")
+
+    def note(self, peer: str) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.logged_at >= 1.0:
+            log.error("refused %d connection(s) (the last from %s): this worker serves %d, its "
+                      "share of serverMaxConnections (or of the descriptor limit)",
+                      self.count, peer, self.cap)
+            self.count, self.logged_at = 0, now
+
+
 class Driver:
     """Connections ↔ handlers (see the module's docstring)."""
 
@@ -132,6 +169,8 @@ class Driver:
         self.armed = None                        # the reactor timer for the earliest deadline
         self.armed_at = float("inf")
         self.notices_soon = False
+        self.send_wait_ms = handlers.config.waitTimeMillsInSendQueue
+        self.refused_busy = 0                    # sends refused with SYSTEM_BUSY
 
     def add_connection(self, sock: socket.socket, addr: str, out_max: int) -> Connection:
         conn = self.reactor.add_connection(sock, addr, self.on_command, self.on_close, out_max)
@@ -140,6 +179,11 @@ class Driver:
 
     def on_command(self, conn: Connection, cmd: RemotingCommand) -> None:
         h = self.h
+        if cmd.code in SEND_CODES and not cmd.is_response:
+            waited_ms = (time.monotonic() - conn.last_active) * 1000
+            if waited_ms > self.send_wait_ms:
+                self.busy(conn, cmd, waited_ms)
+                return
         out = h.handle(self.peers[conn.id], cmd)
         if out is not None:
             if type(out) is bytes:
@@ -154,6 +198,19 @@ class Driver:
             self.send_all(self.parking.ready())
         if h.due:
             self._notices_soon()
+
+    def busy(self, conn: Connection, cmd: RemotingCommand, waited_ms: float) -> None:
+        """RocketMQ's fast failure (BrokerFastFailure): a send that waited past
+        waitTimeMillsInSendQueue since its bytes arrived — behind a long turn,
+        or while its connection was not read — is refused with SYSTEM_BUSY, so
+        the producer backs off or sends to another broker, instead of being
+        stored after its sender may have given up on it."""
+        self.refused_busy += 1
+        if not cmd.is_oneway:
+            reply = cmd.reply(R.SYSTEM_BUSY, f"[TIMEOUT_CLEAN_QUEUE]broker busy, start flow "
+                                             f"control for a while, period in queue: "
+                                             f"{waited_ms:.0f}ms")
+            conn.send(encode_head(reply, 0))
 
     def on_close(self, conn: Connection) -> None:
         peer = self.peers.pop(conn.id, None)
