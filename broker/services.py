@@ -20,6 +20,7 @@ import time
 
 from shmq.core import jit
 from shmq.core.index import IndexService
+from shmq.core.scrub import Scrubber
 from shmq.core.store import MessageStore
 from shmq.ipc.channel import RemotingClient
 from shmq.ipc.codes import ResponseCode
@@ -81,7 +82,9 @@ class Services:
                                                    wake_slot)
             self.transactions.start()
             self.index = IndexService(config.store)
-            self.features = [self.delay, self.transactions, IndexBuilder(self.index, store)]
+            self.scrubber = Scrubber(store, config.store)
+            self.features = [self.delay, self.transactions, IndexBuilder(self.index, store),
+                             self.scrubber]
             if config.timerWheelEnable:
                 self.timer = TimerService(store, self.progress, self.reposter,
                                           config.timerPrecisionMs, host, root)

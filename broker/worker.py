@@ -109,6 +109,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
 
     def every_second():
         cb.heartbeat()
+        handlers.reload_damage()
         driver.on_wake()     # a wake-up missed is a second late, not a hold late
         ticks[0] += 1
         if ticks[0] % 10 == 0:

@@ -78,6 +78,12 @@ class StoreConfig:
     # that the newest CommitLog bytes are taken to occupy in the page cache;
     # records further behind the write position are read from disk
     accessMessageInMemoryMaxRatio: int = 40
+    # shmq: the services process checks every record of the sealed CommitLog
+    # segments at this many bytes a second (core/scrub.py); 0: off
+    scrubBytesPerSecond: int = 32 * 1024 * 1024
+    # shmq: a scrub pass over every sealed segment starts this many hours
+    # after the last one began (segments sealed meanwhile are checked at once)
+    scrubPassIntervalHours: int = 24
     # build the IndexFile (QUERY_MESSAGE by key / UNIQ_KEY)
     messageIndexEnable: bool = True
     # hash slots per IndexFile (4 bytes each)
@@ -115,6 +121,12 @@ class StoreConfig:
         for name in ("diskSpaceCleanForciblyRatio", "diskSpaceWarningLevelRatio"):
             if not 1 <= getattr(self, name) <= 100:
                 errors.append(f"{name}={getattr(self, name)}: must be a percent, 1..100")
+        if not 0 <= self.accessMessageInMemoryMaxRatio <= 100:
+            errors.append(f"accessMessageInMemoryMaxRatio={self.accessMessageInMemoryMaxRatio}: "
+                          f"must be a percent, 0..100")
+        for name in ("scrubBytesPerSecond", "scrubPassIntervalHours"):
+            if getattr(self, name) < 0:
+                errors.append(f"{name}={getattr(self, name)}: must be >= 0 (0: off / at once)")
         try:
             self.delete_hours()
         except ValueError as e:

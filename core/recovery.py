@@ -59,6 +59,7 @@ checks; the report says which it was.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
@@ -251,6 +252,10 @@ def recover(config: StoreConfig, files: FileLayer,
                                whole=cl_min == 0)
         flushed = ckpt.cl_flushed if ckpt is not None else -1
         quarantine = _Quarantine(cl, cqs, root, flushed, rep, dispatch)
+        damage = DamageLog(files, root)
+        for begin, _, _ in damage.load():      # what the scrub found while the broker ran
+            if cl_min <= begin < segs[-1] + seg:
+                quarantine.listed(begin)
         end, last_ts = _scan(cl, segs, scan_from, config.checkCRCOnRecover, rep, dispatch.chunk,
                              dispatch.pad, quarantine)
         if ckpt is not None and ckpt.cl_flushed > end:
@@ -280,6 +285,7 @@ def recover(config: StoreConfig, files: FileLayer,
         # What survived a process crash may still be only in the page cache:
         # make it durable before anyone counts it as flushed.
         cl.flush(scan_from, end)
+        damage.clear()                          # quarantined above, or no longer there
         rep.seconds = time.perf_counter() - t0
         return Recovered(rep, end, cl_min, last_ts, queues)
     finally:
@@ -528,6 +534,56 @@ def _kept_extents(cqs: ConsumeQueues, cl_min: int, scan_from: int) -> dict[tuple
     return out
 
 
+DAMAGE_FILE = "damaged.json"
+
+
+class DamageLog:
+    """The damaged CommitLog ranges found while the broker runs:
+    ``<root>/quarantine/damaged.json``, a list of [begin, end, why]."""
+
+    def __init__(self, files: FileLayer, root: str):
+        self.files = files
+        self.dir = os.path.join(root, "quarantine")
+        self.path = os.path.join(self.dir, DAMAGE_FILE)
+
+    def load(self) -> list[tuple[int, int, str]]:
+        raw = self.files.read_bytes(self.path)
+        if not raw:
+            return []
+        try:
+            return sorted((int(b), int(e), str(w)) for b, e, w in json.loads(raw))
+        except (ValueError, TypeError) as err:
+            log.error("%s is not a list of [begin, end, why]: %s; the ranges in it are not "
+                      "avoided", self.path, err)
+            return []
+
+    def add(self, begin: int, end: int, why: str) -> None:
+        ranges = [r for r in self.load() if r[0] != begin] + [(begin, end, why)]
+        self.files.makedirs(self.dir)
+        self.files.write_durable(self.path, json.dumps(sorted(ranges)).encode())
+
+    def clear(self) -> None:
+        if self.files.exists(self.path):
+            self.files.unlink(self.path)
+
+    def stamp(self) -> tuple[int, int]:
+        """(mtime ns, size) of the file on disk, (0, 0) when there is none:
+        the workers reload the ranges when it changes."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return 0, 0
+        return st.st_mtime_ns, st.st_size
+
+
+def damaged_at(ranges: list[tuple[int, int, str]], phy: int, size: int) -> str | None:
+    """Why [phy, phy + size) overlaps a listed damaged range, or None."""
+    for begin, end, why in ranges:
+        if begin < phy + size and phy < end:
+            return why
+    return None
+
+
 class _Quarantine:
     """``_scan``'s ``on_damage``: sets aside an invalid record below the
     flushed position (see the module doc); past it, or with no checkpoint,
@@ -582,6 +638,23 @@ class _Quarantine:
                   "quarantined %s; never served, queue offsets never reused; every record "
                   "after it is kept", phy, offset_to_file_name(s), self.flushed, q.describe())
         return True
+
+    def listed(self, begin: int) -> None:
+        """Quarantine a range the scrub listed (``DamageLog``), wherever it
+        lies: below the scan, its queues' padding units are written here."""
+        seg = self.cl.segment_bytes
+        s = begin - begin % seg
+        buf = self.cl.map(s)
+        pos = begin - s
+        out = np.empty((1, K.N_SCAN), dtype=np.int64)
+        n, _, status = K.scan_records(buf, pos, buf.shape[0], s, True, K.CRC_TABLES,
+                                      _TAGS_KEY[:0], out)
+        if n or status in (K.SCAN_BLANK, K.SCAN_FULL) or \
+                int.from_bytes(buf[pos + 4:pos + 8].tobytes(), "big") == L.PAD_MAGIC:
+            return              # whole now (the damage was in memory), or quarantined before
+        if self(s, buf, pos):
+            for topic, qid, qoff in self.rep.quarantined[-1].records:
+                self.cqs.put_padding(topic, qid, qoff, 1)
 
     def _copy(self, phy: int, data: bytes) -> str:
         path = os.path.join(self.dir, offset_to_file_name(phy))

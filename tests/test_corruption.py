@@ -114,3 +114,78 @@ def test_shmq_consumer_skips_a_damaged_record_it_is_served_and_goes_on(tmp_path,
         assert sorted(got) == sorted(bodies[:7] + bodies[8:])
         assert any("body CRC mismatch" in r.getMessage() and "queue offset 7" in r.getMessage()
                    for r in caplog.records)
+
+
+def test_the_scrub_finds_damage_in_a_sealed_segment_and_the_next_start_quarantines_it(store_dir,
+                                                                                       caplog):
+    """Damage in an old segment that no pull reads and recovery does not
+    rescan: the scrub finds it, lists it for the workers, and the next start
+    sets exactly that record aside (its queue offset never reused)."""
+    from conftest import SMALL_SEGMENT, small_config
+    from shmq.core.records import encode
+    from shmq.core.recovery import DamageLog
+    from shmq.core.scrub import Scrubber
+    from shmq.core.store import close_clean, open_local
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    recs = []
+    for i in range(200):                                   # ~3 segments of 64 KiB
+        r = store.append(encode("S", [b"%04d:" % i + bytes([i % 251]) * 900], queue_ids=i % 2,
+                                properties=b""))
+        recs.append((int(r.phy_offset), int(r.end), i % 2, int(r.queue_offset)))
+    bad = next(r for r in recs if r[0] > 1000 and r[1] < SMALL_SEGMENT)   # in the first segment
+    seg0 = os.path.join(store_dir, "commitlog", L.offset_to_file_name(0))
+    with open(seg0, "r+b") as f:
+        f.seek(bad[0] + 88 + 30)
+        f.write(b"\xff")
+    clock = [0.0]
+    scrub = Scrubber(store, cfg, clock=lambda: clock[0])
+    with caplog.at_level("ERROR", logger="shmq.store"):
+        for _ in range(200):                                # a bounded pass
+            clock[0] += 1.0
+            scrub.step(0)
+            if scrub.pos < 0 and scrub.checked:
+                break
+    assert scrub.found == 1
+    assert [(b_, e_) for b_, e_, _ in DamageLog(store.files, store.root).load()] == [(bad[0], bad[1])]
+    assert any(f"no valid record at CommitLog offset {bad[0]}" in r.getMessage()
+               for r in caplog.records)
+    close_clean(store)
+    store, report = open_local(cfg)                         # the scan starts in the last segment
+    assert [q.phy for q in report.quarantined] == [bad[0]]
+    assert report.quarantined[0].records == [("S", bad[2], bad[3])]
+    assert DamageLog(store.files, store.root).load() == []
+    for qid in range(2):
+        got = [m.queue_offset for m in store.read_queue("S", qid)]
+        assert got == [r[3] for r in recs if r[2] == qid and r is not bad]
+        assert store.append(encode("S", [b"new"], queue_ids=qid, properties=b"")).queue_offset == \
+            len([r for r in recs if r[2] == qid])
+    store.close()
+
+
+def test_a_running_broker_scrubs_and_stops_serving_damage_it_found(tmp_path):
+    """Inside the page-cache window pulls do not check records; damage the
+    scrub finds there is still never served once the workers read its list."""
+    import time
+    topic = "Scrubbed"
+    with start_broker(tmp_path, mappedFileSizeCommitLog=str(64 * 1024), maxMessageSize="16384",
+                      scrubBytesPerSecond=str(1 << 30), scrubPassIntervalHours="0") as b, \
+            RemotingClient(b.addr) as c:
+        assert c.invoke(create_topic(topic, 1)).code == R.SUCCESS
+        bodies = [b"scrub-%03d:" % i + bytes([i % 251]) * 900 for i in range(150)]
+        for body in bodies:
+            assert c.invoke(send_message(topic, body, queue_id=0)).code == R.SUCCESS
+        recs = decode_records(c.invoke(pull_message(topic, 0, 0, max_msgs=32)).body)
+        bad = recs[5]                                 # in the first, sealed, segment
+        _flip_body_byte(b.store, bad.phy_offset, bad.total_size)
+        deadline = time.monotonic() + 60              # the scrub's next pass, then a worker tick
+        while True:
+            r = c.invoke(pull_message(topic, 0, 5, max_msgs=32))
+            if r.code == R.PULL_RETRY_IMMEDIATELY:
+                break
+            assert time.monotonic() < deadline, b.log()[-3000:]
+            time.sleep(0.1)
+        assert r.ext["nextBeginOffset"] == "6"
+        assert f"scrub: no valid record at CommitLog offset {bad.phy_offset}" in b.log()
+        r = c.invoke(pull_message(topic, 0, 0, max_msgs=32))
+        assert [m.body for m in decode_records(r.body)] == bodies[:5]

@@ -20,6 +20,7 @@ import orjson
 from shmq.core.checkpoint import parse_json_lenient
 from shmq.core.index import IndexService
 from shmq.core.records import host_raw
+from shmq.core.recovery import DamageLog
 from shmq.core.retention import disk_full_remark
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
@@ -113,6 +114,9 @@ class Broker:
         self.in_memory_bytes = (_physical_memory() * sc.accessMessageInMemoryMaxRatio // 100
                                 if sc.checkCRCOnRead else 1 << 62)
         self.corrupt_seen: dict[int, str] = {}      # phy → why, of records pulls refused
+        self.damage_log = DamageLog(store.files, store.root)
+        self.damage_stamp = (0, 0)
+        self.damaged: list[tuple[int, int, str]] = []   # ranges the scrub found: never served
         self.index: IndexService | None = None      # opened on the first query
         self.subs: dict[tuple[str, str], Subscription] = {}
         self.group_peers: dict[str, dict[str, Peer]] = {}     # group → client id → its peer
@@ -122,6 +126,13 @@ class Broker:
         self.seen_resets: dict[bytes, int] = {}
         self.seen_notices_epoch = -1
         self.due = False      # clients changed or a notice was posted: the driver runs notices()
+
+    def reload_damage(self) -> None:
+        """Once a second: the ranges the scrub listed, if the list changed."""
+        stamp = self.damage_log.stamp()
+        if stamp != self.damage_stamp:
+            self.damage_stamp = stamp
+            self.damaged = self.damage_log.load()
 
     # ------------------------------------------------------------- checks
     def remembered(self, cache: dict, key, check, *args):

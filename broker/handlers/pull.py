@@ -13,6 +13,7 @@ import logging
 import numpy as np
 from shmq.core.consumequeue import ALL_TAGS
 from shmq.core.records import decode, record_fault
+from shmq.core.recovery import damaged_at
 from shmq.core.store import GetMessageStatus, GetResult
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, BadRequest, Header
@@ -74,8 +75,9 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     if sub.sql is not None and (c.filterSupportRetry
                                 or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
         r = _sql_filtered(b, r, sub.sql, topic, qid, max_msgs)
-    if r.phys.shape[0] and int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes:
-        r = _checked(b, r, topic, qid, offset)     # read from disk, not the page cache: check
+    if r.phys.shape[0] and (b.damaged or
+                            int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes):
+        r = _checked(b, r, topic, qid, offset)     # read from disk, or damage listed: check
     st = r.status
     if st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
         code = R.PULL_OFFSET_MOVED if offset != 0 else R.PULL_NOT_FOUND
@@ -99,7 +101,8 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
 
 def _checked(b: Broker, r: GetResult, topic: str, qid: int, offset: int) -> GetResult:
     """``r`` without the first record read from disk that fails its check
-    (``records.record_fault``) and what follows it: the records before it
+    (``records.record_fault``), or that lies in a range the scrub listed
+    (``recovery.DamageLog``), and what follows it: the records before it
     are served, and a pull that starts at it moves the queue past it
     (NO_MATCHED_MESSAGE, next offset after it: PULL_RETRY_IMMEDIATELY), so
     a damaged record is never served and never stops a consumer. Each one
@@ -107,11 +110,13 @@ def _checked(b: Broker, r: GetResult, topic: str, qid: int, offset: int) -> GetR
     horizon = b.store.state.write_pos - b.in_memory_bytes
     phys, sizes = r.phys.tolist(), r.sizes.tolist()
     for i, (p, n) in enumerate(zip(phys, sizes)):
-        if p >= horizon:
-            break                         # this one and the rest: newer, in the page cache
-        why = b.corrupt_seen.get(p) or record_fault(memoryview(b.store.record_view(p, n)), p)
+        why = b.corrupt_seen.get(p) or (damaged_at(b.damaged, p, n) if b.damaged else None)
         if why is None:
-            continue
+            if p >= horizon:
+                continue                  # newer: in the page cache this broker wrote
+            why = record_fault(memoryview(b.store.record_view(p, n)), p)
+            if why is None:
+                continue
         qoff = _queue_offset_of(b, topic, qid, offset, p)
         if p not in b.corrupt_seen:
             b.corrupt_seen[p] = why

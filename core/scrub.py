@@ -1,0 +1,118 @@
+"""Scrub: check the records of sealed CommitLog segments in the background.
+
+Recovery validates only the segments after the checkpoint, and pulls check
+only what they read from disk (``checkCRCOnRead``), so damage to an older
+record that stays in the page cache, or that nobody reads for a while, would
+go unseen until a consumer met it. The services process runs a ``Scrubber``
+as one of its features: it walks the sealed segments (every one before the
+segment being written) from the oldest, at ``scrubBytesPerSecond``, checking
+each record as recovery does (``_kernels.scan_records`` with the body CRC);
+then each segment as it is sealed; and starts a new pass from the oldest
+``scrubPassIntervalHours`` after the last one began (0: at once).
+
+A damaged range it finds — from the bad record to the next valid one
+(``recovery.next_valid_record``) — is an ERROR naming the offset, and goes
+into ``<root>/quarantine/damaged.json`` (``DamageLog``): the workers read
+that file once a second and never serve a record in a listed range (the
+queue moves past it, as for any record failing ``checkCRCOnRead``), and the
+next start's recovery quarantines every listed range below the flushed
+position as it does damage it finds itself, then empties the list.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from . import _kernels as K
+from .config import StoreConfig
+from .layout import offset_to_file_name
+from .recovery import DamageLog, next_valid_record
+
+log = logging.getLogger("shmq.store")
+ROWS = 4096                  # records checked per kernel call
+
+
+class Scrubber:
+    """A services feature (``step(now_ms)``): see the module doc."""
+
+    def __init__(self, store, config: StoreConfig, clock=time.monotonic):
+        self.store, self.config, self.clock = store, config, clock
+        self.damage = DamageLog(store.files, store.root)
+        self.rate = config.scrubBytesPerSecond
+        self.pass_s = config.scrubPassIntervalHours * 3600
+        self.pos = -1                  # next CommitLog offset to check; -1: idle
+        self.resume = 0                # where checking stopped: segments sealed later go on from here
+        self.pass_began = float("-inf")
+        self.last = clock()
+        self.found = 0                 # damaged ranges found since start
+        self.checked = 0               # bytes checked since start
+        self._rows = np.empty((ROWS, K.N_SCAN), dtype=np.int64)
+        self._empty_key = np.zeros(0, dtype=np.uint8)
+
+    def step(self, now_ms: int) -> int:
+        """Check about as many bytes as the pace allows since the last step."""
+        now = self.clock()
+        budget = int((now - self.last) * self.rate)
+        self.last = now
+        if self.rate <= 0 or budget <= 0:
+            return 0
+        if self.pos < 0:
+            if now - self.pass_began >= self.pass_s:           # a new pass from the oldest
+                self.pass_began, self.pos = now, self.store.state.get("cl_min_offset")
+            elif self._sealed_end() > self.resume:             # segments sealed since
+                self.pos = self.resume
+            else:
+                return 0
+        done = 0
+        while done < budget and self.pos >= 0:
+            done += self._check(budget - done)
+        self.checked += done
+        return done
+
+    def _sealed_end(self) -> int:
+        """The start of the segment being written: everything below is sealed."""
+        wp = self.store.state.write_pos
+        return wp - wp % self.config.mappedFileSizeCommitLog
+
+    def _check(self, budget: int) -> int:
+        """Check from ``pos``, within its segment; returns the bytes passed."""
+        seg_bytes = self.config.mappedFileSizeCommitLog
+        sealed_end = self._sealed_end()
+        pos = max(self.pos, self.store.state.get("cl_min_offset"))
+        if pos >= sealed_end:
+            if pos > self.resume:
+                log.info("scrub: checked the sealed segments up to %d; %d damaged ranges found "
+                         "since start", sealed_end, self.found)
+            self.pos, self.resume = -1, sealed_end
+            return 1
+        seg = pos - pos % seg_bytes
+        try:
+            buf = self.store.cl.map(seg)
+        except Exception:                                        # deleted by retention meanwhile
+            self.pos = seg + seg_bytes
+            return 1
+        rel = pos - seg
+        rows = max(1, min(ROWS, budget // 256))
+        n, stop, status = K.scan_records(buf, rel, buf.shape[0], seg, True, K.CRC_TABLES,
+                                         self._empty_key, self._rows[:rows])
+        if status == K.SCAN_BLANK:
+            self.pos = seg + seg_bytes
+        elif status == K.SCAN_FULL:
+            self.pos = seg + stop
+        else:                       # a sealed segment ends in a BLANK: anything else is damage
+            self.pos = self._damaged(buf, seg, stop)
+        return max(1, self.pos - pos)
+
+    def _damaged(self, buf: np.ndarray, seg: int, rel: int) -> int:
+        nxt = next_valid_record(buf, seg, rel + 1, buf.shape[0])
+        end = seg + (nxt if nxt is not None else buf.shape[0])
+        why = (f"no valid record at CommitLog offset {seg + rel} (segment {offset_to_file_name(seg)}; "
+               f"found by the scrub)")
+        self.found += 1
+        self.damage.add(seg + rel, end, why)
+        log.error("scrub: %s: %d bytes to %d set aside; pulls will not serve them and the next "
+                  "start quarantines them (shmq store inspect --offset %d shows it)",
+                  why, end - seg - rel, end, seg + rel)
+        return end
