@@ -205,7 +205,7 @@ class Boss:
         c = self.config
         p = self.ctx.Process(target=namesrv_serve, name="shmq-namesrv",
                              args=(c.bindAddress, c.namesrvListenPort, os.getpid(), None,
-                                   self.namesrv_sock))
+                                   self.namesrv_sock, c.acl_file if c.aclEnable else None))
         p.start()
         self.namesrv = p
         self._started("namesrv")

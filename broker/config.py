@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from shmq.core.config import StoreConfig, _convert
+from shmq.ipc.signing import Credentials
 
 _UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -40,6 +41,10 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
 # is read once at start, from broker.conf: a request to change one is refused
 # (RocketMQ refuses its configBlackList the same way, with NO_PERMISSION).
 RUNTIME_SETTINGS = frozenset({"brokerPermission"})
+
+# Settings never shown (GET_BROKER_CONFIG shows ******) nor taken from
+# UPDATE_BROKER_CONFIG, even at their value: that would tell a caller it guessed it.
+SECRET_SETTINGS = frozenset({"secretKey"})
 
 # The topic producers name to have the broker create a new topic (TopicValidator).
 DEFAULT_TOPIC = "TBW102"
@@ -101,6 +106,16 @@ class BrokerConfig:
     filterSupportRetry: bool = False
     # messages a QUERY_MESSAGE by unique key returns at most
     defaultQueryMaxNum: int = 32
+    # --- access control (RocketMQ's plain ACL; broker/acl.py)
+    aclEnable: bool = False
+    # RocketMQ's home: the rules are <rocketmqHome>/conf/plain_acl.yml
+    rocketmqHome: str = field(default_factory=lambda: os.environ.get("ROCKETMQ_HOME", ""))
+    # shmq: the rules file, if not that one (RocketMQ: -Drocketmq.acl.plain.file)
+    aclPlainFile: str = ""
+    # shmq: the account this broker signs its own requests with (NameServer
+    # registration; the NameServer with ACL on wants an admin account)
+    accessKey: str = ""
+    secretKey: str = ""
     # shmq: the address the broker listens on (RocketMQ binds every address;
     # shmq only loopback unless told otherwise)
     bindAddress: str = "127.0.0.1"
@@ -116,6 +131,18 @@ class BrokerConfig:
     # shmq: bytes queued for one connection before the broker stops reading
     # its requests (back-pressure on a client that does not read replies)
     outboundBufferMaxBytes: int = 8 * 1024 * 1024
+    # shmq: bytes of unfinished request frames one worker holds across its
+    # connections; past it the connection holding the most is closed
+    # (16 clients each sending 16 MiB of a frame and stopping cost 256 MiB)
+    serverPendingFrameBytesMax: int = 64 * 1024 * 1024
+    # shmq: client connections the broker serves at once (split evenly over
+    # the workers); past it a new one is closed with an ERROR a second.
+    # 0: the descriptor limit (RLIMIT_NOFILE) less 256 kept for the store
+    serverMaxConnections: int = 0
+    # RocketMQ's: a send that waited longer than this (ms) between arriving
+    # and being handled is refused with SYSTEM_BUSY ([TIMEOUT_CLEAN_QUEUE]),
+    # so the producer backs off or tries another broker
+    waitTimeMillsInSendQueue: int = 200
     # shmq: pull bodies of at least this many bytes leave by sendfile(2);
     # smaller ones by one sendmsg(2) of mapping slices (perf/pull_transfer)
     transferSendfileMinBytes: int = 16 * 1024
@@ -131,19 +158,15 @@ class BrokerConfig:
         if not 1 <= self.defaultTopicQueueNums <= 1024:
             errors.append(f"defaultTopicQueueNums={self.defaultTopicQueueNums}: must be 1..1024")
         if self.outboundBufferMaxBytes < 64 * 1024:
-    # shmq: bytes of unfinished request frames one worker holds across its
-    # connections; past it the connection holding the most is closed
-    # (16 clients each sending 16 MiB of a frame and stopping cost 256 MiB)
-    serverPendingFrameBytesMax: int = 64 * 1024 * 1024
-    # shmq: client connections the broker serves at once (split evenly over
-    # the workers); past it a new one is closed with an ERROR a second.
-    # 0: the descriptor limit (RLIMIT_NOFILE) less 256 kept for the store
-    serverMaxConnections: int = 0
-    # RocketMQ's: a send that waited longer than this (ms) between arriving
-    # and being handled is refused with SYSTEM_BUSY ([TIMEOUT_CLEAN_QUEUE]),
-    # so the producer backs off or tries another broker
-    waitTimeMillsInSendQueue: int = 200
             errors.append(f"outboundBufferMaxBytes={self.outboundBufferMaxBytes}: at least 65536")
+        if self.serverPendingFrameBytesMax < 1 << 20:
+            errors.append(f"serverPendingFrameBytesMax={self.serverPendingFrameBytesMax}: "
+                          f"at least 1048576")
+        if self.serverMaxConnections < 0:
+            errors.append(f"serverMaxConnections={self.serverMaxConnections}: must be >= 0")
+        if self.waitTimeMillsInSendQueue <= 0:
+            errors.append(f"waitTimeMillsInSendQueue={self.waitTimeMillsInSendQueue}: "
+                          f"must be positive")
         try:
             parse_delay_levels(self.messageDelayLevel)
         except ValueError as e:
@@ -152,6 +175,8 @@ class BrokerConfig:
                      "transactionCheckInterval", "transactionCheckMax"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
+        if bool(self.accessKey) != bool(self.secretKey):
+            errors.append("accessKey and secretKey go together: set both or neither")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -169,15 +194,17 @@ class BrokerConfig:
 
     @property
     def unix_path(self) -> str:
-        if self.serverPendingFrameBytesMax < 1 << 20:
-            errors.append(f"serverPendingFrameBytesMax={self.serverPendingFrameBytesMax}: "
-                          f"at least 1048576")
-        if self.serverMaxConnections < 0:
-            errors.append(f"serverMaxConnections={self.serverMaxConnections}: must be >= 0")
-        if self.waitTimeMillsInSendQueue <= 0:
-            errors.append(f"waitTimeMillsInSendQueue={self.waitTimeMillsInSendQueue}: "
-                          f"must be positive")
         return self.unixSocketPath or os.path.join(self.store.storePathRootDir, "broker.sock")
+
+    @property
+    def acl_file(self) -> str:
+        """The ACL rules file (ValueError when aclEnable has none to name)."""
+        from .acl import acl_path
+        return acl_path(self.rocketmqHome, self.aclPlainFile)
+
+    @property
+    def credentials(self) -> Credentials | None:
+        return Credentials.of(self.accessKey, self.secretKey)
 
     @property
     def runs_embedded_namesrv(self) -> bool:

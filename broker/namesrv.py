@@ -31,6 +31,12 @@ connection it last registered on closes (``connection_closed``). A broker name
 with no address left leaves its cluster and every topic's queue data; a topic
 with no queue data left is gone (TOPIC_NOT_EXIST).
 
+With ACL on (``acl``: the broker's plain_acl.yml, broker/acl.py), the
+requests that change the tables (``GUARDED``: registration, perms, topic
+deletion, KV) need an admin account's signature or a white-listed address,
+so no one can forge a broker's registration; a refusal is the broker's
+(SYSTEM_ERROR, the AclException text).
+
 Replies: routes are standard JSON with quoted ``brokerAddrs`` keys and
 ``topicSysFlag`` (what 4.9.4+ Java clients get; GO, CPP and ali-ons read it
 too). Normal replies mirror the request's serialization; remoting-level errors
@@ -55,6 +61,8 @@ from shmq.ipc.codes import RequestCode, ResponseCode, not_supported_remark
 from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import FLAG_ONEWAY, JSON, ROCKETMQ, RemotingCommand
 
+from .acl import Acl, denied
+
 log = logging.getLogger(__name__)
 
 MASTER_ID = 0
@@ -66,6 +74,15 @@ TOPIC_SYS_FLAG_UNIT_SUB = 0x2
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"  # KV namespace of orderTopicConf
 BROKER_EXPIRE_MS = 120_000                 # RouteInfoManager.BROKER_CHANNEL_EXPIRED_TIME
 INFLATED_BYTES_MAX = 64 * 1024 * 1024      # a compressed register body may not inflate past this
+
+# With ACL on, only an admin account of plain_acl.yml (a broker signing with
+# its accessKey/secretKey, or shmq admin with the same) or a white-listed
+# address may change the tables: register, unregister, perms, topics, KV.
+# Routes and lists stay open to every client, as in RocketMQ.
+GUARDED = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
+                     RequestCode.QUERY_DATA_VERSION, RequestCode.WIPE_WRITE_PERM_OF_BROKER,
+                     RequestCode.ADD_WRITE_PERM_OF_BROKER, RequestCode.DELETE_TOPIC_IN_NAMESRV,
+                     RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG})
 
 _I32 = struct.Struct(">i")
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
@@ -114,8 +131,9 @@ class RegisterBody:
 # ------------------------------------------------------------------ the tables
 class NameServer:
     def __init__(self, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 broker_expire_ms: int = BROKER_EXPIRE_MS):
+                 broker_expire_ms: int = BROKER_EXPIRE_MS, acl: Acl | None = None):
         self.clock_ms = clock_ms
+        self.acl = acl
         self.broker_expire_ms = broker_expire_ms
         self.topics: dict[str, dict[str, QueueData]] = {}
         self.brokers: dict[str, BrokerData] = {}
@@ -153,7 +171,13 @@ class NameServer:
             return None
         handler = self._handlers.get(cmd.code)
         try:
-            if handler is None:
+            why = None
+            if self.acl is not None and cmd.code in GUARDED:
+                why = self.acl.check(peer.rpartition(":")[0], cmd, admin=True)
+            if why is not None:
+                log.warning("namesrv: request %d from %s refused: %s", cmd.code, peer, why)
+                reply = denied(cmd, why)
+            elif handler is None:
                 reply = _error(cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, not_supported_remark(cmd.code))
             else:
                 reply = handler(cmd, peer)
@@ -696,10 +720,12 @@ def listen(host: str, port: int):
     return lsock
 
 
-def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, lsock=None) -> None:
+def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, lsock=None,
+          acl_file: str | None = None) -> None:
     """Run a NameServer on ``host:port`` until SIGTERM (``shmq namesrv``, or
     the broker's embedded one, which dies with its parent and is handed the
-    listening socket ``lsock`` its parent bound)."""
+    listening socket ``lsock`` its parent bound). ``acl_file``: plain_acl.yml,
+    whose admin accounts alone may send the GUARDED requests."""
     import signal
 
     from .reactor import Reactor
@@ -711,7 +737,7 @@ def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, ls
         set_process_name("shmq-namesrv")
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s namesrv %(levelname)s %(name)s %(message)s")
-    ns = NameServer()
+    ns = NameServer(acl=Acl(acl_file) if acl_file else None)
     reactor = Reactor()
     if lsock is None:
         lsock = listen(host, port)

@@ -150,7 +150,8 @@ class Services:
             try:
                 c = self.channels.get(addr)
                 if c is None:
-                    c = self.channels[addr] = RemotingClient(addr, timeout=3.0)
+                    c = self.channels[addr] = RemotingClient(addr, timeout=3.0,
+                                                             credentials=self.config.credentials)
                 r = c.invoke(make(), timeout=3.0)
                 if r.code != ResponseCode.SUCCESS:
                     log.warning("NameServer %s answered %d: %s", addr, r.code, r.remark)

@@ -26,7 +26,9 @@ at once; a caller never waits past the close for an answer that cannot come.
 Requests the server sends us (NOTIFY_CONSUMER_IDS_CHANGED,
 CHECK_TRANSACTION_STATE, RESET_CONSUMER_CLIENT_OFFSET, …) go to
 ``on_request``, which may return a reply. Addresses are ``host:port`` or
-``unix:/path``. Fork-safe by construction: a connection belongs to the event
+``unix:/path``. Given ``credentials`` (an account of the broker's ACL), every
+request is signed as RocketMQ's ACL clients sign it (ipc/signing.py); a
+pre-encoded frame (``send_frame``) must come signed. Fork-safe by construction: a connection belongs to the event
 loop that opened it, and a client checks its pid before using any
 (``ClientInstance``).
 """
@@ -39,6 +41,7 @@ import socket
 from typing import Awaitable, Callable
 
 from shmq.ipc.remoting import FLAG_ONEWAY, FrameDecoder, RemoteProtocolError, RemotingCommand, encode
+from shmq.ipc.signing import Credentials, sign
 
 log = logging.getLogger("shmq.client")
 _opaques = itertools.count(1)
@@ -59,9 +62,10 @@ RECV_BYTES = 256 * 1024
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, addr: str, on_request: OnRequest | None):
+    def __init__(self, addr: str, on_request: OnRequest | None, credentials: Credentials | None = None):
         self.addr = addr
         self.on_request = on_request
+        self.credentials = credentials
         # opaque → (future, deadline on the loop's clock, request code, timeout s)
         self.pending: dict[int, tuple[asyncio.Future, float, int, float]] = {}
         self.closed = False
@@ -76,11 +80,11 @@ class Connection(asyncio.BufferedProtocol):
 
     @classmethod
     async def open(cls, addr: str, on_request: OnRequest | None = None,
-                   timeout: float = 3.0) -> "Connection":
+                   timeout: float = 3.0, credentials: Credentials | None = None) -> "Connection":
         # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a
         # cancellation that races with its result, and the task runs on
         loop = asyncio.get_running_loop()
-        conn = cls(addr, on_request)
+        conn = cls(addr, on_request, credentials)
         try:
             async with asyncio.timeout(timeout):
                 if addr.startswith("unix:"):
@@ -110,6 +114,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> asyncio.Future:
         cmd.opaque = next_opaque()
+        if self.credentials is not None:
+            sign(cmd, self.credentials)
         return self.send_frame(cmd.opaque, encode(cmd), timeout, cmd.code)
 
     async def invoke(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
@@ -120,6 +126,8 @@ class Connection(asyncio.BufferedProtocol):
             raise RemotingError(f"connection to {self.addr} is {self._why_closed}")
         cmd.flag |= FLAG_ONEWAY
         cmd.opaque = next_opaque()
+        if self.credentials is not None:
+            sign(cmd, self.credentials)
         self._write(encode(cmd))
 
     def send_reply(self, reply: RemotingCommand) -> None:

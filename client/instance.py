@@ -27,6 +27,7 @@ import orjson
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
+from shmq.ipc.signing import Credentials
 
 from .connection import Connection, RemotingError
 from .message import MessageQueue
@@ -64,6 +65,12 @@ class ClientConfig:
     persist_consumer_offset_interval: float = 5.0
     request_timeout: float = 3.0
     use_unix_socket: bool = True           # shmq: the broker's Unix socket when it is on this host
+    access_key: str = ""                   # an account of the brokers' ACL (plain_acl.yml):
+    secret_key: str = ""                   # every request is signed with it (RocketMQ's SessionCredentials)
+
+    @property
+    def credentials(self) -> Credentials | None:
+        return Credentials.of(self.access_key, self.secret_key)
 
     def namesrv_list(self) -> list[str]:
         addrs = self.namesrv_addr or os.environ.get("NAMESRV_ADDR") or "127.0.0.1:9876"
@@ -87,6 +94,7 @@ class ClientConfig:
 
     def __post_init__(self):
         self._pid = os.getpid() if self.instance_name != "DEFAULT" else -1
+        Credentials.of(self.access_key, self.secret_key)     # both or neither (ValueError)
 
 
 @dataclass
@@ -115,12 +123,13 @@ class TopicRoute:
 
 
 class ClientInstance:
-    _instances: dict[tuple[int, str], "ClientInstance"] = {}
+    _instances: dict[tuple[int, str, str, str], "ClientInstance"] = {}
 
     @classmethod
     def get(cls, config: ClientConfig) -> "ClientInstance":
         """The instance for this config's client id in this process and loop."""
-        key = (os.getpid(), config.client_id() + "|" + ";".join(config.namesrv_list()))
+        key = (os.getpid(), config.client_id() + "|" + ";".join(config.namesrv_list()),
+               config.access_key, config.secret_key)
         inst = cls._instances.get(key)
         if inst is None or inst.loop is not asyncio.get_running_loop() or inst.stopped:
             inst = cls._instances[key] = cls(config)
@@ -262,7 +271,8 @@ class ClientInstance:
             conn = self.conns.get(addr)
             if conn is not None and not conn.closed:
                 return conn
-            conn = await Connection.open(addr, self._on_request, self.config.request_timeout)
+            conn = await Connection.open(addr, self._on_request, self.config.request_timeout,
+                                         self.config.credentials)
             if not direct and self.config.use_unix_socket:
                 conn = await self._prefer_unix(addr, conn)
             self.conns[addr] = conn
@@ -289,7 +299,7 @@ class ClientInstance:
             return conn
         try:
             unix = await Connection.open("unix:" + path, self._on_request,
-                                         self.config.request_timeout)
+                                         self.config.request_timeout, self.config.credentials)
         except RemotingError:
             return conn
         await conn.close()

@@ -38,7 +38,7 @@ import re
 import struct
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from shmq.ipc.codes import RequestCode as RC
@@ -114,11 +114,14 @@ _CACHED_MAX = 4096                     # topics whose name and template a produc
 
 class AsyncProducer:
     def __init__(self, group: str, *, namesrv_addr: str = "", client: ClientConfig | None = None,
-                 **settings):
+                 access_key: str = "", secret_key: str = "", **settings):
         self.group = group
         self.client_config = client or ClientConfig(namesrv_addr=namesrv_addr)
         if namesrv_addr:
             self.client_config.namesrv_addr = namesrv_addr
+        if access_key or secret_key:      # an ACL account: every request is signed with it
+            self.client_config = replace(self.client_config, access_key=access_key,
+                                        secret_key=secret_key)
         self.config = ProducerConfig(**settings)
         if self.config.linger_ms < 0:
             raise ValueError(f"linger_ms {self.config.linger_ms}: 0 (off) or more")
@@ -229,7 +232,8 @@ class AsyncProducer:
                 self._templates.clear()
             c = self.config
             t = self._templates[topic] = SendTemplate(self.group, topic, c.create_topic_key,
-                                                      c.default_topic_queue_nums)
+                                                      c.default_topic_queue_nums,
+                                                      self.client_config.credentials)
         return t
 
     def write_send(self, conn: Connection, q: MessageQueue, msg: Message, props: str,

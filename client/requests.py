@@ -9,6 +9,9 @@ VIEW/QUERY) body back into ``StoredMessage``s.
 SEND_BATCH_MESSAGE frame from a pre-built JSON header with the per-send
 numbers filled in, byte for byte what ``encode(RemotingCommand(...))``
 writes (tests check it), at a fraction of the cost (no ext dict, no copy).
+With credentials its frames carry ``AccessKey`` and the ``Signature`` that
+``ipc.signing.sign`` would add: the signed text is the constant values
+joined once and the per-send ones, in the keys' order (AccessKey, a … m).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from shmq.core.layout import properties_to_string
 from shmq.ipc.codes import RequestCode
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, pull_ext, send_ext
 from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
+from shmq.ipc.signing import Credentials, sign_text
 
 _ENTRY = struct.Struct(">iiiii")
 
@@ -54,26 +58,40 @@ class SendTemplate:
     constant parts joined once. ``frame`` fills in opaque, queue, sysflag,
     born timestamp, flag and properties and appends the body."""
 
-    __slots__ = ("_v2", "_batch")
+    __slots__ = ("_v2", "_batch", "_secret", "_signed")
 
-    def __init__(self, group: str, topic: str, create_topic_key: str, default_queues: int):
+    def __init__(self, group: str, topic: str, create_topic_key: str, default_queues: int,
+                 credentials: Credentials | None = None):
+        def literal(text: str) -> bytes:    # JSON, its '%' kept from the per-send formatting
+            return orjson.dumps(text).replace(b"%", b"%%")
+
+        signed = b""
+        if credentials is not None:     # inserted as is: its one %s is the Signature's place
+            signed = b',"AccessKey":%s,"Signature":"%%s"' % literal(credentials.access_key)
+
         def head(code: int) -> bytes:
             return (b'{"code":%d,"language":"JAVA","version":%d,"opaque":%%d,"flag":0,'
                     b'"serializeTypeCurrentRPC":"JSON","extFields":{"a":%s,"b":%s,"c":%s,'
                     b'"d":"%d","e":"%%d","f":"%%d","g":"%%d","h":"%%d","i":%%s,"j":"0",'
-                    b'"k":"false","m":"%%s"}}'
-                    % (code, VERSION_4_9_7, orjson.dumps(group), orjson.dumps(topic),
-                       orjson.dumps(create_topic_key), default_queues))
+                    b'"k":"false","m":"%%s"%s}}'
+                    % (code, VERSION_4_9_7, literal(group), literal(topic),
+                       literal(create_topic_key), default_queues, signed))
         self._v2 = head(RequestCode.SEND_MESSAGE_V2)
         self._batch = head(RequestCode.SEND_BATCH_MESSAGE)
+        self._secret = None if credentials is None else credentials.secret_key
+        # the signed text's constant start: AccessKey, a, b, c, d
+        self._signed = None if credentials is None else \
+            f"{credentials.access_key}{group}{topic}{create_topic_key}{default_queues}"
 
     def frame(self, opaque: int, queue_id: int, sysflag: int, born_ms: int, flag: int,
               props: str, body: bytes, batch: bool = False) -> bytes:
         """The whole frame (``props`` is the properties string; "" for a batch)."""
-        if batch:
-            h = self._batch % (opaque, queue_id, sysflag, born_ms, flag, orjson.dumps(props), b"true")
-        else:
-            h = self._v2 % (opaque, queue_id, sysflag, born_ms, flag, orjson.dumps(props), b"false")
+        m = b"true" if batch else b"false"
+        fields = (opaque, queue_id, sysflag, born_ms, flag, orjson.dumps(props), m)
+        if self._secret is not None:
+            text = f"{self._signed}{queue_id}{sysflag}{born_ms}{flag}{props}0false{m.decode()}"
+            fields += (sign_text(self._secret, text, body).encode(),)
+        h = (self._batch if batch else self._v2) % fields
         return _PREFIX.pack(4 + len(h) + len(body), len(h)) + h + body
 
 

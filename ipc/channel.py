@@ -7,7 +7,8 @@ replies to requests by it, so requests can be pipelined: ``send`` several,
 then ``recv`` their replies in whatever order the broker answers. ``invoke``
 is send + wait for that request's reply. Requests the broker sends to us
 (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) are queued on
-``requests`` for the caller to look at.
+``requests`` for the caller to look at. Given ``credentials``, it signs
+every request it sends as a RocketMQ ACL client does (ipc/signing.py).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from collections import deque
 
 from .remoting import FLAG_ONEWAY, FrameDecoder, RemotingCommand, encode
+from .signing import Credentials, sign
 
 _RECV_BYTES = 1 << 20     # one buffer per client, received into (never allocated per read)
 
@@ -42,8 +44,9 @@ def connect(addr: str, timeout: float = 5.0) -> socket.socket:
 class RemotingClient:
     _opaques = itertools.count(1)
 
-    def __init__(self, addr: str, timeout: float = 5.0):
+    def __init__(self, addr: str, timeout: float = 5.0, credentials: Credentials | None = None):
         self.addr = addr
+        self.credentials = credentials
         self.sock = connect(addr, timeout)
         # Waiting is a poll() and reading a recv_into with MSG_DONTWAIT on the
         # socket as it is (blocking, for sendall): a socket timeout per read
@@ -59,6 +62,8 @@ class RemotingClient:
     def send(self, cmd: RemotingCommand) -> int:
         """Send a request without waiting; returns its opaque."""
         cmd.opaque = next(self._opaques) & 0x7FFFFFFF
+        if self.credentials is not None:
+            sign(cmd, self.credentials)
         self.sock.sendall(encode(cmd))
         return cmd.opaque
 
@@ -67,6 +72,8 @@ class RemotingClient:
         frames = []
         for cmd in cmds:
             cmd.opaque = next(self._opaques) & 0x7FFFFFFF
+            if self.credentials is not None:
+                sign(cmd, self.credentials)
             frames.append(encode(cmd))
         self.sock.sendall(b"".join(frames))
         return [c.opaque for c in cmds]

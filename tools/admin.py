@@ -16,7 +16,11 @@ done; 2 a usage error (a missing or malformed flag, named); 1 a failure (an
 address that does not answer, an unknown topic or group, a refusal with its
 response code and remark), one line on stderr. ``-n`` defaults to
 $NAMESRV_ADDR, else 127.0.0.1:9876 (the embedded NameServer); every connect
-and every reply waits at most ``--timeout`` seconds (3).
+and every reply waits at most ``--timeout`` seconds (3). Against brokers with
+ACL on, every request is signed with ``--access-key``/``--secret-key`` (or
+$SHMQ_ACCESS_KEY/$SHMQ_SECRET_KEY, which keep the secret out of ``ps``), else
+with the accessKey/secretKey of ``$ROCKETMQ_HOME/conf/tools.yml``, the file
+mqadmin reads.
 
 Not here (they need the broker to relay a request to a consumer, or repeat
 forever): consumerProgress ``-s`` (client IP per queue), queryMsgById ``-g
@@ -317,6 +321,34 @@ def _common(p) -> None:
     g.add_argument("--timeout", type=_timeout, default=3.0,
                    help="seconds to wait for each connect and each reply (3)")
     g.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    g.add_argument("--access-key", default=os.environ.get("SHMQ_ACCESS_KEY", ""),
+                   help="ACL account to sign every request with (default: $SHMQ_ACCESS_KEY, else "
+                        "accessKey in $ROCKETMQ_HOME/conf/tools.yml, as mqadmin)")
+    g.add_argument("--secret-key", default=os.environ.get("SHMQ_SECRET_KEY", ""),
+                   help="its secret key (default: $SHMQ_SECRET_KEY, else tools.yml's secretKey)")
+
+
+def credentials(p, args):
+    """The account to sign with: the flags (or their variables), else
+    mqadmin's ``$ROCKETMQ_HOME/conf/tools.yml``; None: requests go unsigned."""
+    from shmq.ipc.signing import Credentials
+    ak, sk = args.access_key, args.secret_key
+    home = os.environ.get("ROCKETMQ_HOME")
+    tools = os.path.join(home, "conf", "tools.yml") if home else None
+    if not ak and not sk and tools and os.path.exists(tools):
+        import yaml
+        try:
+            with open(tools, encoding="utf-8") as f:
+                doc = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            p.error(f"{tools}: {e}")
+        if not isinstance(doc, dict):
+            p.error(f"{tools}: not a mapping of accessKey and secretKey")
+        ak, sk = str(doc.get("accessKey") or ""), str(doc.get("secretKey") or "")
+    try:
+        return Credentials.of(ak, sk)
+    except ValueError as e:
+        p.error(f"--access-key/--secret-key: {e}")
 
 
 class _CommandParser(argparse.ArgumentParser):
@@ -376,8 +408,9 @@ def _main(args) -> int:
     from .admin_client import AdminClient, AdminError
 
     name = snake(args._name)
+    creds = credentials(args._parser, args)
     try:
-        with AdminClient(args.namesrvAddr, args.timeout) as a:
+        with AdminClient(args.namesrvAddr, args.timeout, creds) as a:
             data = getattr(admin_commands, name)(args, a)
     except AdminError as e:
         print(f"shmq admin {args._name}: {e}", file=sys.stderr)

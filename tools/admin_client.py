@@ -3,7 +3,8 @@
 ``AdminClient`` is DefaultMQAdminExt's request side without its threads:
 blocking calls (``ipc.channel.RemotingClient``), one connection per address
 for the life of a command, every connect and every reply bounded by
-``timeout`` seconds. It only speaks the protocol, so it works the same
+``timeout`` seconds, every request signed with ``credentials`` if given
+(an account of the brokers' ACL; admin requests need an admin one). It only speaks the protocol, so it works the same
 against shmq and against a RocketMQ 4.x cluster.
 
 It owns no output: methods return plain dicts and lists with RocketMQ's
@@ -31,6 +32,7 @@ from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.fastjson import parse_fastjson
 from shmq.ipc.remoting import RemoteProtocolError, RemotingCommand
+from shmq.ipc.signing import Credentials
 
 MASTER_ID = "0"
 PERM_WRITE, PERM_READ = 2, 4
@@ -90,9 +92,10 @@ def decode_offset_msg_id(msg_id: str) -> tuple[str, int]:
 
 
 class AdminClient:
-    def __init__(self, namesrv: str, timeout: float = 3.0):
+    def __init__(self, namesrv: str, timeout: float = 3.0, credentials: Credentials | None = None):
         self.namesrvs = split_addrs(namesrv)
         self.timeout = timeout
+        self.credentials = credentials
         self._conns: dict[str, RemotingClient] = {}
 
     def close(self) -> None:
@@ -113,7 +116,7 @@ class AdminClient:
         conn = self._conns.get(addr)
         try:
             if conn is None:
-                conn = self._conns[addr] = RemotingClient(addr, self.timeout)
+                conn = self._conns[addr] = RemotingClient(addr, self.timeout, self.credentials)
             return conn.invoke(cmd, self.timeout)
         except RemotingTimeout:
             self._drop(addr)

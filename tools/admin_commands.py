@@ -346,8 +346,11 @@ def send_message(args, a: AdminClient) -> dict:
                              f"gives no queue write permission (perm without 2)")
     msg = Message(args.topic, args.body.encode("utf-8"), tags=args.tags, keys=args.key)
     queue = MessageQueue(args.topic, args.broker, args.qid) if args.qid is not None else None
+    creds = a.credentials
     config = ClientConfig(namesrv_addr=";".join(a.namesrvs), request_timeout=a.timeout,
-                          instance_name=f"shmq-admin-{os.getpid()}")
+                          instance_name=f"shmq-admin-{os.getpid()}",
+                          access_key=creds.access_key if creds else "",
+                          secret_key=creds.secret_key if creds else "")
     producer = Producer(str(int(time.time() * 1000)), client=config, send_msg_timeout=a.timeout)
     try:
         producer.start()

@@ -1,7 +1,7 @@
 """``shmq``: the command line.
 
     shmq broker [-c broker.conf] [-n namesrvAddr] [-m]   a broker (+ embedded NameServer)
-    shmq namesrv [-p port] [--bind host]                  a NameServer alone
+    shmq namesrv [-p port] [--bind host] [--acl file]     a NameServer alone
 
 ``broker`` with no arguments runs on the embedded default: store in
 ``~/store``, TCP 127.0.0.1:10911, ``<store>/broker.sock``, NameServer
@@ -30,6 +30,13 @@ def _broker(args) -> int:
         return 2
     for k in unknown:
         print(f"shmq broker: ignoring unknown setting {k!r}", file=sys.stderr)
+    if config.aclEnable:      # a bad rules file stops the start here, in one line
+        from shmq.broker.acl import load_rules
+        try:
+            load_rules(config.acl_file)
+        except ValueError as e:
+            print(f"shmq broker: aclEnable: {e}", file=sys.stderr)
+            return 2
     if args.print_config:
         for name, value, default in config.describe():
             mark = "" if value == default else f"   (default {conf_text(default)})"
@@ -53,8 +60,15 @@ def _namesrv(args) -> int:
     def ready(addr):
         print(f"shmq namesrv ready tcp={addr[0]}:{addr[1]}", flush=True)
 
+    if args.acl:
+        from shmq.broker.acl import load_rules
+        try:
+            load_rules(args.acl)
+        except ValueError as e:
+            print(f"shmq namesrv: --acl: {e}", file=sys.stderr)
+            return 2
     try:
-        serve(args.bind, args.port, on_ready=ready)
+        serve(args.bind, args.port, on_ready=ready, acl_file=args.acl)
     except OSError as e:
         print(f"shmq namesrv: cannot listen on {args.bind}:{args.port}: {e}", file=sys.stderr)
         return 1
@@ -80,6 +94,9 @@ def main(argv=None) -> int:
     n = sub.add_parser("namesrv", help="run a NameServer alone")
     n.add_argument("-p", "--port", type=int, default=9876)
     n.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    n.add_argument("--acl", metavar="PLAIN_ACL_YML",
+                   help="the brokers' plain_acl.yml: registrations and admin requests then need "
+                        "an admin account's signature (or a white-listed address)")
     n.set_defaults(func=_namesrv)
     for name in _COMMAND_MODULES:
         importlib.import_module(f"shmq.tools.{name}").add_parser(sub)

@@ -9,7 +9,9 @@ when the control block wakes the worker (new messages, flush progress, a
 consumer group that changed) or a deadline passes. Replies echo the
 request's opaque and serialization; errors carry RocketMQ's response code
 and a remark; an unknown code gets REQUEST_CODE_NOT_SUPPORTED; no request
-can raise out of here.
+can raise out of here. With ``aclEnable`` each request first passes
+broker/acl.py's check (RocketMQ 4.x's plain ACL) or is refused as RocketMQ
+refuses it.
 
 Sans-I/O: a handler takes a ``Peer`` (the connection as a handler may know
 it: id, address, born host parsed once, attrs) and the command, and returns
@@ -44,6 +46,7 @@ from shmq.ipc.control import ControlBlock
 from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import RemotingCommand
 
+from ..acl import Acl, denied
 from ..config import BrokerConfig
 from ..parking import Parking
 from ..registry import Registry
@@ -95,6 +98,8 @@ class Handlers(Broker):
                  tables: Tables, registry: Registry, clock: Callable[[], float] = time.monotonic):
         super().__init__(config, store, cb, tables, registry)
         self.parking = Parking(store, cb.set_flag, self.answer_parked_pull, clock)
+        # None unless aclEnable: then every request is checked before it runs
+        self.acl = Acl(config.acl_file) if config.aclEnable else None
 
     def handle(self, peer: Peer, cmd: RemotingCommand):
         """Run one request: its ``Reply`` (a tuple: command, body pieces,
@@ -104,6 +109,11 @@ class Handlers(Broker):
             return None    # a client acknowledging one of our notifications
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: request %d %s body %d bytes", peer.addr, cmd.code, cmd.ext, len(cmd.body))
+        if self.acl is not None:
+            why = self.acl.check(peer.born_host[0], cmd)
+            if why is not None:
+                log.info("%s: request %d refused: %s", peer.addr, cmd.code, why)
+                return None if cmd.is_oneway else Reply(denied(cmd, why))
         return self._run(HANDLERS.get(cmd.code), peer, cmd)
 
     def answer_parked_pull(self, peer: Peer, cmd: RemotingCommand):

@@ -13,7 +13,7 @@ from shmq.ipc.fastjson import mq_map
 from shmq.ipc.headers import BadRequest, Header
 from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
 
-from ..config import RUNTIME_SETTINGS, BrokerConfig, conf_text, parse_conf
+from ..config import RUNTIME_SETTINGS, SECRET_SETTINGS, BrokerConfig, conf_text, parse_conf
 from ..delivery import stored
 from ..topics import group_config, topic_config, topic_error
 from .base import Broker, Peer, Reply, json_body, json_reply
@@ -143,7 +143,8 @@ def update_broker_config(b: Broker, peer: Peer, cmd: RemotingCommand):
     except ValueError as e:
         raise BadRequest(R.SYSTEM_ERROR, f"update broker config failed: {e}") from None
     wanted = {name: value for name, value, _ in new.describe()}
-    refused = sorted(k for k in values if k not in RUNTIME_SETTINGS and wanted[k] != in_effect[k])
+    refused = sorted(k for k in values if k not in RUNTIME_SETTINGS and
+                     (wanted[k] != in_effect[k] or k in SECRET_SETTINGS))
     if refused:
         raise BadRequest(R.NO_PERMISSION, f"{', '.join(refused)} "
                          f"{'needs' if len(refused) == 1 else 'need'} a restart: change "
@@ -160,10 +161,10 @@ def update_broker_config(b: Broker, peer: Peer, cmd: RemotingCommand):
 
 def get_broker_config(b: Broker, peer: Peer, cmd: RemotingCommand):
     """The settings in effect: broker.conf's, with RUNTIME_SETTINGS as
-    UPDATE_BROKER_CONFIG last set them."""
-    runtime = {k: v for k, v in b.tables.broker.current().items() if k in RUNTIME_SETTINGS}
-    lines = [f"{name}={conf_text(runtime.get(name, value))}"
-             for name, value, _ in b.config.describe()]
+    UPDATE_BROKER_CONFIG last set them and SECRET_SETTINGS masked."""
+    shown = {k: "******" for k in SECRET_SETTINGS if getattr(b.config, k)}
+    shown.update((k, v) for k, v in b.tables.broker.current().items() if k in RUNTIME_SETTINGS)
+    lines = [f"{name}={conf_text(shown.get(name, value))}" for name, value, _ in b.config.describe()]
     reply = cmd.reply(R.SUCCESS, body="\n".join(lines).encode() + b"\n",
                       ext={"version": orjson.dumps(b.tables.broker.data_version()).decode()})
     return reply
