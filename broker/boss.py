@@ -143,7 +143,7 @@ class Boss:
         self.ctx.set_forkserver_preload(["shmq.broker.preload"])
         self.owner = StoreOwner(config.store, extra_bytes=registry_bytes(),
                                 tags_code_rules=tags_code_rules(config.delay_levels_ms),
-                                mp_context=self.ctx)
+                                mp_context=self.ctx, dedup_window=config.sendDedupWindowSize)
         self.workers: dict[int, multiprocessing.Process] = {}
         self.chans: dict[int, socket.socket] = {}         # worker index → channel
         self.handed: dict[int, int] = {}                  # worker index → connections handed

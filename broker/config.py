@@ -146,6 +146,14 @@ class BrokerConfig:
     # shmq: pull bodies of at least this many bytes leave by sendfile(2);
     # smaller ones by one sendmsg(2) of mapping slices (perf/pull_transfer)
     transferSendfileMinBytes: int = 16 * 1024
+    # shmq: duplicate sends (core/dedup.py). A send whose UNIQ_KEY property
+    # matches one of the broker's last this-many keyed sends (a batch counts
+    # once, by its messages' keys in order) to the same topic is not stored
+    # again: it is answered SEND_OK with the first send's msgId, queueId and
+    # queueOffset. Covers a producer's retry after a lost reply, on any queue
+    # of the topic and across restarts; 0 = off (RocketMQ's behaviour: both
+    # stored). 40 bytes of shared memory per entry
+    sendDedupWindowSize: int = 65536
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self):
@@ -157,6 +165,8 @@ class BrokerConfig:
             errors.append(f"workerProcessNums={self.workerProcessNums}: must be >= 0")
         if not 1 <= self.defaultTopicQueueNums <= 1024:
             errors.append(f"defaultTopicQueueNums={self.defaultTopicQueueNums}: must be 1..1024")
+        if not 0 <= self.sendDedupWindowSize <= 1 << 24:
+            errors.append(f"sendDedupWindowSize={self.sendDedupWindowSize}: must be 0..16777216")
         if self.outboundBufferMaxBytes < 64 * 1024:
             errors.append(f"outboundBufferMaxBytes={self.outboundBufferMaxBytes}: at least 65536")
         if self.serverPendingFrameBytesMax < 1 << 20:

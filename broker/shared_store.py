@@ -32,7 +32,7 @@ import posix_ipc
 from shmq.core.checkpoint import abort_path
 from shmq.core.config import StoreConfig
 from shmq.core.files import REAL_FILES, StoreLock
-from shmq.core import jit
+from shmq.core import dedup, jit
 from shmq.core.retention import publish_disk_full
 from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, TagsCodeRule, recover
@@ -78,7 +78,7 @@ def attach(config: StoreConfig, role: str = "worker") -> tuple[MessageStore, Con
 def extra_region(cb: ControlBlock, store: MessageStore) -> memoryview:
     """The shared memory an owner asked for beyond the store's state
     (``StoreOwner(extra_bytes=...)``): the broker's registries."""
-    return cb.region()[state_bytes(store.state.queue_slots):]
+    return cb.region()[store.state.nbytes:]
 
 
 def wait_flushed(store: MessageStore, cb: ControlBlock, end: int, wait=None,
@@ -98,8 +98,12 @@ def wait_flushed(store: MessageStore, cb: ControlBlock, end: int, wait=None,
 
 class StoreOwner:
     def __init__(self, config: StoreConfig, extra_bytes: int = 0,
-                 tags_code_rules: Mapping[str, TagsCodeRule] | None = None, mp_context=None):
+                 tags_code_rules: Mapping[str, TagsCodeRule] | None = None, mp_context=None,
+                 dedup_window: int = 0):
         self.config = config
+        # the duplicate-send window's length (core.dedup; the broker's
+        # sendDedupWindowSize), 0: none
+        self.dedup_window = dedup_window
         self.extra_bytes = extra_bytes   # shared memory for the caller, after the state
         self.tags_code_rules = tags_code_rules   # for recovery (core.recovery.recover)
         self.root = config.storePathRootDir
@@ -122,13 +126,19 @@ class StoreOwner:
             self.report = rec.report
             log.info("%s", rec.report.summary())
             self.cb = ControlBlock.create(self.root,
-                                          state_bytes(cfg.maxQueueSlots) + self.extra_bytes,
-                                          cfg.maxProcessSlots)
-            state = StoreState(self.cb.region(), self.cb.lock, cfg.maxQueueSlots)
+                                          state_bytes(cfg.maxQueueSlots, self.dedup_window)
+                                          + self.extra_bytes, cfg.maxProcessSlots)
+            state = StoreState(self.cb.region(), self.cb.lock, cfg.maxQueueSlots,
+                               dedup_entries=self.dedup_window)
             state.initialize(cfg.mappedFileSizeCommitLog)
             self.cb.register(ROLE_OWNER)
             init_state(state, rec)
             self.store = _store(cfg, self.cb, opening=True)
+            if self.dedup_window:
+                t0 = time.monotonic()
+                made = dedup.rebuild(self.store)
+                log.info("duplicate-send window: %d of %d entries refilled from the store "
+                         "in %.3f s", made, self.dedup_window, time.monotonic() - t0)
             self.store.files.touch(abort_path(self.root))
             self._measure_disk()
             self.start_flusher()

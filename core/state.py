@@ -33,6 +33,8 @@ writer never invalidates a line another process polls)::
       15  publish_seq           publisher           claims below this are published
       16  queue_pos             publisher           every claim ending at or below
                                                     has published its queue offsets
+      17  dedup_seq,            claim (locked)      keyed appends so far; the
+          dedup_entries         owner               window's length (``core.dedup``)
 
     "publisher": whoever publishes the claim numbered publish_seq: its owner,
     or (under the lock) a process repairing a dead owner's claim; one at a
@@ -62,6 +64,9 @@ writer never invalidates a line another process polls)::
      40 claim_next i8    (next queue offset to hand out; claim, locked)
      64 topic u1[128]
 
+    then, when ``dedup_entries`` N > 0, the duplicate-send window
+    (``core.dedup``): 2N bucket heads, then N × 3-word entries.
+
 Hot paths read and write these through ``words``, one flat int64 memoryview
 of the whole block (``words[I_WRITE_POS]``: a Python int in ~25 ns, where a
 numpy scalar costs ~80), at the ``I_*``, ``E_*`` and ``Q_*`` indexes.
@@ -85,13 +90,13 @@ from typing import Iterator
 import numpy as np
 
 MAGIC = 0x73686D7173746174  # "shmqstat"
-VERSION = 3   # 2: disk_full; 3: claims (claim, write, publish)
+VERSION = 4   # 2: disk_full; 3: claims (claim, write, publish); 4: the dedup window
 LINE = 64
 
 _HEADER_FIELDS = [
     "write_pos", "flushed_pos", "flush_request_pos", "confirm_pos", "claim_seq",
     "config_epoch", "cl_min_offset", "cq_flushed_pos", "last_store_ts", "flush_seq", "queue_slots_used", "state", "flushed_store_ts",
-    "disk_full", "publish_seq", "queue_pos",
+    "disk_full", "publish_seq", "queue_pos", "dedup_seq",
 ]
 _names = ["magic", "version", "queue_slots", "segment_bytes", "creator_pid", "created_ms"]
 _offsets = [0, 8, 16, 24, 32, 40]
@@ -100,6 +105,9 @@ for _i, _f in enumerate(_HEADER_FIELDS, start=1):
     _offsets.append(_i * LINE)
     if _f == "claim_seq":  # written together, under the lock
         _names.append("claim_pos")
+        _offsets.append(_i * LINE + 8)
+    if _f == "dedup_seq":  # the window's length, set once by the owner
+        _names.append("dedup_entries")
         _offsets.append(_i * LINE + 8)
 HEADER_BYTES = (len(_HEADER_FIELDS) + 1) * LINE
 HEADER_DTYPE = np.dtype({"names": _names, "formats": [np.int64] * len(_names),
@@ -115,6 +123,7 @@ I_CLAIM_POS = _W["claim_pos"]
 I_LAST_STORE_TS = _W["last_store_ts"]
 I_PUBLISH_SEQ = _W["publish_seq"]
 I_QUEUE_POS = _W["queue_pos"]
+I_DEDUP_SEQ = _W["dedup_seq"]
 
 # The claim ring.
 RING_ENTRIES = 256            # claims in flight at most; a claimant waits when it is full
@@ -158,8 +167,12 @@ class ThreadLock:
         self._lock.release()
 
 
-def state_bytes(queue_slots: int) -> int:
-    return HEADER_BYTES + RING_BYTES + queue_slots * QUEUE_DTYPE.itemsize
+def state_bytes(queue_slots: int, dedup_entries: int = 0) -> int:
+    return (HEADER_BYTES + RING_BYTES + queue_slots * QUEUE_DTYPE.itemsize
+            + dedup_entries * DEDUP_WORDS_PER_ENTRY * 8)
+
+
+DEDUP_WORDS_PER_ENTRY = 5   # two bucket heads and a 3-word entry (core.dedup)
 
 
 def start_ticks(pid: int) -> int:
@@ -208,7 +221,7 @@ def _slot_hash(topic: bytes, queue_id: int) -> int:
 class StoreState:
     """Typed access to the state in ``buf``; the append lock is ``lock``."""
 
-    def __init__(self, buf, lock, queue_slots: int, offset: int = 0):
+    def __init__(self, buf, lock, queue_slots: int, offset: int = 0, dedup_entries: int = 0):
         self._buf = buf
         self.lock_impl = lock
         self.header = np.ndarray((1,), HEADER_DTYPE, buf, offset)
@@ -217,7 +230,12 @@ class StoreState:
                                  offset + HEADER_BYTES + RING_BYTES)
         self.queue_slots = queue_slots
         # The whole block as int64 words (the hot paths' way in: see the module doc).
-        self.words = memoryview(buf).cast("B")[offset:offset + state_bytes(queue_slots)].cast("q")
+        self.dedup_entries = dedup_entries
+        self.nbytes = state_bytes(queue_slots, dedup_entries)
+        self.words = memoryview(buf).cast("B")[offset:offset + self.nbytes].cast("q")
+        # word indexes of the dedup window's bucket heads and entries
+        self.dedup_heads = (HEADER_BYTES + RING_BYTES + queue_slots * QUEUE_DTYPE.itemsize) // 8
+        self.dedup_ents = self.dedup_heads + 2 * dedup_entries
         # One-element views: ``v[0]`` reads and writes the shared int64 directly.
         self._v = {name: self.header[name] for name in HEADER_DTYPE.names}
         self.queue_next = self.queues["next_offset"]
@@ -235,12 +253,14 @@ class StoreState:
         header = np.ndarray((1,), HEADER_DTYPE, buf, 0)
         if int(header["magic"][0]) != MAGIC or int(header["version"][0]) != VERSION:
             return None
-        return cls(buf, lock, int(header["queue_slots"][0]))
+        return cls(buf, lock, int(header["queue_slots"][0]),
+                   dedup_entries=int(header["dedup_entries"][0]))
 
     @classmethod
-    def create_local(cls, queue_slots: int, segment_bytes: int) -> "StoreState":
-        buf = bytearray(state_bytes(queue_slots))
-        st = cls(buf, ThreadLock(), queue_slots)
+    def create_local(cls, queue_slots: int, segment_bytes: int,
+                     dedup_entries: int = 0) -> "StoreState":
+        buf = bytearray(state_bytes(queue_slots, dedup_entries))
+        st = cls(buf, ThreadLock(), queue_slots, dedup_entries=dedup_entries)
         st.initialize(segment_bytes)
         return st
 
@@ -249,6 +269,7 @@ class StoreState:
         h["version"] = VERSION
         h["queue_slots"] = self.queue_slots
         h["segment_bytes"] = segment_bytes
+        h["dedup_entries"] = self.dedup_entries
         h["creator_pid"] = os.getpid()
         h["created_ms"] = int(time.time() * 1000)
         self.header["magic"] = MAGIC  # last: the block is complete

@@ -68,10 +68,11 @@ from .consumequeue import ALL_TAGS, ConsumeQueues
 from .files import REAL_FILES, FileLayer
 from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, END_FILE_MIN_BLANK_BYTES
 from .checkpoint import Checkpoint, abort_path
+from . import dedup as D
 from .records import EncodedBatch, StoredMessage, decode
 from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
 from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_SLOT, E_START,
-                    E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ,
+                    E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
                     I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ, I_QUEUE_POS, I_WRITE_POS,
                     Q_CLAIM, Q_NEXT, Q_WORDS, QUEUE_BASE, RING_BASE, RING_ENTRIES, STATE_RUNNING,
                     StoreState, me, owner_alive)
@@ -115,6 +116,18 @@ class AppendResult:
     @property
     def count(self) -> int:
         return int(self.rec_pos.shape[0])
+
+
+class DuplicateResult(AppendResult):
+    """An append refused as a duplicate (``core.dedup``): where the first
+    append of the same UNIQ_KEY (and topic) went, read back from its
+    records. ``queue_offset`` is -1 for a record with no queue offset (a
+    prepared transaction record), as the first append's was."""
+    __slots__ = ("queue_id",)
+
+    def __init__(self, phy_offset, end, queue_offset, rec_pos, store_timestamp, queue_id):
+        super().__init__(phy_offset, end, queue_offset, rec_pos, store_timestamp)
+        self.queue_id = queue_id
 
 
 @dataclass(frozen=True)
@@ -174,6 +187,10 @@ class MessageStore:
         self._lock = state.lock_impl
         self._slot_of = np.zeros(1, dtype=np.int32)
         self._seen_cl_min = 0
+        # the duplicate-send window (core.dedup): its length, bucket heads, entries
+        self.dedup_on = self._dn = state.dedup_entries
+        self._dh = state.dedup_heads
+        self._de = state.dedup_ents
         self.store_lock = None   # set by open_local: released on close
         # A repair left a dead owner's finished claim unpublished behind a live
         # one (or failed): the owner's supervisor calls repair_after_death again.
@@ -190,10 +207,16 @@ class MessageStore:
             self.store_lock = None
 
     # ------------------------------------------------------------------ append
-    def append(self, batch: EncodedBatch) -> AppendResult:
+    def append(self, batch: EncodedBatch, dedup_hash: int = 0) -> AppendResult:
         """Append ``batch`` (consumed: its buffer is stamped in place). Thread-
         and process-safe. Publishes before it returns; under SYNC_FLUSH the
-        caller then waits for ``flushed_pos >= result.end``."""
+        caller then waits for ``flushed_pos >= result.end``.
+
+        ``dedup_hash``: ``dedup.key_hash`` of the first record's UNIQ_KEY
+        (0: none, no check). With a window (``dedup_on``), an append whose
+        records carry, in order, the keys of an append still in the window,
+        to the same topic, is not stored: a ``DuplicateResult`` says where
+        that one went (``core.dedup``)."""
         if not batch.single_queue:
             raise ValueError("a batch goes to one queue; split it by queue id")
         buf = batch.buf
@@ -209,8 +232,11 @@ class MessageStore:
             nq = n - int(np.count_nonzero(buf[rec_pos + _TX_BYTE] & L.SYSFLAG_TRANSACTION_PREPARED))
         topic, qid = batch.topic, batch.queue_id
         ts = batch.store_timestamp
-        slot, seq, e, start, phy, q0 = self._claim(self.state.queue_slot(topic, qid), topic, qid,
-                                                   nbytes, nq, ts)
+        c = self._claim(self.state.queue_slot(topic, qid), topic, qid, nbytes, nq, ts,
+                        dedup_hash if self._dn else 0, batch)
+        if c.__class__ is DuplicateResult:
+            return c
+        slot, seq, e, start, phy, q0 = c
         end = phy + nbytes
         w = self._w
         hook = self.hook
@@ -247,10 +273,11 @@ class MessageStore:
         return AppendResult(phy, end, q0 if nq else -1, rec_pos, ts)
 
     def _claim(self, slot: int, topic: str, qid: int, nbytes: int, nq: int,
-               ts: int) -> tuple[int, int, int, int, int, int]:
+               ts: int, dh: int = 0, batch: EncodedBatch | None = None):
         """Step 1: (slot, seq, ring entry, start, phy, q0) of a new claim of
         ``nbytes`` and ``nq`` queue offsets. Only integer operations under
-        the lock."""
+        the lock. With ``dh`` (a dedup hash) the window is looked up first
+        and a hit returned as a ``DuplicateResult``; a miss is recorded."""
         w = self._w
         lock = self._lock
         seg = self._seg
@@ -261,10 +288,17 @@ class MessageStore:
                 if slot < 0:
                     slot = self.state.queue_slot_create(topic, qid)
                 seq = w[I_CLAIM_SEQ]
-                if seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
+                hit = None
+                if dh and seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
+                    hit = self._dedup_find(dh, topic, batch)
+                    if hit.__class__ is DuplicateResult:
+                        return hit
+                if hit is None and seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
                     start = w[I_CLAIM_POS]
                     seg_end = start - start % seg + seg
                     phy = seg_end if nbytes + END_FILE_MIN_BLANK_BYTES > seg_end - start else start
+                    if dh:
+                        self.dedup_add(dh, phy)
                     qi = QUEUE_BASE + slot * Q_WORDS + Q_CLAIM
                     q0 = w[qi]
                     e = RING_BASE + seq % RING_ENTRIES * ENTRY_WORDS
@@ -285,7 +319,83 @@ class MessageStore:
                     return slot, seq, e, start, phy, q0
             finally:
                 lock.release()
+            if hit is not None:     # the key's first append is in flight: once it is
+                self._await(hit + 1)   # published (or repaired), look again
+                continue
             self._await(seq - RING_ENTRIES + 1)   # the ring is full
+
+    # ------------------------------------------------------------ dedup window
+    def dedup_add(self, h: int, phy: int) -> None:
+        """Record a keyed append at ``phy`` in the window (lock held, or the
+        owner before anyone attaches). The entry, then ``dedup_seq``, then
+        the bucket head: see ``core.dedup``."""
+        w = self._w
+        n = self._dn
+        p = w[I_DEDUP_SEQ]
+        b = self._dh + h % (2 * n)
+        e = self._de + p % n * D.ENT_WORDS
+        w[e] = h
+        w[e + 1] = w[b]
+        w[e + 2] = phy
+        w[I_DEDUP_SEQ] = p + 1
+        w[b] = p + 1
+
+    def _dedup_find(self, h: int, topic: str, batch: EncodedBatch):
+        """Lock held: the ``DuplicateResult`` of an append in the window
+        with ``batch``'s keys, the claim seq to wait for when such an append
+        is still in flight, or None."""
+        w = self._w
+        n = self._dn
+        top = w[I_DEDUP_SEQ]
+        low = top - n
+        p = w[self._dh + h % (2 * n)] - 1
+        de = self._de
+        while p >= low and p >= 0:
+            e = de + p % n * D.ENT_WORDS
+            if w[e] == h:
+                hit = self._dedup_check(w[e + 2], topic, batch)
+                if hit is not None:
+                    return hit
+            p = w[e + 1] - 1
+        return None
+
+    def _dedup_check(self, phy: int, topic: str, batch: EncodedBatch):
+        """Lock held: is the append at ``phy`` the same as ``batch`` (its
+        records' topic and keys, in order)? Its ``DuplicateResult``; the
+        seq of its claim if it is not published yet; None if not."""
+        w = self._w
+        if phy >= w[I_WRITE_POS]:          # claimed, not published: wait for it
+            for s in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]):
+                e = _entry(s)
+                if w[e + E_PHY] == phy and w[e + E_SEQ] == s:
+                    return s
+            return None                    # rolled back
+        if phy < self.state.get("cl_min_offset"):
+            return None
+        seg = self._seg
+        rel = phy % seg
+        mine = memoryview(batch.buf)
+        stored = memoryview(self.cl.map(phy - rel))[rel:]
+        tb = topic.encode()
+        n = batch.rec_pos.shape[0]
+        pos = 0
+        first = None
+        rec_pos = np.empty(n, dtype=np.int64)
+        for i, mpos in enumerate(batch.rec_pos.tolist()):
+            if phy + pos >= w[I_WRITE_POS]:
+                return None
+            old = D.read_record_key(stored, pos)
+            new = D.read_record_key(mine, mpos)
+            if old is None or new is None or old.topic != tb or old.key != new.key \
+                    or old.key is None or old.reconsume:
+                return None
+            if first is None:
+                first = old
+            rec_pos[i] = pos
+            pos += old.size
+        tx = first.sysflag & L.SYSFLAG_TRANSACTION_MASK
+        q0 = -1 if tx in _TX_NO_UNIT else first.queue_offset
+        return DuplicateResult(phy, phy + pos, q0, rec_pos, first.store_ts, first.queue_id)
 
     def _write(self, batch: EncodedBatch, n: int, nq: int, topic: str, qid: int, start: int,
                phy: int, q0: int) -> None:

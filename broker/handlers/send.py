@@ -11,13 +11,28 @@ until the tables change (config_epoch), the record is written by
 ``records.encode_one`` (struct + zlib, no kernel call over arrays), the
 born host comes parsed from the peer, and the SUCCESS reply is a template
 (``remoting.send_ok_head``) rather than a command the driver encodes.
+
+Duplicates (``sendDedupWindowSize``, ``core/dedup.py``): a send carrying a
+UNIQ_KEY (to any topic but a %RETRY% or %DLQ% one, with reconsumeTimes 0)
+is checked against the store's window of recent keyed sends inside the
+append's claim; a retry of a send already stored is answered SEND_OK with
+the first send's msgId (offset ids), queueOffset and the queueId its record
+is in (for a routed send — delay, timer, transaction half — the stored
+queue is the internal one, so the retry's own queueId is answered, as the
+first send's answer had it), and the reply waits for the flush under
+SYNC_FLUSH as the first did. A batch is checked by its first message's key
+and is a duplicate only when every message's key matches, in order, the
+records of the earlier batch; otherwise it is stored whole.
 """
 from __future__ import annotations
 
 import random
 import time
+import zlib
 
+from shmq.core.dedup import dedupable_topic, key_hash, read_record_key
 from shmq.core.records import EncodedBatch, encode_arrays, encode_one, split_batch_body
+from shmq.core.store import DuplicateResult
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import BadRequest, Header, send_header
 from shmq.ipc.remoting import RemotingCommand, send_ok_head
@@ -132,11 +147,24 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
                                tags_code=None if routed is None else routed.tags_code)
         except ValueError as e:
             raise BadRequest(R.MESSAGE_ILLEGAL, str(e)) from None
-    r = b.store.append(batch)
-    b.put_count += batch.count
+    store = b.store
+    dh = 0
+    if store.dedup_on and not reconsume and dedupable_topic(topic):
+        if not is_batch:
+            dh = key_hash(pb)
+        else:
+            rk = read_record_key(memoryview(batch.buf), 0)
+            if rk is not None and rk.key is not None:
+                dh = zlib.crc32(rk.key) or 1
+    r = store.append(batch, dh)
     parking = b.parking
-    if parking.pulls and (store_topic, store_qid) in parking.pulls:
-        parking.arrived.add((store_topic, store_qid))     # a pull parked here: answer it now
+    if r.__class__ is DuplicateResult:
+        if routed is None:
+            qid = r.queue_id                   # where the first send's message is
+    else:
+        b.put_count += batch.count
+        if parking.pulls and (store_topic, store_qid) in parking.pulls:
+            parking.arrived.add((store_topic, store_qid))  # a pull parked here: answer it now
     pre = b.msgid_prefix
     if is_batch:
         msg_id = ",".join(f"{pre}{p:016X}" for p in r.rec_phy.tolist())
@@ -146,6 +174,9 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
             and "WAIT\x01false" not in props:
         reply = cmd.reply(R.SUCCESS, ext={"msgId": msg_id, "queueId": str(qid),
                                           "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
-        parking.park_send(peer, cmd, reply, r.end, b.config.store.syncFlushTimeout / 1000)
+        end = r.end
+        if end < parking.last_end:          # a duplicate of an older send: keep the order
+            end = parking.last_end
+        parking.park_send(peer, cmd, reply, end, b.config.store.syncFlushTimeout / 1000)
         return PARKED
     return send_ok_head(cmd.serialize_type, cmd.opaque, msg_id, qid, r.queue_offset)

@@ -1,0 +1,197 @@
+"""Duplicate sends: the window of recent UNIQ_KEYs, shared by every appender.
+
+A producer that loses a reply (a worker killed after the append, a broken
+connection, a timeout) sends the same message again, with the same
+``UNIQ_KEY`` property (every RocketMQ 4.x client sets it, once per message).
+Kafka's idempotent producer and NATS's ``Msg-Id`` window drop such retries;
+RocketMQ stores them twice. shmq keeps, in the store's shared state
+(``StoreState``), a window of the last ``N`` keyed appends of the whole
+store (``sendDedupWindowSize``), and an append whose key is in it, for the
+same topic, is not stored: it gets the first append's result.
+
+Why one window for the store and not one per queue: a RocketMQ client whose
+send failed retries on *another* queue of the topic (``selectOneMessageQueue``
+skips the broker and the queue that failed: with one broker, the next queue),
+so a window per queue would miss the very retries it is for. The window
+counts appends (a batch is one), so at full load on a small host it spans
+seconds of traffic, far more than a reconnect and a resend take.
+
+Structure (int64 words, after the queue table): ``2N`` bucket heads and
+``N`` entries ``(hash, prev, phy)``; entry ``p % N`` holds the ``p``-th keyed
+append (``dedup_seq`` counts them), ``hash`` is the CRC32 of the key (never
+0), ``prev`` the previous position in the same bucket (+1; 0: none), ``phy``
+the CommitLog offset of the append's first record. Heads also hold position
++ 1. A lookup walks its bucket's chain from the head while positions are
+inside the window ``[dedup_seq - N, dedup_seq)`` (positions fall along a
+chain, so the walk ends): LZ77's hash chains. All of it happens under the
+append lock, inside the claim, so a retry racing its original on another
+worker sees the original's entry the moment it is claimed.
+
+Entries are hints, checked against the store before they count: a hit reads
+the record at ``phy`` and compares its topic and ``UNIQ_KEY`` (for a batch,
+every record's, in order) with the new append's. So an entry whose append
+was rolled back or padded (its writer killed), a CRC32 collision, or a
+stale entry after a rollback reused the range, can only cost a read; it
+never turns a new message away. An entry is written before its claim is
+made (``dedup_seq`` before the head, both before ``claim_seq``): a writer
+killed between them leaves an entry that points at nothing, never a claim
+without its entry. A hit on a claim not yet published waits for it
+(publishing or repairing it, as any appender waiting for its turn does) and
+looks again.
+
+After a restart the owner refills the window from the store
+(``rebuild``): the last ``N`` keyed records of all queues, by CommitLog
+offset, so a retry that crosses a broker restart is still caught.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+
+from . import layout as L
+
+UNIQ = b"UNIQ_KEY\x01"
+ENT_WORDS = 3            # hash, prev + 1, phy
+WORDS_PER_ENTRY = ENT_WORDS + 2   # and two bucket heads
+
+
+def region_words(entries: int) -> int:
+    """int64 words of a window of ``entries`` (0: none)."""
+    return entries * WORDS_PER_ENTRY
+
+
+def key_of(props) -> bytes | None:
+    """The UNIQ_KEY in a properties string (bytes), or None."""
+    i = props.find(UNIQ)
+    while i > 0 and props[i - 1] != 2:   # a value ending in "UNIQ_KEY": look further
+        i = props.find(UNIQ, i + 1)
+    if i < 0:
+        return None
+    i += 9
+    j = props.find(b"\x02", i)
+    k = props[i:j] if j >= 0 else props[i:]
+    return bytes(k) if k else None
+
+
+def key_hash(props: bytes) -> int:
+    """CRC32 of the UNIQ_KEY in ``props`` (never 0), or 0 when it has none."""
+    i = props.find(UNIQ)
+    if i < 0:
+        return 0
+    if i and props[i - 1] != 2:
+        k = key_of(props)
+        return 0 if k is None else zlib.crc32(k) or 1
+    i += 9
+    j = props.find(b"\x02", i)
+    if j == i or i == len(props):
+        return 0
+    return zlib.crc32(props[i:j] if j >= 0 else props[i:]) or 1
+
+
+class RecordKey:
+    """What a duplicate check reads of a stored record."""
+    __slots__ = ("size", "queue_id", "queue_offset", "sysflag", "store_ts", "reconsume",
+                 "topic", "key")
+
+    def __init__(self, size, queue_id, queue_offset, sysflag, store_ts, reconsume, topic, key):
+        self.size = size
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.sysflag = sysflag
+        self.store_ts = store_ts
+        self.reconsume = reconsume
+        self.topic = topic
+        self.key = key
+
+
+_FIXED = struct.Struct(">iiiiiqqi")   # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET,
+                                      # PHYSICALOFFSET, SYSFLAG
+_TS = struct.Struct(">q")
+_AFTER_HOST = struct.Struct(">iqi")   # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLEN
+_PROPS_LEN = struct.Struct(">h")
+
+
+def read_record_key(mv: memoryview, pos: int) -> RecordKey | None:
+    """The record at ``pos`` of ``mv`` (bytes of a CommitLog segment or of a
+    batch), or None when no whole message record is there (a BLANK, a PAD,
+    zeros, the middle of a record)."""
+    end = len(mv)
+    if pos + L.RECORD_FIXED_BYTES > end:
+        return None
+    size, magic, _, qid, _, qoff, _, sysflag = _FIXED.unpack_from(mv, pos)
+    if magic != L.MESSAGE_MAGIC_I32 or size < L.RECORD_FIXED_BYTES or pos + size > end:
+        return None
+    p = pos + L.OFF_BORNHOST + (L.HOST_V6_BYTES if sysflag & L.SYSFLAG_BORNHOST_V6 else
+                                L.HOST_V4_BYTES)
+    store_ts = _TS.unpack_from(mv, p)[0]
+    p += 8 + (L.HOST_V6_BYTES if sysflag & L.SYSFLAG_STOREHOST_V6 else L.HOST_V4_BYTES)
+    reconsume, _, blen = _AFTER_HOST.unpack_from(mv, p)
+    p += 16 + blen
+    rec_end = pos + size
+    if blen < 0 or p + 3 > rec_end:
+        return None
+    tlen = mv[p]
+    topic = bytes(mv[p + 1:p + 1 + tlen])
+    p += 1 + tlen
+    if p + 2 > rec_end:
+        return None
+    plen = _PROPS_LEN.unpack_from(mv, p)[0]
+    if plen < 0 or p + 2 + plen != rec_end:
+        return None
+    key = key_of(bytes(mv[p + 2:rec_end]))
+    return RecordKey(size, qid, qoff, sysflag, store_ts, reconsume, topic, key)
+
+
+def dedupable_topic(topic: str) -> bool:
+    """Topics whose sends are checked: not a consumer's %RETRY% or %DLQ%
+    topic, where one message is rightly stored again each time it fails."""
+    return not (topic.startswith("%RETRY%") or topic.startswith("%DLQ%"))
+
+
+def rebuild(store) -> int:
+    """Refill the window of a freshly recovered store from the last
+    ``dedup_entries`` keyed records of its queues, oldest first (owner
+    only, before any appender attaches). Returns the entries made."""
+    st = store.state
+    n = st.dedup_entries
+    if not n:
+        return 0
+    phys = []
+    for slot, topic, qid in st.iter_queues():
+        if not dedupable_topic(topic):
+            continue
+        mx, mn = int(st.queue_next[slot]), int(st.queue_min[slot])
+        lo = max(mn, mx - n)
+        while lo < mx:
+            units = store.cqs.units(topic, qid, lo, mx - lo)
+            if units is None or not units.shape[0]:
+                break
+            lo += units.shape[0]
+            keep = units["size"] != np.iinfo(np.int32).max     # not padding units
+            phys.append(units["phy_offset"][keep].astype(np.int64))
+    if not phys:
+        return 0
+    allp = np.unique(np.concatenate(phys))
+    allp = allp[(allp >= st.get("cl_min_offset")) & (allp < st.write_pos)]
+    made = 0
+    # newest first until the window is full, then insert oldest first
+    picked = []
+    seg = store.config.mappedFileSizeCommitLog
+    maps: dict[int, memoryview] = {}
+    for phy in allp[::-1].tolist():
+        start = phy - phy % seg
+        mv = maps.get(start)
+        if mv is None:
+            mv = maps[start] = memoryview(store.cl.map(start))
+        rk = read_record_key(mv, phy - start)
+        if rk is None or rk.key is None or rk.reconsume:
+            continue
+        picked.append((phy, zlib.crc32(rk.key) or 1))
+        if len(picked) == n:
+            break
+    for phy, h in reversed(picked):
+        store.dedup_add(h, phy)
+        made += 1
+    return made
