@@ -19,6 +19,7 @@ open.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import resource
@@ -47,6 +48,8 @@ DRAIN_S = 5.0
 # the requests RocketMQ's send thread pool runs (waitTimeMillsInSendQueue applies)
 SEND_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSAGE,
                         RC.CONSUMER_SEND_MSG_BACK})
+M_MMAP_THRESHOLD = -3        # mallopt(3)
+MMAP_THRESHOLD = 1 << 20     # bytes: larger allocations are mmapped
 FDS_KEPT = 256        # descriptors a worker keeps for the store's files past its connections
 
 
@@ -54,9 +57,19 @@ def boss_address(namespace: str) -> bytes:
     return f"\0{namespace}.boss".encode()
 
 
+def fixed_mmap_threshold() -> None:
+    """Large request buffers (a frame of up to 16 MiB) come from mmap and go
+    back to the OS when freed. glibc raises its mmap threshold to the size
+    of each mmapped block freed (up to 32 MiB), after which such buffers
+    come from the heap and a worker that shed many half-sent frames kept
+    their pages: setting the threshold turns that adjustment off."""
+    ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
 def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
     die_with_parent(boss_pid)
     set_process_name(f"shmq-worker-{index}")
+    fixed_mmap_threshold()
     logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s worker-{index} %(levelname)s %(name)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
