@@ -30,7 +30,9 @@ Addresses: the connection's peer IP; a Unix-socket client counts as
 The file is read at start (errors name the file and the key, and stop the
 broker) and again when it changes, as RocketMQ watches it: each process
 looks at its size and mtime at most once a second while requests come; a
-changed file that does not load is logged and the previous rules stay.
+changed file that does not load is logged and the previous rules stay. A
+process that starts later (a worker restarted) while the file does not
+load refuses every request until it does.
 """
 from __future__ import annotations
 
@@ -350,7 +352,11 @@ class Acl:
         self.path = path
         self.clock = clock
         self._stamp = self._stat()
-        self.rules = load_rules(path)
+        try:
+            self.rules = load_rules(path)
+        except AclFileError as e:
+            log.error("%s cannot be used, every request is refused until it loads: %s", path, e)
+            self.rules = Rules((), {})
         self._next_look = clock() + RECHECK_S
 
     def _stat(self) -> tuple[int, int] | None:

@@ -5,8 +5,9 @@ the address patterns, the file's errors, the order of the checks, a rules
 file changed under a running check), then one real broker with
 ``aclEnable`` and its embedded NameServer: requests signed by shmq's
 RemotingClient, client and ``shmq admin``, and by the real C++ core
-(rocketmq==0.4.4, ``set_session_credentials``) and ali-ons, each right key
-accepted and each wrong or missing one refused as RocketMQ refuses it; a
+(rocketmq==0.4.4, ``set_session_credentials``: a producer and a push
+consumer) and ali-ons, each right key accepted and each wrong or missing
+one refused as RocketMQ refuses it; a
 forged broker registration refused by the NameServer. Every wait is bounded
 and nothing is timed.
 """
@@ -199,6 +200,11 @@ def test_a_changed_rules_file_is_reloaded_and_a_broken_one_keeps_the_old_rules(t
     write(path, "accounts: [\n")
     now[0] += 2
     assert acl.check("127.0.0.2", cmd) is None
+    restarted = Acl(str(path), clock=lambda: now[0])     # a worker started while it is broken
+    assert restarted.check("127.0.0.2", signed(send_message("T", b"x"), ADMIN)) == "No acl config for rocketmq2"
+    write(path, RULES)
+    now[0] += 2
+    assert restarted.check("127.0.0.2", signed(send_message("T", b"x"), ADMIN)) is None
 
 
 # ------------------------------------------------------------------ a broker with aclEnable
@@ -446,6 +452,40 @@ def test_the_real_cpp_client_with_session_credentials(broker, tmp_path, secret, 
     else:
         assert all("error" in o for o in out), out
         assert "Check signature failed for accessKey=producer1" in broker.log()
+
+
+CPP_CONSUME = textwrap.dedent("""\
+    import json, sys, time
+    from rocketmq.client import PushConsumer
+    namesrv, topic, ak, sk = sys.argv[1:5]
+    c = PushConsumer("GID_acl_cpp")
+    c.set_namesrv_addr(namesrv)
+    c.set_session_credentials(ak, sk, "ALIYUN")
+    got = []
+    c.subscribe(topic, lambda msg: got.append(msg.body.decode()))
+    c.start()
+    deadline = time.time() + 30
+    while len(got) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    c.shutdown()
+    for body in sorted(got):
+        print(json.dumps({"body": body}), flush=True)
+""")
+
+
+def test_the_real_cpp_consumer_signs_its_heartbeats_pulls_and_offsets(broker, tmp_path):
+    if cpp_missing():
+        pytest.skip(cpp_missing())
+    t = made_topic(broker)
+    with RemotingClient(broker.addr, credentials=PRODUCER) as c:
+        for i in range(2):
+            assert c.invoke(send_message(t, b"cpp-pull-%d" % i)).code == R.SUCCESS
+    script = write(tmp_path / "cpp_consume.py", CPP_CONSUME)
+    home = tmp_path / "home"
+    home.mkdir()
+    out = run_client([sys.executable, str(script), broker.namesrv, t, PRODUCER.access_key,
+                      PRODUCER.secret_key], tmp_path, {"HOME": str(home)})
+    assert [o["body"] for o in out] == ["cpp-pull-0", "cpp-pull-1"]
 
 
 @pytest.mark.parametrize("secret, accepted", [(PRODUCER.secret_key, True), ("a-wrong-secret", False)])
