@@ -177,6 +177,9 @@ def verify(doc: dict) -> str:
         rel = f" + {b['segment_offset']}" if "segment_offset" in b else ""
         lines.append(f"BAD RECORD    at offset {b['offset']} (segment {b['segment']}{rel}){what}: "
                      f"{b['problem']}")
+        lines.append("              below the checkpoint's flushed position the next start "
+                     "quarantines it (<store>/quarantine/) and keeps every record after it; "
+                     "past it, it is a torn write and the log ends there")
     if q["first_bad"] is not None:
         lines.append(f"BAD UNIT      {q['first_bad']['problem']}")
     lines.append("OK" if doc["ok"] else "FAILED")
