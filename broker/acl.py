@@ -36,6 +36,7 @@ load refuses every request until it does.
 """
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import logging
@@ -95,6 +96,18 @@ def _ip(text: str) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _peer(ip: str) -> tuple[str | None, bytes | None]:
+    """A peer IP's canonical form and its IPv4 bytes (None if not IPv4),
+    parsed once per address: ``ipaddress`` costs microseconds a call."""
+    canonical = _ip(ip)
+    try:
+        v4 = ipaddress.IPv4Address(ip).packed
+    except ValueError:
+        v4 = None
+    return canonical, v4
+
+
 def _octet(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 255:
         raise ValueError(f"{text!r} is not 0..255")
@@ -121,7 +134,7 @@ def address_matcher(pattern) -> Matcher:
     ip = _ip(p)
     if ip is None:
         raise ValueError("not an IP address")
-    return lambda peer: _ip(peer) == ip
+    return lambda peer: _peer(peer)[0] == ip
 
 
 def _one_of(items: list[str]) -> Matcher:
@@ -131,7 +144,7 @@ def _one_of(items: list[str]) -> Matcher:
         if ip is None:
             raise ValueError(f"{item.strip()!r} is not an IP address")
         ips.add(ip)
-    return lambda peer: _ip(peer) in ips
+    return lambda peer: _peer(peer)[0] in ips
 
 
 def _range(p: str) -> Matcher:
@@ -157,11 +170,8 @@ def _range(p: str) -> Matcher:
             raise ValueError(f"{parts[at]!r}: the range is empty")
 
     def match(peer: str) -> bool:
-        try:
-            packed = ipaddress.IPv4Address(peer).packed
-        except ValueError:
-            return False
-        return tuple(packed[:at]) == head and lo <= packed[at] <= hi
+        packed = _peer(peer)[1]
+        return packed is not None and tuple(packed[:at]) == head and lo <= packed[at] <= hi
     return match
 
 
@@ -341,6 +351,10 @@ def _allowed(needed_perm: int, owned: int) -> bool:
     return bool(needed_perm & owned)
 
 
+def _not_admin(cmd: RemotingCommand, ak: str) -> str:
+    return f"Need admin permission for request code={cmd.code}, but accessKey={ak} is not"
+
+
 def _what(resource: str) -> str:
     return f"group:{resource[len(RETRY):]}" if resource.startswith(RETRY) else f"topic:{resource}"
 
@@ -395,9 +409,8 @@ class Acl:
         acct = rules.accounts.get(ak)
         if acct is None:
             return f"No acl config for {ak}"
-        not_admin = f"Need admin permission for request code={cmd.code}, but accessKey={ak} is not"
         if acct.white(ip):
-            return not_admin if admin and not acct.admin else None
+            return _not_admin(cmd, ak) if admin and not acct.admin else None
         if not self._signed(acct, cmd):
             return f"Check signature failed for accessKey={ak}"
         try:
@@ -407,7 +420,7 @@ class Acl:
         if need.get(TRACE_TOPIC) == PUB:
             return None
         if (admin or cmd.code in ADMIN_CODES) and not acct.admin:
-            return not_admin
+            return _not_admin(cmd, ak)
         if not need or (acct.admin and acct.perms is None):
             return None
         owned = acct.perms or {}
