@@ -140,6 +140,17 @@ def test_a_missing_rules_file_is_an_error_naming_it(tmp_path):
         load_rules(str(tmp_path / "plain_acl.yml"))
 
 
+def test_a_broker_whose_rules_do_not_load_does_not_start(tmp_path):
+    write(tmp_path / "conf" / "plain_acl.yml", "accounts:\n  - accessKey: rocketmq2\n    secretKey: 1234\n")
+    conf = write(tmp_path / "broker.conf", f"aclEnable=true\nrocketmqHome={tmp_path}\n"
+                                           f"storePathRootDir={tmp_path / 'store'}\n")
+    r = subprocess.run([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == (f"shmq broker: aclEnable: {tmp_path}/conf/plain_acl.yml: accounts[0].secretKey: "
+                                f"must be text longer than 6 characters")
+
+
 def test_checks_run_in_rocketmqs_order_with_its_messages(tmp_path):
     acl = Acl(str(write(tmp_path / "plain_acl.yml", RULES)))
     ip = "192.168.7.7"

@@ -30,13 +30,6 @@ def _broker(args) -> int:
         return 2
     for k in unknown:
         print(f"shmq broker: ignoring unknown setting {k!r}", file=sys.stderr)
-    if config.aclEnable:      # a bad rules file stops the start here, in one line
-        from shmq.broker.acl import load_rules
-        try:
-            load_rules(config.acl_file)
-        except ValueError as e:
-            print(f"shmq broker: aclEnable: {e}", file=sys.stderr)
-            return 2
     if args.print_config:
         for name, value, default in config.describe():
             mark = "" if value == default else f"   (default {conf_text(default)})"
@@ -44,6 +37,13 @@ def _broker(args) -> int:
                 mark += "   (off: namesrvAddr names the NameServers)"
             print(f"{name}={conf_text(value)}{mark}")
         return 0
+    if config.aclEnable:      # a bad rules file stops the start here, in one line
+        from shmq.broker.acl import load_rules
+        try:
+            load_rules(config.acl_file)
+        except ValueError as e:
+            print(f"shmq broker: aclEnable: {e}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s boss %(levelname)s %(name)s %(message)s")
     try:
