@@ -333,6 +333,31 @@ def test_the_namesrv_refuses_forged_registrations_and_admin_requests(broker):
         assert route.code == R.TOPIC_NOT_EXIST
 
 
+def test_a_standalone_namesrv_with_acl_takes_only_signed_brokers(tmp_path, home):
+    from brokerproc import BrokerProc, broker_conf, free_port
+    from shmq.broker.namesrv import register_broker_request
+    port = free_port()
+    ns = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(port), "--acl",
+                           str(home / "conf" / "plain_acl.yml")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert ns.stdout.readline().startswith("shmq namesrv ready")
+        addr = f"127.0.0.1:{port}"
+        info = RemotingCommand(RC.GET_BROKER_CLUSTER_INFO)
+        with RemotingClient(addr) as c:
+            forged = register_broker_request(cluster="DefaultCluster", broker_name="broker-forged",
+                                             broker_addr="127.0.0.1:1", broker_id=0, topic_configs={},
+                                             data_version={"timestamp": 1, "counter": 1})
+            assert refused(c.invoke(forged), "No accessKey is configured")
+            conf = broker_conf(tmp_path, namesrvAddr=addr, accessKey=ADMIN.access_key,
+                               secretKey=ADMIN.secret_key)
+            with BrokerProc(tmp_path, conf).start():       # ready: it has registered
+                assert b"broker-a" in c.invoke(info).body
+            assert b"broker-forged" not in c.invoke(info).body
+    finally:
+        ns.terminate()
+        ns.wait(30)
+
+
 def test_shmq_clients_sign_with_their_credentials(broker):
     t = made_topic(broker)
     with Producer("acl-producer", namesrv_addr=broker.namesrv, access_key=PRODUCER.access_key,
