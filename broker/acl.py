@@ -246,6 +246,8 @@ def load_rules(path: str) -> Rules:
             doc = yaml.safe_load(f)
     except OSError as e:
         raise AclFileError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise AclFileError(f"{path}: not UTF-8: {e}") from None
     except yaml.YAMLError as e:
         raise AclFileError(f"{path}: not YAML: {e}".replace("\n", " ")) from None
     if doc is None:
@@ -437,12 +439,13 @@ class Acl:
         given = cmd.ext.get(SIGNATURE)
         if given is None:
             return False
+        given = given.encode()         # compare_digest takes str only when it is ASCII
         if hmac.compare_digest(signature(acct.secret_key, cmd.ext, cmd.body,
-                                         (SIGNATURE, UNIQUE_KEY_QUERY)), given):
+                                         (SIGNATURE, UNIQUE_KEY_QUERY)).encode(), given):
             return True
         # a 4.9.4+ Java client signed _UNIQUE_KEY_QUERY too
         return UNIQUE_KEY_QUERY in cmd.ext and hmac.compare_digest(
-            signature(acct.secret_key, cmd.ext, cmd.body), given)
+            signature(acct.secret_key, cmd.ext, cmd.body).encode(), given)
 
 
 def denied(cmd: RemotingCommand, why: str) -> RemotingCommand:

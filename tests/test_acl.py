@@ -125,11 +125,16 @@ def test_bad_address_patterns_are_errors(pattern):
      ["admin"]),
     ("globalWhiteRemoteAddresses: [1.2.3]\n", ["globalWhiteRemoteAddresses", "1.2.3"]),
     ("accounts: [\n", ["not YAML"]),
+    (b"accounts: [\xff]\n", ["not UTF-8"]),
     ("accounts:\n  - {accessKey: rocketmq2, secretKey: 12345678}\n"
      "  - {accessKey: rocketmq2, secretKey: 87654321}\n", ["listed twice"]),
 ])
 def test_rules_file_errors_name_the_file_and_the_key(tmp_path, text, words):
-    path = write(tmp_path / "plain_acl.yml", text)
+    path = tmp_path / "plain_acl.yml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        write(path, text)
     with pytest.raises(AclFileError) as e:
         load_rules(str(path))
     assert str(path) in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
@@ -170,6 +175,9 @@ def test_checks_run_in_rocketmqs_order_with_its_messages(tmp_path):
     assert check(create_topic("T"), PRODUCER) == \
         "Need admin permission for request code=17, but accessKey=producer1 is not"
     assert check(create_topic("T"), ADMIN) is None
+    odd = signed(send_message("T", b"x"), PRODUCER)
+    odd.ext["Signature"] = "\u00e9t\u00e9"                   # not ASCII: refused, not an exception
+    assert check(odd) == "Check signature failed for accessKey=producer1"
     # the account's own white address: no signature needed, but the NameServer's admin check stays
     white = RemotingCommand(RC.REGISTER_BROKER, ext={"AccessKey": WHITE_AK})
     assert check(white, at="127.0.0.1") is None

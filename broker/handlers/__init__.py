@@ -110,11 +110,19 @@ class Handlers(Broker):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: request %d %s body %d bytes", peer.addr, cmd.code, cmd.ext, len(cmd.body))
         if self.acl is not None:
-            why = self.acl.check(peer.born_host[0], cmd)
+            why = self._refused(peer, cmd)
             if why is not None:
                 log.info("%s: request %d refused: %s", peer.addr, cmd.code, why)
                 return None if cmd.is_oneway else Reply(denied(cmd, why))
         return self._run(HANDLERS.get(cmd.code), peer, cmd)
+
+    def _refused(self, peer: Peer, cmd: RemotingCommand) -> str | None:
+        """The ACL's verdict; a check that fails refuses the request."""
+        try:
+            return self.acl.check(peer.born_host[0], cmd)
+        except Exception as e:
+            log.exception("request %d from %s: the ACL check failed", cmd.code, peer.addr)
+            return f"the ACL check failed: {type(e).__name__}: {e}"
 
     def answer_parked_pull(self, peer: Peer, cmd: RemotingCommand):
         """A parked pull, run again with suspension off (parking's callback)."""
