@@ -293,6 +293,38 @@ def recover(config: StoreConfig, files: FileLayer,
         cqs.close()
 
 
+def find_end(cl: CommitLog, segs: list[int], flushed: int) -> int:
+    """Where recovery will find the CommitLog's end, found without writing
+    (the inspector and Spark read a store no broker owns this way): earlier
+    segments end with their BLANK record; the last one at its first invalid
+    record past ``flushed`` (the checkpoint's), damage below it being
+    stepped over as recovery quarantines it. A last segment with no record
+    at its start is usually the one the flusher preallocates: the end is
+    then in the segment before it."""
+    seg_bytes = cl.segment_bytes
+    out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
+    for i in range(len(segs) - 1, -1, -1):
+        s = segs[i]
+        buf = cl.map(s)            # a short file (cut) maps short: past it are zeros
+        pos, status = 0, K.SCAN_END
+        while pos < buf.shape[0]:
+            _, pos, status = K.scan_records(buf, pos, buf.shape[0], s, False, K.CRC_TABLES,
+                                            _TAGS_KEY[:0], out)
+            if status == K.SCAN_FULL:
+                continue
+            if status == K.SCAN_CORRUPT and s + pos < flushed:      # damage: recovery steps over
+                nxt = next_valid_record(buf, s, pos + 1, buf.shape[0])
+                pos = nxt if nxt is not None else min(flushed - s, seg_bytes)
+                status = K.SCAN_END
+                continue
+            break
+        if status == K.SCAN_BLANK or pos >= seg_bytes:
+            return s + seg_bytes
+        if pos > 0 or i == 0:
+            return s + pos
+    return 0
+
+
 def _check_segments(cl: CommitLog, segs: list[int], seg: int) -> list[tuple[int, int]]:
     """Refuse what cannot be repaired without losing data; return the short
     segments, (start, size), to repair. Changes nothing."""

@@ -242,8 +242,22 @@ def test_a_flipped_body_byte_is_named_with_its_offset_and_segment(capsys, store_
     assert code == 0 and not m["body_crc_ok"]
 
 
-def test_valid_records_after_a_broken_one_are_an_error(capsys, store_dir):
+def test_a_broken_record_below_the_flushed_position_is_an_error_and_not_the_end(capsys, store_dir):
+    """Recovery quarantines it and keeps the 9 records after it: the data
+    ends where it will, and --verify names the broken record."""
+    recs, end = write_store(store_dir)              # closed clean: everything flushed
+    phy = recs[-10][0]                              # in the last segment, 9 records follow
+    patch(store_dir, phy + 4, b"\0\0\0\0")          # its magic
+    code, doc, _ = inspect_json(capsys, store_dir)
+    assert code == 0 and doc["max_offset"] == end and doc["bytes_after_end"] == 0
+    code, doc, _ = inspect_json(capsys, store_dir, "--verify")
+    c = doc["commitlog"]
+    assert code == 1 and c["first_bad"]["offset"] == phy
+
+
+def test_valid_records_after_a_broken_one_past_the_flushed_position_are_an_error(capsys, store_dir):
     recs, _end = write_store(store_dir)
+    os.unlink(os.path.join(store_dir, "checkpoint"))   # nothing known flushed: a torn write
     phy = recs[-10][0]                              # in the last segment, 9 records follow
     patch(store_dir, phy + 4, b"\0\0\0\0")          # its magic
     code, doc, _ = inspect_json(capsys, store_dir)

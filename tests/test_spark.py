@@ -234,6 +234,29 @@ def test_torn_tail_is_the_end(tmp_path):
         assert _read_all(reader).column("body").to_pylist() == [b"m%d" % i for i in range(10)]
 
 
+def test_a_damaged_record_fails_or_is_skipped_alone(tmp_path):
+    """A record whose header was damaged below the flushed position: the
+    store still ends where recovery will end it, and both formats fail with
+    failOnDataLoss or skip that one record without it (they used to drop the
+    rest of the segment, or of the batch)."""
+    from conftest import small_config
+    cfg = small_config(str(tmp_path / "store"), mappedFileSizeCommitLog=1 << 20)
+    store, _ = open_local(cfg)
+    rs = [store.append(R.encode("Hurt", [b"h%02d" % i], queue_ids=0)) for i in range(20)]
+    close_clean(store)
+    with open(os.path.join(cfg.storePathRootDir, "commitlog", "0" * 20), "r+b") as f:
+        f.seek(int(rs[7].phy_offset) + 4)
+        f.write(b"\0\0\0\0")                                   # its MAGIC
+    view = StoreView.open(cfg.storePathRootDir)
+    assert view.cl_end == rs[-1].end and view.queues[("Hurt", 0)].max_offset == 20
+    want = [b"h%02d" % i for i in range(20) if i != 7]
+    for reader in (S.ShmqCommitLogReader, lambda o: S.ShmqBatchReader({**o, "subscribe": "Hurt"})):
+        with pytest.raises(S.ShmqSourceError, match="failOnDataLoss=false"):
+            _read_all(reader({"path": cfg.storePathRootDir}))
+        table = _read_all(reader({"path": cfg.storePathRootDir, "failOnDataLoss": "false"}))
+        assert table.column("body").to_pylist() == want
+
+
 def test_reads_beside_a_live_broker_stop_at_the_snapshot(tmp_path):
     """While producers write, a plan sees a published position and every
     partition reads exactly up to it: whole records, no gaps, no partials."""

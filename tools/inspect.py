@@ -205,12 +205,12 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
         w = walk(buf, s, lo, hi, False, np.empty((8192, K.N_SCAN), np.int64))
         info.update(records=w.records, end_offset=s + w.pos, full=w.status == K.SCAN_BLANK,
                     _walked=w.pos - lo)
+        if "problem" not in info and len(view.segments) == 1 and _cut_short(buf, w.pos):
+            info["problem"] = short_segment_note(info["size"], "mappedFileSizeCommitLog", True)
         if w.status != K.SCAN_BLANK and s + w.pos != view.cl_end and "problem" not in info:
             info["problem"] = (f"records stop at {s + w.pos}, before the end of the data "
                                f"({view.cl_end}): see --verify")
         first, last = w.first, w.last
-        if "problem" not in info and len(view.segments) == 1 and _cut_short(buf, w.pos):
-            info["problem"] = short_segment_note(info["size"], "mappedFileSizeCommitLog", True)
     else:
         first, last = _record_row(buf, s, lo, hi)[0], None
     if first is not None:

@@ -79,6 +79,7 @@ from shmq.core import records as R
 from shmq.core.commitlog import CommitLog, SegmentMissing
 from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.files import REAL_FILES as _FILES
+from shmq.core.recovery import next_valid_record
 from shmq.tools.storeview import StoreView
 
 
@@ -387,15 +388,17 @@ def read_queue_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
                     _data_loss(opts, f"{part.topic}/{part.queue_id}: offsets {qoffs[a]}..{qoffs[b - 1]} "
                                      f"point into CommitLog segment {base}, which is gone")
                     continue
-                rows = R.rows_at(buf, base, phys[a:b], sizes[a:b])
-                ok = ((rows[:, K.S_QUEUE_ID] == part.queue_id)
-                      & (rows[:, K.S_QUEUE_OFFSET] == qoffs[a:a + rows.shape[0]]))
-                good = rows.shape[0] if ok.all() else int(np.argmin(ok))
-                if good < b - a:
-                    _data_loss(opts, f"{part.topic}/{part.queue_id}: offset {qoffs[a + good]} points at "
-                                     f"CommitLog {phys[a + good]}, which does not hold its message")
-                if good:
-                    yield to_record_batch(R.decode_columns(buf, base, rows[:good]), schema, opts)
+                while a < b:           # a record that is not its unit's is skipped, alone
+                    rows = R.rows_at(buf, base, phys[a:b], sizes[a:b])
+                    ok = ((rows[:, K.S_QUEUE_ID] == part.queue_id)
+                          & (rows[:, K.S_QUEUE_OFFSET] == qoffs[a:a + rows.shape[0]]))
+                    good = rows.shape[0] if ok.all() else int(np.argmin(ok))
+                    if good:
+                        yield to_record_batch(R.decode_columns(buf, base, rows[:good]), schema, opts)
+                    if a + good < b:
+                        _data_loss(opts, f"{part.topic}/{part.queue_id}: offset {qoffs[a + good]} points "
+                                         f"at CommitLog {phys[a + good]}, which does not hold its message")
+                    a += good + 1
     finally:
         cl.close()
         cqs.close()
@@ -435,7 +438,10 @@ def read_segment(part: SegmentRange) -> Iterator[pa.RecordBatch]:
                 break
             if status != K.SCAN_FULL:
                 _data_loss(opts, f"CommitLog segment {part.base}: no valid record at {part.base + pos}")
-                break
+                nxt = next_valid_record(buf, part.base, pos + 1, part.end)   # damage: step over it
+                if nxt is None:
+                    break
+                pos = nxt
     finally:
         cl.close()
 

@@ -7,7 +7,9 @@
   ``next_offset`` / ``min_offset`` (``core.state`` visibility rule: everything
   below them is complete, whatever the broker appends meanwhile);
 - with none, what a recovery would keep, found without writing: the CommitLog
-  ends at the first invalid record of its last segment, a queue at its first
+  ends at the first invalid record of its last segment past the checkpoint's
+  flushed position (``recovery.find_end``: damage below it is stepped over,
+  as recovery quarantines it), a queue at its first
   unit pointing at or past that end (a crashed broker's undispatched tail is in
   the CommitLog only until the next broker start dispatches it).
 
@@ -23,14 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from shmq.core import _kernels as K
+from shmq.core.checkpoint import Checkpoint
 from shmq.core.commitlog import CommitLog
 from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.files import REAL_FILES, FileLayer
 from shmq.core.layout import CQ_UNIT_BYTES, CQ_UNITS_PER_FILE
 from shmq.core.records import warm_up  # noqa: F401  (re-exported for readers)
+from shmq.core.recovery import find_end
 
-_SCAN_ROWS = 8192
-_NO_TAGS = np.zeros(0, dtype=np.uint8)
 
 
 class NotAStore(ValueError):
@@ -130,30 +132,13 @@ class StoreView:
 
     # ------------------------------------------------------- offline scans
     def _scan_end(self) -> int:
-        """End of valid data, as recovery finds it: earlier segments end with
-        their BLANK record, the last at its first invalid record. A last
-        segment with no record at its start is usually the one the flusher
-        preallocates once half of the current one is used: like recovery,
-        look for the end in the segment before it."""
+        """End of valid data, as recovery will find it (``recovery.find_end``)."""
         if not self.segments:
             return 0
+        ckpt = Checkpoint.load(self.files, self.root)
         cl = self.commitlog()
         try:
-            out = np.empty((_SCAN_ROWS, K.N_SCAN), dtype=np.int64)
-            for i in range(len(self.segments) - 1, -1, -1):
-                last = self.segments[i]
-                buf = cl.map(last)
-                pos = 0
-                while True:
-                    _, pos, status = K.scan_records(buf, pos, buf.shape[0], last, False,
-                                                    K.CRC_TABLES, _NO_TAGS, out)
-                    if status != K.SCAN_FULL:
-                        break
-                if status == K.SCAN_BLANK:
-                    return last + buf.shape[0]
-                if pos > 0 or i == 0:
-                    return last + pos
-            raise AssertionError("unreachable: the first segment always returns")
+            return find_end(cl, self.segments, ckpt.cl_flushed if ckpt is not None else -1)
         finally:
             cl.close()
 
