@@ -52,7 +52,7 @@ from shmq.core.checkpoint import parse_json_lenient
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import JSON, RemotingCommand
-from shmq.ipc.signing import ACCESS_KEY, SIGNATURE, UNIQUE_KEY_QUERY, signature
+from shmq.ipc.signing import ACCESS_KEY, SIGNATURE, UNIQUE_KEY_QUERY, Credentials, sign, signature
 
 log = logging.getLogger("shmq.acl")
 
@@ -446,6 +446,16 @@ class Acl:
         # a 4.9.4+ Java client signed _UNIQUE_KEY_QUERY too
         return UNIQUE_KEY_QUERY in cmd.ext and hmac.compare_digest(
             signature(acct.secret_key, cmd.ext, cmd.body).encode(), given)
+
+
+def own_registration_refused(path: str, credentials: Credentials | None) -> str | None:
+    """Why a NameServer with these rules would refuse a registration from
+    127.0.0.1 signed with ``credentials`` (the embedded NameServer and its
+    broker), or None."""
+    cmd = RemotingCommand(RC.REGISTER_BROKER)
+    if credentials is not None:
+        sign(cmd, credentials)
+    return Acl(path).check("127.0.0.1", cmd, admin=True)
 
 
 def denied(cmd: RemotingCommand, why: str) -> RemotingCommand:

@@ -154,6 +154,14 @@ def test_a_broker_whose_rules_do_not_load_does_not_start(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == (f"shmq broker: aclEnable: {tmp_path}/conf/plain_acl.yml: accounts[0].secretKey: "
                                 f"must be text longer than 6 characters")
+    # with the embedded NameServer, the broker's own account must be an admin one
+    write(tmp_path / "conf" / "plain_acl.yml", RULES)
+    with open(conf, "a") as f:
+        f.write(f"accessKey={PRODUCER.access_key}\nsecretKey={PRODUCER.secret_key}\n")
+    r = subprocess.run([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "would refuse this broker's registration (Need admin permission for " \
+        "request code=103, but accessKey=producer1 is not)" in r.stderr, r.stderr
 
 
 def test_checks_run_in_rocketmqs_order_with_its_messages(tmp_path):

@@ -38,11 +38,18 @@ def _broker(args) -> int:
             print(f"{name}={conf_text(value)}{mark}")
         return 0
     if config.aclEnable:      # a bad rules file stops the start here, in one line
-        from shmq.broker.acl import load_rules
+        from shmq.broker.acl import load_rules, own_registration_refused
         try:
             load_rules(config.acl_file)
         except ValueError as e:
             print(f"shmq broker: aclEnable: {e}", file=sys.stderr)
+            return 2
+        why = own_registration_refused(config.acl_file, config.credentials) \
+            if config.runs_embedded_namesrv else None
+        if why is not None:   # else it would start and never be routed
+            print(f"shmq broker: aclEnable: the embedded NameServer would refuse this broker's "
+                  f"registration ({why}): set accessKey and secretKey to an admin account of "
+                  f"{config.acl_file}", file=sys.stderr)
             return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s boss %(levelname)s %(name)s %(message)s")
