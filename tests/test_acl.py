@@ -13,6 +13,7 @@ and nothing is timed.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -382,6 +383,17 @@ def test_shmq_clients_sign_with_their_credentials(broker):
             assert p.send(Message(t, b"signed %d" % i, tags="A")).status.value == "SEND_OK"
         with pytest.raises(Exception, match="No default permission for topic:Denied"):
             p.send(Message("Denied", b"x"))
+    batches = []
+
+    async def batched() -> list:                   # the accumulator's SEND_BATCH_MESSAGE frames
+        from shmq.client import AsyncProducer
+        async with AsyncProducer("acl-batcher", namesrv_addr=broker.namesrv, linger_ms=20,
+                                 access_key=PRODUCER.access_key, secret_key=PRODUCER.secret_key) as p:
+            write_batch = p.write_batch
+            p.write_batch = lambda *a: batches.append(len(a[2])) or write_batch(*a)
+            return await asyncio.gather(*[p.send(Message(t, b"batched %d" % i)) for i in range(20)])
+    assert all(r.status.value == "SEND_OK" for r in asyncio.run(batched()))
+    assert sum(batches) > len(batches) > 0, batches
     from shmq.client import LitePullConsumer
     c = LitePullConsumer("acl-readers", namesrv_addr=broker.namesrv, access_key=PRODUCER.access_key,
                          secret_key=PRODUCER.secret_key, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
@@ -389,9 +401,10 @@ def test_shmq_clients_sign_with_their_credentials(broker):
     got = []
     with c:
         deadline = time.monotonic() + 20
-        while len(got) < 3 and time.monotonic() < deadline:
+        while len(got) < 23 and time.monotonic() < deadline:
             got += c.poll(1.0)
-    assert sorted(m.body for m in got) == [b"signed 0", b"signed 1", b"signed 2"]
+    assert sorted(m.body for m in got) == sorted([b"signed %d" % i for i in range(3)] +
+                                                 [b"batched %d" % i for i in range(20)])
     with Producer("acl-anonymous", namesrv_addr=broker.namesrv, retry_times_when_send_failed=0) as p:
         with pytest.raises(Exception, match="No accessKey is configured"):
             p.send(Message(t, b"unsigned"))
