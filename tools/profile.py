@@ -33,6 +33,7 @@ import sys
 import time
 
 CAP_SYS_PTRACE = 19
+SETTLE_S = 10.0          # how long a broker's children may take to name themselves
 
 
 # ------------------------------------------------------------------ processes
@@ -187,7 +188,14 @@ class Profiler:
         if boss in self.bosses:
             return
         self.bosses.add(boss)
-        roles, others = broker_processes(boss)
+        # The ready line can come before the services process has named
+        # itself (with no NameServer to register with, nothing waits for it)
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            roles, others = broker_processes(boss)
+            if {"flusher", "services"} <= {r for r, _ in roles} or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         self.not_recorded += others
         started = [Recording(self.pyspy, role, pid, self.out_dir, self.rate, self.duration)
                    for role, pid in roles]
