@@ -189,6 +189,7 @@ class MessageStore:
         self._seen_cl_min = 0
         # the duplicate-send window (core.dedup): its length, bucket heads, entries
         self.dedup_on = self._dn = state.dedup_entries
+        self._dn2 = 2 * self._dn
         self._dh = state.dedup_heads
         self._de = state.dedup_ents
         self.store_lock = None   # set by open_local: released on close
@@ -290,15 +291,26 @@ class MessageStore:
                 seq = w[I_CLAIM_SEQ]
                 hit = None
                 if dh and seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
-                    hit = self._dedup_find(dh, topic, batch)
-                    if hit.__class__ is DuplicateResult:
-                        return hit
+                    # the window (dedup_add, _dedup_find inlined for a miss):
+                    # the bucket's newest position, if any is in the window
+                    db = self._dh + dh % self._dn2
+                    top = w[I_DEDUP_SEQ]
+                    p = w[db] - 1
+                    if p >= 0 and p >= top - self._dn:
+                        hit = self._dedup_find(dh, topic, batch)
+                        if hit.__class__ is DuplicateResult:
+                            return hit
                 if hit is None and seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
                     start = w[I_CLAIM_POS]
                     seg_end = start - start % seg + seg
                     phy = seg_end if nbytes + END_FILE_MIN_BLANK_BYTES > seg_end - start else start
-                    if dh:
-                        self.dedup_add(dh, phy)
+                    if dh:   # entry, then dedup_seq, then the head (core.dedup)
+                        de = self._de + top % self._dn * 3
+                        w[de] = dh
+                        w[de + 1] = p + 1
+                        w[de + 2] = phy
+                        w[I_DEDUP_SEQ] = top + 1
+                        w[db] = top + 1
                     qi = QUEUE_BASE + slot * Q_WORDS + Q_CLAIM
                     q0 = w[qi]
                     e = RING_BASE + seq % RING_ENTRIES * ENTRY_WORDS
@@ -320,8 +332,8 @@ class MessageStore:
             finally:
                 lock.release()
             if hit is not None:     # the key's first append is in flight: once it is
-                self._await(hit + 1)   # published (or repaired), look again
-                continue
+                self._await(hit[0] + 1, hit[1])   # published, repaired or rolled
+                continue                           # back, look again
             self._await(seq - RING_ENTRIES + 1)   # the ring is full
 
     # ------------------------------------------------------------ dedup window
@@ -332,7 +344,7 @@ class MessageStore:
         w = self._w
         n = self._dn
         p = w[I_DEDUP_SEQ]
-        b = self._dh + h % (2 * n)
+        b = self._dh + h % self._dn2
         e = self._de + p % n * D.ENT_WORDS
         w[e] = h
         w[e + 1] = w[b]
@@ -342,13 +354,13 @@ class MessageStore:
 
     def _dedup_find(self, h: int, topic: str, batch: EncodedBatch):
         """Lock held: the ``DuplicateResult`` of an append in the window
-        with ``batch``'s keys, the claim seq to wait for when such an append
-        is still in flight, or None."""
+        with ``batch``'s keys, (claim seq, phy) of the claim to wait for when
+        such an append is still in flight, or None."""
         w = self._w
         n = self._dn
         top = w[I_DEDUP_SEQ]
         low = top - n
-        p = w[self._dh + h % (2 * n)] - 1
+        p = w[self._dh + h % self._dn2] - 1
         de = self._de
         while p >= low and p >= 0:
             e = de + p % n * D.ENT_WORDS
@@ -361,14 +373,14 @@ class MessageStore:
 
     def _dedup_check(self, phy: int, topic: str, batch: EncodedBatch):
         """Lock held: is the append at ``phy`` the same as ``batch`` (its
-        records' topic and keys, in order)? Its ``DuplicateResult``; the
-        seq of its claim if it is not published yet; None if not."""
+        records' topic and keys, in order)? Its ``DuplicateResult``; (the
+        seq of its claim, ``phy``) if it is not published yet; None if not."""
         w = self._w
         if phy >= w[I_WRITE_POS]:          # claimed, not published: wait for it
             for s in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]):
                 e = _entry(s)
                 if w[e + E_PHY] == phy and w[e + E_SEQ] == s:
-                    return s
+                    return s, phy
             return None                    # rolled back
         if phy < self.state.get("cl_min_offset"):
             return None
@@ -434,10 +446,13 @@ class MessageStore:
             self.cl.ensure_segment(phy - phy % self._seg)
             self.cl.write(phy, data)
 
-    def _await(self, seq: int) -> None:
+    def _await(self, seq: int, phy: int = -1) -> None:
         """Step 3's wait: until ``publish_seq >= seq``. Claims ahead are their
         owners' to publish; one whose owner died or gave it up is repaired
-        here (under the lock), so a dead process never stops the store."""
+        here (under the lock), so a dead process never stops the store.
+        With ``phy`` (a duplicate check waiting for claim ``seq - 1`` at that
+        offset) it also ends when that claim is gone: rolled back, or its
+        sequence number reused by another claim."""
         w = self._w
         spins = 0
         sleep_s = SLEEP_MIN_S
@@ -445,6 +460,8 @@ class MessageStore:
         while True:
             ps = w[I_PUBLISH_SEQ]
             if ps >= seq:
+                return
+            if phy >= 0 and (w[I_CLAIM_SEQ] < seq or w[_entry(seq - 1) + E_PHY] != phy):
                 return
             spins += 1
             if spins <= SPINS:

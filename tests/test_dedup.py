@@ -25,6 +25,8 @@ from shmq.broker.topics import SCHEDULE_TOPIC
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import create_topic, decode_records, pull_message, send_batch, send_message
 from shmq.core.dedup import key_hash, key_of
+from shmq.core.state import E_PID, E_TICKS
+from shmq.core.store import _entry
 from shmq.ipc.codes import ResponseCode as R
 
 WINDOW = 8
@@ -187,6 +189,42 @@ def test_a_retry_racing_its_unpublished_original_waits_for_it(make_rig):
     t.join(30), retry.join(30)
     assert answer(results["first"]) == answer(results["retry"])
     assert stored(rig) == [b"one"]
+
+
+def test_a_retry_waiting_for_an_original_whose_writer_died_stores_it_once(make_rig):
+    """The original's writer dies (here: its claim is handed to a dead pid
+    and its thread never goes on) after its claim: the retry waiting for it
+    repairs the dead claim (rolled back: it was the last) and stores the
+    message itself, once; it does not wait for that claim's number forever."""
+    rig = make_rig()
+    store = rig.store
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    claimed = threading.Event()
+    never = threading.Event()
+
+    def hook(stage, seq):
+        if stage == "claimed" and threading.current_thread().name == "original":
+            e = _entry(seq)
+            store._w[e + E_PID], store._w[e + E_TICKS] = dead.pid, 1
+            claimed.set()
+            never.wait()                            # "killed": never writes, never returns
+
+    store.hook = hook
+    threading.Thread(target=lambda: rig.call(keyed("DedupTopic", b"one", "K-dead")),
+                     name="original", daemon=True).start()
+    assert claimed.wait(30)
+    results = {}
+    retry = threading.Thread(target=lambda: results.setdefault("retry", rig.ok(keyed(
+        "DedupTopic", b"one", "K-dead", queue_id=1))), name="retry", daemon=True)
+    retry.start()
+    retry.join(60)
+    assert not retry.is_alive(), "the retry waited for a dead claim forever"
+    assert answer(results["retry"])[1:] == ("1", "0")
+    assert stored(rig) == [b"one"]
+    store.hook = None
+    assert answer(rig.ok(keyed("DedupTopic", b"one", "K-dead", queue_id=2))) == \
+        answer(results["retry"])
 
 
 def test_an_entry_whose_append_was_rolled_back_turns_nothing_away(make_rig):
