@@ -23,9 +23,11 @@ append (``dedup_seq`` counts them), ``hash`` is the CRC32 of the key (never
 the CommitLog offset of the append's first record. Heads also hold position
 + 1. A lookup walks its bucket's chain from the head while positions are
 inside the window ``[dedup_seq - N, dedup_seq)`` (positions fall along a
-chain, so the walk ends): LZ77's hash chains. All of it happens under the
-append lock, inside the claim, so a retry racing its original on another
-worker sees the original's entry the moment it is claimed.
+chain, so the walk ends): LZ77's hash chains, bounded (``MAX_STEPS``
+entries, ``MAX_CANDIDATES`` records read back, newest first). All of it
+happens under the append lock, inside the claim, so a retry racing its
+original on another worker sees the original's entry the moment it is
+claimed.
 
 Entries are hints, checked against the store before they count: a hit reads
 the record at ``phy`` and compares its topic and ``UNIQ_KEY`` (for a batch,
@@ -35,9 +37,9 @@ stale entry after a rollback reused the range, can only cost a read; it
 never turns a new message away. An entry is written before its claim is
 made (``dedup_seq`` before the head, both before ``claim_seq``): a writer
 killed between them leaves an entry that points at nothing, never a claim
-without its entry. A hit on a claim not yet published waits for it
-(publishing or repairing it, as any appender waiting for its turn does) and
-looks again.
+without its entry. A hit on a claim not yet published waits until it is
+published or gone (repairing a dead writer's claim, as any appender waiting
+for its turn does) and looks again.
 
 After a restart the owner refills the window from the store
 (``rebuild``): the last ``N`` keyed records of all queues, by CommitLog
@@ -54,6 +56,10 @@ from . import layout as L
 
 UNIQ = b"UNIQ_KEY\x01"
 ENT_WORDS = 3            # hash, prev + 1, phy
+# A lookup (append lock held) walks at most this many chain entries and reads
+# back at most this many records whose hash matches, newest first.
+MAX_STEPS = 256
+MAX_CANDIDATES = 8
 WORDS_PER_ENTRY = ENT_WORDS + 2   # and two bucket heads
 
 

@@ -355,20 +355,30 @@ class MessageStore:
     def _dedup_find(self, h: int, topic: str, batch: EncodedBatch):
         """Lock held: the ``DuplicateResult`` of an append in the window
         with ``batch``'s keys, (claim seq, phy) of the claim to wait for when
-        such an append is still in flight, or None."""
+        such an append is still in flight, or None. Bounded, as the lock is
+        held: at most ``dedup.MAX_STEPS`` chain steps and
+        ``dedup.MAX_CANDIDATES`` records read back, newest first (a client
+        that puts one key first in every batch of different messages, or
+        one key on many topics, must not make every send read them all)."""
         w = self._w
         n = self._dn
         top = w[I_DEDUP_SEQ]
         low = top - n
         p = w[self._dh + h % self._dn2] - 1
         de = self._de
-        while p >= low and p >= 0:
+        steps = D.MAX_STEPS
+        reads = D.MAX_CANDIDATES
+        while p >= low and p >= 0 and steps:
             e = de + p % n * D.ENT_WORDS
             if w[e] == h:
                 hit = self._dedup_check(w[e + 2], topic, batch)
                 if hit is not None:
                     return hit
+                reads -= 1
+                if not reads:
+                    break
             p = w[e + 1] - 1
+            steps -= 1
         return None
 
     def _dedup_check(self, phy: int, topic: str, batch: EncodedBatch):

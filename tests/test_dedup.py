@@ -24,7 +24,7 @@ from brokerproc import BrokerProc, broker_conf, routed_topic, start_broker
 from shmq.broker.topics import SCHEDULE_TOPIC
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import create_topic, decode_records, pull_message, send_batch, send_message
-from shmq.core.dedup import key_hash, key_of
+from shmq.core.dedup import MAX_CANDIDATES, key_hash, key_of
 from shmq.core.state import E_PID, E_TICKS
 from shmq.core.store import _entry
 from shmq.ipc.codes import ResponseCode as R
@@ -136,6 +136,25 @@ def test_a_batch_retry_gets_the_first_batch_answer_and_a_different_batch_is_stor
     other = rig.ok(batch(["B1", "B9", "B3"], 0))   # same first key, not the same batch
     assert answer(other) != answer(first)
     assert stored(rig) == [b"b-B1", b"b-B2", b"b-B3", b"b-B1", b"b-B9", b"b-B3"]
+
+
+def test_one_key_first_in_many_batches_costs_a_bounded_lookup(make_rig):
+    """A client that puts one key first in batch after batch of other
+    messages: each is stored, a lookup reads back at most MAX_CANDIDATES of
+    them, newest first, so the latest batch's retry is still found and a
+    retry of one more than MAX_CANDIDATES batches back is stored again."""
+    rig = make_rig(window=64)
+    first = []
+    for i in range(MAX_CANDIDATES + 2):
+        msgs = [(b"head", "UNIQ_KEY\x01K-same"), (b"x%d" % i, f"UNIQ_KEY\x01K-{i}")]
+        first.append(answer(rig.ok(send_batch("DedupTopic", msgs, queue_id=0))))
+    assert len(set(first)) == MAX_CANDIDATES + 2
+    last = [(b"head", "UNIQ_KEY\x01K-same"), (b"x%d" % (MAX_CANDIDATES + 1),
+                                                 f"UNIQ_KEY\x01K-{MAX_CANDIDATES + 1}")]
+    assert answer(rig.ok(send_batch("DedupTopic", last, queue_id=1))) == first[-1]
+    oldest = [(b"head", "UNIQ_KEY\x01K-same"), (b"x0", "UNIQ_KEY\x01K-0")]
+    assert answer(rig.ok(send_batch("DedupTopic", oldest, queue_id=1))) != first[0]
+    assert len(stored(rig)) == 2 * (MAX_CANDIDATES + 3)
 
 
 def test_a_delayed_send_retried_waits_once_in_the_schedule_topic(make_rig):
