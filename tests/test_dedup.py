@@ -361,9 +361,10 @@ def _lines(path) -> list:
         return [json.loads(x) for x in f.read().splitlines() if x.endswith("]")]
 
 
-@pytest.mark.parametrize("kills", [4])
-def test_kill_9_of_workers_during_sends_with_client_retries_stores_no_duplicate(tmp_path, kills):
-    with start_broker(tmp_path, workerProcessNums=2) as b:
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_kill_9_of_workers_during_sends_with_client_retries_stores_no_duplicate(tmp_path, flush):
+    kills = 4
+    with start_broker(tmp_path, workerProcessNums=2, flushDiskType=flush) as b:
         topic = routed_topic(b, "DedupKill", 4)
         out, stop = str(tmp_path / "acks.jsonl"), str(tmp_path / "stop")
         prod = subprocess.Popen([sys.executable, "-c", PRODUCER, b.namesrv, topic, out, stop,
