@@ -69,6 +69,11 @@ class StoreConfig:
     # spaces deletions by deleteCommitLogFilesInterval instead)
     deleteFileBatchMax: int = 10
     checkCRCOnRecover: bool = True
+    # RocketMQ's: a send is refused with SYSTEM_BUSY ([PC_SYNCHRONIZED]) while
+    # the oldest append not yet published has been in flight longer than this
+    # (ms): appends publish in claim order, so one stalled writer holds back
+    # every later one (MessageStore.busy_ms)
+    osPageCacheBusyTimeOutMills: int = 1000
     # shmq: pulls check each record they read from outside the page-cache
     # window (below) as recovery does — sizes, magic, own offset, body CRC —
     # and never serve one that fails: the queue moves past it (an ERROR and
@@ -112,6 +117,7 @@ class StoreConfig:
                           f"{RECORD_BYTES_MAX_OVERHEAD} bytes of record overhead, fit in "
                           f"mappedFileSizeCommitLog={seg}")
         for name in ("flushIntervalCommitLog", "flushIntervalConsumeQueue", "syncFlushTimeout",
+                     "osPageCacheBusyTimeOutMills",
                      "cleanResourceInterval", "maxQueueSlots", "maxProcessSlots",
                      "maxHashSlotNum", "maxIndexNum"):
             if getattr(self, name) <= 0:

@@ -336,6 +336,22 @@ class MessageStore:
                 continue                           # back, look again
             self._await(seq - RING_ENTRIES + 1)   # the ring is full
 
+    def busy_ms(self, now_ms: int) -> int:
+        """How long (ms) the oldest claim not yet published has been in
+        flight, 0 when none is: appends publish in claim order, so a writer
+        that stalls after claiming (stopped, swapped out, a write stuck on
+        the disk) holds back every later append until it finishes or dies.
+        A few shared reads, lock-free; RocketMQ's isOSPageCacheBusy asks the
+        same of its put lock."""
+        w = self._w
+        seq = w[I_PUBLISH_SEQ]
+        if w[I_CLAIM_SEQ] == seq:
+            return 0
+        e = RING_BASE + seq % RING_ENTRIES * ENTRY_WORDS
+        if w[e + E_SEQ] != seq:
+            return 0            # published meanwhile and the entry reused
+        return max(0, now_ms - w[e + E_TS])
+
     # ------------------------------------------------------------ dedup window
     def dedup_add(self, h: int, phy: int) -> None:
         """Record a keyed append at ``phy`` in the window (lock held, or the

@@ -149,6 +149,45 @@ def test_a_cpp_v1_send_is_stored_with_its_born_host_and_answered_as_rocketmq_doe
     assert p["CLUSTER"] == "DefaultCluster" and p["UNIQ_KEY"] == rig.store.read_queue("GoldenTopic", 1)[0].properties["UNIQ_KEY"]
 
 
+def test_a_send_behind_a_stalled_append_is_system_busy_pc_synchronized(store_dir):
+    """Appends publish in claim order: one whose writer stalls after claiming
+    holds back every later one. Past osPageCacheBusyTimeOutMills new sends
+    are refused as RocketMQ refuses them while its put lock is held too long,
+    instead of piling up behind it; once it finishes they are stored again."""
+    import threading
+    import time
+
+    from shmq.core.records import encode
+    rig = Rig(store_dir, store={"osPageCacheBusyTimeOutMills": 1})
+    rig.ok(create_topic("GoldenTopic", 4))
+    store = rig.store
+    claimed, go = threading.Event(), threading.Event()
+
+    def stall(stage, seq):
+        if stage == "claimed":
+            store.hook = None
+            claimed.set()
+            assert go.wait(30)
+
+    store.hook = stall
+    t = threading.Thread(target=store.append, args=(encode("GoldenTopic", [b"slow"], properties=b""),))
+    t.start()
+    try:
+        assert claimed.wait(30)
+        time.sleep(0.02)                            # > 1 ms in flight
+        assert store.busy_ms(int(time.time() * 1000)) >= 20
+        r = rig.call(golden("cpp-1.2-send", queueId="1"))
+        assert r.cmd.code == R.SYSTEM_BUSY
+        assert r.cmd.remark.startswith("[PC_SYNCHRONIZED]broker busy")
+    finally:
+        go.set()
+        t.join(30)
+    assert store.busy_ms(int(time.time() * 1000)) == 0
+    assert rig.ok(golden("cpp-1.2-send", queueId="1")).ext["queueOffset"] == "0"
+    assert [m.body for m in store.read_queue("GoldenTopic", 1)] == [b"golden-body-1"]
+    rig.close()
+
+
 def test_a_unix_socket_client_is_born_at_127_0_0_1_port_0_and_a_send_without_the_oneway_bit_is_answered(rig):
     cmd = golden("cpp-1.2-send-oneway", queueId="0")
     assert cmd.flag == 0

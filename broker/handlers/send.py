@@ -44,6 +44,8 @@ from .retry import retry_or_dlq
 
 MULTI_TAGS_FLAG = 0x2
 SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+# RocketMQ's answer while its put lock is held too long (OS_PAGECACHE_BUSY)
+PC_BUSY_REMARK = "[PC_SYNCHRONIZED]broker busy, start flow control for a while"
 
 
 def topic_for_send(b: Broker, h: Header, topic: str) -> dict:
@@ -156,6 +158,8 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
             rk = read_record_key(memoryview(batch.buf), 0)
             if rk is not None and rk.key is not None:
                 dh = zlib.crc32(rk.key) or 1
+    if store.busy_ms(now) > b.config.store.osPageCacheBusyTimeOutMills:
+        raise BadRequest(R.SYSTEM_BUSY, PC_BUSY_REMARK)
     r = store.append(batch, dh)
     parking = b.parking
     if r.__class__ is DuplicateResult:
