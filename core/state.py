@@ -54,6 +54,7 @@ writer never invalidates a line another process polls)::
       8 pid     the owner (0: given up, anyone may repair or publish it)
       9 ticks   the owner's start time (clock ticks since boot: pid reuse)
      10 ts      store timestamp of its records
+     11 claimed_ms  wall-clock ms when it was claimed (``MessageStore.busy_ms``)
 
     then ``queue_slots`` × 192-byte queue slots (``QUEUE_DTYPE``)::
 
@@ -90,7 +91,8 @@ from typing import Iterator
 import numpy as np
 
 MAGIC = 0x73686D7173746174  # "shmqstat"
-VERSION = 4   # 2: disk_full; 3: claims (claim, write, publish); 4: the dedup window
+VERSION = 5   # 2: disk_full; 3: claims (claim, write, publish); 4: the dedup window;
+#               5: claimed_ms in claim entries
 LINE = 64
 
 _HEADER_FIELDS = [
@@ -130,7 +132,8 @@ RING_ENTRIES = 256            # claims in flight at most; a claimant waits when 
 ENTRY_WORDS = 16              # 128 bytes: two lines
 RING_BYTES = RING_ENTRIES * ENTRY_WORDS * 8
 RING_BASE = HEADER_BYTES // 8
-E_SEQ, E_STATE, E_START, E_PHY, E_END, E_SLOT, E_Q0, E_QEND, E_PID, E_TICKS, E_TS = range(11)
+E_SEQ, E_STATE, E_START, E_PHY, E_END, E_SLOT, E_Q0, E_QEND, E_PID, E_TICKS, E_TS, E_CLAIMED_MS = \
+    range(12)
 CLAIMED, DONE = 1, 2
 
 TOPIC_BYTES_MAX = 127

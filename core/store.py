@@ -72,7 +72,7 @@ from . import dedup as D
 from .records import EncodedBatch, StoredMessage, decode
 from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
 from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_SLOT, E_START,
-                    E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
+                    E_CLAIMED_MS, E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
                     I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ, I_QUEUE_POS, I_WRITE_POS,
                     Q_CLAIM, Q_NEXT, Q_WORDS, QUEUE_BASE, RING_BASE, RING_ENTRIES, STATE_RUNNING,
                     StoreState, me, owner_alive)
@@ -283,6 +283,7 @@ class MessageStore:
         lock = self._lock
         seg = self._seg
         pid, ticks = me()
+        claimed_ms = int(time.time() * 1000)
         while True:
             lock.acquire()
             try:
@@ -324,6 +325,7 @@ class MessageStore:
                     w[e + E_PID] = pid
                     w[e + E_TICKS] = ticks
                     w[e + E_TS] = ts
+                    w[e + E_CLAIMED_MS] = claimed_ms
                     w[e + E_SEQ] = seq
                     w[qi] = q0 + nq
                     w[I_CLAIM_POS] = phy + nbytes
@@ -350,7 +352,7 @@ class MessageStore:
         e = RING_BASE + seq % RING_ENTRIES * ENTRY_WORDS
         if w[e + E_SEQ] != seq:
             return 0            # published meanwhile and the entry reused
-        return max(0, now_ms - w[e + E_TS])
+        return max(0, now_ms - w[e + E_CLAIMED_MS])
 
     # ------------------------------------------------------------ dedup window
     def dedup_add(self, h: int, phy: int) -> None:
