@@ -133,15 +133,21 @@ def topic_for(request, prefix: str) -> str:
     return prefix + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[-80:]
 
 
-def stored_records(broker: BrokerProc, topic: str, queues: int) -> list:
-    """Every record stored in ``topic``'s first ``queues`` queues (up to 1,000
-    each), pulled over the protocol: what the broker holds, not what a client saw."""
+def stored_records(broker, topic: str, queues: int) -> list:
+    """Every record stored in ``topic``'s first ``queues`` queues, pulled
+    over the protocol page by page (``broker``: a BrokerProc or an address):
+    what the broker holds, not what a client saw."""
     from shmq.client.remoting import RemotingClient
     from shmq.client.requests import decode_records, pull_message
     from shmq.ipc.codes import ResponseCode
     out = []
-    with RemotingClient(broker.addr) as c:
+    with RemotingClient(getattr(broker, "addr", broker)) as c:
         for q in range(queues):
-            r = c.invoke(pull_message(topic, q, 0, max_msgs=1000))
-            out += decode_records(r.body) if r.code == ResponseCode.SUCCESS else []
+            off = 0
+            while True:
+                r = c.invoke(pull_message(topic, q, off, max_msgs=32))
+                if r.code != ResponseCode.SUCCESS:
+                    break
+                out += decode_records(r.body)
+                off = int(r.ext["nextBeginOffset"])
     return out

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from brokerproc import start_broker
+from brokerproc import start_broker, stored_records
 from conftest import stress_rounds
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import create_topic, decode_records, pull_message, send_message
@@ -155,17 +155,7 @@ while time.monotonic() < deadline:
 
 
 def read_queue_bodies(addr: str, topic: str, queues: int) -> list[str]:
-    out = []
-    with RemotingClient(addr) as c:
-        for q in range(queues):
-            off = 0
-            while True:
-                r = c.invoke(pull_message(topic, q, off, max_msgs=32))
-                if r.code != R.SUCCESS:
-                    break
-                out += [m.body.decode() for m in decode_records(r.body)]
-                off = int(r.ext["nextBeginOffset"])
-    return out
+    return [m.body.decode() for m in stored_records(addr, topic, queues)]
 
 
 def test_kill_9_of_a_worker_under_sync_flush_load_loses_no_acknowledged_message(tmp_path):

@@ -20,7 +20,7 @@ import time
 import pytest
 
 import test_handlers as th
-from brokerproc import BrokerProc, broker_conf, routed_topic, start_broker
+from brokerproc import BrokerProc, broker_conf, routed_topic, start_broker, stored_records
 from shmq.broker.topics import SCHEDULE_TOPIC
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import create_topic, decode_records, pull_message, send_batch, send_message
@@ -285,17 +285,7 @@ def _raw_send(addr: str, topic: str, body: bytes, key: str, queue_id: int):
 
 def _bodies(addr: str, topic: str, queues: int) -> list[tuple[int, int, object]]:
     """(queue, offset, message) of every stored message of ``topic``."""
-    out = []
-    with RemotingClient(addr) as c:
-        for q in range(queues):
-            off = 0
-            while True:
-                r = c.invoke(pull_message(topic, q, off, max_msgs=32))
-                if r.code != R.SUCCESS:
-                    break
-                out += [(q, m.queue_offset, m) for m in decode_records(r.body)]
-                off = int(r.ext["nextBeginOffset"])
-    return out
+    return [(m.queue_id, m.queue_offset, m) for m in stored_records(addr, topic, queues)]
 
 
 def test_over_sockets_retries_on_new_connections_and_across_restarts_are_stored_once(tmp_path):
