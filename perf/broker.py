@@ -777,7 +777,7 @@ def run_scaling(ctx, result):
     if getattr(ctx, "named_broker", None) is not None:
         raise Skipped("starts brokers of 1, 2, 4 … workers of its own")
     from perf.worker_cpu import ticks, CLK_TCK
-    from shmq.tools.profile import children
+    from shmq.broker.procs import children
     cores = os.cpu_count() or 1
     counts = [w for w in (1, 2, 4, 8, 16) if w <= cores] or [1]
     seconds = 0.8 if ctx.quick else 3.0

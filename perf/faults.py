@@ -213,7 +213,7 @@ def _rss_mib(pid: int) -> float:
 
 
 def _workers(boss: int) -> list[int]:
-    from shmq.tools.profile import children
+    from shmq.broker.procs import children
     return [pid for name, pid in children(boss).items() if name.startswith("shmq-worker")]
 
 

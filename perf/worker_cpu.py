@@ -51,7 +51,7 @@ from perf.broker import (SUCCESS, TIMEOUT_S, batch_body, batch_cmd, body_of, bro
 from perf.net_limits import FORK, FRAME_BYTES, _check_exit, _echo, connect, listener, recv_exactly
 from shmq.client.remoting import RemotingClient
 from shmq.ipc.remoting import encode
-from shmq.tools.profile import broker_processes
+from shmq.broker.procs import broker_processes
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WINDOW = 64

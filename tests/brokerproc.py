@@ -83,8 +83,8 @@ class BrokerProc:
     def children(self) -> dict[str, int]:
         """Process name (shmq-worker-0, shmq-flusher, shmq-namesrv, shmq-services)
         → pid, for the boss's processes (its children and theirs: most fork
-        from its fork server), found as ``shmq profile`` finds them."""
-        from shmq.tools.profile import children
+        from its fork server), found by ``broker.procs``."""
+        from shmq.broker.procs import children
         return children(self.proc.pid)
 
     def __enter__(self) -> "BrokerProc":

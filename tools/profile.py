@@ -32,46 +32,10 @@ import subprocess
 import sys
 import time
 
+from shmq.broker.procs import broker_processes, proc_stat
+
 CAP_SYS_PTRACE = 19
 SETTLE_S = 10.0          # how long a broker's children may take to name themselves
-
-
-# ------------------------------------------------------------------ processes
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(comm, ppid) of a process, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return stat[stat.index("(") + 1:stat.rindex(")")], int(stat.rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def children(ppid: int) -> dict[str, int]:
-    """Process name (shmq-worker-0, shmq-flusher, shmq-services, shmq-namesrv) -> pid
-    of the broker boss's processes: its children and theirs (most fork from
-    its fork server), as tests/brokerproc.py finds them."""
-    stats = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                stats[int(name)] = st
-    return {comm: pid for pid, (comm, parent) in stats.items()
-            if parent == ppid or (parent in stats and stats[parent][1] == ppid)}
-
-
-def broker_processes(boss: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """(role, pid) of the boss and of its children that name themselves shmq-<role>
-    (worker-0, flusher, services, namesrv); and the other children (multiprocessing's
-    resource tracker), which are not the broker's."""
-    found, others = [("boss", boss)], []
-    for name, pid in sorted(children(boss).items()):
-        if name.startswith("shmq-"):
-            found.append((name.removeprefix("shmq-"), pid))
-        else:
-            others.append((name, pid))
-    return found, others
 
 
 # ------------------------------------------------------------------ py-spy and ptrace
@@ -240,7 +204,7 @@ def _profile(args) -> int:
         print("shmq profile: py-spy not found: pip install py-spy (it is in shmq's dev extra: "
               "pip install -e '.[dev]')", file=sys.stderr)
         return 2
-    if args.pid is not None and _stat(args.pid) is None:
+    if args.pid is not None and proc_stat(args.pid) is None:
         print(f"shmq profile: no process {args.pid}", file=sys.stderr)
         return 2
     if args.pid is not None and args.bench and not args.broker:
