@@ -86,6 +86,9 @@ def _namesrv(args) -> int:
 # its command and sets ``func`` (args -> exit code). Imports inside each
 # ``func`` stay lazy, so ``shmq --help`` stays fast.
 _COMMAND_MODULES: list[str] = ["admin", "bench", "profile", "inspect"]
+# What the broker extra installs (pyproject.toml): a command needing one of
+# these says so instead of a traceback when shmq was installed without it.
+BROKER_EXTRA = ("numba", "llvmlite", "posix_ipc", "yaml")
 
 
 def main(argv=None) -> int:
@@ -108,7 +111,14 @@ def main(argv=None) -> int:
     for name in _COMMAND_MODULES:
         importlib.import_module(f"shmq.tools.{name}").add_parser(sub)
     args = ap.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as e:
+        if e.name not in BROKER_EXTRA:
+            raise
+        print(f"shmq {args.command}: needs the broker extra ({e.name} is not installed): "
+              f"pip install 'shmq[broker]' (pip install shmq is the client alone)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
