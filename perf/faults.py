@@ -342,7 +342,7 @@ def markdown(rows: list[dict], command: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.faults", description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help=f"campaigns (default all): {', '.join([*STORE, *BROKER])}")
-    ap.add_argument("--trials", type=int, default=50, help="trials per store campaign (50)")
+    ap.add_argument("--trials", type=int, help="trials per store campaign (50; --quick: 5)")
     ap.add_argument("--quick", action="store_true", help="5 trials, fewer clients")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--report", help="write the table as Markdown (perf/FAULTS.md)")
@@ -353,7 +353,8 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown campaign(s) {unknown}; choose from {[*STORE, *BROKER]}")
     try:
-        rows = run(names, 5 if args.quick else args.trials, args.quick, args.seed)
+        trials = args.trials if args.trials is not None else 5 if args.quick else 50
+        rows = run(names, trials, args.quick, args.seed)
     except TrialFailed as e:
         print(f"perf.faults: FAILED: {e}", file=sys.stderr)
         return 1

@@ -2,8 +2,9 @@
 
 Each trial fails the campaign when it loses more than the fault itself
 destroyed or would hand out a queue offset twice; the broker campaigns fail
-when the workers grow past serverPendingFrameBytesMax. More trials:
-``python -m perf.faults --trials N`` (the stress knob; perf/FAULTS.md)."""
+when the workers grow past serverPendingFrameBytesMax. Here with --quick's
+client counts (16 partial frames, 25 stalled readers); more trials:
+``SHMQ_STRESS_ROUNDS=N`` or ``python -m perf.faults --trials N`` (perf/FAULTS.md)."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_fault_campaign_loses_nothing_beyond_what_each_fault_destroyed(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "perf.faults", "--trials", str(stress_rounds(4)),
+    r = subprocess.run([sys.executable, "-m", "perf.faults", "--quick", "--trials", str(stress_rounds(4)),
                         "--report", str(tmp_path / "faults.md")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TMPDIR": str(tmp_path)})
