@@ -162,6 +162,7 @@ assert L.OFF_PHYSICALOFFSET == L.OFF_QUEUEOFFSET + 8
 _TX_BYTE = L.OFF_SYSFLAG + 3           # the SYSFLAG byte holding the transaction type bits
 _TX_MASK = L.SYSFLAG_TRANSACTION_MASK
 _TX_NO_UNIT = (L.SYSFLAG_TRANSACTION_PREPARED, L.SYSFLAG_TRANSACTION_ROLLBACK)
+_ENT = D.ENT_WORDS                      # words of a dedup window entry
 
 
 def _entry(seq: int) -> int:
@@ -306,7 +307,7 @@ class MessageStore:
                     seg_end = start - start % seg + seg
                     phy = seg_end if nbytes + END_FILE_MIN_BLANK_BYTES > seg_end - start else start
                     if dh:   # entry, then dedup_seq, then the head (core.dedup)
-                        de = self._de + top % self._dn * 3
+                        de = self._de + top % self._dn * _ENT
                         w[de] = dh
                         w[de + 1] = p + 1
                         w[de + 2] = phy

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import random
 import time
-import zlib
 
-from shmq.core.dedup import dedupable_topic, key_hash, read_record_key
+from shmq.core.dedup import dedupable_topic, hash_of, key_hash, read_record_key
 from shmq.core.records import EncodedBatch, encode_arrays, encode_one, split_batch_body
 from shmq.core.store import DuplicateResult
 from shmq.ipc.codes import ResponseCode as R
@@ -157,7 +156,7 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
         else:
             rk = read_record_key(memoryview(batch.buf), 0)
             if rk is not None and rk.key is not None:
-                dh = zlib.crc32(rk.key) or 1
+                dh = hash_of(rk.key)
     if store.busy_ms(now) > b.config.store.osPageCacheBusyTimeOutMills:
         raise BadRequest(R.SYSTEM_BUSY, PC_BUSY_REMARK)
     r = store.append(batch, dh)
