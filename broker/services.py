@@ -82,9 +82,8 @@ class Services:
                                                    wake_slot)
             self.transactions.start()
             self.index = IndexService(config.store)
-            self.scrubber = Scrubber(store, config.store)
             self.features = [self.delay, self.transactions, IndexBuilder(self.index, store),
-                             self.scrubber]
+                             Scrubber(store, config.store)]
             if config.timerWheelEnable:
                 self.timer = TimerService(store, self.progress, self.reposter,
                                           config.timerPrecisionMs, host, root)

@@ -184,7 +184,6 @@ class Driver:
         self.armed_at = float("inf")
         self.notices_soon = False
         self.send_wait_ms = handlers.config.waitTimeMillsInSendQueue
-        self.refused_busy = 0                    # sends refused with SYSTEM_BUSY
 
     def add_connection(self, sock: socket.socket, addr: str, out_max: int) -> Connection:
         conn = self.reactor.add_connection(sock, addr, self.on_command, self.on_close, out_max)
@@ -219,7 +218,6 @@ class Driver:
         or while its connection was not read — is refused with SYSTEM_BUSY, so
         the producer backs off or sends to another broker, instead of being
         stored after its sender may have given up on it."""
-        self.refused_busy += 1
         if not cmd.is_oneway:
             reply = cmd.reply(R.SYSTEM_BUSY, f"[TIMEOUT_CLEAN_QUEUE]broker busy, start flow "
                                              f"control for a while, period in queue: "

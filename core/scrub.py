@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from . import _kernels as K
+from .commitlog import SegmentMissing
 from .config import StoreConfig
 from .layout import offset_to_file_name
 from .recovery import DamageLog, next_valid_record
@@ -90,7 +91,7 @@ class Scrubber:
         seg = pos - pos % seg_bytes
         try:
             buf = self.store.cl.map(seg)
-        except Exception:                                        # deleted by retention meanwhile
+        except (SegmentMissing, FileNotFoundError):              # deleted by retention meanwhile
             self.pos = seg + seg_bytes
             return 1
         rel = pos - seg

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+from shmq.core import layout as L
 from shmq.core.consumequeue import ALL_TAGS
 from shmq.core.records import decode, record_fault
 from shmq.core.recovery import damaged_at
@@ -34,8 +35,8 @@ PULL_STATUS_CODE = {
     GetMessageStatus.OFFSET_OVERFLOW_BADLY: R.PULL_OFFSET_MOVED,
     GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
 }
-SQL_SCAN_ROUNDS = 8
-log = logging.getLogger("shmq.broker")          # reads a SQL92-filtered pull makes while nothing matches
+SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
+log = logging.getLogger("shmq.broker")
 
 
 def pull(b: Broker, peer: Peer, cmd: RemotingCommand):
@@ -127,7 +128,8 @@ def _checked(b: Broker, r: GetResult, topic: str, qid: int, offset: int) -> GetR
                       qoff, p)
         if i:
             prev = b.store.record_view(phys[i - 1], sizes[i - 1])
-            nxt = int.from_bytes(prev[20:28].tobytes(), "big", signed=True) + 1
+            q = L.OFF_QUEUEOFFSET
+            nxt = int.from_bytes(prev[q:q + 8].tobytes(), "big", signed=True) + 1
             return GetResult(r.status, nxt, r.min_offset, r.max_offset, r.phys[:i], r.sizes[:i])
         nxt = r.next_offset if qoff is None else qoff + 1
         return GetResult(GetMessageStatus.NO_MATCHED_MESSAGE, nxt, r.min_offset, r.max_offset,
