@@ -56,14 +56,18 @@ writer never invalidates a line another process polls)::
      10 ts      store timestamp of its records
      11 claimed_ms  wall-clock ms when it was claimed (``MessageStore.busy_ms``)
 
-    then ``queue_slots`` × 192-byte queue slots (``QUEUE_DTYPE``)::
+    then ``queue_slots`` × 320-byte queue slots (``QUEUE_DTYPE``), one line
+    per writer, as in the header: the claimant (under the lock), the
+    publisher and the flusher each write their own line, so the process
+    that claims the next offsets does not invalidate the line every reader
+    of the queue polls::
 
       0 state i4 (0 free, 1 used) | 4 queue_id i4 | 8 topic_len i4
-     16 next_offset i8   (max offset: published; readers stop here)
-     24 min_offset i8    (first queue offset still stored)
-     32 cq_flushed i8    (queue offsets below are durable; flusher)
-     40 claim_next i8    (next queue offset to hand out; claim, locked)
-     64 topic u1[128]
+     16 next_offset i8   (max offset: published; readers stop here; publisher)
+     24 min_offset i8    (first queue offset still stored; retention, rare)
+     64 claim_next i8    (next queue offset to hand out; claim, locked)
+    128 cq_flushed i8    (queue offsets below are durable; flusher)
+    192 topic u1[128]    (written once, before state)
 
     then, when ``dedup_entries`` N > 0, the duplicate-send window
     (``core.dedup``): 2N bucket heads, then N × 3-word entries.
@@ -91,8 +95,8 @@ from typing import Iterator
 import numpy as np
 
 MAGIC = 0x73686D7173746174  # "shmqstat"
-VERSION = 5   # 2: disk_full; 3: claims (claim, write, publish); 4: the dedup window;
-#               5: claimed_ms in claim entries
+VERSION = 6   # 2: disk_full; 3: claims (claim, write, publish); 4: the dedup window;
+#               5: claimed_ms in claim entries; 6: a queue slot's writers on their own lines
 LINE = 64
 
 _HEADER_FIELDS = [
@@ -142,13 +146,17 @@ QUEUE_DTYPE = np.dtype({
               "claim_next", "topic"],
     "formats": [np.int32, np.int32, np.int32, np.int64, np.int64, np.int64, np.int64,
                 (np.uint8, 128)],
-    "offsets": [0, 4, 8, 16, 24, 32, 40, 64],
-    "itemsize": 192,
+    "offsets": [0, 4, 8, 16, 24, 128, 64, 192],
+    "itemsize": 320,
 })
 QUEUE_BASE = (HEADER_BYTES + RING_BYTES) // 8   # word index of queue slot 0
 Q_WORDS = QUEUE_DTYPE.itemsize // 8
 Q_NEXT = 2                                      # next_offset, words into a slot
-Q_CLAIM = 5                                     # claim_next
+Q_CLAIM = 8                                     # claim_next
+assert QUEUE_DTYPE.fields["next_offset"][1] == Q_NEXT * 8 \
+    and QUEUE_DTYPE.fields["claim_next"][1] == Q_CLAIM * 8, "Q_* word indexes vs QUEUE_DTYPE"
+assert len({QUEUE_DTYPE.fields[f][1] // LINE for f in ("next_offset", "claim_next", "cq_flushed")}) \
+    == 3 and QUEUE_DTYPE.itemsize % LINE == 0, "a queue slot's three writers share a line"
 
 STATE_NEW, STATE_RUNNING, STATE_STOPPING = 0, 1, 2
 
