@@ -1,4 +1,4 @@
-"""The NameServer's request logic, sans I/O: a command in, a reply out.
+"""The NameServer's route tables and request logic, sans I/O: a command in, a reply out.
 
 A socket reactor feeds ``NameServer.process(cmd, peer)`` with each decoded
 request and the id of the connection it came on, sends back what it returns
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 import re
-import struct
 import time
 import zlib
 from collections.abc import Callable
@@ -61,19 +60,18 @@ from shmq.ipc.codes import RequestCode, ResponseCode, not_supported_remark
 from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import FLAG_ONEWAY, JSON, ROCKETMQ, RemotingCommand
 
-from .acl import Acl, denied
+from ..acl import Acl, denied
+from .bodies import (QueueData, RegisterBody, bad, data_version,
+                     decode_register_body, dumps, loads, version_key)
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shmq.broker.namesrv")
 
 MASTER_ID = 0
 PERM_WRITE = 0x2
-DEFAULT_PERM = 0x6                         # PERM_READ | PERM_WRITE
-DEFAULT_QUEUE_NUMS = 16                    # TopicConfig.defaultRead/WriteQueueNums
 TOPIC_SYS_FLAG_UNIT = 0x1
 TOPIC_SYS_FLAG_UNIT_SUB = 0x2
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"  # KV namespace of orderTopicConf
 BROKER_EXPIRE_MS = 120_000                 # RouteInfoManager.BROKER_CHANNEL_EXPIRED_TIME
-INFLATED_BYTES_MAX = 64 * 1024 * 1024      # a compressed register body may not inflate past this
 
 # With ACL on, only an admin account of plain_acl.yml (a broker signing with
 # its accessKey/secretKey, or shmq admin with the same) or a white-listed
@@ -84,22 +82,7 @@ GUARDED = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
                      RequestCode.ADD_WRITE_PERM_OF_BROKER, RequestCode.DELETE_TOPIC_IN_NAMESRV,
                      RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG})
 
-_I32 = struct.Struct(">i")
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
-
-
-@dataclass
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-    def to_json(self) -> dict:
-        return {"brokerName": self.broker_name, "perm": self.perm,
-                "readQueueNums": self.read_queue_nums, "topicSysFlag": self.topic_sys_flag,
-                "writeQueueNums": self.write_queue_nums}
 
 
 @dataclass
@@ -119,13 +102,6 @@ class Live:
     data_version: dict | None
     peer: str
     ha_addr: str
-
-
-@dataclass
-class RegisterBody:
-    topics: dict[str, QueueData] | None    # None: the request had no body (keep the queue data)
-    data_version: dict | None
-    filter_servers: list[str]
 
 
 # ------------------------------------------------------------------ the tables
@@ -262,7 +238,7 @@ class NameServer:
     def _version_changed(self, broker_addr: str, version: dict | None) -> bool:
         lv = self.live.get(broker_addr)
         return lv is None or lv.data_version is None or version is None or \
-            _version_key(lv.data_version) != _version_key(version)
+            version_key(lv.data_version) != version_key(version)
 
     def _replace_topics(self, broker_name: str, topics: dict[str, QueueData]) -> None:
         for topic, qd in topics.items():
@@ -322,7 +298,7 @@ class NameServer:
         _need(cmd, "brokerName")
         _need_int(cmd, "brokerId")
         addr = _need(cmd, "brokerAddr")
-        version = _data_version(_loads(bytes(cmd.body), "DataVersion")) if cmd.body else None
+        version = data_version(loads(bytes(cmd.body), "DataVersion")) if cmd.body else None
         changed = self._version_changed(addr, version)
         lv = self.live.get(addr)
         if not changed and lv is not None:
@@ -337,12 +313,12 @@ class NameServer:
         if route is None:
             return _reply(cmd, ResponseCode.TOPIC_NOT_EXIST,
                           f"No topic route info in name server for the topic: {topic}")
-        return _reply(cmd, ResponseCode.SUCCESS, body=_dumps(route))
+        return _reply(cmd, ResponseCode.SUCCESS, body=dumps(route))
 
     def _cluster_info(self, cmd: RemotingCommand, peer: str) -> RemotingCommand:
         info = {"brokerAddrTable": {n: b.to_json() for n, b in self.brokers.items()},
                 "clusterAddrTable": {c: sorted(ns) for c, ns in self.clusters.items()}}
-        return _reply(cmd, ResponseCode.SUCCESS, body=_dumps(info))
+        return _reply(cmd, ResponseCode.SUCCESS, body=dumps(info))
 
     def _all_topics(self, cmd: RemotingCommand, peer: str) -> RemotingCommand:
         return _topic_list(cmd, self.topics)
@@ -427,7 +403,7 @@ class NameServer:
         return _reply(cmd, ResponseCode.SUCCESS, body=self._kv_table(ns))
 
     def _kv_table(self, ns: str) -> bytes:
-        return _dumps({"table": self.kv.get(ns, {})})
+        return dumps({"table": self.kv.get(ns, {})})
 
 
 # ------------------------------------------------------------------ replies and headers
@@ -437,11 +413,6 @@ def _reply(cmd: RemotingCommand, code: int, remark: str | None = None, ext: dict
     if reply.serialize_type not in (JSON, ROCKETMQ):
         reply.serialize_type = JSON
     return reply
-
-
-def _bad(remark: str) -> BadRequest:
-    """A request the NameServer cannot act on: SYSTEM_ERROR with ``remark``."""
-    return BadRequest(ResponseCode.SYSTEM_ERROR, remark)
 
 
 def _error(cmd: RemotingCommand, code: int, remark: str) -> RemotingCommand:
@@ -454,22 +425,22 @@ def _topic_list(cmd: RemotingCommand, topics, broker_addr: str | None = None) ->
     body: dict = {"topicList": sorted(set(topics))}
     if broker_addr is not None:
         body["brokerAddr"] = broker_addr
-    return _reply(cmd, ResponseCode.SUCCESS, body=_dumps(body))
+    return _reply(cmd, ResponseCode.SUCCESS, body=dumps(body))
 
 
 def _need(cmd: RemotingCommand, name: str) -> str:
     value = cmd.ext.get(name)
     if value is None:
-        raise _bad(f"the custom field <{name}> is null")
+        raise bad(f"the custom field <{name}> is null")
     return value
 
 
 def _parse_int(name: str, value: str) -> int:
     if not _DECIMAL.fullmatch(value):                       # as Long.parseLong: no spaces, no "_"
-        raise _bad(f"the custom field <{name}> is not an integer: {value!r}")
+        raise bad(f"the custom field <{name}> is not an integer: {value!r}")
     n = int(value)
     if not -2**63 <= n < 2**63:
-        raise _bad(f"the custom field <{name}> is out of the int64 range: {value!r}")
+        raise bad(f"the custom field <{name}> is out of the int64 range: {value!r}")
     return n
 
 
@@ -484,293 +455,3 @@ def _opt_int(cmd: RemotingCommand, name: str, default: int) -> int:
 
 def _opt_bool(cmd: RemotingCommand, name: str) -> bool:
     return cmd.ext.get(name, "").strip().lower() == "true"    # Boolean.parseBoolean
-
-
-def _dumps(obj) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
-
-
-# ------------------------------------------------------------------ bodies
-def quote_bare_keys(text: str) -> str:
-    """Quote fastjson's unquoted object keys (``{0:"a",1:"b"}``), leaving
-    strings alone; anything else malformed stays malformed."""
-    out: list[str] = []
-    stack: list[str] = []
-    expect_key = False
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == '"':
-            j = i + 1
-            while j < n and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
-            i = j + 1
-            expect_key = False
-            continue
-        if c in "{[":
-            stack.append(c)
-            expect_key = c == "{"
-        elif c in "}]":
-            if stack:
-                stack.pop()
-            expect_key = False
-        elif c == ",":
-            expect_key = bool(stack) and stack[-1] == "{"
-        elif c == ":":
-            expect_key = False
-        elif expect_key and not c.isspace():
-            j = i
-            while j < n and text[j] not in ':,{}[]"' and not text[j].isspace():
-                j += 1
-            out.append(f'"{text[i:j]}"')
-            i = j
-            expect_key = False
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def _loads(raw: bytes, what: str):
-    """JSON as Java tools write it: standard, or fastjson with unquoted keys."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return orjson.loads(quote_bare_keys(raw.decode("utf-8")))
-    except (UnicodeDecodeError, orjson.JSONDecodeError) as e:
-        raise _bad(f"Failed to decode {what}: {e}") from None
-
-
-def _int_of(obj: dict, key: str, default: int, what: str) -> int:
-    v = obj.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise _bad(f"Failed to decode {what}: {key} is not an integer: {v!r}")
-    try:
-        n = int(v)
-    except ValueError:
-        raise _bad(f"Failed to decode {what}: {key} is not an integer: {v!r}") from None
-    if not -2**63 <= n < 2**63:
-        raise _bad(f"Failed to decode {what}: {key} is out of the int64 range: {n}")
-    return n
-
-
-def _data_version(obj) -> dict:
-    if not isinstance(obj, dict):
-        raise _bad("Failed to decode DataVersion: not an object")
-    dv = {"counter": _int_of(obj, "counter", 0, "DataVersion"),
-          "timestamp": _int_of(obj, "timestamp", 0, "DataVersion")}
-    if "stateVersion" in obj:                                 # 5.x
-        dv["stateVersion"] = _int_of(obj, "stateVersion", 0, "DataVersion")
-    return dv
-
-
-def _version_key(dv: dict) -> tuple[int, int, int]:
-    return dv["timestamp"], dv.get("stateVersion", 0), dv["counter"]
-
-
-def _queue_data(broker_name: str, topic: str, cfg) -> QueueData:
-    what = f"RegisterBrokerBody: topic config {topic!r}"
-    if not isinstance(cfg, dict):
-        raise _bad(f"Failed to decode {what}: not an object")
-    return QueueData(broker_name=broker_name,
-                     read_queue_nums=_int_of(cfg, "readQueueNums", DEFAULT_QUEUE_NUMS, what),
-                     write_queue_nums=_int_of(cfg, "writeQueueNums", DEFAULT_QUEUE_NUMS, what),
-                     perm=_int_of(cfg, "perm", DEFAULT_PERM, what),
-                     topic_sys_flag=_int_of(cfg, "topicSysFlag", 0, what))
-
-
-def decode_register_body(body: bytes, compressed: bool) -> RegisterBody:
-    """RegisterBrokerBody: fastjson JSON, or (compressed) Java's zlib stream of
-    int32-length-prefixed DataVersion JSON, topic count, "name read write perm
-    FILTERTYPE" lines and the filter server list JSON. The queue data it
-    returns has an empty broker name; registration fills it in."""
-    if compressed:
-        return _decode_compressed(body)
-    obj = _loads(body, "RegisterBrokerBody")
-    if not isinstance(obj, dict):
-        raise _bad("Failed to decode RegisterBrokerBody: not an object")
-    wrapper = obj.get("topicConfigSerializeWrapper")
-    if wrapper is None and "topicConfigTable" in obj:         # pre-3.0.11 brokers sent the wrapper alone
-        wrapper = obj
-    wrapper = wrapper or {}
-    if not isinstance(wrapper, dict):
-        raise _bad("Failed to decode RegisterBrokerBody: topicConfigSerializeWrapper is not an object")
-    table = wrapper.get("topicConfigTable") or {}
-    if not isinstance(table, dict):
-        raise _bad("Failed to decode RegisterBrokerBody: topicConfigTable is not an object")
-    topics = {}
-    for key, cfg in table.items():
-        name = cfg.get("topicName") if isinstance(cfg, dict) else None
-        topics[name if isinstance(name, str) and name else key] = _queue_data("", key, cfg)
-    dv = wrapper.get("dataVersion")
-    filters = obj.get("filterServerList") or []
-    if not isinstance(filters, list):
-        raise _bad("Failed to decode RegisterBrokerBody: filterServerList is not a list")
-    return RegisterBody(topics, _data_version(dv) if dv is not None else None, [str(f) for f in filters])
-
-
-def _decode_compressed(body: bytes) -> RegisterBody:
-    inflater = zlib.decompressobj()
-    try:
-        raw = inflater.decompress(body, INFLATED_BYTES_MAX)
-    except zlib.error as e:
-        raise _bad(f"Failed to decode RegisterBrokerBody: {e}") from None
-    if inflater.unconsumed_tail:
-        raise _bad(f"Failed to decode RegisterBrokerBody: inflates past {INFLATED_BYTES_MAX} bytes")
-    pos = 0
-
-    def chunk() -> bytes:
-        nonlocal pos
-        if pos + 4 > len(raw):
-            raise _bad("Failed to decode RegisterBrokerBody: End of compressed data has reached")
-        (size,) = _I32.unpack_from(raw, pos)
-        if size < 0 or pos + 4 + size > len(raw):
-            raise _bad("Failed to decode RegisterBrokerBody: End of compressed data has reached")
-        pos += 4 + size
-        return raw[pos - size:pos]
-
-    dv = _data_version(_loads(chunk(), "DataVersion"))
-    if pos + 4 > len(raw):
-        raise _bad("Failed to decode RegisterBrokerBody: End of compressed data has reached")
-    (count,) = _I32.unpack_from(raw, pos)
-    pos += 4
-    topics = {}
-    for _ in range(max(count, 0)):
-        line = chunk().decode("utf-8", "replace")
-        parts = line.split(" ", 5)
-        if len(parts) < 5:
-            raise _bad(f"Failed to decode RegisterBrokerBody: bad topic config {line!r}")
-        name, read, write, perm = parts[:4]
-        topics[name] = _queue_data("", name, {"readQueueNums": read, "writeQueueNums": write, "perm": perm})
-    filters = _loads(chunk(), "filterServerList")     # 5.x appends static-topic mappings: ignored
-    if not isinstance(filters, list):
-        filters = []
-    return RegisterBody(topics, dv, [str(f) for f in filters])
-
-
-# ------------------------------------------------------------------ requests (the broker side)
-def _topic_config(name: str, cfg: dict) -> dict:
-    full = {"topicName": name, "readQueueNums": DEFAULT_QUEUE_NUMS, "writeQueueNums": DEFAULT_QUEUE_NUMS,
-            "perm": DEFAULT_PERM, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}
-    full.update(cfg)
-    return full
-
-
-def encode_register_body(topic_configs: dict[str, dict], data_version: dict,
-                         filter_servers: list[str] | None = None, compressed: bool = False) -> bytes:
-    """RegisterBrokerBody as a Java broker sends it (``encode(compressed)``)."""
-    table = {name: _topic_config(name, cfg) for name, cfg in topic_configs.items()}
-    filters = list(filter_servers or [])
-    if not compressed:
-        return orjson.dumps({"topicConfigSerializeWrapper": {"topicConfigTable": table,
-                                                            "dataVersion": data_version},
-                             "filterServerList": filters})
-    parts = [orjson.dumps(data_version)]
-    lines = [f"{c['topicName']} {c['readQueueNums']} {c['writeQueueNums']} {c['perm']} "
-             f"{c['topicFilterType']}".encode() for c in table.values()]
-    out = bytearray()
-    out += _I32.pack(len(parts[0])) + parts[0] + _I32.pack(len(lines))
-    for line in lines:
-        out += _I32.pack(len(line)) + line
-    tail = orjson.dumps(filters)
-    out += _I32.pack(len(tail)) + tail
-    return zlib.compress(bytes(out), 9)
-
-
-def register_broker_request(*, cluster: str, broker_name: str, broker_addr: str, broker_id: int,
-                            topic_configs: dict[str, dict], data_version: dict, ha_addr: str = "",
-                            compressed: bool = False) -> RemotingCommand:
-    """REGISTER_BROKER (103) as a broker sends it: header with bodyCrc32, body
-    RegisterBrokerBody. ``topic_configs`` maps a topic to TopicConfig fields
-    (readQueueNums, writeQueueNums, perm, topicSysFlag, ...; defaults filled in);
-    ``data_version`` is ``{"timestamp": ms, "counter": n}``."""
-    body = encode_register_body(topic_configs, data_version, compressed=compressed)
-    ext = {"brokerName": broker_name, "brokerAddr": broker_addr, "clusterName": cluster,
-           "haServerAddr": ha_addr, "brokerId": str(broker_id),
-           "compressed": "true" if compressed else "false",
-           "bodyCrc32": str(zlib.crc32(body) & 0x7FFFFFFF)}
-    return RemotingCommand(code=int(RequestCode.REGISTER_BROKER), ext=ext, body=body)
-
-
-def unregister_broker_request(*, cluster: str, broker_name: str, broker_addr: str,
-                              broker_id: int) -> RemotingCommand:
-    """UNREGISTER_BROKER (104), sent by a broker on shutdown."""
-    return RemotingCommand(code=int(RequestCode.UNREGISTER_BROKER),
-                           ext={"brokerName": broker_name, "brokerAddr": broker_addr,
-                                "clusterName": cluster, "brokerId": str(broker_id)})
-
-
-# ------------------------------------------------------------------ process
-def listen(host: str, port: int):
-    """The NameServer's listening socket (OSError if the port is taken)."""
-    import socket
-    lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        lsock.bind((host, port))
-        lsock.listen(1024)
-    except OSError:
-        lsock.close()
-        raise
-    return lsock
-
-
-def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, lsock=None,
-          acl_file: str | None = None) -> None:
-    """Run a NameServer on ``host:port`` until SIGTERM (``shmq namesrv``, or
-    the broker's embedded one, which dies with its parent and is handed the
-    listening socket ``lsock`` its parent bound). ``acl_file``: plain_acl.yml,
-    whose admin accounts alone may send the GUARDED requests."""
-    import signal
-
-    from .reactor import Reactor
-    from shmq.ipc.control import die_with_parent, set_process_name
-    from shmq.ipc.remoting import encode
-
-    if parent_pid is not None:
-        die_with_parent(parent_pid)
-        set_process_name("shmq-namesrv")
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s namesrv %(levelname)s %(name)s %(message)s")
-    ns = NameServer(acl=Acl(acl_file) if acl_file else None)
-    reactor = Reactor()
-    if lsock is None:
-        lsock = listen(host, port)
-    lsock.setblocking(False)
-
-    def on_command(conn, cmd):
-        reply = ns.process(cmd, conn.peer)
-        if reply is not None:
-            conn.send(encode(reply))
-
-    def on_accept():
-        try:
-            sock, addr = lsock.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        reactor.add_connection(sock, f"{addr[0]}:{addr[1]}", on_command,
-                               lambda conn: ns.connection_closed(conn.peer))
-
-    reactor.add_reader(lsock, on_accept)
-    reactor.every(10.0, ns.scan_expired)
-    reactor.every(30.0, lambda: reactor.close_idle(120))
-
-    def on_term(signum, frame):
-        reactor.stopping = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    reactor.wake_on_signals()
-    if parent_pid is not None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if on_ready is not None:
-        on_ready(lsock.getsockname())
-    try:
-        reactor.run()
-    finally:
-        reactor.close()
-        lsock.close()
