@@ -36,20 +36,13 @@ import time
 from collections import deque
 from typing import Callable
 
+from shmq.core.commitlog import FileRange  # a piece of a pull body, as the store makes it
 from shmq.ipc.remoting import FrameDecoder, RemoteProtocolError, RemotingCommand
 
 log = logging.getLogger("shmq.reactor")
 
 RECV_BYTES = 256 * 1024
 IOV_MAX = 512
-
-
-class FileRange:
-    """``n`` bytes of an open file from ``off``, sent by sendfile(2)."""
-    __slots__ = ("fd", "off", "n")
-
-    def __init__(self, fd: int, off: int, n: int):
-        self.fd, self.off, self.n = fd, off, n
 
 
 class Connection:

@@ -35,6 +35,16 @@ class SegmentMissing(LookupError):
     """A position lies in a segment file that does not exist (deleted or never made)."""
 
 
+class FileRange:
+    """``n`` bytes of an open file from ``off``: a piece of a reply that the
+    broker's reactor sends by sendfile(2), advancing ``off`` and ``n`` as
+    the socket takes bytes (so: mutable; slots, one per pull)."""
+    __slots__ = ("fd", "off", "n")
+
+    def __init__(self, fd: int, off: int, n: int):
+        self.fd, self.off, self.n = fd, off, n
+
+
 class CommitLog:
     def __init__(self, files: FileLayer, root: str, segment_bytes: int, read_only: bool = False):
         """``read_only``: open segments O_RDONLY and map them PROT_READ (tools
@@ -156,6 +166,13 @@ class CommitLog:
         rel = phy - start
         assert rel + size <= self.segment_bytes
         return self.map(start)[rel:rel + size]
+
+    def file_range(self, phy: int, size: int) -> FileRange:
+        """[phy, phy+size), which must lie in one segment, as a range of its
+        open file (valid while this CommitLog keeps the segment open)."""
+        start = self.segment_start(phy)
+        assert phy - start + size <= self.segment_bytes
+        return FileRange(self.handle(start).fd, phy - start, size)
 
     def read(self, phy: int, size: int) -> bytes:
         return self.view(phy, size).tobytes()

@@ -51,24 +51,24 @@ Reads never look past a queue's published ``next_offset`` nor a record past
 """
 from __future__ import annotations
 
-import enum
 import os
 import struct
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import _kernels as K
 from . import layout as L
-from .commitlog import CommitLog, SegmentMissing
+from .commitlog import CommitLog, FileRange, SegmentMissing
 from .config import StoreConfig
 from .consumequeue import ALL_TAGS, ConsumeQueues
 from .files import REAL_FILES, FileLayer
 from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, END_FILE_MIN_BLANK_BYTES
 from .checkpoint import Checkpoint, abort_path
 from . import dedup as D
+from . import reader
+from .reader import GetMessageStatus, GetResult, body_pieces
 from .records import EncodedBatch, StoredMessage, decode
 from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
 from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_SLOT, E_START,
@@ -77,22 +77,9 @@ from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_S
                     Q_CLAIM, Q_NEXT, Q_WORDS, QUEUE_BASE, RING_BASE, RING_ENTRIES, STATE_RUNNING,
                     StoreState, me, owner_alive)
 
-CQ_SCAN_BYTES_MIN = 16000
 # Above this many dirty ConsumeQueues one syncfs beats a sync per file
 # (each costs a journal commit, ~0.3 ms here).
-CQ_SYNC_EACH_MAX = 32  # DefaultMessageStore: max(16000, maxMsgNums * 20) bytes of CQ per read
-
-
-class GetMessageStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
-    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
-    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
-    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
-    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
-    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
-    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
-    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+CQ_SYNC_EACH_MAX = 32
 
 
 class AppendResult:
@@ -130,22 +117,8 @@ class DuplicateResult(AppendResult):
         self.queue_id = queue_id
 
 
-@dataclass(frozen=True)
-class GetResult:
-    status: GetMessageStatus
-    next_offset: int
-    min_offset: int
-    max_offset: int
-    phys: np.ndarray           # CommitLog offsets of the records found
-    sizes: np.ndarray
-
-    @property
-    def count(self) -> int:
-        return int(self.phys.shape[0])
-
-
-_EMPTY = np.zeros(0, dtype=np.int64)
 _NO_UNITS = np.zeros(0, dtype=CQ_UNIT_DTYPE)
+_NO_POS = np.zeros(0, dtype=np.int64)
 
 
 # Waiting for the turn to publish: spin, then yield the CPU, then sleep (doubling
@@ -669,49 +642,29 @@ class MessageStore:
                     tag_codes: np.ndarray = ALL_TAGS, max_bytes: int = 256 * 1024) -> GetResult:
         """RocketMQ's ``DefaultMessageStore.getMessage``: up to ``max_msgs``
         records of the queue from ``offset`` whose tags code is in the sorted
-        ``tag_codes`` (empty: all), within ``max_bytes`` (the first always)."""
+        ``tag_codes`` (empty: all), within ``max_bytes`` (the first always),
+        below the published positions (``reader.get_message``)."""
         st = self.state
         if st.get("cl_min_offset") != self._seen_cl_min:
             self.release_deleted()
         slot = st.queue_slot(topic, queue_id)
         if slot < 0:
-            return GetResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0, _EMPTY, _EMPTY)
-        mx = int(st.queue_next[slot])
-        mn = int(st.queue_min[slot])
+            return GetResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0, _NO_POS, _NO_POS)
+        return reader.get_message(self.cqs, topic, queue_id, offset, int(st.queue_min[slot]),
+                                  int(st.queue_next[slot]), self._cl_min, max_msgs, tag_codes,
+                                  max_bytes)
 
-        def result(status, nxt, phys=_EMPTY, sizes=_EMPTY):
-            return GetResult(status, nxt, mn, mx, phys, sizes)
+    def _cl_min(self) -> int:
+        return self.state.get("cl_min_offset")
 
-        if mx == 0:
-            return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0)
-        if offset < mn:
-            return result(GetMessageStatus.OFFSET_TOO_SMALL, mn)
-        if offset == mx:
-            return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset)
-        if offset > mx:
-            return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, mn if mn == 0 else mx)
-        units = min(mx - offset, max(CQ_SCAN_BYTES_MIN, max_msgs * CQ_UNIT_BYTES) // CQ_UNIT_BYTES)
-        out_phy = np.empty(min(max_msgs, units), dtype=np.int64)
-        out_size = np.empty_like(out_phy)
-        r = self.cqs.scan(topic, queue_id, offset, units, tag_codes, max_msgs, max_bytes,
-                          out_phy, out_size)
-        if r is None:
-            upf = self.config.cq_units_per_file
-            return result(GetMessageStatus.OFFSET_FOUND_NULL, (offset // upf + 1) * upf)
-        found, scanned, status = r
-        if status == K.CQ_BAD:
-            raise AssertionError(f"{topic}:{queue_id} unit {offset + scanned} below the "
-                                 f"published max {mx} is not a position")
-        phys, sizes = out_phy[:found], out_size[:found]
-        cl_min = st.get("cl_min_offset")
-        if found and phys[0] < cl_min:
-            keep = phys >= cl_min
-            phys, sizes = phys[keep], sizes[keep]
-            if not phys.shape[0]:
-                return result(GetMessageStatus.MESSAGE_WAS_REMOVING, offset + scanned)
-        if not phys.shape[0]:
-            return result(GetMessageStatus.NO_MATCHED_MESSAGE, offset + scanned)
-        return result(GetMessageStatus.FOUND, offset + scanned, phys, sizes)
+    def pull_body(self, phys: np.ndarray, sizes: np.ndarray,
+                  sendfile_min: int) -> tuple[list[FileRange | memoryview], int]:
+        """The published records at ``phys``/``sizes`` (a ``GetResult``'s) as
+        the pieces of a reply body, and their bytes: runs of adjacent
+        records, as ``FileRange``s of the segment files (sendfile) from
+        ``sendfile_min`` bytes, else as slices of the mapping
+        (``reader.body_pieces``)."""
+        return body_pieces(self.cl, phys, sizes, sendfile_min)
 
     def queue_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> np.ndarray:
         """The published ConsumeQueue units from ``offset`` (at most

@@ -1,6 +1,7 @@
 """PULL_MESSAGE: read a queue from an offset through the consumer's filter
 (TAG codes, or SQL92 over the properties), commit its offset if asked, and
-answer the records as slices of the CommitLog (file ranges for big runs).
+answer the records as the store's pieces of a pull body (file ranges for
+big runs, slices of the mapping for small ones: ``MessageStore.pull_body``).
 Nothing there yet and PULL_SUSPEND set: the pull parks (long polling, for
 suspendTimeoutMillis; shortPollingTimeMills with longPollingEnable=false)
 and is run again by the parking module, suspension off, when its queue
@@ -20,7 +21,6 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, BadRequest, Header
 from shmq.ipc.remoting import JSON, RemotingCommand
 
-from ..reactor import FileRange
 from ..sql92 import Sql92Filter
 from ..topics import PERM_READ, RETRY_GROUP_TOPIC_PREFIX
 from .base import PARKED, Broker, Peer, Reply
@@ -96,7 +96,7 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     if code != R.SUCCESS:
         return reply
     b.stats.got += len(r.sizes)
-    parts, nbytes = _body_parts(b, r.phys, r.sizes)
+    parts, nbytes = b.store.pull_body(r.phys, r.sizes, c.transferSendfileMinBytes)
     return Reply(reply, parts, nbytes)
 
 
@@ -193,34 +193,3 @@ def _sql_filtered(b: Broker, r: GetResult, sql: Sql92Filter, topic: str, qid: in
                                 ALL_TAGS, c.maxTransferBytesOnMessageInMemory)
     return GetResult(GetMessageStatus.NO_MATCHED_MESSAGE, r.next_offset, r.min_offset,
                      r.max_offset, r.phys[:0], r.sizes[:0])
-
-
-def _body_parts(b: Broker, phys: np.ndarray, sizes: np.ndarray) -> tuple[list, int]:
-    """The records as few ranges as possible (adjacent ones joined), and
-    their bytes: big ranges by sendfile from the segment file, small ones as
-    slices of the mapping (one sendmsg for all)."""
-    p, s = phys.tolist(), sizes.tolist()
-    n = len(p)
-    total = sum(s)
-    if n and p[-1] + s[-1] - p[0] == total:   # back to back in one segment (the common pull)
-        return [_range(b, p[0], total)], total
-    parts = []
-    i = 0
-    while i < n:
-        start = p[i]
-        end = start + s[i]
-        i += 1
-        while i < n and p[i] == end:
-            end += s[i]
-            i += 1
-        parts.append(_range(b, start, end - start))
-    return parts, total
-
-
-def _range(b: Broker, start: int, n: int):
-    """``n`` CommitLog bytes from ``start`` (inside one segment) as a reply piece."""
-    cl = b.store.cl
-    if n >= b.config.transferSendfileMinBytes:
-        base = start - start % b.seg_bytes
-        return FileRange(cl.handle(base).fd, start - base, n)
-    return memoryview(cl.view(start, n))
