@@ -16,6 +16,7 @@ from .blocking import LitePullConsumer, Producer, PushConsumer, TransactionProdu
 from .consumer import (AsyncPushConsumer, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
                        ConsumeOrderlyContext, ConsumeOrderlyStatus, MessageListenerConcurrently,
                        MessageListenerOrderly)
+from .errors import BackgroundFailure
 from .instance import ClientConfig, MQClientError
 from .lite_pull import AsyncLitePullConsumer
 from .message import Message, MessageExt, MessageQueue, SendResult, SendStatus
@@ -24,7 +25,7 @@ from .producer import (AsyncProducer, AsyncTransactionProducer, LocalTransaction
 from .rebalance import averagely, averagely_by_circle, by_config, consistent_hash
 
 __all__ = ["AsyncLitePullConsumer", "AsyncProducer", "AsyncPushConsumer",
-           "AsyncTransactionProducer", "ClientConfig", "ConsumeConcurrentlyContext",
+           "AsyncTransactionProducer", "BackgroundFailure", "ClientConfig", "ConsumeConcurrentlyContext",
            "ConsumeConcurrentlyStatus", "ConsumeOrderlyContext", "ConsumeOrderlyStatus",
            "LitePullConsumer", "LocalTransactionState", "MQClientError", "Message",
            "MessageExt", "MessageListenerConcurrently", "MessageListenerOrderly",

@@ -115,7 +115,7 @@ class TransactionProducer(Producer):
 
 
 # ---------------------------------------------------------------- consumers
-from .consumer import AsyncPushConsumer  # noqa: E402  (appended with the consumers)
+from .push_consumer import AsyncPushConsumer  # noqa: E402  (appended with the consumers)
 from .lite_pull import AsyncLitePullConsumer  # noqa: E402
 from .message import MessageExt  # noqa: E402
 

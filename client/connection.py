@@ -40,8 +40,11 @@ import logging
 import socket
 from typing import Awaitable, Callable
 
+from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import FLAG_ONEWAY, FrameDecoder, RemoteProtocolError, RemotingCommand, encode
 from shmq.ipc.signing import Credentials, sign
+
+from .errors import EXPECTED, RemotingError
 
 log = logging.getLogger("shmq.client")
 _opaques = itertools.count(1)
@@ -52,10 +55,6 @@ OnRequest = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand 
 def next_opaque() -> int:
     """A request id unique in this process (int32, positive)."""
     return next(_opaques) & 0x7FFFFFFF
-
-
-class RemotingError(Exception):
-    """A request that got no usable answer: timeout, closed connection."""
 
 
 RECV_BYTES = 256 * 1024
@@ -213,9 +212,12 @@ class Connection(asyncio.BufferedProtocol):
     async def _serve(self, cmd: RemotingCommand) -> None:
         try:
             reply = await self.on_request(self, cmd)
-        except Exception:
-            log.exception("handling request %d from %s", cmd.code, self.addr)
+        except EXPECTED as e:           # e.g. the broker went away meanwhile
+            log.warning("handling request %d from %s: %s", cmd.code, self.addr, e)
             return
+        except Exception as e:          # a bug: loud, and the broker gets SYSTEM_ERROR
+            log.error("handling request %d from %s failed on a bug", cmd.code, self.addr, exc_info=True)
+            reply = cmd.reply(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}")   # as NettyRemotingAbstract
         if reply is not None and not cmd.is_oneway:
             self.send_reply(reply)
 

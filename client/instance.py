@@ -29,7 +29,9 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
 from shmq.ipc.signing import Credentials
 
-from .connection import Connection, RemotingError
+from . import background
+from .connection import Connection
+from .errors import MQClientError, RemotingError
 from .message import MessageQueue
 
 log = logging.getLogger("shmq.client")
@@ -44,14 +46,6 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-class MQClientError(Exception):
-    """A request the broker or NameServer refused: ``code`` and its remark."""
-
-    def __init__(self, code: int, remark: str | None, what: str = ""):
-        super().__init__(f"{what}: code {code}, {remark}" if what else f"code {code}, {remark}")
-        self.code, self.remark = code, remark
 
 
 @dataclass
@@ -148,6 +142,7 @@ class ClientInstance:
         self.consumers: dict[str, object] = {}
         self.tasks: list[asyncio.Task] = []
         self.started = self.stopped = False
+        self.failure: BaseException | None = None    # the first bug a background task met
         self._unix: dict[str, str | None] = {}
 
     # ------------------------------------------------------------ lifecycle
@@ -155,18 +150,22 @@ class ClientInstance:
         if self.started:
             return
         self.started = True
-        self.tasks = [self.loop.create_task(self._every(self.config.poll_name_server_interval,
-                                                        self.refresh_routes)),
-                      self.loop.create_task(self._every(self.config.heartbeat_interval,
-                                                        self.heartbeat))]
+        self.tasks = [background.spawn(background.every(period, fn, what), what, self._bug)
+                      for period, fn, what in (
+                          (self.config.poll_name_server_interval, self.refresh_routes,
+                           f"the route refresh of {self.client_id}"),
+                          (self.config.heartbeat_interval, self.heartbeat,
+                           f"the heartbeat of {self.client_id}"))]
 
-    async def _every(self, period: float, fn) -> None:
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await fn()
-            except Exception as e:       # a broker or NameServer down: try again next round
-                log.warning("%s: %s", fn.__name__, e)
+    def _bug(self, what: str, exc: BaseException) -> None:
+        """A loop of ours stopped on a bug (logged by background.watch): every
+        consumer on this instance records it, so its shutdown() raises it."""
+        if self.failure is None:
+            self.failure = exc
+        for c in list(self.consumers.values()):
+            record = getattr(c, "record_failure", None)
+            if record is not None:
+                record(what, exc)
 
     async def register(self, kind: str, group: str, member) -> None:
         table = self.producers if kind == "producer" else self.consumers

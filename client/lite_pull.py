@@ -9,6 +9,11 @@ polled; ``commit_sync()`` stores it (in memory and on the broker), and with
 ``seek``/``seek_to_begin``/``seek_to_end`` restart a queue elsewhere;
 ``offset_for_timestamp`` and ``fetch_message_queues`` ask the broker and
 the NameServer.
+
+It shares with the push consumer its base (consumer_base.py: settings,
+start-up, the rebalance service), the process queue, the subscription and
+the pull (pull.py); a bug in one of its background tasks stops that task,
+is logged at ERROR and is raised by ``shutdown()`` (background.py).
 """
 from __future__ import annotations
 
@@ -17,14 +22,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .connection import RemotingError
-from .consumer import (FLOW_CONTROL_DELAY, ConsumerBase, ConsumerSettings, ProcessQueue, PullStatus,
-                       SubscriptionData, pull_kernel, split_settings)
-from .instance import ClientConfig, MQClientError
+from .consumer_base import ConsumerBase, ConsumerSettings, split_settings
+from .errors import EXPECTED, MQClientError
+from .instance import ClientConfig
 from .message import MessageExt, MessageQueue
-from .offsets import (ReadOffsetType, max_offset,
-                      min_offset, search_offset)
+from .offsets import ReadOffsetType, max_offset, min_offset, search_offset
+from .process_queue import ProcessQueue
+from .pull import FLOW_CONTROL_DELAY, PullStatus, pull_kernel
 from .requests import PULL_SUBSCRIPTION, PULL_SUSPEND
+from .subscription import SubscriptionData
 
 log = logging.getLogger("shmq.client")
 PAUSED_DELAY = 1.0                        # PULL_TIME_DELAY_MILLS_WHEN_PAUSE
@@ -133,7 +139,9 @@ class AsyncLitePullConsumer(ConsumerBase):
             self._update_assigned(None, self._assigned)
 
     async def shutdown(self) -> None:
-        """Stop pulling; with auto commit, commit what was polled; persist; leave the group."""
+        """Stop pulling; with auto commit, commit what was polled; persist; leave
+        the group. Raises BackgroundFailure, after all that, if a background
+        task stopped on a bug meanwhile."""
         if not self.running:
             return
         await self._stop_services()
@@ -149,6 +157,7 @@ class AsyncLitePullConsumer(ConsumerBase):
         self.queues.clear()
         self.running = False
         await self.instance.unregister("consumer", self.group)
+        self._raise_failure()
 
     async def __aenter__(self) -> "AsyncLitePullConsumer":
         await self.start()
@@ -215,7 +224,7 @@ class AsyncLitePullConsumer(ConsumerBase):
 
     # ------------------------------------------------------------ pulling
     def _start_pull(self, mq: MessageQueue) -> None:
-        self._pull_tasks[mq] = asyncio.get_running_loop().create_task(self._pull_loop(mq))
+        self._pull_tasks[mq] = self._spawn(self._pull_loop(mq), f"the pull loop of {mq} for {self.group}")
 
     async def _pull_loop(self, mq: MessageQueue) -> None:
         while True:
@@ -224,11 +233,8 @@ class AsyncLitePullConsumer(ConsumerBase):
                 return
             try:
                 delay = await self._pull_once(mq, st)
-            except (RemotingError, MQClientError) as e:
+            except EXPECTED as e:         # a bug is not caught: it ends the loop (background.py)
                 log.warning("pull %s for %s: %s", mq, self.group, e)
-                delay = self.config.pull_time_delay_millis_when_exception / 1000
-            except Exception:
-                log.exception("pull %s for %s", mq, self.group)
                 delay = self.config.pull_time_delay_millis_when_exception / 1000
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -390,9 +390,9 @@ def test_reconsume_later_retries_with_back_off_then_dead_letters(broker, request
 def test_a_refused_send_back_is_re_sent_to_the_retry_topic(broker, request, monkeypatch):
     """When CONSUMER_SEND_MSG_BACK fails the client sends the message to
     %RETRY%<group> itself; the broker dead-letters it at max_reconsume_times."""
-    import shmq.client.consumer as consumer_module
-    real = consumer_module.send_back
-    monkeypatch.setattr(consumer_module, "send_back",
+    import shmq.client.retry as retry_module      # where the consume services send back from
+    real = retry_module.send_back
+    monkeypatch.setattr(retry_module, "send_back",
                         lambda group, phy, *a, **kw: real(group, 1 << 40, *a, **kw))  # no such record
     topic = make_topic(broker, topic_of(request), 1)
     group = "cg-fallback"

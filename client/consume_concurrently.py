@@ -1,0 +1,90 @@
+"""Concurrent consumption: RocketMQ's ConsumeMessageConcurrentlyService.
+
+Each pull's messages are cut into batches of ``consume_message_batch_max_size``
+and each batch becomes one consume request (a task), run as soon as one of
+``consume_thread_max`` slots is free; batches of one queue may finish in
+any order. A batch's result decides its messages' fate: the ones the
+listener acknowledged (all, or up to the context's ``ack_index``) are done;
+the rest go back to the broker's retry topic (retry.py) — broadcasting
+drops them, as RocketMQ does — and one the broker would not take back is
+consumed again here after ``SEND_BACK_RETRY_DELAY``. Then the process queue
+gives the offset to commit (the smallest still held), so a slow batch holds
+back the commit, never the consumption of others.
+
+The service belongs to one push consumer and uses its tasks, slots,
+thread pool and offset store; it never pulls and never rebalances.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .listeners import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
+from .message import MessageExt, MessageQueue
+from .process_queue import ProcessQueue
+from .retry import RETRY_PREFIX, restore_retry_topic, send_message_back
+
+if TYPE_CHECKING:
+    from .push_consumer import AsyncPushConsumer
+
+log = logging.getLogger("shmq.client")
+SEND_BACK_RETRY_DELAY = 5.0                 # ConsumeMessageConcurrentlyService.submitConsumeRequestLater
+
+
+class ConsumeConcurrentlyService:
+    def __init__(self, consumer: "AsyncPushConsumer"):
+        self.consumer = consumer
+
+    def submit(self, msgs: list[MessageExt], pq: ProcessQueue, mq: MessageQueue) -> None:
+        """One consume request per batch of a pull's messages."""
+        c = self.consumer
+        n = c.config.consume_message_batch_max_size
+        for i in range(0, len(msgs), n):
+            c._spawn_work(self._consume(msgs[i:i + n], pq, mq))
+
+    async def _consume(self, msgs: list[MessageExt], pq: ProcessQueue, mq: MessageQueue) -> None:
+        """ConsumeMessageConcurrentlyService.ConsumeRequest."""
+        c = self.consumer
+        async with c._slots:
+            if pq.dropped or c._stopping:
+                return
+            if mq.topic.startswith(RETRY_PREFIX):      # a queue's records carry its topic
+                restore_retry_topic(msgs, c.group)
+            context = ConsumeConcurrentlyContext(mq)
+            status = await c._call_listener(msgs, context)
+        if not isinstance(status, ConsumeConcurrentlyStatus):
+            if status is not None:
+                log.warning("the listener of %s returned %r: RECONSUME_LATER", c.group, status)
+            status = ConsumeConcurrentlyStatus.RECONSUME_LATER
+        if not pq.dropped:
+            await self._process_result(status, context, msgs, pq, mq)
+
+    async def _process_result(self, status: ConsumeConcurrentlyStatus,
+                              context: ConsumeConcurrentlyContext, msgs: list[MessageExt],
+                              pq: ProcessQueue, mq: MessageQueue) -> None:
+        c = self.consumer
+        ack = min(context.ack_index, len(msgs) - 1) \
+            if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS else -1
+        failed = msgs[ack + 1:]
+        if failed and not c.clustering:
+            log.warning("broadcasting %s: %d messages failed and are dropped", c.group, len(failed))
+        elif failed:
+            back_failed = []
+            for m in failed:
+                if not await send_message_back(c._inst(), c.group, m, context.delay_level_when_next_consume,
+                                               c.max_reconsume_times(), mq.broker_name):
+                    m.reconsume_times += 1
+                    back_failed.append(m)
+            if back_failed:
+                msgs = [m for m in msgs if m not in back_failed]
+                c._spawn_timer(c._later(SEND_BACK_RETRY_DELAY,
+                                        lambda: self._resubmit(back_failed, pq, mq)))
+        offset = pq.remove_messages(msgs)
+        if offset >= 0 and not pq.dropped:
+            c.offset_store.update_offset(mq, offset, True)
+
+    async def _resubmit(self, msgs: list[MessageExt], pq: ProcessQueue, mq: MessageQueue) -> None:
+        self.submit(msgs, pq, mq)
+
+
+__all__ = ["SEND_BACK_RETRY_DELAY", "ConsumeConcurrentlyService"]

@@ -1,0 +1,116 @@
+"""One pull from a broker queue and what it brings: RocketMQ's PullAPIWrapper.
+
+``pull_kernel`` sends PULL_MESSAGE (a long poll: the broker holds it up to
+``suspend_ms`` when nothing is there), maps the answer's code to a
+``PullStatus``, decodes a FOUND body into messages (each carrying the
+queue's min/max offsets), drops those whose tag the subscription does not
+list, and steps past damaged records so a queue never stops on one. It
+raises ``MQClientError`` for a code that is no pull status (a refusal) and
+``RemotingError`` for no answer; what to do next is the caller's.
+
+Callers: the push consumer's pull loop (a ``PullRequest`` per held queue)
+and the lite pull consumer's. Neither's flow control is here, only the
+delay both use when it says wait.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.headers import PULL_SUBSCRIPTION, pull_ext
+from shmq.ipc.remoting import RemotingCommand
+
+from .errors import MQClientError
+from .instance import ClientInstance
+from .message import MessageExt, MessageQueue, decode_messages
+from .process_queue import ProcessQueue
+from .subscription import SubscriptionData
+
+log = logging.getLogger("shmq.client")
+FLOW_CONTROL_DELAY = 0.05                   # PULL_TIME_DELAY_MILLS_WHEN_CACHE_FLOW_CONTROL
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+PULL_STATUS = {R.SUCCESS: PullStatus.FOUND, R.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+               R.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+               R.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL}
+
+
+@dataclass
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    msgs: list[MessageExt]
+
+
+@dataclass
+class PullRequest:
+    """A push consumer's pull loop state for one held queue."""
+    mq: MessageQueue
+    pq: ProcessQueue
+    next_offset: int
+    previously_locked: bool = False
+
+
+async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, sub: SubscriptionData,
+                      offset: int, max_nums: int, sysflag: int, commit_offset: int,
+                      suspend_ms: int, timeout: float) -> PullResult:
+    """PULL_MESSAGE and PullAPIWrapper.processPullResult: decode, keep the
+    subscribed tags, note the queue's min/max offsets on each message.
+    Raises MQClientError (a broker refusal) or RemotingError."""
+    if instance.broker_addr(mq.broker_name) is None:
+        await instance.route(mq.topic, refresh=True)
+    ext = pull_ext(consumerGroup=group, topic=mq.topic, queueId=mq.queue_id, queueOffset=offset,
+                   maxMsgNums=max_nums, sysFlag=sysflag, commitOffset=commit_offset,
+                   suspendTimeoutMillis=suspend_ms, subVersion=sub.sub_version,
+                   expressionType=sub.expression_type, bname=mq.broker_name,
+                   subscription=sub.sub_string if sysflag & PULL_SUBSCRIPTION else None)
+    r = await instance.invoke(mq.broker_name, RemotingCommand(RC.PULL_MESSAGE, ext=ext), timeout)
+    status = PULL_STATUS.get(r.code)
+    if status is None:
+        raise MQClientError(r.code, r.remark, f"pull {mq} at {offset}")
+    h = r.ext
+    result = PullResult(status, int(h["nextBeginOffset"]), int(h.get("minOffset", 0)),
+                        int(h.get("maxOffset", 0)), [])
+    if status is PullStatus.FOUND:
+        # one tuple for the pull's MIN_OFFSET/MAX_OFFSET, shared by its messages
+        skipped: list = []
+        msgs = decode_messages(r.body, mq.broker_name, (str(result.min_offset), str(result.max_offset)),
+                               skipped=skipped)
+        if skipped:
+            result.next_begin_offset = _past_damage(msgs, skipped, offset, result.next_begin_offset)
+            for qoff, why, _ in skipped:
+                log.error("pull %s: %s (queue offset %s): a damaged record, skipped and not "
+                          "delivered", mq, why, "unknown" if qoff is None else qoff)
+        result.msgs = [m for m in msgs if sub.accepts(m)] if sub.tags_set else msgs
+    return result
+
+
+def _past_damage(msgs: list[MessageExt], skipped: list, offset: int, next_begin: int) -> int:
+    """Where the queue goes on after a pull with damaged records: a record
+    whose body alone was bad is skipped like a poison message (its
+    neighbours were read); a broken frame hid what came after it, so the
+    next pull starts past it — right after it when its queue offset is
+    believable, else after the last good message, else (it came first) at
+    the broker's next offset — so the queue never stops on it."""
+    qoff, _, framed = skipped[-1]
+    if framed:
+        return next_begin
+    if qoff is not None and offset <= qoff < next_begin:
+        return qoff + 1
+    return msgs[-1].queue_offset + 1 if msgs else next_begin
+
+
+__all__ = ["FLOW_CONTROL_DELAY", "PULL_STATUS", "PullRequest", "PullResult", "PullStatus",
+           "pull_kernel"]
