@@ -160,6 +160,15 @@ class ConsumeQueues:
         n = min(units_max, self.units_per_file - rel)
         return K.cq_scan(cq, rel, n, codes, max_msgs, max_bytes, out_phy, out_size)
 
+    def valid_units(self, topic: str, queue_id: int, file_index: int, cl_end: int) -> int:
+        """How many units of a file, from its first, are real positions
+        ending at or before ``cl_end`` (padding units count): what recovery
+        keeps of it. 0 if the file is missing."""
+        cq = self.mapped(topic, queue_id, file_index, create=False)
+        if cq is None:
+            return 0
+        return int(K.cq_valid_units(cq, 0, self.units_per_file, cl_end)[0])
+
     def flush(self, topic: str, queue_id: int, begin: int, end: int) -> None:
         """Make units [begin, end) durable: one sync per file they touch."""
         if end <= begin:

@@ -1,181 +1,34 @@
-"""A read-only view of a store directory, safe beside a live broker.
+"""The tools' way to open a store: ``core.view.StoreView``, with a running broker's positions.
 
-``StoreView.open(root)`` takes one snapshot of what is readable:
+The view itself (what is readable, offline or beside a live broker) is
+``core/view.py``'s, and reading records below it ``core/reader.py``'s. What
+is left here is what core does not do: attaching to a running broker's
+shared-memory control block (``ipc.control``) to read the positions it has
+published, and the inspector's words for a short segment.
 
-- with a broker running on the store, the published positions from its
-  shared-memory control block: the CommitLog ``write_pos`` and each queue's
-  ``next_offset`` / ``min_offset`` (``core.state`` visibility rule: everything
-  below them is complete, whatever the broker appends meanwhile);
-- with none, what a recovery would keep, found without writing: the CommitLog
-  ends at the first invalid record of its last segment past the checkpoint's
-  flushed position (``recovery.find_end``: damage below it is stepped over,
-  as recovery quarantines it), a queue at its first
-  unit pointing at or past that end (a crashed broker's undispatched tail is in
-  the CommitLog only until the next broker start dispatches it).
-
-Files are opened O_RDONLY and mapped PROT_READ: a tool or a Spark task cannot
-write a byte of the store. Segment and ConsumeQueue file sizes are read from
-the files themselves, so no broker.conf is needed. Retention may delete a
-segment after the snapshot; readers see ``SegmentMissing`` then.
+``StoreView.open(root)`` uses the broker's published positions when one owns
+the store, else the files alone (``live=False``: always the files alone).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
-import numpy as np
-from shmq.core import _kernels as K
-from shmq.core.checkpoint import Checkpoint
-from shmq.core.commitlog import CommitLog
-from shmq.core.consumequeue import ConsumeQueues
+from shmq.core import view as _view
 from shmq.core.files import REAL_FILES, FileLayer
-from shmq.core.layout import CQ_UNIT_BYTES, CQ_UNITS_PER_FILE
 from shmq.core.records import warm_up  # noqa: F401  (re-exported for readers)
-from shmq.core.recovery import find_end
+from shmq.core.view import NotAStore, QueueExtent  # noqa: F401  (the tools' names for them)
 
 
+class StoreView(_view.StoreView):
+    """``core.view.StoreView``, opened with the positions a running broker published."""
 
-class NotAStore(ValueError):
-    """The directory holds no shmq/RocketMQ store."""
-
-
-@dataclass
-class QueueExtent:
-    topic: str
-    queue_id: int
-    min_offset: int      # first queue offset still stored
-    max_offset: int      # next queue offset: units below it are readable
-
-
-@dataclass
-class StoreView:
-    root: str
-    segment_bytes: int
-    units_per_file: int
-    segments: list[int]            # start offsets of the CommitLog segment files
-    cl_min: int                    # first CommitLog byte kept
-    cl_end: int                    # CommitLog readable below this
-    live: bool                     # a broker owned the store when the view was taken
-    queues: dict[tuple[str, int], QueueExtent] = field(default_factory=dict)
-    files: FileLayer = REAL_FILES
-
-    # ---------------------------------------------------------------- open
     @classmethod
     def open(cls, root: str, files: FileLayer = REAL_FILES, live: bool | None = None) -> StoreView:
         """Snapshot the store at ``root``. ``live=None`` uses the broker's
         published positions when one owns the store, else the files alone;
         ``live=False`` always reads the files alone."""
-        root = os.path.abspath(os.path.expanduser(root))
-        if not files.exists(os.path.join(root, "commitlog")):
-            raise NotAStore(f"{root}: no commitlog/ directory (not a store)")
         published = _published(root) if live is not False else None
-        cl = CommitLog(files, root, 1, read_only=True)
-        segs = cl.list_segments()
-        segment_bytes = _segment_bytes(files, cl, segs)
-        upf = _units_per_file(files, root)
-        view = cls(root, segment_bytes, upf, segs, segs[0] if segs else 0, 0, published is not None, files=files)
-        if published is not None:
-            cl_min, write_pos, queues = published
-            # Retention advances cl_min before it unlinks; a segment listed
-            # here may still go, but none below cl_min is ever read.
-            view.cl_min = max(view.cl_min, cl_min)
-            view.cl_end = write_pos
-            view.segments = [s for s in segs if s + segment_bytes > view.cl_min and s < write_pos]
-            view.queues = {(t, q): QueueExtent(t, q, lo, hi) for t, q, lo, hi in queues}
-        else:
-            view.cl_end = view._scan_end()
-            view.queues = view._queue_extents()
-        return view
-
-    # ------------------------------------------------------------- readers
-    def commitlog(self) -> CommitLog:
-        return CommitLog(self.files, self.root, self.segment_bytes, read_only=True)
-
-    def consumequeues(self) -> ConsumeQueues:
-        return ConsumeQueues(self.files, self.root, self.units_per_file, read_only=True)
-
-    def topics(self) -> list[str]:
-        return sorted({t for t, _ in self.queues})
-
-    def data_end(self, seg: int) -> int:
-        """Readable bytes of segment ``seg`` (from its start)."""
-        return max(0, min(self.cl_end - seg, self.segment_bytes))
-
-    def record_start_after(self, pos: int, limit: int) -> int:
-        """A record start in [pos, limit), or ``limit`` if none is known: the
-        nearest any ConsumeQueue points at (records are contiguous, so any
-        unit's position is a record boundary). Binary searches, no scan."""
-        best = limit
-        cqs = self.consumequeues()
-        upf = self.units_per_file
-        try:
-            for ext in self.queues.values():
-                lo, hi = ext.min_offset, ext.max_offset
-                # first queue offset whose unit points at or past ``pos``
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    cq = cqs.mapped(ext.topic, ext.queue_id, mid // upf, create=False)
-                    if cq is None:
-                        break
-                    if _unit_phy(cq, mid % upf) < pos:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                else:
-                    if lo < ext.max_offset:
-                        cq = cqs.mapped(ext.topic, ext.queue_id, lo // upf, create=False)
-                        if cq is not None:
-                            best = min(best, max(pos, _unit_phy(cq, lo % upf)))
-        finally:
-            cqs.close()
-        return best
-
-    # ------------------------------------------------------- offline scans
-    def _scan_end(self) -> int:
-        """End of valid data, as recovery will find it (``recovery.find_end``)."""
-        if not self.segments:
-            return 0
-        ckpt = Checkpoint.load(self.files, self.root)
-        cl = self.commitlog()
-        try:
-            return find_end(cl, self.segments, ckpt.cl_flushed if ckpt is not None else -1)
-        finally:
-            cl.close()
-
-    def _queue_extents(self) -> dict[tuple[str, int], QueueExtent]:
-        cqs = self.consumequeues()
-        upf = self.units_per_file
-        out = {}
-        try:
-            for topic, qid in sorted(cqs.list_queues()):
-                files = cqs.list_files(topic, qid)
-                if not files:
-                    continue
-                hi = files[0] * upf
-                for fi in files:
-                    if fi * upf != hi:
-                        break                          # a hole: nothing past it counts
-                    valid, _ = K.cq_valid_units(cqs.mapped(topic, qid, fi, create=False), 0, upf, self.cl_end)
-                    hi = fi * upf + valid
-                    if valid < upf:
-                        break
-                lo = cqs.min_offset_from(topic, qid, files[0] * upf, hi, self.cl_min)
-                out[(topic, qid)] = QueueExtent(topic, qid, lo, hi)
-        finally:
-            cqs.close()
-        return out
-
-
-def _segment_bytes(files: FileLayer, cl: CommitLog, segs: list[int]) -> int:
-    """The store's segment size: the step between segment names when there are
-    two or more, else the largest file. A file shorter than that was cut
-    short (a crash, a copy, a full disk): it is read as far as it goes, and
-    the next start's recovery extends it (``core/recovery.py``)."""
-    if not segs:
-        return 0
-    sizes = [files.file_size(cl.path(s)) for s in segs]
-    steps = [b - a for a, b in zip(segs, segs[1:])]
-    return min(steps) if steps else max(sizes)
+        return super().open(root, files, published)
 
 
 def short_segment_note(size: int, segment_bytes, last: bool) -> str:
@@ -186,39 +39,18 @@ def short_segment_note(size: int, segment_bytes, last: bool) -> str:
             f"the next start repairs it: extends it with zeros, {what}")
 
 
-def _unit_phy(cq: np.ndarray, unit: int) -> int:
-    return int.from_bytes(cq[unit * CQ_UNIT_BYTES:unit * CQ_UNIT_BYTES + 8].tobytes(), "big", signed=True)
-
-
-def _units_per_file(files: FileLayer, root: str) -> int:
-    base = os.path.join(root, "consumequeue")
-    for topic in files.listdir(base):
-        for qid in files.listdir(os.path.join(base, topic)):
-            for name in files.listdir(os.path.join(base, topic, qid)):
-                if len(name) == 20 and name.isdigit():
-                    return files.file_size(os.path.join(base, topic, qid, name)) // CQ_UNIT_BYTES
-    return CQ_UNITS_PER_FILE
-
-
-def _published(root: str):
-    """(cl_min, write_pos, [(topic, qid, min, max)]) from the running broker's
-    control block, or None when no broker owns the store."""
+def _published(root: str) -> _view.Published | None:
+    """The running broker's published positions, from its control block, or
+    None when no broker owns the store."""
     from shmq.core.state import StoreState
     from shmq.ipc.control import ControlBlock, NotRunning
 
     try:
-        cb = ControlBlock.attach(root)
+        cb = ControlBlock.attach(os.path.abspath(os.path.expanduser(root)))
     except NotRunning:
         return None
     try:
         st = StoreState.over(cb.region(), None)
-        if st is None:
-            return None
-        # Queue maxima first, then write_pos: every unit below a queue's max
-        # points below the write_pos read after it.
-        queues = []
-        for slot, topic, qid in st.iter_queues():
-            queues.append((topic, qid, int(st.queue_min[slot]), int(st.queue_next[slot])))
-        return st.get("cl_min_offset"), st.write_pos, queues
+        return None if st is None else _view.published_positions(st)
     finally:
         cb.close()
