@@ -52,6 +52,35 @@ ConsumeQueue unit, 20 bytes, numpy dtype ``CQ_UNIT_DTYPE``::
       0   8  commitlog physical offset  int64
       8   4  record size (TOTALSIZE)    int32
      12   8  tags code                  int64 (Java String.hashCode of TAGS)
+
+A padding unit (``ConsumeQueue.fillPreBlank``) has size ``CQ_PAD_SIZE``
+(Integer.MAX_VALUE); pulls step over it.
+
+IndexFile (RocketMQ's IndexHeader / IndexFile.java; reference §7.3): a
+40-byte header, ``slot_num`` int32 hash slots (``IX_SLOT_BYTES`` each), then
+``index_num`` 20-byte entries. Entry 0 is never used; indexCount is the next
+entry to write. Header, numpy dtype ``IX_HEADER_DTYPE``::
+
+    off size field
+      0   8  beginTimestamp             int64 ms, of entry 1
+      8   8  endTimestamp               int64 ms, of the last entry
+     16   8  beginPhyOffset             int64
+     24   8  endPhyOffset               int64
+     32   4  hashSlotCount              int32, slots in use
+     36   4  indexCount                 int32, next entry (an unwritten 0 reads as 1)
+
+Entry, numpy dtype ``IX_ENTRY_DTYPE``::
+
+    off size field
+      0   4  keyHash                    int32, abs(hashCode(topic#key))
+      4   8  phyOffset                  int64
+     12   4  timeDiff                   int32 s since beginTimestamp
+     16   4  prevIndex                  int32, the slot's previous entry (0: none)
+
+The scan vocabulary: ``_kernels.scan_records`` (used by recovery, the
+inspector, the index builder and the readers) describes each record it
+accepts in one int64 row of ``N_SCAN`` columns ``S_*`` and says why it
+stopped with a ``SCAN_*`` status.
 """
 from __future__ import annotations
 
@@ -114,7 +143,70 @@ PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 CQ_UNIT_BYTES = 20
 CQ_UNITS_PER_FILE = 300_000
 CQ_UNIT_DTYPE = np.dtype([("phy_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-assert CQ_UNIT_DTYPE.itemsize == CQ_UNIT_BYTES
+CQ_PAD_SIZE = 2147483647   # ConsumeQueue.fillPreBlank: size Integer.MAX_VALUE
+
+# IndexFile (drawn above)
+IX_BEGIN_TS = 0
+IX_END_TS = 8
+IX_BEGIN_PHY = 16
+IX_END_PHY = 24
+IX_SLOT_COUNT = 32
+IX_INDEX_COUNT = 36
+IX_HEADER_BYTES = 40
+IX_SLOT_BYTES = 4
+IX_ENTRY_BYTES = 20
+IX_ENTRY_KEY_HASH = 0
+IX_ENTRY_PHY = 4
+IX_ENTRY_TIME_DIFF = 12
+IX_ENTRY_PREV = 16
+IX_HEADER_DTYPE = np.dtype([("begin_ts", ">i8"), ("end_ts", ">i8"), ("begin_phy", ">i8"),
+                            ("end_phy", ">i8"), ("slot_count", ">i4"), ("index_count", ">i4")])
+IX_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"),
+                           ("prev", ">i4")])
+
+# The scan vocabulary (drawn above). Statuses of scan_records:
+SCAN_END = 0        # zero TOTALSIZE or the limit reached: no more records
+SCAN_BLANK = 1      # end-of-segment blank record at ``pos``
+SCAN_CORRUPT = 2    # a bad record starts at ``pos``
+SCAN_FULL = 3       # ``out`` is full; call again from ``pos``
+SCAN_FOREIGN = 4    # a record of another format version (5.x MAGIC_V2) at ``pos``
+# Columns of a scan row:
+S_PHY = 0
+S_SIZE = 1
+S_QUEUE_ID = 2
+S_QUEUE_OFFSET = 3
+S_SYSFLAG = 4
+S_TAGS_CODE = 5
+S_TOPIC_POS = 6     # position in the scanned buffer
+S_TOPIC_LEN = 7
+S_TOPIC_HASH = 8    # 64-bit FNV-1a of the topic bytes, for grouping
+S_STORE_TS = 9
+S_PROPS_POS = 10
+S_PROPS_LEN = 11
+S_BODY_POS = 12
+S_BODY_LEN = 13
+N_SCAN = 14
+MESSAGE_MAGIC_V2_I32 = 0xDAA320AB - (1 << 32)   # RocketMQ 5.x records: known, not ours
+
+
+def _check_drawn(dtype: np.dtype, itemsize: int, offsets: dict[str, int], what: str) -> None:
+    """The dtype of a layout drawn in a header agrees with its drawing: the
+    same size and every field at its drawn offset (a layout edited in one
+    place and not the other fails at import, not as misread bytes)."""
+    assert dtype.itemsize == itemsize, f"{what}: dtype is {dtype.itemsize} bytes, drawn {itemsize}"
+    for name, off in offsets.items():
+        assert dtype.fields[name][1] == off, f"{what}: field {name} at {dtype.fields[name][1]}, drawn at {off}"
+
+
+_check_drawn(CQ_UNIT_DTYPE, CQ_UNIT_BYTES, {"phy_offset": 0, "size": 8, "tags_code": 12},
+             "ConsumeQueue unit")
+_check_drawn(IX_HEADER_DTYPE, IX_HEADER_BYTES,
+             {"begin_ts": IX_BEGIN_TS, "end_ts": IX_END_TS, "begin_phy": IX_BEGIN_PHY,
+              "end_phy": IX_END_PHY, "slot_count": IX_SLOT_COUNT,
+              "index_count": IX_INDEX_COUNT}, "IndexFile header")
+_check_drawn(IX_ENTRY_DTYPE, IX_ENTRY_BYTES,
+             {"key_hash": IX_ENTRY_KEY_HASH, "phy": IX_ENTRY_PHY,
+              "time_diff": IX_ENTRY_TIME_DIFF, "prev": IX_ENTRY_PREV}, "IndexFile entry")
 
 FILE_NAME_DIGITS = 20
 

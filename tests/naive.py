@@ -1,4 +1,4 @@
-"""Slow, obviously correct twins of the numba kernels in ``core/_kernels.py``.
+"""Slow, obviously correct twins of the numba kernels in ``core/_kernels/``.
 
 Each function here is written from the specification (``core/layout.py``'s
 record table, RocketMQ's Java behaviour, the kernels' docstrings), never by

@@ -59,3 +59,37 @@ print(json.dumps({"counts": counts, "refused": refused}))
 """)
     assert all(n == 1 for n in out["counts"].values()), out["counts"]
     assert "No matching definition" in out["refused"]
+
+
+def test_an_edit_of_any_kernel_module_makes_every_kernels_cache_stale(tmp_path):
+    """Numba keys a cache entry by the defining file only, but a kernel's
+    machine code holds its helpers from the other modules (``_kernels``
+    header). Here ``cq_put`` (consumequeue.py) inlines ``st_i64``
+    (binary.py): after an edit of binary.py alone its cache entry must be
+    stale. Run on a copy of the package, so the tree's cache is untouched."""
+    import shutil
+    from shmq.core import _kernels, layout
+    pkg = tmp_path / "kpkg"
+    shutil.copytree(os.path.dirname(_kernels.__file__), pkg / "_kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(layout.__file__, pkg / "layout.py")
+    (pkg / "__init__.py").write_text("")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    env.pop("NUMBA_CACHE_DIR", None)         # the cache beside the copied files
+
+    def cached() -> bool:
+        code = ("import json, numpy as np\nfrom shmq.core import jit\n"
+                "from kpkg._kernels import consumequeue as C\n"
+                "was = jit._cached(C.cq_put)\n"
+                "C.cq_put(np.zeros(40, np.uint8), 1, 7, 20, 5)\n"
+                "print(json.dumps(was))")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    assert cached() is False                 # first run compiles and saves
+    assert cached() is True                  # a new process loads it
+    with open(pkg / "_kernels" / "binary.py", "a") as f:
+        f.write("# an edit\n")
+    assert cached() is False                 # stale: binary.py changed under it

@@ -1,0 +1,102 @@
+"""ConsumeQueue units: write them, scan a range, find where valid ones end.
+
+A unit is 20 bytes (``layout``: phy offset, size, tags code, big-endian);
+a padding unit has size ``CQ_PAD_SIZE``. ``cq_scan`` serves pulls,
+``cq_valid_units`` and ``min_phy_from`` recovery and retention.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..layout import CQ_PAD_SIZE  # noqa: F401  (re-exported: K.CQ_PAD_SIZE)
+from .binary import JIT, ld_i32, ld_i64, st_i32, st_i64
+
+CQ_DONE = 0      # scanned every unit asked for
+CQ_FULL = 1      # stopped at a count or byte limit
+CQ_BAD = 2       # a unit that is not a valid position (never below the published max)
+
+
+@njit(**JIT)
+def cq_put(cq, unit, phy, size, tags_code):
+    p = unit * 20
+    st_i64(cq, p, phy)
+    st_i32(cq, p + 8, size)
+    st_i64(cq, p + 12, tags_code)
+
+
+@njit(**JIT)
+def cq_put_many(cq, first_unit, phys, sizes, codes, start, count):
+    for k in range(count):
+        cq_put(cq, first_unit + k, phys[start + k], sizes[start + k], codes[start + k])
+
+
+@njit(**JIT)
+def cq_scan(cq, first_unit, count, codes, max_msgs, max_bytes, out_phy, out_size):
+    """Collect units first_unit .. first_unit+count-1 of one ConsumeQueue file
+    whose tags code is in the sorted array ``codes`` (empty = every message),
+    stopping before ``max_msgs`` matches or ``max_bytes`` (the first match is
+    always taken). Returns (found, scanned, status)."""
+    found = 0
+    total = np.int64(0)
+    nc = codes.shape[0]
+    for k in range(count):
+        p = (first_unit + k) * 20
+        phy = ld_i64(cq, p)
+        size = ld_i32(cq, p + 8)
+        if size == CQ_PAD_SIZE:
+            continue
+        if phy < 0 or size <= 0:
+            return found, k, CQ_BAD
+        if nc > 0:
+            tag = ld_i64(cq, p + 12)
+            lo = 0
+            hi = nc
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if codes[mid] < tag:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo == nc or codes[lo] != tag:
+                continue
+        if found >= max_msgs or (found > 0 and total + size > max_bytes):
+            return found, k, CQ_FULL
+        out_phy[found] = phy
+        out_size[found] = size
+        found += 1
+        total += size
+    return found, count, CQ_DONE
+
+
+@njit(**JIT)
+def cq_valid_units(cq, first_unit, max_units, cl_end):
+    """Count the units from ``first_unit`` that are real positions ending at or
+    before ``cl_end``: recovery keeps these and drops the rest. Padding units
+    count as valid. Returns (count, phy end of the last real unit or -1)."""
+    last_end = np.int64(-1)
+    for k in range(max_units):
+        p = (first_unit + k) * 20
+        phy = ld_i64(cq, p)
+        size = ld_i32(cq, p + 8)
+        if size == CQ_PAD_SIZE:
+            continue
+        if phy < 0 or size <= 0 or phy > cl_end - size:   # not phy + size: it can overflow
+            return k, last_end
+        last_end = phy + size
+    return max_units, last_end
+
+
+@njit(**JIT)
+def min_phy_from(cq, first_unit, max_units, cl_min):
+    """First unit (relative to first_unit) pointing at or beyond ``cl_min``
+    (retention: units before it point into deleted segments); max_units when
+    none does."""
+    for k in range(max_units):
+        p = (first_unit + k) * 20
+        size = ld_i32(cq, p + 8)
+        if size == CQ_PAD_SIZE:
+            continue
+        if ld_i64(cq, p) >= cl_min:
+            return k
+    return max_units
