@@ -201,6 +201,8 @@ def unit_records(cl: CommitLog, queue_id: int, first: int, units: np.ndarray) ->
     real = sizes != K.CQ_PAD_SIZE
     qoffs = np.arange(first, first + units.shape[0], dtype=np.int64)[real]
     phys, sizes = phys[real], sizes[real]
+    if not phys.shape[0]:
+        return                 # padding alone
     seg = cl.segment_bytes
     bases = phys - phys % seg
     cuts = np.flatnonzero(np.diff(bases)) + 1

@@ -15,10 +15,10 @@ import time
 import numpy as np
 
 from perf.limits import sequential_read
-from shmq.core import _kernels as K
 from shmq.core.checkpoint import Checkpoint, abort_path
 from shmq.core.config import StoreConfig
 from shmq.core.files import REAL_FILES
+from shmq.core.reader import scan_out, walk
 from shmq.core.records import encode, properties_bytes, warm_up
 from shmq.core.recovery import recover
 from shmq.core.store import close_clean, open_local
@@ -55,16 +55,11 @@ def run(ctx, result):
 
 def _kernel_scan_rate(paths, seg) -> float:
     import mmap
-    out = np.empty((1 << 16, K.N_SCAN), np.int64)
+    out = scan_out(1 << 16)
     key = np.frombuffer(b"TAGS", np.uint8)
     total, t = 0, time.perf_counter()
     for i, p in enumerate(paths):
         with open(p, "rb") as f:
             buf = np.frombuffer(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ), np.uint8)
-        pos = 0
-        while True:
-            n, pos, status = K.scan_records(buf, pos, buf.shape[0], i * seg, True, K.CRC_TABLES, key, out)
-            if status != K.SCAN_FULL:
-                break
-        total += pos
+        total += walk(buf, i * seg, 0, buf.shape[0], True, out, tags_key=key).pos
     return total / (time.perf_counter() - t)

@@ -49,3 +49,49 @@ def test_relative_imports_stay_inside_their_room():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.level > depth + 1:
                     raise AssertionError(f"{path.relative_to(ROOT)}: relative import leaves {room}/")
+
+
+PRIVATE_KERNELS = "shmq.core._kernels"
+OUTSIDE_CORE = ("broker", "client", "ipc", "tools", "perf")
+
+
+def kernel_imports(path: pathlib.Path) -> list[int]:
+    """Lines of ``path`` that import the private kernels, however spelled:
+    ``import shmq.core._kernels``, ``from shmq.core._kernels[.x] import ...``,
+    ``from shmq.core import _kernels``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        if any(n == PRIVATE_KERNELS or n.startswith(PRIVATE_KERNELS + ".") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_core_imports_the_private_kernels():
+    """The kernels are core's private business (issue 16): other rooms call
+    core's public readers (``core.reader``, ``core.records``, ``core.view``)
+    and name the scan vocabulary from ``core.layout``. tests/ may import
+    them: they test the kernels."""
+    bad = []
+    for room in OUTSIDE_CORE:
+        for path in (ROOT / room).rglob("*.py"):
+            for line in kernel_imports(path):
+                bad.append(f"{path.relative_to(ROOT)}:{line}")
+    assert not bad, bad
+
+
+def test_the_kernel_import_check_sees_every_spelling(tmp_path):
+    for text in ("from shmq.core import _kernels as K", "import shmq.core._kernels",
+                 "from shmq.core._kernels import scan_records", "from shmq.core import layout, _kernels",
+                 "from shmq.core._kernels.records import records_at", "def f():\n    import shmq.core._kernels as K"):
+        p = tmp_path / "m.py"
+        p.write_text(text + "\n")
+        assert kernel_imports(p), text
+    p = tmp_path / "m.py"
+    p.write_text("from shmq.core import layout, records\nimport shmq.core.reader\n")
+    assert not kernel_imports(p)

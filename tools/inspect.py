@@ -179,10 +179,10 @@ def summary(view, scan_max: int) -> dict:
 
 
 def _segment_info(view, cl, s: int, budget: int) -> dict:
-    import numpy as np
-    from shmq.core import _kernels as K
+    from shmq.core import layout as L
     from shmq.core.commitlog import SegmentMissing
-    from shmq.tools.storecheck import segment_name, walk
+    from shmq.core.reader import record_row, scan_out, walk
+    from shmq.tools.storecheck import segment_name
     from shmq.tools.storeview import short_segment_note
 
     info = {"file": segment_name(s), "start": s, "size": None, "first_offset": None,
@@ -202,21 +202,21 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     if info["size"] < view.segment_bytes:
         info["problem"] = short_segment_note(info["size"], view.segment_bytes, s == view.segments[-1])
     if hi - lo <= budget:
-        w = walk(buf, s, lo, hi, False, np.empty((8192, K.N_SCAN), np.int64))
-        info.update(records=w.records, end_offset=s + w.pos, full=w.status == K.SCAN_BLANK,
+        w = walk(buf, s, lo, hi, False, scan_out(8192))
+        info.update(records=w.records, end_offset=s + w.pos, full=w.status == L.SCAN_BLANK,
                     _walked=w.pos - lo)
         if "problem" not in info and len(view.segments) == 1 and _cut_short(buf, w.pos):
             info["problem"] = short_segment_note(info["size"], "mappedFileSizeCommitLog", True)
-        if w.status != K.SCAN_BLANK and s + w.pos != view.cl_end and "problem" not in info:
+        if w.status != L.SCAN_BLANK and s + w.pos != view.cl_end and "problem" not in info:
             info["problem"] = (f"records stop at {s + w.pos}, before the end of the data "
                                f"({view.cl_end}): see --verify")
         first, last = w.first, w.last
     else:
-        first, last = _record_row(buf, s, lo, hi)[0], None
+        first, last = record_row(buf, s, lo, hi)[0], None
     if first is not None:
-        info.update(first_offset=int(first[K.S_PHY]), first_store_ts=int(first[K.S_STORE_TS]))
+        info.update(first_offset=int(first[L.S_PHY]), first_store_ts=int(first[L.S_STORE_TS]))
     if last is not None:
-        info.update(last_offset=int(last[K.S_PHY]), last_store_ts=int(last[K.S_STORE_TS]))
+        info.update(last_offset=int(last[L.S_PHY]), last_store_ts=int(last[L.S_STORE_TS]))
     return info
 
 
@@ -230,18 +230,6 @@ def _cut_short(buf, pos: int) -> bool:
         return False
     size = int.from_bytes(buf[pos:pos + 4].tobytes(), "big", signed=True)
     return size > 0 and pos + size > n
-
-
-def _record_row(buf, base: int, rel: int, hi: int):
-    """(scan row, status) of the record at ``rel``: the row (structure
-    checked, not the CRC) or None if no valid record starts there."""
-    import numpy as np
-    from shmq.core import _kernels as K
-    from shmq.tools.storecheck import NO_TAGS
-
-    out = np.empty((1, K.N_SCAN), np.int64)
-    n, _, status = K.scan_records(buf, rel, hi, base, False, K.CRC_TABLES, NO_TAGS, out)
-    return (out[0] if n else None), int(status)
 
 
 def _queue_row(e) -> dict:
@@ -329,24 +317,27 @@ def queue_table(view, topic: str | None) -> dict:
 
 
 def _store_ts(cl, cqs, topic: str, qid: int, off: int) -> int | None:
-    from shmq.core import _kernels as K
+    from shmq.core import layout as L
     from shmq.core.commitlog import SegmentMissing
+    from shmq.core.reader import record_row
 
     try:
         u = cqs.unit(topic, qid, off)
-        if u is None or u[1] <= 0 or u[1] == K.CQ_PAD_SIZE:
+        if u is None or u[1] <= 0 or u[1] == L.CQ_PAD_SIZE:
             return None
         phy, size, _ = u
         seg = phy - phy % cl.segment_bytes
-        row = _record_row(cl.map(seg), seg, phy - seg, min(phy - seg + size, cl.segment_bytes))[0]
+        row = record_row(cl.map(seg), seg, phy - seg, min(phy - seg + size, cl.segment_bytes))[0]
     except (SegmentMissing, ValueError):     # deleted meanwhile, or a file of the wrong size
         return None
-    return int(row[K.S_STORE_TS]) if row is not None else None
+    return int(row[L.S_STORE_TS]) if row is not None else None
 
 
 def queue_range(view, topic: str, qid: int, start: int | None, count: int, body_n: int) -> dict:
-    """Records ``start`` .. ``start + count - 1`` of a queue, read through its units."""
-    from shmq.core import _kernels as K
+    """Records ``start`` .. ``start + count - 1`` of a queue, read through its
+    units (``core.reader.unit_chunks``), each record as ``--offset`` shows it."""
+    from shmq.core import layout as L
+    from shmq.core.reader import unit_chunks
 
     e = _extent(view, topic, qid)
     start = e.min_offset if start is None else start
@@ -357,10 +348,12 @@ def queue_range(view, topic: str, qid: int, start: int | None, count: int, body_
     cl, cqs = view.commitlog(), view.consumequeues()
     msgs = []
     try:
-        off = start
-        while off < stop:
+        chunks = unit_chunks(cqs, topic, qid, start, stop, stop - start)
+        while True:
             try:
-                units = cqs.units(topic, qid, off, stop - off)
+                off, units, _ = next(chunks)
+            except StopIteration:
+                break
             except ValueError as e:          # a ConsumeQueue file of another size
                 raise InspectError(str(e)) from None
             if units is None:
@@ -368,7 +361,7 @@ def queue_range(view, topic: str, qid: int, start: int | None, count: int, body_
                                    f"(deleted by retention?)")
             for u in units:
                 phy, size = int(u["phy_offset"]), int(u["size"])
-                if size == K.CQ_PAD_SIZE:
+                if size == L.CQ_PAD_SIZE:
                     msgs.append({"queue_offset": off, "padding": True})
                 else:
                     msgs.append(_unit_message(view, cl, topic, qid, off, phy, size, body_n))
@@ -406,8 +399,9 @@ def message_at(view, phy: int, body_n: int) -> dict:
 
 
 def _message_dict(view, cl, phy: int, body_n: int) -> dict:
-    from shmq.core import _kernels as K
+    from shmq.core import layout as L
     from shmq.core.commitlog import SegmentMissing
+    from shmq.core.reader import record_row
     from shmq.core.records import decode
     from shmq.tools.storecheck import describe_bad, segment_name
 
@@ -423,10 +417,10 @@ def _message_dict(view, cl, phy: int, body_n: int) -> dict:
                            f"(deleted by retention)") from None
     except ValueError as e:                  # a segment of another size than the first
         raise InspectError(str(e)) from None
-    row, status = _record_row(buf, seg, rel, hi)
+    row, status = record_row(buf, seg, rel, hi)
     if row is not None:
         return _fields(decode(buf[:hi], rel, check_crc=False), segment_name(seg), body_n)
-    if status == K.SCAN_BLANK:
+    if status == L.SCAN_BLANK:
         raise InspectError(f"offset {phy} is the BLANK record that ends segment {segment_name(seg)}; "
                            f"the next record is at {seg + view.segment_bytes}")
     inside = _record_containing(view, buf, seg, rel, hi)
@@ -439,18 +433,18 @@ def _message_dict(view, cl, phy: int, body_n: int) -> dict:
 
 def _record_containing(view, buf, seg: int, rel: int, hi: int) -> tuple[int, int] | None:
     import numpy as np
-    from shmq.core import _kernels as K
-    from shmq.tools.storecheck import walk
+    from shmq.core import layout as L
+    from shmq.core.reader import scan_out, walk
 
     found = []
 
     def look(_, rows):
-        i = np.flatnonzero((rows[:, K.S_PHY] <= seg + rel)
-                           & (seg + rel < rows[:, K.S_PHY] + rows[:, K.S_SIZE]))
+        i = np.flatnonzero((rows[:, L.S_PHY] <= seg + rel)
+                           & (seg + rel < rows[:, L.S_PHY] + rows[:, L.S_SIZE]))
         if i.shape[0]:
-            found.append((int(rows[i[0], K.S_PHY]), int(rows[i[0], K.S_SIZE])))
+            found.append((int(rows[i[0], L.S_PHY]), int(rows[i[0], L.S_SIZE])))
 
-    walk(buf, seg, max(view.cl_min - seg, 0), hi, False, np.empty((8192, K.N_SCAN), np.int64), look)
+    walk(buf, seg, max(view.cl_min - seg, 0), hi, False, scan_out(8192), look)
     return found[0] if found else None
 
 

@@ -74,7 +74,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from shmq.core import _kernels as K
+from shmq.core import layout as L
+from shmq.core import reader
 from shmq.core import records as R
 from shmq.core.commitlog import CommitLog, SegmentMissing
 from shmq.core.consumequeue import ConsumeQueues
@@ -356,49 +357,30 @@ def _data_loss(opts: ReadOptions, what: str) -> None:
 
 
 def read_queue_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
-    """The messages of one queue range, through its ConsumeQueue."""
+    """The messages of one queue range, through its ConsumeQueue
+    (``core.reader``: units file by file, then the records they point at,
+    segment by segment, each checked to be its unit's)."""
     opts = part.opts
     schema = _arrow_schema(opts)
     cl = CommitLog(_FILES, opts.root, opts.segment_bytes, read_only=True)
     cqs = ConsumeQueues(_FILES, opts.root, opts.units_per_file, read_only=True)
-    seg = opts.segment_bytes
+    where = f"{part.topic}/{part.queue_id}"
     try:
-        off = part.start
-        while off < part.end:
-            units = cqs.units(part.topic, part.queue_id, off, min(part.end - off, opts.batch_rows))
+        for first, units, n in reader.unit_chunks(cqs, part.topic, part.queue_id, part.start,
+                                                  part.end, opts.batch_rows):
             if units is None:
-                nxt = (off // opts.units_per_file + 1) * opts.units_per_file
-                _data_loss(opts, f"{part.topic}/{part.queue_id}: ConsumeQueue file for offsets "
-                                 f"{off}..{min(nxt, part.end)} is gone")
-                off = min(nxt, part.end)
+                _data_loss(opts, f"{where}: ConsumeQueue file for offsets {first}..{first + n} is gone")
                 continue
-            phys = units["phy_offset"].astype(np.int64)
-            sizes = units["size"].astype(np.int64)
-            real = sizes != K.CQ_PAD_SIZE
-            qoffs = np.arange(off, off + units.shape[0], dtype=np.int64)[real]
-            phys, sizes = phys[real], sizes[real]
-            off += units.shape[0]
-            bases = phys - phys % seg
-            cuts = np.flatnonzero(np.diff(bases)) + 1
-            for a, b in zip(np.r_[0, cuts], np.r_[cuts, phys.shape[0]]):
-                base = int(bases[a])
-                try:
-                    buf = cl.map(base)
-                except (SegmentMissing, FileNotFoundError):
-                    _data_loss(opts, f"{part.topic}/{part.queue_id}: offsets {qoffs[a]}..{qoffs[b - 1]} "
-                                     f"point into CommitLog segment {base}, which is gone")
+            for run in reader.unit_records(cl, part.queue_id, first, units):
+                if run.buf is None:
+                    _data_loss(opts, f"{where}: offsets {run.qoffs[0]}..{run.qoffs[-1]} point into "
+                                     f"CommitLog segment {run.base}, which is gone")
                     continue
-                while a < b:           # a record that is not its unit's is skipped, alone
-                    rows = R.rows_at(buf, base, phys[a:b], sizes[a:b])
-                    ok = ((rows[:, K.S_QUEUE_ID] == part.queue_id)
-                          & (rows[:, K.S_QUEUE_OFFSET] == qoffs[a:a + rows.shape[0]]))
-                    good = rows.shape[0] if ok.all() else int(np.argmin(ok))
-                    if good:
-                        yield to_record_batch(R.decode_columns(buf, base, rows[:good]), schema, opts)
-                    if a + good < b:
-                        _data_loss(opts, f"{part.topic}/{part.queue_id}: offset {qoffs[a + good]} points "
-                                         f"at CommitLog {phys[a + good]}, which does not hold its message")
-                    a += good + 1
+                if run.rows.shape[0]:
+                    yield to_record_batch(R.decode_columns(run.buf, run.base, run.rows), schema, opts)
+                if run.bad:     # a record that is not its unit's is skipped, alone
+                    _data_loss(opts, f"{where}: offset {run.bad_qoff} points at CommitLog "
+                                     f"{run.bad_phy}, which does not hold its message")
     finally:
         cl.close()
         cqs.close()
@@ -434,9 +416,9 @@ def read_segment(part: SegmentRange) -> Iterator[pa.RecordBatch]:
                         batch = batch.select(schema.names)
                 if batch.num_rows:
                     yield batch
-            if status in (K.SCAN_BLANK, K.SCAN_END):
+            if status in (L.SCAN_BLANK, L.SCAN_END):
                 break
-            if status != K.SCAN_FULL:
+            if status != L.SCAN_FULL:
                 _data_loss(opts, f"CommitLog segment {part.base}: no valid record at {part.base + pos}")
                 nxt = next_valid_record(buf, part.base, pos + 1, part.end)   # damage: step over it
                 if nxt is None:

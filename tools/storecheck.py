@@ -1,8 +1,8 @@
 """Check a whole store, read-only: every CommitLog record and every ConsumeQueue unit.
 
 ``verify(view)`` walks the segments of a ``StoreView`` with the scan kernel
-(``_kernels.scan_records`` with ``check_crc=True``: magic, sizes, topic,
-PHYSICALOFFSET, body CRC; no second parser) and stops at the first bad
+(``core.reader.walk``: the scan kernel with ``check_crc=True``: magic,
+sizes, topic, PHYSICALOFFSET, body CRC; no second parser) and stops at the first bad
 record. It checks the ConsumeQueues in the same pass, from the records'
 side, the way recovery dispatches them: a record of queue (topic, q) with
 queue offset k in [min, max) must be named by unit k of that queue (same
@@ -28,12 +28,11 @@ import itertools
 import re
 import time
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 from shmq.broker.topics import SCHEDULE_TOPIC, TIMER_TOPIC
-from shmq.core import _kernels as K
 from shmq.core import layout as L
+from shmq.core.reader import scan_out, trailing_bytes, walk
 from shmq.core.commitlog import CommitLog, SegmentMissing
 from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.records import CorruptRecord, decode
@@ -41,7 +40,6 @@ from shmq.tools.storeview import StoreView, short_segment_note
 
 SCAN_ROWS = 1 << 16
 TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)
-NO_TAGS = np.zeros(0, dtype=np.uint8)
 # Their ConsumeQueue tags code is a delivery time in epoch ms, not a tag hash
 # (broker/delivery.py, read by broker/schedule.py); a tag hash is an int32, so
 # a time is at least 2**31 (1970-01-25). Below that the message is due at once.
@@ -49,34 +47,6 @@ TIME_CODED_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
 DELIVERY_TIME_MIN_MS = 1 << 31
 RESYNC_CANDIDATES_MAX = 10_000
 _MAGIC = L.MESSAGE_MAGIC.to_bytes(4, "big")
-
-
-@dataclass
-class Walk:
-    """What one scan of a segment's records found."""
-    records: int
-    pos: int                       # where the scan stopped, in the segment
-    status: int                    # K.SCAN_*
-    first: np.ndarray | None       # scan row of the first record
-    last: np.ndarray | None        # scan row of the last record
-
-
-def walk(buf, base: int, lo: int, hi: int, check_crc: bool, out: np.ndarray,
-         on_rows=None, tags_key: np.ndarray = NO_TAGS) -> Walk:
-    """Scan the records of segment ``buf`` (CommitLog offset ``base``) from
-    ``lo`` to ``hi``, handing each chunk of rows to ``on_rows(buf, rows)``."""
-    pos, total, first, last = lo, 0, None, None
-    while True:
-        n, pos, status = K.scan_records(buf, pos, hi, base, check_crc, K.CRC_TABLES, tags_key, out)
-        if n:
-            if first is None:
-                first = out[0].copy()
-            last = out[n - 1].copy()
-            total += n
-            if on_rows is not None:
-                on_rows(buf, out[:n])
-        if status != K.SCAN_FULL:
-            return Walk(total, int(pos), int(status), first, last)
 
 
 def segment_name(start: int) -> str:
@@ -93,7 +63,7 @@ def describe_bad(buf, base: int, rel: int, hi: int, status: int) -> dict:
     head = np.asarray(buf[rel:rel + 8]).tobytes()
     size = int.from_bytes(head[:4], "big", signed=True)
     magic = int.from_bytes(head[4:], "big")
-    if status == K.SCAN_FOREIGN:
+    if status == L.SCAN_FOREIGN:
         out["problem"] = "a RocketMQ 5 record (MESSAGE_MAGIC_V2): the store was written by RocketMQ 5"
     elif size == 0:
         out["problem"] = "zeros where a record should start (the records stop here)"
@@ -130,17 +100,11 @@ def _decode_problem(buf, base: int, rel: int, hi: int) -> dict:
     return out
 
 
-def trailing_bytes(buf, rel: int) -> int:
-    """Nonzero bytes from ``rel`` to the last nonzero byte of the segment."""
-    last = int(K.last_nonzero(buf, rel))
-    return last + 1 - rel if last >= 0 else 0
-
-
 def records_after(buf, base: int, start: int, stop: int) -> tuple[int, int]:
     """(position, count) of the first run of valid records (CRC checked)
     starting in buf[start:stop]: a record whose magic sits where it should and
     whose PHYSICALOFFSET names its own position; (-1, 0) if none."""
-    out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
+    out = scan_out(SCAN_ROWS)
     tried = 0
     chunk = 64 << 20
     pos = start
@@ -190,13 +154,13 @@ class UnitCheck:
         return self._units[key]
 
     def chunk(self, buf, rows: np.ndarray) -> None:
-        tt = rows[:, K.S_SYSFLAG] & L.SYSFLAG_TRANSACTION_MASK
+        tt = rows[:, L.S_SYSFLAG] & L.SYSFLAG_TRANSACTION_MASK
         keep = (tt != L.SYSFLAG_TRANSACTION_PREPARED) & (tt != L.SYSFLAG_TRANSACTION_ROLLBACK)
         rows = rows[keep] if not keep.all() else rows
         if not rows.shape[0]:
             return
         self._learn_topics(buf, rows)
-        th, qid = rows[:, K.S_TOPIC_HASH], rows[:, K.S_QUEUE_ID]
+        th, qid = rows[:, L.S_TOPIC_HASH], rows[:, L.S_QUEUE_ID]
         order = np.lexsort((qid, th))       # stable: each queue's records stay in order
         rows = rows[order]
         th, qid = th[order], qid[order]
@@ -206,10 +170,10 @@ class UnitCheck:
             self._group((self.topics[int(th[a])], int(qid[a])), rows[a:b])
 
     def _learn_topics(self, buf, rows: np.ndarray) -> None:
-        hashes, first = np.unique(rows[:, K.S_TOPIC_HASH], return_index=True)
+        hashes, first = np.unique(rows[:, L.S_TOPIC_HASH], return_index=True)
         for h, i in zip(hashes.tolist(), first.tolist()):
             if h not in self.topics:
-                p, n = int(rows[i, K.S_TOPIC_POS]), int(rows[i, K.S_TOPIC_LEN])
+                p, n = int(rows[i, L.S_TOPIC_POS]), int(rows[i, L.S_TOPIC_LEN])
                 self.topics[h] = np.asarray(buf[p:p + n]).tobytes().decode("utf-8", "replace")
 
     def _group(self, key: tuple[str, int], rows: np.ndarray) -> None:
@@ -218,7 +182,7 @@ class UnitCheck:
             if not self.view.live:
                 self.records_without_queue += rows.shape[0]
             return   # live: a queue created after the snapshot
-        q = rows[:, K.S_QUEUE_OFFSET]
+        q = rows[:, L.S_QUEUE_OFFSET]
         if not self.view.live:
             self.records_past_queue_end += int(np.count_nonzero(q >= ext.max_offset))
         sel = (q >= ext.min_offset) & (q < ext.max_offset)
@@ -243,10 +207,10 @@ class UnitCheck:
             self._compare(key, rows[part], q[part], units[q[part] - fi * upf], seen)
 
     def _compare(self, key, rows, q, u, seen) -> None:
-        where = (u["phy_offset"] == rows[:, K.S_PHY]) & (u["size"] == rows[:, K.S_SIZE])
+        where = (u["phy_offset"] == rows[:, L.S_PHY]) & (u["size"] == rows[:, L.S_SIZE])
         timed = key[0] in TIME_CODED_TOPICS
         tags = (u["tags_code"] >= DELIVERY_TIME_MIN_MS) if timed else (
-            u["tags_code"] == rows[:, K.S_TAGS_CODE])
+            u["tags_code"] == rows[:, L.S_TAGS_CODE])
         ok = where & tags
         seen[q[ok] - self.view.queues[key].min_offset] = True
         if self.first_bad is not None or ok.all():
@@ -256,14 +220,14 @@ class UnitCheck:
         code = int(u[i]["tags_code"])
         if not where[i]:
             problem = (f"{unit} says offset {int(u[i]['phy_offset'])} size {int(u[i]['size'])}; the "
-                       f"record with that queue offset is at {int(rows[i, K.S_PHY])} size "
-                       f"{int(rows[i, K.S_SIZE])}")
+                       f"record with that queue offset is at {int(rows[i, L.S_PHY])} size "
+                       f"{int(rows[i, L.S_SIZE])}")
         elif timed:
             problem = (f"{unit}: tags code {code} is not a delivery time (epoch ms), so the "
                        f"message is due at once; was this ConsumeQueue rebuilt from tag hashes?")
         else:
             problem = (f"{unit}: tags code {code}, but the record's TAGS hash to "
-                       f"{int(rows[i, K.S_TAGS_CODE])} (tag filters would miss it)")
+                       f"{int(rows[i, L.S_TAGS_CODE])} (tag filters would miss it)")
         self.first_bad = {"topic": key[0], "queue_id": key[1], "queue_offset": int(q[i]),
                           "unit": _unit_dict(u[i]), "problem": problem}
 
@@ -283,7 +247,7 @@ class UnitCheck:
                     continue    # live: deleted by retention meanwhile (offline: reported)
                 u = units[lo - fi * upf:hi - fi * upf]
                 bad = ((u["phy_offset"] >= checked_from) & (u["phy_offset"] < checked_below)
-                       & (u["size"] != K.CQ_PAD_SIZE))
+                       & (u["size"] != L.CQ_PAD_SIZE))
                 if seen is not None:
                     bad &= ~seen[lo - ext.min_offset:hi - ext.min_offset]
                 if bad.any():
@@ -348,7 +312,7 @@ def verify(view: StoreView) -> dict:
 
 
 def _verify_commitlog(view: StoreView, cl: CommitLog, units: UnitCheck) -> dict:
-    out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
+    out = scan_out(SCAN_ROWS)
     rep = {"segments": 0, "records": 0, "bytes": 0, "min_offset": view.cl_min,
            "end": view.cl_end, "first_bad": None, "skipped_segments": [],
            "_checked_from": view.cl_min, "_checked_below": view.cl_min}
@@ -370,10 +334,10 @@ def _verify_commitlog(view: StoreView, cl: CommitLog, units: UnitCheck) -> dict:
         rep["records"] += w.records
         rep["bytes"] += w.pos - lo
         rep["_checked_below"] = s + w.pos
-        if w.status == K.SCAN_BLANK or (w.status == K.SCAN_END and s + w.pos == view.cl_end):
+        if w.status == L.SCAN_BLANK or (w.status == L.SCAN_END and s + w.pos == view.cl_end):
             continue
         rep["first_bad"] = describe_bad(buf, s, w.pos, hi, w.status)
-        if w.status == K.SCAN_END and hi == view.segment_bytes:
+        if w.status == L.SCAN_END and hi == view.segment_bytes:
             rep["first_bad"]["problem"] = ("records stop without the BLANK record that ends a full "
                                            "segment (recovery would end the CommitLog here)")
         return rep
@@ -431,7 +395,7 @@ def past_the_end(view: StoreView, cl: CommitLog) -> dict:
         if not torn:
             continue
         if out["bytes_after_end"] == 0:
-            out["end_reason"] = describe_bad(buf, s, rel, seg, K.SCAN_CORRUPT)["problem"]
+            out["end_reason"] = describe_bad(buf, s, rel, seg, L.SCAN_CORRUPT)["problem"]
         out["bytes_after_end"] += torn
         if "valid_records_after_end" not in out:
             r, n = records_after(buf, s, rel + 1 if s + rel == end else rel, rel + torn)
