@@ -1,17 +1,19 @@
 """One asyncio remoting connection to a broker or a NameServer.
 
 Owns one socket (an ``asyncio.BufferedProtocol`` reading into one buffer
-of its own, no stream reader task) and the
-table of requests waiting for their answer. Never retries, never picks a
-broker: that is the producer's and the consumer's business.
+of its own, no stream reader task) and, through an ``OpaqueMatcher``
+(ipc/matcher.py, shared with the blocking ipc/channel.py), the table of
+requests waiting for their answer. Never retries, never picks a broker:
+that is the producer's and the consumer's business.
 
 Requests are matched to replies by ``opaque``, so any number may be in
 flight and replies may come in any order. A request is a frame appended to
-an output list and a future in ``pending``; every frame queued in one turn
-of the event loop leaves in one ``transport.write`` at the end of that turn
-(64 pipelined sends are one syscall, not 64). The protocol's
-``data_received`` decodes whatever arrived and resolves the futures itself:
-no task per request, no task per read.
+an output list and a future registered with the matcher (``pending``);
+every frame queued in one turn of the event loop leaves in one
+``transport.write`` at the end of that turn (64 pipelined sends are one
+syscall, not 64). The protocol's ``data_received`` decodes whatever
+arrived, and the future of each reply the matcher pairs is resolved right
+there: no task per request, no task per read.
 
 Deadlines cost nothing per request beyond a number: one timer per
 connection sweeps ``pending`` at the earliest deadline it knows and is
@@ -35,26 +37,20 @@ loop that opened it, and a client checks its pid before using any
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import socket
 from typing import Awaitable, Callable
 
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.matcher import OpaqueMatcher, next_opaque
 from shmq.ipc.remoting import FLAG_ONEWAY, FrameDecoder, RemoteProtocolError, RemotingCommand, encode
 from shmq.ipc.signing import Credentials, sign
 
 from .errors import EXPECTED, RemotingError
 
 log = logging.getLogger("shmq.client")
-_opaques = itertools.count(1)
 
 OnRequest = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
-
-
-def next_opaque() -> int:
-    """A request id unique in this process (int32, positive)."""
-    return next(_opaques) & 0x7FFFFFFF
 
 
 RECV_BYTES = 256 * 1024
@@ -65,9 +61,8 @@ class Connection(asyncio.BufferedProtocol):
         self.addr = addr
         self.on_request = on_request
         self.credentials = credentials
-        # opaque → (future, deadline on the loop's clock, request code, timeout s)
-        self.pending: dict[int, tuple[asyncio.Future, float, int, float]] = {}
-        self.closed = False
+        # entries (future, deadline on the loop's clock, request code, timeout s)
+        self._matcher = OpaqueMatcher(self._request_received)
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder()
@@ -75,7 +70,15 @@ class Connection(asyncio.BufferedProtocol):
         self._out: list[bytes] = []            # frames queued this loop turn
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._why_closed = "closed"
+
+    @property
+    def pending(self) -> dict:
+        """opaque → (future, deadline, request code, timeout s), while unanswered."""
+        return self._matcher.pending
+
+    @property
+    def closed(self) -> bool:
+        return self._matcher.closed
 
     @classmethod
     async def open(cls, addr: str, on_request: OnRequest | None = None,
@@ -101,11 +104,12 @@ class Connection(asyncio.BufferedProtocol):
     def send_frame(self, opaque: int, frame: bytes, timeout: float, code: int = 0) -> asyncio.Future:
         """Queue ``frame`` (a request carrying ``opaque``); the future gets its
         reply, or RemotingError on timeout or close. No awaiting here."""
-        if self.closed:
-            raise RemotingError(f"connection to {self.addr} is {self._why_closed}")
+        m = self._matcher
+        if m.closed:
+            raise RemotingError(f"connection to {self.addr} is {m.why_closed}")
         fut = self._loop.create_future()
         deadline = self._loop.time() + timeout
-        self.pending[opaque] = (fut, deadline, code, timeout)
+        m.register(opaque, fut, deadline, code, timeout)
         if self._timer is None or deadline < self._timer_at:
             self._arm(deadline)
         self._write(frame)
@@ -122,7 +126,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
         if self.closed:
-            raise RemotingError(f"connection to {self.addr} is {self._why_closed}")
+            raise RemotingError(f"connection to {self.addr} is {self._matcher.why_closed}")
         cmd.flag |= FLAG_ONEWAY
         cmd.opaque = next_opaque()
         if self.credentials is not None:
@@ -157,15 +161,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _sweep(self) -> None:
         self._timer = None
-        now = self._loop.time()
-        expired, nxt = [], None
-        for opaque, (fut, deadline, _, _) in self.pending.items():
-            if deadline <= now:
-                expired.append(opaque)
-            elif nxt is None or deadline < nxt:
-                nxt = deadline
-        for opaque in expired:
-            fut, _, code, timeout = self.pending.pop(opaque)
+        expired, nxt = self._matcher.expire(self._loop.time())
+        for fut, _, code, timeout in expired:
             if not fut.done():
                 fut.set_exception(RemotingError(f"no reply from {self.addr} to request {code} "
                                                 f"within {timeout} s"))
@@ -187,16 +184,13 @@ class Connection(asyncio.BufferedProtocol):
         self.data_received(self._recv_view[:nbytes])
 
     def data_received(self, data) -> None:
-        decoder, pending = self._decoder, self.pending
+        decoder, receive = self._decoder, self._matcher.receive
         try:
             decoder.receive_data(data)
             while (cmd := decoder.next_command()) is not None:
-                if cmd.flag & 1:                  # FLAG_RESPONSE
-                    entry = pending.pop(cmd.opaque, None)
-                    if entry is not None and not entry[0].done():
-                        entry[0].set_result(cmd)
-                elif self.on_request is not None:
-                    self._loop.create_task(self._serve(cmd))
+                entry = receive(cmd)              # None: a request (served) or a stray reply
+                if entry is not None and not entry[0].done():
+                    entry[0].set_result(cmd)
         except RemoteProtocolError as e:
             log.warning("connection to %s: %s", self.addr, e)
             self._closed(f"closed: the peer broke the protocol ({e})")
@@ -208,6 +202,10 @@ class Connection(asyncio.BufferedProtocol):
         if exc is not None and not self.closed:
             log.warning("connection to %s: %s", self.addr, exc)
         self._closed(f"closed ({exc})" if exc else "closed by the peer")
+
+    def _request_received(self, cmd: RemotingCommand) -> None:
+        if self.on_request is not None:
+            self._loop.create_task(self._serve(cmd))
 
     async def _serve(self, cmd: RemotingCommand) -> None:
         try:
@@ -224,14 +222,12 @@ class Connection(asyncio.BufferedProtocol):
     def _closed(self, why: str = "closed") -> None:
         if self.closed:
             return
-        self.closed = True
-        self._why_closed = why
+        pending = self._matcher.lose(why)
         self._out.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        pending, self.pending = self.pending, {}
-        for fut, *_ in pending.values():
+        for fut, *_ in pending:
             if not fut.done():
                 fut.set_exception(RemotingError(f"connection to {self.addr} {why}"))
         if self.transport is not None:

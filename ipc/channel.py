@@ -9,15 +9,23 @@ is send + wait for that request's reply. Requests the broker sends to us
 (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) are queued on
 ``requests`` for the caller to look at. Given ``credentials``, it signs
 every request it sends as a RocketMQ ACL client does (ipc/signing.py).
+
+The matching is ``ipc/matcher.py``'s, the same as the asyncio client's
+(client/connection.py): this module only reads, writes and waits. A reply
+is kept in ``replies`` (arrival order) until ``recv`` takes it; a reply to
+no request of ours is dropped. Once the peer closes (or the socket fails)
+the connection is lost for good: every later ``send`` or ``recv`` that
+needs the socket raises ConnectionError, replies already kept excepted.
+The broker's services and ``shmq admin`` use it; so do the tests and perf/.
 """
 from __future__ import annotations
 
-import itertools
 import select
 import socket
 import time
 from collections import deque
 
+from .matcher import OpaqueMatcher, next_opaque
 from .remoting import FLAG_ONEWAY, FrameDecoder, RemotingCommand, encode
 from .signing import Credentials, sign
 
@@ -42,8 +50,6 @@ def connect(addr: str, timeout: float = 5.0) -> socket.socket:
 
 
 class RemotingClient:
-    _opaques = itertools.count(1)
-
     def __init__(self, addr: str, timeout: float = 5.0, credentials: Credentials | None = None):
         self.addr = addr
         self.credentials = credentials
@@ -58,25 +64,40 @@ class RemotingClient:
         self.decoder = FrameDecoder()
         self.replies: dict[int, RemotingCommand] = {}
         self.requests: deque[RemotingCommand] = deque()
+        self.matcher = OpaqueMatcher(self.requests.append)
 
     def send(self, cmd: RemotingCommand) -> int:
         """Send a request without waiting; returns its opaque."""
-        cmd.opaque = next(self._opaques) & 0x7FFFFFFF
-        if self.credentials is not None:
-            sign(cmd, self.credentials)
-        self.sock.sendall(encode(cmd))
+        frame = self._prepare(cmd)
+        self._write(frame, (cmd,))
         return cmd.opaque
 
     def send_many(self, cmds: list[RemotingCommand]) -> list[int]:
         """Pipeline several requests in one write."""
-        frames = []
-        for cmd in cmds:
-            cmd.opaque = next(self._opaques) & 0x7FFFFFFF
-            if self.credentials is not None:
-                sign(cmd, self.credentials)
-            frames.append(encode(cmd))
-        self.sock.sendall(b"".join(frames))
+        frames = [self._prepare(cmd) for cmd in cmds]
+        self._write(b"".join(frames), cmds)
         return [c.opaque for c in cmds]
+
+    def _prepare(self, cmd: RemotingCommand) -> bytes:
+        """Give ``cmd`` an opaque, sign it and (unless one-way) register it."""
+        m = self.matcher
+        if m.closed:
+            raise ConnectionError(f"{self.addr}: {m.why_closed}")
+        cmd.opaque = next_opaque()
+        if self.credentials is not None:
+            sign(cmd, self.credentials)
+        if not cmd.flag & FLAG_ONEWAY:
+            m.register(cmd.opaque)
+        return encode(cmd)
+
+    def _write(self, data: bytes, cmds) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as e:          # never sent: nothing to wait for, and the connection is gone
+            for cmd in cmds:
+                self.matcher.forget(cmd.opaque)
+            self.matcher.lose(f"write failed ({e})")
+            raise
 
     def recv(self, opaque: int | None = None, timeout: float = 5.0) -> RemotingCommand:
         """The reply to ``opaque`` (None: the next reply to anything)."""
@@ -96,6 +117,9 @@ class RemotingClient:
         return self.requests.popleft()
 
     def _receive(self, deadline: float, timeout_message: str) -> None:
+        m = self.matcher
+        if m.closed:
+            raise ConnectionError(f"{self.addr}: {m.why_closed}")
         try:
             n = self.sock.recv_into(self._buf, _RECV_BYTES, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -104,14 +128,17 @@ class RemotingClient:
                 raise RemotingTimeout(timeout_message) from None
             self._poll.poll(left * 1000)
             return
+        except OSError as e:
+            m.lose(f"read failed ({e})")
+            raise
         if not n:
+            m.lose("closed by the peer")
             raise ConnectionError(f"{self.addr} closed the connection")
         self.decoder.receive_data(self._view[:n])
+        receive, replies = m.receive, self.replies
         while (cmd := self.decoder.next_command()) is not None:
-            if cmd.is_response:
-                self.replies[cmd.opaque] = cmd
-            else:
-                self.requests.append(cmd)
+            if receive(cmd) is not None:          # a request went to self.requests
+                replies[cmd.opaque] = cmd
 
     def invoke(self, cmd: RemotingCommand, timeout: float = 5.0) -> RemotingCommand:
         return self.recv(self.send(cmd), timeout)
@@ -121,6 +148,7 @@ class RemotingClient:
         self.send(cmd)
 
     def close(self) -> None:
+        self.matcher.lose("closed by this client")
         self.sock.close()
 
     def __enter__(self) -> "RemotingClient":

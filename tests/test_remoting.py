@@ -221,3 +221,172 @@ def test_send_ok_template_is_the_encoded_reply(stype, opaque, msg_id, qid, qoff)
                                          "queueOffset": str(qoff), "MSG_REGION": "DefaultRegion",
                                          "TRACE_ON": "true"}), 0)
     assert send_ok_head(stype, opaque, msg_id, qid, qoff) == want
+
+
+# ---------------------------------------------------------------- opaque matching (ipc/matcher.py)
+def _reply(opaque: int, code: int = 0) -> RemotingCommand:
+    return RemotingCommand(code=11, opaque=opaque).reply(code)
+
+
+def test_the_matcher_pairs_replies_in_any_order_and_hands_requests_on():
+    from shmq.ipc.matcher import OpaqueMatcher
+    served = []
+    m = OpaqueMatcher(served.append)
+    m.register(1, "w1", 10.0, code=11, timeout=3.0)
+    m.register(2, "w2", 10.0)
+    assert m.receive(_reply(2)) == ("w2", 10.0, 0, 0.0)
+    assert m.receive(RemotingCommand(code=40, opaque=7)) is None and served[0].code == 40
+    assert m.receive(_reply(1)) == ("w1", 10.0, 11, 3.0)
+    assert m.receive(_reply(1)) is None and m.strays == 1        # a second (late) answer
+    assert m.pending == {}
+
+
+def test_the_matcher_expires_by_the_deadlines_it_is_given():
+    from shmq.ipc.matcher import OpaqueMatcher
+    m = OpaqueMatcher()
+    for opaque, deadline in ((1, 5.0), (2, 9.0), (3, 5.0), (4, 7.0)):
+        m.register(opaque, f"w{opaque}", deadline)
+    expired, nxt = m.expire(6.0)
+    assert sorted(e[0] for e in expired) == ["w1", "w3"] and nxt == 7.0
+    assert m.receive(_reply(1)) is None                           # expired: a stray now
+    assert m.expire(100.0)[1] is None and m.pending == {}
+
+
+def test_a_lost_connection_fails_everything_pending_and_refuses_more():
+    from shmq.ipc.matcher import OpaqueMatcher
+    m = OpaqueMatcher()
+    m.register(1, "a")
+    m.register(2, "b")
+    assert m.forget(2) == ("b", float("inf"), 0, 0.0)
+    assert m.lose("closed by the peer") == [("a", float("inf"), 0, 0.0)]
+    assert m.lose("again") == [] and (m.closed, m.why_closed) == (True, "closed by the peer")
+    with pytest.raises(AssertionError):
+        m.register(3, "c")
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from(["register", "reply", "expire", "forget", "lose"]),
+                              st.integers(1, 8)), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_every_registered_request_is_settled_exactly_once(ops):
+    """Against a model: whatever the order of registrations, replies,
+    expiries, forgets and a loss, each request leaves the table once, by
+    exactly one of them, and a reply is paired only with its own request."""
+    from shmq.ipc.matcher import OpaqueMatcher
+    m = OpaqueMatcher()
+    settled: list[int] = []
+    opaque, live, now = 0, {}, 0.0
+    for op, n in ops:
+        if op == "register" and not m.closed:
+            opaque += 1
+            m.register(opaque, opaque, now + n)
+            live[opaque] = now + n
+        elif op == "reply" and live:
+            target = sorted(live)[n % len(live)]
+            entry = m.receive(_reply(target))
+            assert entry[0] == target
+            settled.append(target)
+            del live[target]
+        elif op == "expire":
+            now += n
+            expired, nxt = m.expire(now)
+            assert sorted(e[0] for e in expired) == sorted(o for o, d in live.items() if d <= now)
+            for e in expired:
+                settled.append(e[0])
+                del live[e[0]]
+            assert nxt == (min(live.values()) if live else None)
+        elif op == "forget" and live:
+            target = sorted(live)[n % len(live)]
+            settled.append(m.forget(target)[0])
+            del live[target]
+        elif op == "lose":
+            settled += [e[0] for e in m.lose("gone")]
+            live.clear()
+    settled += [e[0] for e in m.lose("end")]
+    assert sorted(settled) == list(range(1, opaque + 1))
+
+
+class _FakeBroker:
+    """A Unix-socket peer that answers as the test scripts it (real sockets)."""
+
+    def __init__(self, path):
+        import socket
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(1)
+        self.addr = f"unix:{path}"
+        self.peer = None
+
+    def accept(self):
+        self.peer, _ = self.listener.accept()
+
+    def read_requests(self, n):
+        d, got = FrameDecoder(), []
+        while len(got) < n:
+            d.receive_data(self.peer.recv(65536))
+            while (cmd := d.next_command()) is not None:
+                got.append(cmd)
+        return got
+
+    def close(self):
+        for s in (self.peer, self.listener):
+            if s is not None:
+                s.close()
+
+
+def test_the_blocking_channel_matches_through_the_matcher(tmp_path):
+    """Replies in reverse order reach their own recv; a request from the peer
+    goes to ``requests``; a reply to nothing is dropped; once the peer
+    closes, every later call that needs the socket raises ConnectionError."""
+    from shmq.ipc.channel import RemotingClient
+    fake = _FakeBroker(tmp_path / "b.sock")
+    try:
+        c = RemotingClient(fake.addr)
+        fake.accept()
+        ops = c.send_many([RemotingCommand(code=11), RemotingCommand(code=12)])
+        reqs = fake.read_requests(2)
+        assert [r.opaque for r in reqs] == ops and set(c.matcher.pending) == set(ops)
+        fake.peer.sendall(encode(reqs[1].reply(0, remark="two")) + encode(_reply(123456))
+                          + encode(RemotingCommand(code=40, opaque=9))
+                          + encode(reqs[0].reply(0, remark="one")))
+        assert c.recv(ops[0]).remark == "one" and c.recv(ops[1]).remark == "two"
+        assert c.next_request().code == 40 and c.replies == {} and c.matcher.strays == 1
+        op = c.send(RemotingCommand(code=13))
+        fake.peer.close()
+        fake.peer = None
+        with pytest.raises(ConnectionError):
+            c.recv(op, timeout=10)
+        assert c.matcher.pending == {}
+        with pytest.raises(ConnectionError):
+            c.send(RemotingCommand(code=14))
+        c.close()
+    finally:
+        fake.close()
+
+
+def test_the_asyncio_connection_matches_through_the_matcher(tmp_path):
+    """The same pairing for the client's Connection; a close fails every
+    pending future at once with RemotingError."""
+    import asyncio
+    import threading
+    from shmq.client.connection import Connection, RemotingError
+    fake = _FakeBroker(tmp_path / "a.sock")
+    accepted = threading.Thread(target=fake.accept)
+    accepted.start()
+
+    async def main():
+        conn = await Connection.open(fake.addr)
+        futs = [conn.request(RemotingCommand(code=c), timeout=30) for c in (11, 12, 13)]
+        await asyncio.sleep(0)                     # the queued frames leave at the end of the turn
+        accepted.join()
+        reqs = await asyncio.to_thread(fake.read_requests, 3)
+        fake.peer.sendall(encode(reqs[1].reply(0, remark="two")) + encode(reqs[0].reply(0, remark="one")))
+        one, two = await futs[0], await futs[1]
+        assert (one.remark, two.remark) == ("one", "two") and list(conn.pending) == [reqs[2].opaque]
+        fake.peer.close()
+        with pytest.raises(RemotingError, match="closed"):
+            await futs[2]
+        assert conn.closed and conn.pending == {}
+    try:
+        asyncio.run(main())
+    finally:
+        fake.close()
