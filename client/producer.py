@@ -467,7 +467,7 @@ class AsyncTransactionProducer(AsyncProducer):
         if r.status is SendStatus.SEND_OK:
             try:
                 state = await _call(self.listener.execute_local_transaction, msg, arg)
-            except Exception:
+            except Exception:     # the application's code: its error is an answer (UNKNOW), as in Java
                 log.exception("the local transaction of %s raised: left unknown", r.msg_id)
                 state = LocalTransactionState.UNKNOW
         else:
@@ -494,7 +494,7 @@ class AsyncTransactionProducer(AsyncProducer):
             return False
         try:
             state = await _call(self.listener.check_local_transaction, msg)
-        except Exception:
+        except Exception:         # the application's code, as above
             log.exception("check_local_transaction of %s raised: unknown", msg.msg_id)
             state = LocalTransactionState.UNKNOW
         ext = cmd.ext

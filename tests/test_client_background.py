@@ -217,3 +217,58 @@ def test_a_bug_in_the_instance_route_refresh_reaches_its_consumers(broker, reque
     asyncio.run(main())
     [error] = records(client_log, logging.ERROR, "stopped on a bug")
     assert error.exc_info[0] is TypeError
+
+
+def test_a_bug_in_serving_a_broker_request_is_answered_system_error(tmp_path, client_log):
+    """A request a broker sends us (here from a real Unix-socket peer) whose
+    handler has a bug gets SYSTEM_ERROR naming it, as RocketMQ's remoting
+    answers, and an ERROR with the traceback; an expected error in the
+    handler is a warning, and the connection serves on."""
+    import socket
+    import threading
+
+    from shmq.client.connection import Connection, RemotingError
+    from shmq.ipc.codes import ResponseCode
+    from shmq.ipc.remoting import FrameDecoder, RemotingCommand, encode
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "b.sock"))
+    listener.listen(1)
+    peer = []
+    accepted = threading.Thread(target=lambda: peer.append(listener.accept()[0]))
+    accepted.start()
+
+    async def handler(conn, cmd):
+        if cmd.code == 1:
+            raise RemotingError("the broker went away")
+        if cmd.code == 2:
+            return {}["a bug"]
+        return cmd.reply(ResponseCode.SUCCESS, "served")
+
+    def answers(sock, n):
+        d, got = FrameDecoder(), []
+        while len(got) < n:
+            d.receive_data(sock.recv(65536))
+            while (cmd := d.next_command()) is not None:
+                got.append(cmd)
+        return got
+
+    async def main():
+        conn = await Connection.open(f"unix:{tmp_path / 'b.sock'}", handler)
+        accepted.join()
+        peer[0].sendall(b"".join(encode(RemotingCommand(code=c, opaque=100 + c)) for c in (1, 2, 3)))
+        got = await asyncio.to_thread(answers, peer[0], 2)
+        await conn.close()
+        return got
+    try:
+        got = asyncio.run(main())
+    finally:
+        listener.close()
+        for s in peer:
+            s.close()
+    got.sort(key=lambda r: r.opaque)
+    assert [(r.opaque, r.code) for r in got] == [(102, ResponseCode.SYSTEM_ERROR), (103, ResponseCode.SUCCESS)]
+    assert "KeyError" in got[0].remark
+    [error] = records(client_log, logging.ERROR, "handling request 2")
+    assert error.exc_info[0] is KeyError
+    assert records(client_log, logging.WARNING, "handling request 1")
