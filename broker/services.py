@@ -171,10 +171,10 @@ class Services:
         # a registration could carry the new version without the new topic,
         # and the NameServer skips every later one with that same version.
         version = self._data_version()
-        topics = self.tables.topics.current()
         perm = self.tables.broker_permission()
-        if perm & 6 != 6:    # a read-only (drained) broker: routes say so (registerBrokerAll)
-            topics = {k: {**v, "perm": v["perm"] & perm} for k, v in topics.items()}
+        # a read-only (drained) broker: routes say so (registerBrokerAll)
+        topics = {k: v.to_json() if perm & 6 == 6 else {**v.to_json(), "perm": v.perm & perm}
+                  for k, v in self.tables.topics.current().items()}
         if self._call_all(lambda: register_broker_request(
                 cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
                 broker_id=c.brokerId, topic_configs=topics,

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import time
+from dataclasses import dataclass, fields
 
 from shmq.core.checkpoint import CONFIG_TABLES, config_path, load_table, save_table
 from shmq.core.files import REAL_FILES
@@ -54,18 +55,76 @@ def topic_error(topic: str | None) -> str | None:
     return None
 
 
+class _Config:
+    """A frozen config entry that is a JSON object in a RocketMQ table file:
+    ``_JSON`` pairs each field with its Java name (what the file, the wire
+    bodies and the NameServer registration carry)."""
+    __slots__ = ()
+    _JSON: tuple[tuple[str, str], ...] = ()
+    _KEYS: dict[str, str] = {}
+
+    def to_json(self) -> dict:
+        return {key: getattr(self, attr) for attr, key in self._JSON}
+
+    @classmethod
+    def from_json(cls, name: str, obj: dict):
+        """The entry ``name`` from its JSON object. Fields it leaves out, or
+        gives a value of another type (an admin request's body), keep
+        RocketMQ's defaults; unknown ones (5.x's ``attributes``) are dropped.
+        A table file's entries were checked whole when it was read
+        (``core.checkpoint.table_problem``: a bad one names its file and key)."""
+        given = {}
+        for f in fields(cls)[1:]:
+            v = obj.get(cls._KEYS[f.name])
+            want = type(f.default)
+            if type(v) is want:                # (a bool is no int here)
+                given[f.name] = v
+        return cls(name, **given)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig(_Config):
+    """RocketMQ's TopicConfig, one entry of config/topics.json."""
+    name: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = PERM_READ | PERM_WRITE
+    filter_type: str = "SINGLE_TAG"
+    sys_flag: int = 0
+    order: bool = False
+    _JSON = (("name", "topicName"), ("read_queue_nums", "readQueueNums"),
+             ("write_queue_nums", "writeQueueNums"), ("perm", "perm"),
+             ("filter_type", "topicFilterType"), ("sys_flag", "topicSysFlag"), ("order", "order"))
+    _KEYS = dict(_JSON)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig(_Config):
+    """RocketMQ's SubscriptionGroupConfig, one entry of config/subscriptionGroup.json."""
+    name: str
+    consume_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_queue_nums: int = 1
+    retry_max_times: int = 16
+    broker_id: int = 0
+    which_broker_when_consume_slowly: int = 1
+    notify_consumer_ids_changed_enable: bool = True
+    _JSON = (("name", "groupName"), ("consume_enable", "consumeEnable"),
+             ("consume_from_min_enable", "consumeFromMinEnable"),
+             ("consume_broadcast_enable", "consumeBroadcastEnable"),
+             ("retry_queue_nums", "retryQueueNums"), ("retry_max_times", "retryMaxTimes"),
+             ("broker_id", "brokerId"),
+             ("which_broker_when_consume_slowly", "whichBrokerWhenConsumeSlowly"),
+             ("notify_consumer_ids_changed_enable", "notifyConsumerIdsChangedEnable"))
+    _KEYS = dict(_JSON)
+
+
 def topic_config(name: str, read: int, write: int, perm: int = PERM_READ | PERM_WRITE,
-                 filter_type: str = "SINGLE_TAG", sys_flag: int = 0, order: bool = False) -> dict:
-    return {"topicName": name, "readQueueNums": int(read), "writeQueueNums": int(write),
-            "perm": int(perm), "topicFilterType": filter_type, "topicSysFlag": int(sys_flag),
-            "order": bool(order)}
-
-
-def group_config(name: str, retry_queues: int = 1) -> dict:
-    return {"groupName": name, "consumeEnable": True, "consumeFromMinEnable": True,
-            "consumeBroadcastEnable": True, "retryQueueNums": retry_queues, "retryMaxTimes": 16,
-            "brokerId": 0, "whichBrokerWhenConsumeSlowly": 1,
-            "notifyConsumerIdsChangedEnable": True}
+                 filter_type: str = "SINGLE_TAG", sys_flag: int = 0,
+                 order: bool = False) -> TopicConfig:
+    return TopicConfig(name, int(read), int(write), int(perm), filter_type, int(sys_flag),
+                       bool(order))
 
 
 def check_config_files(config: BrokerConfig) -> None:
@@ -85,29 +144,41 @@ def check_config_files(config: BrokerConfig) -> None:
 
 
 class _Table:
-    def __init__(self, root: str, file: str, key: str, state: StoreState, lock: FileLock):
+    """One table file: its entries parsed (``entry``: a ``_Config`` class; None
+    keeps the JSON values as they are), reloaded when ``config_epoch`` moves."""
+
+    def __init__(self, root: str, file: str, key: str, state: StoreState, lock: FileLock,
+                 entry: type[_Config] | None = None):
         self.root, self.file, self.key = root, file, key
         self.state = state
         self.lock = lock
-        self.data: dict = {}
+        self.entry = entry
+        self.data: dict = {}        # the file as JSON
+        self.entries: dict = {}     # its table, parsed
         self.epoch = -1
         self.on_change = None   # called after a change (a broker wakes its services)
 
     def _load(self) -> dict:
         return load_table(REAL_FILES, self.root, self.file)
 
+    def _parse(self, data: dict) -> dict:
+        table = data.setdefault(self.key, {})
+        if self.entry is None:
+            return table
+        return {name: self.entry.from_json(name, v) for name, v in table.items()}
+
     def current(self) -> dict:
         epoch = self.state.get("config_epoch")
         if epoch != self.epoch:
-            self.data = self._load()
-            self.data.setdefault(self.key, {})
-            self.epoch = epoch
-        return self.data[self.key]
+            data = self._load()
+            self.entries = self._parse(data)
+            self.data, self.epoch = data, epoch
+        return self.entries
 
-    def get(self, name: str) -> dict | None:
+    def get(self, name: str):
         return self.current().get(name)
 
-    def update(self, changes: dict[str, dict | None]) -> None:
+    def update(self, changes: dict) -> None:
         """Put (or, for None, remove) entries, durably, and tell every process."""
         with self.lock.held():
             data = self._load()
@@ -116,15 +187,21 @@ class _Table:
                 if value is None:
                     table.pop(name, None)
                 else:
-                    table[name] = value
+                    table[name] = value if self.entry is None else value.to_json()
             dv = data.setdefault("dataVersion", {"timestamp": 0, "counter": 0})
             dv["timestamp"] = int(time.time() * 1000)
             dv["counter"] = int(dv.get("counter", 0)) + 1
             save_table(REAL_FILES, self.root, self.file, data)
             self.state.set("config_epoch", self.state.get("config_epoch") + 1)
+            self.entries = self._parse(data)
             self.data, self.epoch = data, self.state.get("config_epoch")
         if self.on_change is not None:
             self.on_change()
+
+    def table_json(self) -> dict:
+        """The table as its file has it (GET_ALL_* bodies, registration)."""
+        self.current()
+        return self.data[self.key]
 
     def data_version(self) -> dict:
         self.current()
@@ -139,9 +216,10 @@ class Tables:
         root = config.store.storePathRootDir
         REAL_FILES.makedirs(os.path.join(root, "config"))   # owner-only (core/files.py)
         self.lock = FileLock(os.path.join(root, "config", ".lock"))
-        self.topics = _Table(root, "topics.json", "topicConfigTable", state, self.lock)
+        self.topics = _Table(root, "topics.json", "topicConfigTable", state, self.lock,
+                             TopicConfig)
         self.groups = _Table(root, "subscriptionGroup.json", "subscriptionGroupTable", state,
-                             self.lock)
+                             self.lock, GroupConfig)
         self.topics.on_change = on_change
         # UPDATE_BROKER_CONFIG's changes, kept across restarts (RocketMQ
         # persists them too); brokerPermission applies at once everywhere
@@ -172,27 +250,29 @@ class Tables:
             want[DEFAULT_TOPIC] = topic_config(DEFAULT_TOPIC, n, n,
                                                PERM_READ | PERM_WRITE | PERM_INHERIT)
         current = self.topics.current()
-        changes: dict[str, dict | None] = {k: v for k, v in want.items() if current.get(k) != v}
+        changes: dict[str, TopicConfig | None] = {k: v for k, v in want.items()
+                                                  if current.get(k) != v}
         if not c.autoCreateTopicEnable and DEFAULT_TOPIC in current:
             changes[DEFAULT_TOPIC] = None
         if changes:
             self.topics.update(changes)
 
-    def create_topic_on_send(self, topic: str, default_topic: str, queue_nums: int) -> dict | None:
+    def create_topic_on_send(self, topic: str, default_topic: str,
+                             queue_nums: int) -> TopicConfig | None:
         """RocketMQ's createTopicInSendMessageMethod: a new topic from a
         default topic that carries PERM_INHERIT; None if that is not allowed."""
         existing = self.topics.get(topic)
         if existing is not None:
             return existing
         base = self.topics.get(default_topic)
-        if base is None or not base["perm"] & PERM_INHERIT:
+        if base is None or not base.perm & PERM_INHERIT:
             return None
-        n = max(1, min(int(queue_nums), int(base["writeQueueNums"])))
-        tc = topic_config(topic, n, n, base["perm"] & ~PERM_INHERIT)
+        n = max(1, min(int(queue_nums), base.write_queue_nums))
+        tc = topic_config(topic, n, n, base.perm & ~PERM_INHERIT)
         self.topics.update({topic: tc})
         return tc
 
-    def retry_topic(self, group: str) -> dict:
+    def retry_topic(self, group: str) -> TopicConfig:
         name = RETRY_GROUP_TOPIC_PREFIX + group
         tc = self.topics.get(name)
         if tc is None:
@@ -201,7 +281,7 @@ class Tables:
             self.topics.update({name: tc})
         return tc
 
-    def dlq_topic(self, group: str) -> dict:
+    def dlq_topic(self, group: str) -> TopicConfig:
         """%DLQ%group: one queue, read and write (RocketMQ 4.9.2+)."""
         name = DLQ_GROUP_TOPIC_PREFIX + group
         tc = self.topics.get(name)
@@ -210,9 +290,9 @@ class Tables:
             self.topics.update({name: tc})
         return tc
 
-    def group(self, name: str, create: bool) -> dict | None:
+    def group(self, name: str, create: bool) -> GroupConfig | None:
         g = self.groups.get(name)
         if g is None and create:
-            g = group_config(name)
+            g = GroupConfig(name)
             self.groups.update({name: g})
         return g

@@ -191,3 +191,27 @@ def test_a_wrong_shaped_table_with_a_good_bak_loads_the_bak_and_warns_once(store
     assert rec.getMessage() == (f'config file {path}: offsetTable.T@g.0 is "8", not an integer; '
                                 f"loaded {path}.bak instead (the last change to "
                                 f"consumerOffset.json may be lost)")
+
+
+# ------------------------------------------- entries: frozen configs over the files
+def test_topic_and_group_entries_carry_the_fields_the_file_check_knows():
+    """The table files are checked by ``core.checkpoint``'s field lists and
+    read into ``broker.topics``' frozen entries: the two agree, field for field."""
+    from shmq.broker.topics import GroupConfig, TopicConfig
+    from shmq.core.checkpoint import _GROUP_FIELDS, _TOPIC_FIELDS
+    assert set(TopicConfig._KEYS.values()) == set(_TOPIC_FIELDS)
+    assert set(GroupConfig._KEYS.values()) == set(_GROUP_FIELDS)
+
+
+def test_a_topic_entry_round_trips_through_its_file_and_admin_bodies_keep_defaults():
+    from shmq.broker.topics import GroupConfig, TopicConfig, topic_config
+    tc = topic_config("T", 3, 5, 4, "MULTI_TAG", 1, True)
+    assert TopicConfig.from_json("T", json.loads(json.dumps(tc.to_json()))) == tc
+    assert tc.to_json() == {"topicName": "T", "readQueueNums": 3, "writeQueueNums": 5, "perm": 4,
+                            "topicFilterType": "MULTI_TAG", "topicSysFlag": 1, "order": True}
+    with pytest.raises(AttributeError):
+        tc.perm = 6                                     # frozen: a change goes through the table
+    # an UPDATE_AND_CREATE_SUBSCRIPTIONGROUP body: wrong types and unknown keys keep defaults
+    g = GroupConfig.from_json("G", {"retryMaxTimes": 3, "consumeEnable": "no", "brokerId": True,
+                                    "attributes": {}})
+    assert (g.retry_max_times, g.consume_enable, g.broker_id) == (3, True, 0)

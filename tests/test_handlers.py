@@ -230,7 +230,7 @@ def test_a_send_to_a_new_topic_creates_it_from_tbw102(store_dir):
         r = rig.ok(golden("cpp-1.2-send", queueId="3"))
         assert r.ext["queueId"] == "3"
         tc = rig.h.tables.topics.get("GoldenTopic")
-        assert (tc["readQueueNums"], tc["writeQueueNums"]) == (4, 4)    # defaultTopicQueueNums
+        assert (tc.read_queue_nums, tc.write_queue_nums) == (4, 4)    # defaultTopicQueueNums
     finally:
         rig.close()
 

@@ -15,7 +15,7 @@ from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
 
 from ..config import RUNTIME_SETTINGS, SECRET_SETTINGS, BrokerConfig, conf_text, parse_conf
 from ..delivery import stored
-from ..topics import group_config, topic_config, topic_error
+from ..topics import GroupConfig, topic_config, topic_error
 from .base import Broker, Peer, Reply, json_body, json_reply
 
 log = logging.getLogger("shmq.broker")
@@ -95,16 +95,12 @@ def update_group(b: Broker, peer: Peer, cmd: RemotingCommand):
     name = body.get("groupName")
     if not isinstance(name, str) or topic_error(name):
         raise BadRequest(R.SYSTEM_ERROR, f"groupName {name!r} is not a valid group name")
-    cfg = group_config(name)
-    for k, v in body.items():
-        if k in cfg and isinstance(v, type(cfg[k])):
-            cfg[k] = v
-    b.tables.groups.update({name: cfg})
+    b.tables.groups.update({name: GroupConfig.from_json(name, body)})
     return cmd.reply(R.SUCCESS)
 
 
 def all_groups(b: Broker, peer: Peer, cmd: RemotingCommand):
-    return json_reply(cmd, {"subscriptionGroupTable": b.tables.groups.current(),
+    return json_reply(cmd, {"subscriptionGroupTable": b.tables.groups.table_json(),
                                 "dataVersion": b.tables.groups.data_version()})
 
 
@@ -114,7 +110,7 @@ def delete_group(b: Broker, peer: Peer, cmd: RemotingCommand):
 
 
 def all_topic_config(b: Broker, peer: Peer, cmd: RemotingCommand):
-    return json_reply(cmd, {"topicConfigTable": b.tables.topics.current(),
+    return json_reply(cmd, {"topicConfigTable": b.tables.topics.table_json(),
                                 "dataVersion": b.tables.topics.data_version()})
 
 
@@ -197,7 +193,7 @@ def topic_stats(b: Broker, peer: Peer, cmd: RemotingCommand):
     if tc is None:
         raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
     items = []
-    for qid in range(int(tc["writeQueueNums"])):
+    for qid in range(tc.write_queue_nums):
         lo = max(0, b.store.min_offset(topic, qid))
         hi = max(0, b.store.max_offset(topic, qid))
         ts = (b.store.store_time(topic, qid, hi - 1) or 0) if hi > 0 else 0
@@ -222,7 +218,7 @@ def consume_stats(b: Broker, peer: Peer, cmd: RemotingCommand):
         tc = b.tables.topics.get(t)
         if tc is None or (subscribed and t not in subscribed):
             continue
-        for qid in range(int(tc["readQueueNums"])):
+        for qid in range(tc.read_queue_nums):
             broker_off = max(0, b.store.max_offset(t, qid))
             consumer_off = max(0, b.registry.get_offset(t, group, qid))
             last = (b.store.store_time(t, qid, consumer_off - 1) or 0) if consumer_off > 0 else 0

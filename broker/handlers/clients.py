@@ -203,7 +203,7 @@ def _reset_notes(b: Broker, group: str, topic: str, ts: int) -> list[tuple[Peer,
     if not peers or tc is None:
         return []
     table = {qid: b.registry.get_offset(topic, group, qid)
-             for qid in range(int(tc["writeQueueNums"]))}
+             for qid in range(tc.write_queue_nums)}
     out = []
     for peer in peers.values():
         body = reset_body(topic, b.config.brokerName, table, peer.attrs.get("language", "JAVA"))

@@ -89,7 +89,7 @@ def reset_offset(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand
         raise BadRequest(R.TOPIC_NOT_EXIST, f"[reset-offset] request reset offset, but the "
                                             f"topic[{topic}] not exist")
     table = {}
-    for qid in range(int(tc["writeQueueNums"])):
+    for qid in range(tc.write_queue_nums):
         current = b.registry.get_offset(topic, group, qid)
         if current < 0 and b.tables.groups.get(group) is None:
             raise BadRequest(R.SYSTEM_ERROR, f"THe consumer group <{group}> not exist")

@@ -56,9 +56,9 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     sysflag = h.int("sysFlag")
     c = b.config
     tc = _topic_for_pull(b, group, topic)
-    if not 0 <= qid < int(tc["readQueueNums"]):
+    if not 0 <= qid < tc.read_queue_nums:
         raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
-                                         f"topicConfig.readQueueNums:[{tc['readQueueNums']}]")
+                                         f"topicConfig.readQueueNums:[{tc.read_queue_nums}]")
     if sysflag & PULL_SUBSCRIPTION and h.str("subscription", required=False) is not None:
         sub = parse_subscription(topic, h.str("subscription"), h.str("expressionType", "TAG"),
                                  sql_enabled=c.enablePropertyFilter)
@@ -167,7 +167,7 @@ def _check_pull_topic(b: Broker, group: str, topic: str) -> dict:
     tc = b.tables.topics.get(topic)
     if tc is None:
         raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-    if not tc["perm"] & PERM_READ:
+    if not tc.perm & PERM_READ:
         raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
     return tc
 

@@ -13,17 +13,16 @@ from shmq.ipc.headers import BadRequest, Header
 from shmq.ipc.remoting import RemotingCommand
 
 from ..delivery import DELAY, ORIGIN_MESSAGE_ID, RETRY_TOPIC, repost, route_send, stored
-from ..topics import DLQ_GROUP_TOPIC_PREFIX, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX
+from ..topics import DLQ_GROUP_TOPIC_PREFIX, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, TopicConfig
 from .base import Broker, Peer
 
 VERSION_3_4_9 = 121         # clients from here on may send their own maxReconsumeTimes
 
 
-def dlq_topic(b: Broker, group: str) -> dict:
+def dlq_topic(b: Broker, group: str) -> TopicConfig:
     tc = b.tables.dlq_topic(group)
-    if not tc["perm"] & PERM_WRITE:
-        raise BadRequest(R.NO_PERMISSION, f"the topic[{tc['topicName']}] sending message "
-                                          f"is forbidden")
+    if not tc.perm & PERM_WRITE:
+        raise BadRequest(R.NO_PERMISSION, f"the topic[{tc.name}] sending message is forbidden")
     return tc
 
 
@@ -34,7 +33,7 @@ def retry_or_dlq(b: Broker, h: Header, topic: str, qid: int, props: str) -> tupl
     gc = b.tables.group(group, b.config.autoCreateSubscriptionGroup)
     if gc is None:
         raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
-    max_times = h.int("maxReconsumeTimes", int(gc.get("retryMaxTimes", 16)))
+    max_times = h.int("maxReconsumeTimes", gc.retry_max_times)
     if h.int("reconsumeTimes", 0) < max_times:
         return topic, qid, props
     d = string_to_properties(props)
@@ -55,7 +54,7 @@ def send_back(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
     gc = b.tables.group(group, b.config.autoCreateSubscriptionGroup)
     if gc is None:
         raise BadRequest(R.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
-    retry_queues = int(gc.get("retryQueueNums", 1))
+    retry_queues = gc.retry_queue_nums
     if retry_queues <= 0:
         return cmd.reply(R.SUCCESS)
     m = stored(b.store, phy)
@@ -64,7 +63,7 @@ def send_back(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
     d = m.properties
     d.setdefault(RETRY_TOPIC, m.topic)
     d.setdefault(ORIGIN_MESSAGE_ID, d.get(ORIGIN_MESSAGE_ID) or m.offset_msg_id())
-    max_times = int(gc.get("retryMaxTimes", 16))
+    max_times = gc.retry_max_times
     if cmd.version >= VERSION_3_4_9 and h.int("maxReconsumeTimes", -1) >= 0:
         max_times = h.int("maxReconsumeTimes")     # the client's own limit
     if m.reconsume_times >= max_times or delay < 0:
@@ -73,10 +72,9 @@ def send_back(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
         d.pop(DELAY, None)
     else:
         tc = b.tables.retry_topic(group)
-        if not tc["perm"] & PERM_WRITE:
-            raise BadRequest(R.NO_PERMISSION, f"the topic[{tc['topicName']}] sending message "
-                                              f"is forbidden")
-        topic, qid = tc["topicName"], random.randrange(max(1, retry_queues))
+        if not tc.perm & PERM_WRITE:
+            raise BadRequest(R.NO_PERMISSION, f"the topic[{tc.name}] sending message is forbidden")
+        topic, qid = tc.name, random.randrange(max(1, retry_queues))
         d[DELAY] = str(delay or 3 + m.reconsume_times)
     c = b.config
     now = int(time.time() * 1000)

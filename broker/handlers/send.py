@@ -37,7 +37,8 @@ from shmq.ipc.headers import BadRequest, Header, send_header
 from shmq.ipc.remoting import RemotingCommand, send_ok_head
 
 from ..delivery import needs_routing, route_send
-from ..topics import NOT_ALLOWED_SEND_TOPICS, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, topic_error
+from ..topics import (NOT_ALLOWED_SEND_TOPICS, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, TopicConfig,
+                      topic_error)
 from .base import PARKED, Broker, Peer
 from .retry import retry_or_dlq
 
@@ -47,14 +48,14 @@ SEND_REPLY_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 PC_BUSY_REMARK = "[PC_SYNCHRONIZED]broker busy, start flow control for a while"
 
 
-def topic_for_send(b: Broker, h: Header, topic: str) -> dict:
+def topic_for_send(b: Broker, h: Header, topic: str) -> TopicConfig:
     """The topic's config if this broker takes sends to it (NO_PERMISSION,
     TOPIC_NOT_EXIST, SYSTEM_ERROR otherwise), creating it where RocketMQ
     would; remembered until the tables change."""
     return b.remembered(b.send_topics, topic, _check_send_topic, b, h, topic)
 
 
-def _check_send_topic(b: Broker, h: Header, topic: str) -> dict:
+def _check_send_topic(b: Broker, h: Header, topic: str) -> TopicConfig:
     b.check_writable()
     err = topic_error(topic)
     if err:
@@ -71,7 +72,7 @@ def _check_send_topic(b: Broker, h: Header, topic: str) -> dict:
                                              h.int("defaultTopicQueueNums", 4))
         if tc is None:
             raise BadRequest(R.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-    if not tc["perm"] & PERM_WRITE:
+    if not tc.perm & PERM_WRITE:
         raise BadRequest(R.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
     return tc
 
@@ -97,15 +98,15 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
     h.str("producerGroup")
     tc = topic_for_send(b, h, topic)
     b.check_disk()
-    nq = int(tc["writeQueueNums"])
+    nq = tc.write_queue_nums
     qid = h.int("queueId")
     if qid < 0:
         qid = random.randrange(max(1, nq))
-    if qid >= max(nq, int(tc["readQueueNums"])):
+    if qid >= max(nq, tc.read_queue_nums):
         raise BadRequest(R.SYSTEM_ERROR, f"request queueId[{qid}] is illegal, topic: {topic} "
                                          f"writeQueueNums: {nq}")
     sysflag = h.int("sysFlag")
-    if tc.get("topicFilterType") == "MULTI_TAG":
+    if tc.filter_type == "MULTI_TAG":
         sysflag |= MULTI_TAGS_FLAG
     props = (h.str("properties", "") or "").rstrip("\x02")
     if "CLUSTER\x01" not in props:
