@@ -86,24 +86,22 @@ def get_message(cqs: ConsumeQueues, topic: str, queue_id: int, offset: int, mn: 
     records below ``cl_min()`` (deleted: asked after the scan, as retention
     may have moved it meanwhile) are left out. The statuses are RocketMQ's;
     ``next_offset`` is where the next read starts."""
-    def result(status, nxt, phys=_EMPTY, sizes=_EMPTY):
-        return GetResult(status, nxt, mn, mx, phys, sizes)
-
+    S = GetMessageStatus      # (no closure for the answers: one allocation less per pull)
     if mx == 0:
-        return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0)
+        return GetResult(S.NO_MESSAGE_IN_QUEUE, 0, mn, mx, _EMPTY, _EMPTY)
     if offset < mn:
-        return result(GetMessageStatus.OFFSET_TOO_SMALL, mn)
+        return GetResult(S.OFFSET_TOO_SMALL, mn, mn, mx, _EMPTY, _EMPTY)
     if offset == mx:
-        return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset)
+        return GetResult(S.OFFSET_OVERFLOW_ONE, offset, mn, mx, _EMPTY, _EMPTY)
     if offset > mx:
-        return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, mn if mn == 0 else mx)
+        return GetResult(S.OFFSET_OVERFLOW_BADLY, mn if mn == 0 else mx, mn, mx, _EMPTY, _EMPTY)
     units = min(mx - offset, max(CQ_SCAN_BYTES_MIN, max_msgs * CQ_UNIT_BYTES) // CQ_UNIT_BYTES)
     out_phy = np.empty(min(max_msgs, units), dtype=np.int64)
     out_size = np.empty_like(out_phy)
     r = cqs.scan(topic, queue_id, offset, units, tag_codes, max_msgs, max_bytes, out_phy, out_size)
     if r is None:
         upf = cqs.units_per_file
-        return result(GetMessageStatus.OFFSET_FOUND_NULL, (offset // upf + 1) * upf)
+        return GetResult(S.OFFSET_FOUND_NULL, (offset // upf + 1) * upf, mn, mx, _EMPTY, _EMPTY)
     found, scanned, status = r
     if status == K.CQ_BAD:
         raise AssertionError(f"{topic}:{queue_id} unit {offset + scanned} below the "
@@ -114,10 +112,10 @@ def get_message(cqs: ConsumeQueues, topic: str, queue_id: int, offset: int, mn: 
         keep = phys >= low
         phys, sizes = phys[keep], sizes[keep]
         if not phys.shape[0]:
-            return result(GetMessageStatus.MESSAGE_WAS_REMOVING, offset + scanned)
+            return GetResult(S.MESSAGE_WAS_REMOVING, offset + scanned, mn, mx, _EMPTY, _EMPTY)
     if not phys.shape[0]:
-        return result(GetMessageStatus.NO_MATCHED_MESSAGE, offset + scanned)
-    return result(GetMessageStatus.FOUND, offset + scanned, phys, sizes)
+        return GetResult(S.NO_MATCHED_MESSAGE, offset + scanned, mn, mx, _EMPTY, _EMPTY)
+    return GetResult(S.FOUND, offset + scanned, mn, mx, phys, sizes)
 
 
 # ------------------------------------------------------- positions → pull body
