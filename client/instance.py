@@ -11,6 +11,11 @@ restart). A broker on this host is reached over its Unix socket when it
 advertises one (``unixSocketPath`` in its runtime info) and ``use_unix_socket``
 is on. A fork gets its own instance: an instance is tied to the pid and
 the event loop that made it.
+
+Its two loops follow background.py: a NameServer or broker that is down is
+a warning and the next period tries again; a bug stops the loop, is logged
+at ERROR and becomes ``failure``, which every consumer on the instance
+(also one that joins later) raises from its ``shutdown()``.
 """
 from __future__ import annotations
 
@@ -143,6 +148,7 @@ class ClientInstance:
         self.tasks: list[asyncio.Task] = []
         self.started = self.stopped = False
         self.failure: BaseException | None = None    # the first bug a background task met
+        self._failed_in = ""
         self._unix: dict[str, str | None] = {}
 
     # ------------------------------------------------------------ lifecycle
@@ -161,17 +167,21 @@ class ClientInstance:
         """A loop of ours stopped on a bug (logged by background.watch): every
         consumer on this instance records it, so its shutdown() raises it."""
         if self.failure is None:
-            self.failure = exc
+            self.failure, self._failed_in = exc, what
         for c in list(self.consumers.values()):
-            record = getattr(c, "record_failure", None)
-            if record is not None:
-                record(what, exc)
+            self._tell(c)
+
+    def _tell(self, member) -> None:
+        record = getattr(member, "record_failure", None)
+        if record is not None and self.failure is not None:
+            record(self._failed_in, self.failure)
 
     async def register(self, kind: str, group: str, member) -> None:
         table = self.producers if kind == "producer" else self.consumers
         if group in table and table[group] is not member:
             raise MQClientError(-1, f"the {kind} group {group} is already in use by this client")
         table[group] = member
+        self._tell(member)                 # a loop that stopped before it joined stays stopped
         await self.start()
         await self.heartbeat()
 
