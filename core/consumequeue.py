@@ -169,6 +169,27 @@ class ConsumeQueues:
             return 0
         return int(K.cq_valid_units(cq, 0, self.units_per_file, cl_end)[0])
 
+    def valid_extent(self, topic: str, queue_id: int, cl_end: int) -> tuple[int, int] | None:
+        """(first queue offset on disk, offset past the last valid unit) of a
+        queue: the units from its first file on, through files that follow
+        each other without a hole, up to the first that is not a real
+        position ending at or before ``cl_end`` (``valid_units``). None if
+        the queue has no files. Recovery keeps these; an offline view reads
+        them (changes nothing)."""
+        files = self.list_files(topic, queue_id)
+        if not files:
+            return None
+        upf = self.units_per_file
+        first = kept = files[0] * upf
+        for fi in files:
+            if fi * upf != kept:
+                break                          # a hole: nothing past it counts
+            n = self.valid_units(topic, queue_id, fi, cl_end)
+            kept = fi * upf + n
+            if n < upf:
+                break
+        return first, kept
+
     def flush(self, topic: str, queue_id: int, begin: int, end: int) -> None:
         """Make units [begin, end) durable: one sync per file they touch."""
         if end <= begin:

@@ -547,22 +547,10 @@ def _kept_extents(cqs: ConsumeQueues, cl_min: int, scan_from: int) -> dict[tuple
     """(topic, qid) → (first offset on disk, offset past the last unit pointing
     wholly below ``scan_from``) for every queue on disk."""
     out = {}
-    upf = cqs.units_per_file
     for key in cqs.list_queues():
-        files = cqs.list_files(*key)
-        if not files:
-            continue
-        first = files[0] * upf
-        kept = first
-        for fi in files:
-            if fi * upf != kept:
-                break  # a hole in the files: nothing after it is kept
-            cq = cqs.mapped(key[0], key[1], fi, create=False)
-            n, _ = K.cq_valid_units(cq, 0, upf, scan_from)
-            kept = fi * upf + n
-            if n < upf:
-                break
-        out[key] = (first, kept)
+        ext = cqs.valid_extent(*key, scan_from)
+        if ext is not None:
+            out[key] = ext
     return out
 
 

@@ -14,8 +14,9 @@ readable:
   ends at the first invalid record of its last segment past the checkpoint's
   flushed position (``recovery.find_end``: damage below it is stepped over,
   as recovery quarantines it), a queue at its first unit pointing at or past
-  that end (``ConsumeQueues.valid_units``: a crashed broker's undispatched
-  tail is in the CommitLog only until the next broker start dispatches it).
+  that end (``ConsumeQueues.valid_extent``, the rule recovery keeps units
+  by: a crashed broker's undispatched tail is in the CommitLog only until
+  the next broker start dispatches it).
 
 Files are opened O_RDONLY and mapped PROT_READ: a tool or a Spark task cannot
 write a byte of the store. Segment and ConsumeQueue file sizes are read from
@@ -164,22 +165,14 @@ class StoreView:
 
     def _queue_extents(self) -> dict[tuple[str, int], QueueExtent]:
         cqs = self.consumequeues()
-        upf = self.units_per_file
         out = {}
         try:
             for topic, qid in sorted(cqs.list_queues()):
-                files = cqs.list_files(topic, qid)
-                if not files:
+                ext = cqs.valid_extent(topic, qid, self.cl_end)   # as recovery keeps them
+                if ext is None:
                     continue
-                hi = files[0] * upf
-                for fi in files:
-                    if fi * upf != hi:
-                        break                          # a hole: nothing past it counts
-                    valid = cqs.valid_units(topic, qid, fi, self.cl_end)
-                    hi = fi * upf + valid
-                    if valid < upf:
-                        break
-                lo = cqs.min_offset_from(topic, qid, files[0] * upf, hi, self.cl_min)
+                first, hi = ext
+                lo = cqs.min_offset_from(topic, qid, first, hi, self.cl_min)
                 out[(topic, qid)] = QueueExtent(topic, qid, lo, hi)
         finally:
             cqs.close()
