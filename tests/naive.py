@@ -53,6 +53,13 @@ CQ_DONE = 0
 CQ_FULL = 1
 CQ_BAD = 2
 
+# split_batch statuses
+BATCH_OK = 0
+BATCH_TRUNCATED = -1
+BATCH_TOO_MANY = -2
+BATCH_PROPS_TOO_LONG = -3
+PROPERTIES_BYTES_MAX = 32767        # PROPERTIESLENGTH is an int16
+
 
 def to_signed(value: int, bits: int) -> int:
     """The two's-complement reading of the low ``bits`` bits of ``value``."""
@@ -388,3 +395,133 @@ def last_nonzero(buf: bytes, start: int) -> int:
         if buf[i]:
             return i
     return -1
+
+
+# ---------------------------------------------------------------- batch bodies
+def split_batch(body: bytes, max_entries: int, suffix: bytes) -> tuple[list[tuple], int]:
+    """A SEND_BATCH_MESSAGE body (reference §5.5) entry by entry: TOTALSIZE,
+    MAGICCODE, BODYCRC, FLAG, BODYLEN + body, PROPERTIESLEN + properties,
+    every field inside the entry's TOTALSIZE and the entry inside the body.
+    MAGICCODE and BODYCRC are not checked: clients write 0 to both and
+    RocketMQ's ``MessageDecoder.decodeMessages`` reads past them.
+    Returns ((flag, body position, body length, stored properties) for each
+    entry read, status); the stored properties are the entry's, then a
+    \x02 if they are non-empty, do not end with one and ``suffix`` is
+    non-empty, then ``suffix`` (``needAppendLastPropertySeparator``)."""
+    entries: list[tuple] = []
+    pos = 0
+    while pos < len(body):
+        if len(entries) == max_entries:
+            return entries, BATCH_TOO_MANY
+        if len(body) - pos < 4:
+            return entries, BATCH_TRUNCATED
+        (total,) = struct.unpack_from(">i", body, pos)
+        if total < 0 or pos + total > len(body):
+            return entries, BATCH_TRUNCATED
+        r = _Reader(body[pos:pos + total])
+        try:
+            r.int("i"), r.int("I"), r.int("i")          # TOTALSIZE, MAGICCODE, BODYCRC
+            flag = r.int("i")
+            body_len = r.int("i")
+            body_at = pos + r.at
+            r.take(body_len)
+            props = r.take(r.int("h"))
+        except (_Invalid, struct.error):
+            return entries, BATCH_TRUNCATED
+        if r.at != total:
+            return entries, BATCH_TRUNCATED
+        sep = b"\x02" if suffix and props and not props.endswith(b"\x02") else b""
+        stored = props + sep + suffix
+        if len(stored) > PROPERTIES_BYTES_MAX:
+            return entries, BATCH_PROPS_TOO_LONG
+        entries.append((flag, body_at, body_len, stored))
+        pos += total
+    return entries, BATCH_OK
+
+
+# ------------------------------------------------------------ columnar decode
+def records_at(segment: bytes, phy_base: int, units: list[tuple[int, int]]) -> list[tuple]:
+    """Scan rows of the records ConsumeQueue units (phy, size) point at, up
+    to the first unit that is not exactly one whole valid message record of
+    its size inside ``segment`` (a PAD, a blank, a record of another size, a
+    position outside the segment: the reader stops there)."""
+    rows = []
+    for phy, size in units:
+        pos = phy - phy_base
+        if not (0 <= pos and 0 < size and pos + size <= len(segment)):
+            break
+        got, _, _ = scan_records(segment, pos, pos + size, phy_base, False)
+        if len(got) != 1 or got[0][1] != size:
+            break
+        rows.append(got[0])
+    return rows
+
+
+def host_text(ip: bytes, port: int) -> str:
+    """``a.b.c.d:port``, or ``[h:h:h:h:h:h:h:h]:port`` with each group in
+    lower-case hex without leading zeros and no ``::`` shortening; a
+    negative port reads as 0."""
+    if len(ip) == 4:
+        addr = ".".join(str(b) for b in ip)
+    else:
+        addr = "[" + ":".join(f"{g:x}" for g in struct.unpack(">8H", ip)) + "]"
+    return f"{addr}:{max(port, 0)}"
+
+
+def offset_msg_id(store_ip: bytes, store_port: int, phy: int) -> str:
+    """RocketMQ's offsetMsgId (reference §6.1): upper-case hex of the store
+    host's ip, its int32 port, then the int64 phy offset."""
+    return (store_ip + struct.pack(">iq", store_port, phy)).hex().upper()
+
+
+def arrow_columns(segment: bytes, phy_base: int, row: tuple) -> dict:
+    """Every column ``arrow_columns`` fills for the record that a scan row
+    (SCAN_COLUMNS order) describes, read again from the layout table: TAGS
+    and KEYS are None when Java's parser keeps no such property; msgId is
+    UNIQ_KEY when kept, else the offsetMsgId; times in microseconds."""
+    phy, size = row[0], row[1]
+    f = parse_record(segment[phy - phy_base:phy - phy_base + size])
+    assert f is not None, "the twin takes rows of valid records only"
+    props = f["properties"]
+    uniq = find_property(props, "UNIQ_KEY")
+    return {
+        "queueId": f["queue_id"], "queueOffset": f["queue_offset"],
+        "commitLogOffset": f["phy_offset"], "storeSize": f["size"], "sysFlag": f["sysflag"],
+        "flag": f["flag"],
+        # microseconds as an int64 (a time past 2**63 us wraps, as the product does)
+        "bornTimestamp": to_signed(f["born_timestamp"] * 1000, 64),
+        "storeTimestamp": to_signed(f["store_timestamp"] * 1000, 64),
+        "topic": f["topic"], "body": f["body"], "properties": props,
+        "tags": find_property(props, "TAGS"), "keys": find_property(props, "KEYS"),
+        "bornHost": host_text(f["born_ip"], f["born_port"]).encode(),
+        "storeHost": host_text(f["store_ip"], f["store_port"]).encode(),
+        "msgId": uniq if uniq is not None else offset_msg_id(
+            f["store_ip"], f["store_port"], f["phy_offset"]).encode(),
+    }
+
+
+def property_spans(dat: bytes, offs: list[int]) -> list[list[tuple[int, int, int, int]]]:
+    """For each row's properties string dat[offs[i]:offs[i+1]], its pieces
+    that Java's parser keeps (name and value both non-empty), in order,
+    duplicates included, as (name start, name length, value start, value
+    length) positions in ``dat``."""
+    rows = []
+    for i in range(len(offs) - 1):
+        pieces = []
+        at = offs[i]
+        for piece in dat[offs[i]:offs[i + 1]].split(b"\x02"):
+            name, sep, value = piece.partition(b"\x01")
+            if sep and name and value:
+                pieces.append((at, len(name), at + len(name) + 1, len(value)))
+            at += len(piece) + 1
+        rows.append(pieces)
+    return rows
+
+
+def gather_spans(dat: bytes, spans: list[tuple[int, int]]) -> tuple[list[int], bytes]:
+    """The spans dat[start:start+length] laid end to end: (m+1 offsets, bytes)."""
+    offs, out = [0], b""
+    for start, length in spans:
+        out += dat[start:start + length]
+        offs.append(len(out))
+    return offs, out

@@ -27,10 +27,15 @@ def records_at(buf, phy_base, phys, sizes, start, count, tags_key, out):
     header parser accepts exactly one record of the unit's size there)."""
     seg = buf.shape[0]
     for i in range(count):
-        pos = phys[start + i] - phy_base
+        phy = phys[start + i]
         size = sizes[start + i]
-        if pos < 0 or size <= 0 or pos + size > seg:
+        # Compared without a sum that can wrap (phy_base >= 0): a torn unit's
+        # phy near 2**63 made pos + size wrap negative, pass the bounds check
+        # and the scan read far outside buf (found by the naive twin's
+        # adversarial units: it crashed the reader)
+        if phy < phy_base or size <= 0 or size > seg - (phy - phy_base):
             return i
+        pos = phy - phy_base
         n, _, _ = _scan_headers(buf, pos, pos + size, phy_base, tags_key, out[i:i + 1])
         if n != 1 or out[i, S_SIZE] != size:
             return i
