@@ -70,6 +70,9 @@ class Connection(asyncio.BufferedProtocol):
         self._out: list[bytes] = []            # frames queued this loop turn
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        # requests from the broker being served: the loop keeps only a weak
+        # reference to a task, so one nobody holds can vanish mid-await
+        self._serving: set[asyncio.Task] = set()
 
     @property
     def pending(self) -> dict:
@@ -205,7 +208,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def _request_received(self, cmd: RemotingCommand) -> None:
         if self.on_request is not None:
-            self._loop.create_task(self._serve(cmd))
+            task = self._loop.create_task(self._serve(cmd))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
 
     async def _serve(self, cmd: RemotingCommand) -> None:
         try:
