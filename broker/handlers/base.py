@@ -32,7 +32,7 @@ from ..config import BrokerConfig
 from ..parking import Parking, Reply
 from ..registry import Registry
 from ..stats import RuntimeStats
-from ..topics import PERM_WRITE, Tables
+from ..topics import PERM_WRITE, Tables, TopicConfig
 from .subscription import Subscription
 
 __all__ = ["PARKED", "Broker", "Peer", "Reply", "born_host", "int_or", "json_body", "json_reply"]
@@ -98,12 +98,11 @@ class Broker:
         self.parking = parking
         self.store_host = (config.brokerIP1, config.listenPort)
         self.store_host_raw = host_raw(*self.store_host)
-        self.send_topics: dict[str, tuple[int, dict]] = {}   # topic → (config_epoch, config)
-        self.pull_topics: dict[tuple[str, str], tuple[int, dict]] = {}   # (group, topic) → same
+        self.send_topics: dict[str, tuple[int, TopicConfig]] = {}   # topic → (config_epoch, config)
+        self.pull_topics: dict[tuple[str, str], tuple[int, TopicConfig]] = {}   # (group, topic) → same
         ip = ipaddress.ip_address(config.brokerIP1).packed
         self.msgid_prefix = (ip + config.listenPort.to_bytes(4, "big")).hex().upper()
         self.cluster_prop = f"CLUSTER\x01{config.brokerClusterName}"
-        self.seg_bytes = config.store.mappedFileSizeCommitLog
         self.delay_levels = config.delay_levels_ms
         self.boot_ms = int(time.time() * 1000)
         self.put_count = 0
