@@ -154,6 +154,12 @@ class BrokerConfig:
     # of the topic and across restarts; 0 = off (RocketMQ's behaviour: both
     # stored). 40 bytes of shared memory per entry
     sendDedupWindowSize: int = 65536
+    # shmq: a client on this host, run by the OS user that owns the store,
+    # may append to the store itself instead of sending over a socket
+    # (client/direct.py: the store's files and shared memory are owner-only,
+    # so the OS enforces who can). Asked over the Unix socket; never offered
+    # with aclEnable (an account's permissions are the broker's to check)
+    directAppendEnable: bool = True
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self):

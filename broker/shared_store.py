@@ -36,7 +36,7 @@ from shmq.core import dedup, jit
 from shmq.core.retention import publish_disk_full
 from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, TagsCodeRule, recover
-from shmq.core.state import STATE_RUNNING, StoreState, state_bytes
+from shmq.core.state import STATE_RUNNING, STATE_STOPPING, StoreState, state_bytes
 from shmq.core.store import MessageStore, flush_all, init_state
 from shmq.ipc.control import (LOCK_GRACE_S, FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
                               WANT_FLUSH, WANT_PUBLISH, ControlBlock, NotRunning, pid_alive)
@@ -224,7 +224,12 @@ class StoreOwner:
             time.sleep(0.01)
 
     def close(self) -> None:
-        """Clean shutdown: everything flushed and checkpointed, abort removed."""
+        """Clean shutdown: everything flushed and checkpointed, abort removed.
+        New claims are refused first (``StoreStopping``): the workers are
+        gone by now, but a client appending directly (client/direct.py) may
+        not be, and what it claims after the last flush would not be in it."""
+        if self.store is not None:
+            self.store.state.set("state", STATE_STOPPING)
         if self.flusher is not None and self.flusher.is_alive():
             self.flusher.terminate()
             self.flusher.join(FLUSHER_STOP_TIMEOUT_S)

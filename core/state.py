@@ -130,6 +130,7 @@ I_LAST_STORE_TS = _W["last_store_ts"]
 I_PUBLISH_SEQ = _W["publish_seq"]
 I_QUEUE_POS = _W["queue_pos"]
 I_DEDUP_SEQ = _W["dedup_seq"]
+I_STATE = _W["state"]
 
 # The claim ring.
 RING_ENTRIES = 256            # claims in flight at most; a claimant waits when it is full
@@ -163,6 +164,11 @@ STATE_NEW, STATE_RUNNING, STATE_STOPPING = 0, 1, 2
 
 class StoreFullError(RuntimeError):
     """The queue table has no free slot (raise maxQueueSlots)."""
+
+
+class StoreStopping(RuntimeError):
+    """The owner is closing the store: no new claim is taken (a process
+    appending beside the broker's workers, client/direct.py, then stops)."""
 
 
 class ThreadLock:

@@ -74,8 +74,8 @@ from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
 from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_SLOT, E_START,
                     E_CLAIMED_MS, E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
                     I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ, I_QUEUE_POS, I_WRITE_POS,
-                    Q_CLAIM, Q_NEXT, Q_WORDS, QUEUE_BASE, RING_BASE, RING_ENTRIES, STATE_RUNNING,
-                    StoreState, me, owner_alive)
+                    I_STATE, Q_CLAIM, Q_NEXT, Q_WORDS, QUEUE_BASE, RING_BASE, RING_ENTRIES,
+                    STATE_RUNNING, STATE_STOPPING, StoreState, StoreStopping, me, owner_alive)
 
 # Above this many dirty ConsumeQueues one syncfs beats a sync per file
 # (each costs a journal commit, ~0.3 ms here).
@@ -261,6 +261,8 @@ class MessageStore:
         while True:
             lock.acquire()
             try:
+                if w[I_STATE] == STATE_STOPPING:       # the owner closes: its last flush is next
+                    raise StoreStopping(f"the store {self.root} is closing")
                 if slot < 0:
                     slot = self.state.queue_slot_create(topic, qid)
                 seq = w[I_CLAIM_SEQ]

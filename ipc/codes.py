@@ -111,6 +111,10 @@ class RequestCode(enum.IntEnum):
     RESUME_CHECK_HALF_MESSAGE = 323
     GET_ALL_PRODUCER_INFO = 328
     DELETE_EXPIRED_COMMITLOG = 329
+    # shmq's own (RocketMQ's codes stay far below): a client on the broker's
+    # host asks, over the Unix socket, how to append to the store directly
+    # (client/direct.py); another broker answers REQUEST_CODE_NOT_SUPPORTED
+    SHMQ_DIRECT_INFO = 47001
 
 
 @enum.unique

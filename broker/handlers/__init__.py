@@ -30,6 +30,7 @@ One module per idea, each over ``base``:
     admin         topics, groups, broker config, runtime info, views, lookups
     retry         CONSUMER_SEND_MSG_BACK (%RETRY% / %DLQ%)
     transactions  END_TRANSACTION
+    direct        SHMQ_DIRECT_INFO (a local client appends to the store itself)
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from ..config import BrokerConfig
 from ..parking import Parking
 from ..registry import Registry
 from ..topics import Tables
-from . import admin, clients, offsets, pull, retry, send, transactions
+from . import admin, clients, direct, offsets, pull, retry, send, transactions
 from .base import PARKED, Broker, Peer, Reply, born_host
 from .subscription import Subscription, parse_subscription
 
@@ -90,6 +91,7 @@ HANDLERS: dict[int, Callable] = {
     RC.QUERY_TOPIC_CONSUME_BY_WHO: admin.topic_consumed_by,
     RC.CONSUMER_SEND_MSG_BACK: retry.send_back,
     RC.END_TRANSACTION: transactions.end_transaction,
+    RC.SHMQ_DIRECT_INFO: direct.direct_info,
 }
 
 
