@@ -116,6 +116,30 @@ class CommitLog:
         call, before a sequential read of them."""
         self.files.prefault(self.handle(start), begin, end)
 
+    def will_need(self, begin: int, end: int) -> None:
+        """Read [begin, end) ahead into the page cache, in the background
+        (``FileLayer.will_need``), segment by segment; missing ones skipped."""
+        self._each(begin, end, lambda h, lo, hi: self.files.will_need(h, lo, hi))
+
+    def drop(self, begin: int, end: int, cold: bool = False) -> None:
+        """Give back this process's mapped pages of [begin, end)
+        (``FileLayer.drop``): a scan done with a range. Only segments this
+        process has open are touched (nothing is opened to drop it)."""
+        self._each(begin, end, lambda h, lo, hi: self.files.drop(h, lo, hi, cold), opened=True)
+
+    def _each(self, begin: int, end: int, fn, opened: bool = False) -> None:
+        pos = begin
+        while pos < end:
+            start = self.segment_start(pos)
+            stop = min(end, start + self.segment_bytes)
+            try:
+                h = self._open.get(start) if opened else self.handle(start)
+            except SegmentMissing:
+                h = None
+            if h is not None:
+                fn(h, pos - start, stop - start)
+            pos = stop
+
     def open_segments(self) -> list[int]:
         return list(self._open)
 

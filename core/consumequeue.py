@@ -24,6 +24,9 @@ from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, offset_to_file_name
 
 _UNIT = struct.Struct(">qiq")   # layout.CQ_UNIT_DTYPE
 
+# Units a walk over a file reads ahead at a time (320 KiB).
+WALK_UNITS = 1 << 14
+
 # A tag filter that matches everything ("*").
 ALL_TAGS = np.zeros(0, dtype=np.int64)
 
@@ -167,7 +170,18 @@ class ConsumeQueues:
         cq = self.mapped(topic, queue_id, file_index, create=False)
         if cq is None:
             return 0
-        return int(K.cq_valid_units(cq, 0, self.units_per_file, cl_end)[0])
+        # window by window, each read ahead first: a sparse file's unwritten
+        # tail is never read (it would fill the page cache with zeros)
+        h = self._open[(topic, queue_id, file_index)]
+        upf, n = self.units_per_file, 0
+        while n < upf:
+            k = min(WALK_UNITS, upf - n)
+            self.files.will_need(h, n * CQ_UNIT_BYTES, (n + k) * CQ_UNIT_BYTES)
+            valid = int(K.cq_valid_units(cq, n, k, cl_end)[0])
+            n += valid
+            if valid < k:
+                break
+        return n
 
     def valid_extent(self, topic: str, queue_id: int, cl_end: int) -> tuple[int, int] | None:
         """(first queue offset on disk, offset past the last valid unit) of a
@@ -175,20 +189,50 @@ class ConsumeQueues:
         each other without a hole, up to the first that is not a real
         position ending at or before ``cl_end`` (``valid_units``). None if
         the queue has no files. Recovery keeps these; an offline view reads
-        them (changes nothing)."""
+        them (changes nothing).
+
+        Only the tail is read (RocketMQ checks the last files too): a file
+        whose last unit is valid was wholly written below ``cl_end`` —
+        units are appended in queue order, and recovery's ``cl_end`` (its
+        scan start) lies at or below the checkpoint's ConsumeQueue flushed
+        position, so every unit before that one was durable — and it and
+        every file before it are trusted without reading them. The files
+        after the last such file are walked unit by unit, read ahead in
+        large requests (``FileLayer.will_need``) rather than faulted a page
+        at a time through their MADV_RANDOM mapping. A unit damaged on disk
+        below that point is not seen here: the scrub and the pulls'
+        ``checkCRCOnRead`` find what it points at (see ``core/recovery.py``)."""
         files = self.list_files(topic, queue_id)
         if not files:
             return None
         upf = self.units_per_file
-        first = kept = files[0] * upf
-        for fi in files:
-            if fi * upf != kept:
-                break                          # a hole: nothing past it counts
+        first = files[0] * upf
+        run = 1                                # files that follow each other without a hole
+        while run < len(files) and files[run] == files[0] + run:
+            run += 1
+        trusted = 0                            # files[:trusted] are trusted whole
+        for i in range(run - 1, -1, -1):
+            cq = self.mapped(topic, queue_id, files[i], create=False)
+            if cq is not None and K.cq_valid_units(cq, upf - 1, 1, cl_end)[0] == 1:
+                trusted = i + 1
+                break
+        kept = first + trusted * upf
+        for fi in files[trusted:run]:
             n = self.valid_units(topic, queue_id, fi, cl_end)
             kept = fi * upf + n
             if n < upf:
                 break
         return first, kept
+
+    def will_need(self, topic: str, queue_id: int, offset: int, count: int) -> None:
+        """Read units [offset, offset + count) ahead into the page cache
+        (``FileLayer.will_need``), within one file; nothing if it is missing."""
+        fi, rel = divmod(offset, self.units_per_file)
+        if self.mapped(topic, queue_id, fi, create=False) is None:
+            return
+        n = min(count, self.units_per_file - rel)
+        self.files.will_need(self._open[(topic, queue_id, fi)], rel * CQ_UNIT_BYTES,
+                             (rel + n) * CQ_UNIT_BYTES)
 
     def flush(self, topic: str, queue_id: int, begin: int, end: int) -> None:
         """Make units [begin, end) durable: one sync per file they touch."""

@@ -255,6 +255,50 @@ class FileLayer:
         except OSError:
             pass   # older kernel: the faults happen one by one instead
 
+    def will_need(self, h: Handle, begin: int, end: int) -> None:
+        """Start reading [begin, end) of the file into the page cache in the
+        background, in large requests (posix_fadvise WILLNEED on the
+        descriptor, or MADV_WILLNEED on the mapping of a ``map_only`` file:
+        both read ahead whatever the mapping's own advice, MADV_RANDOM
+        included). For a reader about to walk a cold range: its faults then
+        find the pages instead of reading them one at a time. Best effort."""
+        begin, end = max(begin, 0), min(end, h.size)
+        if end <= begin:
+            return
+        try:
+            if h.fd >= 0:
+                os.posix_fadvise(h.fd, begin, end - begin, os.POSIX_FADV_WILLNEED)
+            elif h._mmap is not None:
+                begin -= begin % PAGE_BYTES
+                h._mmap.madvise(mmap.MADV_WILLNEED, begin, end - begin)
+        except (OSError, ValueError):
+            pass
+
+    def drop(self, h: Handle, begin: int, end: int, cold: bool = False) -> None:
+        """Give back this process's pages of [begin, end) of a mapped file,
+        whole pages only (MADV_DONTNEED on the MAP_SHARED mapping): they
+        leave the process's RSS; the page cache keeps them (a dirty page
+        stays dirty: nothing written is lost) and a later read faults them
+        back. For a scan that is done with a range, so a process that walks
+        the whole store holds one window of it at a time. ``cold``: the
+        range is also of no use to anyone soon (far below the write
+        position): the clean pages leave the page cache too (posix_fadvise
+        DONTNEED; needs the descriptor). Best effort."""
+        begin = -(-max(begin, 0) // PAGE_BYTES) * PAGE_BYTES     # whole pages inside the range
+        end = min(end, h.size)
+        if end < h.size:
+            end -= end % PAGE_BYTES
+        if h._mmap is not None and end > begin:
+            try:
+                h._mmap.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+            except (OSError, ValueError):
+                pass
+        if cold and h.fd >= 0 and end > begin:
+            try:
+                os.posix_fadvise(h.fd, begin, end - begin, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+
     def pwrite(self, h: Handle, data, offset: int) -> None:
         if h.fd < 0:
             self.map(h)[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
@@ -416,6 +460,12 @@ class SimFileLayer(FileLayer):
 
     def prefault(self, h, begin, end):
         pass
+
+    def will_need(self, h, begin, end):
+        pass                      # in memory already
+
+    def drop(self, h, begin, end, cold=False):
+        pass                      # the bytes are the file: nothing to give back
 
     def pwrite(self, h, data, offset):
         mv = memoryview(data).cast("B")

@@ -45,6 +45,27 @@ the checkpoint.
    offsets do not continue its kept units has lost units: the whole store is
    re-dispatched from the first segment.
 
+What recovery does not read, and what checks it instead. Start time must
+not grow with the backlog (a hundred million messages stored start in
+seconds), so recovery reads only what the checkpoint does not cover: the
+CommitLog from the segment holding the flushed positions (step 2), and of
+each ConsumeQueue only its last files — those after the last file whose
+last unit points wholly below the scan start (``ConsumeQueues.valid_extent``:
+such a file, and every file before it, was durable when the checkpoint was
+written, so it is trusted unread, as RocketMQ trusts all but its last three
+files). A kill -9 costs the same as a clean stop: the page cache kept what
+the process wrote, and the checkpoint is at most a flush interval old. The
+walks read ahead in large requests (``FileLayer.will_need``) and give back
+each segment they are done with (``FileLayer.drop``). What was durable and
+is damaged later below the scan start — a flipped bit, a bad sector, in a
+segment or a ConsumeQueue unit — is not seen here: the scrub (``core/scrub.py``)
+checks every record of the sealed segments in the background and lists what
+fails, which the next start quarantines; a pull that reads a record from
+disk checks it (``checkCRCOnRead``) and never serves a bad one (a unit that
+points at no valid record included); ``shmq store inspect --verify`` checks
+every unit. A lost ConsumeQueue file (a hole in a queue's file sequence) is
+still found here, from the file names alone, and re-dispatched.
+
 A unit's tags code is the Java hash of the record's TAGS, as the append wrote
 it, except in topics whose caller gives a rule (``tags_code_rules``, topic →
 ``TagsCodeRule``): there the rule computes it from the records. The broker
@@ -80,6 +101,7 @@ from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, PROPERTY_TAGS, SYSFLAG_TRANSAC
     SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK, offset_to_file_name
 
 SCAN_ROWS = 1 << 16
+SCAN_AHEAD_BYTES = 32 << 20      # the scan reads this far ahead of itself (posix_fadvise)
 log = logging.getLogger("shmq.store")
 _TAGS_KEY = np.frombuffer(PROPERTY_TAGS.encode(), dtype=np.uint8)
 
@@ -308,6 +330,7 @@ def find_end(cl: CommitLog, segs: list[int], flushed: int) -> int:
         buf = cl.map(s)            # a short file (cut) maps short: past it are zeros
         pos, status = 0, K.SCAN_END
         while pos < buf.shape[0]:
+            cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES)
             _, pos, status = K.scan_records(buf, pos, buf.shape[0], s, False, K.CRC_TABLES,
                                             _TAGS_KEY[:0], out)
             if status == K.SCAN_FULL:
@@ -464,10 +487,13 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
     last_ts = 0
     end = scan_from
     for s in segs[segs.index(scan_from):]:
+        if s != scan_from:
+            cl.drop(s - cl.segment_bytes, s)   # done with the one before: out of this RSS
         buf = cl.map(s)
         pos = 0
         while True:
             begin = pos
+            cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES)   # large reads, not a fault a page
             n, pos, status = K.scan_records(buf, pos, buf.shape[0], s, check_crc, K.CRC_TABLES,
                                             _TAGS_KEY, out)
             _emit(buf, s, out[:n], begin, pos, on_rows, on_pad, rep)
