@@ -1234,3 +1234,63 @@ def test_records_at_refuses_a_unit_whose_end_wraps_past_int64_max():
     for units in ([(2**63 - 1, 100)], [(2**63 - 50, 2**31 - 1)], [(-2**63, 100)]):
         assert naive.records_at(seg.buf, 0, units) == []
         assert kernel_records_at(seg, units) == []
+
+
+# ----------------------------------- guards no generated input reaches (the
+# JIT-off run's coverage gate counts every kernel line: these are the lines
+# that only damaged files or a caller's mistake reach)
+def test_encode_batch_refuses_an_output_too_small():
+    """encode_batch returns -1 instead of writing past ``out`` (the wrapper
+    sizes it exactly, so only a bug in the wrapper would meet this)."""
+    got = []
+    real = K.encode_batch
+
+    def short(out, *args):
+        got.append(real(out[:-1], *args))
+        return real(out, *args)
+
+    with mock.patch.object(K, "encode_batch", short):
+        R.encode("T", [b"a", b"b"], properties=b"", queue_ids=[1, 1])
+    assert got == [-1]
+
+
+def test_scan_refuses_ipv6_hosts_that_do_not_fit_the_record():
+    """In process (the guard-page test above runs in a subprocess): a record
+    of the IPv4 minimum size whose SYSFLAG claims IPv6 hosts is corrupt."""
+    rec = bytearray(struct.pack(">iI", 92, L.MESSAGE_MAGIC) + bytes(84))
+    struct.pack_into(">i", rec, L.OFF_SYSFLAG, L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)
+    assert kernel_scan(bytes(rec), 0, 92, 0, False, 1) == ([], 0, K.SCAN_CORRUPT)
+    assert naive.scan_records(bytes(rec), 0, 92, 0, False) == ([], 0, naive.SCAN_CORRUPT)
+
+
+def index_file(slot_num: int, index_num: int, puts) -> np.ndarray:
+    idx = np.zeros(L.IX_HEADER_BYTES + slot_num * L.IX_SLOT_BYTES + index_num * L.IX_ENTRY_BYTES,
+                   np.uint8)
+    for key_hash, phy in puts:
+        assert K.index_put(idx, slot_num, index_num, key_hash, phy, 1_700_000_000_000)
+    return idx
+
+
+def entry_at(slot_num: int, i: int) -> int:
+    return L.IX_HEADER_BYTES + slot_num * L.IX_SLOT_BYTES + i * L.IX_ENTRY_BYTES
+
+
+def test_index_check_finds_entries_index_put_cannot_write():
+    """A negative timeDiff, and a prevIndex naming an entry of another slot
+    (a torn or overwritten file): IX_BAD_ENTRY, with the slots in use."""
+    idx = index_file(4, 8, [(1, 100), (2, 200)])
+    assert tuple(K.index_check(idx, 4, 3)) == (K.IX_OK, 2)
+    bad = idx.copy()
+    struct.pack_into(">i", bad, entry_at(4, 1) + L.IX_ENTRY_TIME_DIFF, -1)
+    assert tuple(K.index_check(bad, 4, 3)) == (K.IX_BAD_ENTRY, 2)
+    bad = idx.copy()
+    struct.pack_into(">i", bad, entry_at(4, 2) + L.IX_ENTRY_PREV, 1)   # key 2's chain -> key 1's
+    assert tuple(K.index_check(bad, 4, 3)) == (K.IX_BAD_ENTRY, 2)
+
+
+def test_index_select_stops_at_an_entry_with_a_negative_time():
+    idx = index_file(4, 8, [(1, 100), (1, 200)])
+    out = np.zeros(4, np.int64)
+    assert K.index_select(idx, 4, 8, 1, 4, 0, 2**62, out, 0) == 2
+    struct.pack_into(">i", idx, entry_at(4, 2) + L.IX_ENTRY_TIME_DIFF, -1)
+    assert K.index_select(idx, 4, 8, 1, 4, 0, 2**62, out, 0) == 0

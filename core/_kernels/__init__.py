@@ -75,7 +75,9 @@ def _stamp_together(modules=MODULES) -> None:
         for v in vars(m).values():
             cache_file = getattr(getattr(v, "_cache", None), "_cache_file", None)
             if cache_file is not None and hasattr(cache_file, "_source_stamp"):
-                cache_file._source_stamp = stamp
+                # With the JIT off (the coverage-gated run) there is no cache;
+                # tests/test_jit.py checks this line with the JIT on.
+                cache_file._source_stamp = stamp   # pragma: no cover
 
 
 _stamp_together()
