@@ -57,6 +57,10 @@ PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbe
                        "itemsize": 64})
 _HDR = ["magic", "version", "proc_slots", "region_offset", "region_bytes", "owner_pid",
         "owner_start", "lock_owner_pid", "lock_owner_start", "retired"]
+# The layouts drawn in the header, checked against the dtypes at import.
+assert len(_HDR) * 8 <= HEADER_BYTES, "control block: the ipc header outgrew its 128 bytes"
+assert PROC_DTYPE.itemsize == 64 and [PROC_DTYPE.fields[n][1] for n in PROC_DTYPE.names] == [
+    0, 8, 16, 24, 32, 40, 48], "control block: PROC_DTYPE is not the process slot drawn above"
 
 # process slot flags (all in the flags word's low byte: wake_flagged reads only that)
 WANT_PUBLISH = 1   # has parked pulls: wake me when messages are published
@@ -407,6 +411,11 @@ class ControlBlock:
 
     def release_dead_lock(self) -> None:
         """Release the lock a dead process held (after repairing its append)."""
+        owner = int(self.hdr_lock_owner[0])
+        assert self.sem.value == 0, "lock repair: releasing an append lock nobody holds " \
+            "would let two processes in at once"
+        assert not owner or not pid_alive(owner, int(self.hdr_lock_owner_start[0])), \
+            f"lock repair: the append lock is recorded as held by live pid {owner}"
         self.hdr_lock_owner[0] = 0
         self.sem.release()
 
