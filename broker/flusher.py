@@ -165,8 +165,16 @@ class Flusher:
                                else ""), self.cfg.diskSpaceWarningLevelRatio)
 
     def flush_commitlog(self) -> None:
-        before = self.store.state.flushed_pos
-        if self.store.flush_commitlog() > before:
+        st = self.store.state
+        before = st.flushed_pos
+        target = self.store.flush_commitlog()
+        # What sync sends wait on (flushed_pos >= their end): it may only grow,
+        # and only to a published position (bytes below it are all written).
+        after = st.flushed_pos
+        assert before <= after <= st.write_pos, (
+            f"group commit: flushed_pos went from {before} to {after} (write_pos "
+            f"{st.write_pos}); it never goes backwards nor past what is published")
+        if target > before:
             self.flushes += 1
             if self.cb is not None:
                 self.cb.wake_flagged(WANT_FLUSH)
