@@ -263,6 +263,23 @@ class Pad:
 _PAD_HEAD = struct.Struct(">iIqiqiB")
 
 
+def _field_offsets(fmt: str) -> list[int]:
+    """Offset of each field of a big-endian ``struct`` format (no padding)."""
+    return [struct.calcsize(">" + fmt[:i]) for i in range(len(fmt))]
+
+
+# The record and PAD tables drawn in the header, checked at import against
+# the offsets the code uses (one of them edited without the other fails here).
+assert _field_offsets("iIiiiqqiq") + [struct.calcsize(">iIiiiqqiq")] == [
+    OFF_TOTALSIZE, OFF_MAGIC, OFF_BODYCRC, OFF_QUEUEID, OFF_FLAG, OFF_QUEUEOFFSET,
+    OFF_PHYSICALOFFSET, OFF_SYSFLAG, OFF_BORNTIMESTAMP, OFF_BORNHOST], "record: fixed fields"
+assert RECORD_FIXED_BYTES == OFF_BORNHOST + HOST_V4_BYTES + 8 + HOST_V4_BYTES + struct.calcsize(
+    ">iqibh"), "record: RECORD_FIXED_BYTES is not the drawn fields' sum"
+assert _field_offsets(_PAD_HEAD.format[1:]) == [
+    OFF_TOTALSIZE, OFF_MAGIC, PAD_OFF_PHYSICALOFFSET, PAD_OFF_QUEUEID, PAD_OFF_QUEUEOFFSET,
+    PAD_OFF_UNITS, PAD_OFF_TOPIC] and _PAD_HEAD.size == PAD_FIXED_BYTES, "PAD record: fields"
+
+
 def pad_header(pad: Pad) -> bytes:
     """The first bytes of a PAD record (the rest of its range is zeros)."""
     tb = pad.topic.encode()
