@@ -234,9 +234,13 @@ class MessageStore:
             except BaseException:   # finished, but not ours to publish now: anyone's
                 w[e + E_PID] = 0
                 raise
+        qn = QUEUE_BASE + slot * Q_WORDS + Q_NEXT
+        assert w[I_WRITE_POS] == start and w[qn] == q0, (
+            "publish: claims publish in claim order, back to back: write_pos and the "
+            "queue's next offset must be where this claim began", w[I_WRITE_POS], start, q0)
         w[I_LAST_STORE_TS] = ts
         w[I_WRITE_POS] = end
-        w[QUEUE_BASE + slot * Q_WORDS + Q_NEXT] = q0 + nq
+        w[qn] = q0 + nq
         w[I_QUEUE_POS] = end
         if self._sync:
             w[I_FLUSH_REQUEST_POS] = end
@@ -281,6 +285,8 @@ class MessageStore:
                     start = w[I_CLAIM_POS]
                     seg_end = start - start % seg + seg
                     phy = seg_end if nbytes + END_FILE_MIN_BLANK_BYTES > seg_end - start else start
+                    assert phy % seg + nbytes + END_FILE_MIN_BLANK_BYTES <= seg, \
+                        "claim: a claim lies in one segment, with room for a blank after it"
                     if dh:   # entry, then dedup_seq, then the head (core.dedup)
                         de = self._de + top % self._dn * _ENT
                         w[de] = dh
@@ -560,6 +566,9 @@ class MessageStore:
                 break
             forward += w[e + E_PID] != 0
             self._publish(seq)
+        assert w[I_PUBLISH_SEQ] <= w[I_CLAIM_SEQ] <= w[I_PUBLISH_SEQ] + RING_ENTRIES and (
+            w[I_WRITE_POS] <= w[I_CLAIM_POS]), ("repair: publish_seq <= claim_seq within a ring, "
+                                               "write_pos <= claim_pos")
         self.repair_pending = any(w[_entry(s) + E_STATE] == DONE and dead(_entry(s))
                                   for s in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]))
         what = [f"{k} {name}" for k, name in ((rolled, "rolled back"), (padded, "padded"),
@@ -586,7 +595,8 @@ class MessageStore:
         for records, and hand its range and queue offsets out again."""
         w, st = self._w, self.state
         e = _entry(seq)
-        assert w[I_CLAIM_SEQ] == seq + 1, (w[I_CLAIM_SEQ], seq)
+        assert w[I_CLAIM_SEQ] == seq + 1 and seq >= w[I_PUBLISH_SEQ], (
+            "roll back: only the last claim, never a published one", w[I_CLAIM_SEQ], seq)
         start, end, slot, q0, q_end = (w[e + E_START], w[e + E_END], w[e + E_SLOT], w[e + E_Q0],
                                        w[e + E_QEND])
         self.cl.zero(start, end)
@@ -604,6 +614,8 @@ class MessageStore:
         and its queue offsets padding units (``layout``)."""
         w = self._w
         e = _entry(seq)
+        assert w[I_PUBLISH_SEQ] <= seq < w[I_CLAIM_SEQ], (
+            "pad: only a claim made and not yet published", seq)
         start, phy, end, slot, q0, q_end = (w[e + E_START], w[e + E_PHY], w[e + E_END],
                                             w[e + E_SLOT], w[e + E_Q0], w[e + E_QEND])
         topic, qid = self.state.slot_key(slot)
@@ -621,7 +633,11 @@ class MessageStore:
         turn is ours: lock held, publish_seq == seq)."""
         w = self._w
         e = _entry(seq)
-        assert w[I_PUBLISH_SEQ] == seq and w[e + E_SEQ] == seq, (w[I_PUBLISH_SEQ], seq)
+        assert w[I_PUBLISH_SEQ] == seq and w[e + E_SEQ] == seq, (
+            "repair publishes the claim whose turn it is", w[I_PUBLISH_SEQ], seq)
+        assert w[I_WRITE_POS] == w[e + E_START] and (
+            w[QUEUE_BASE + w[e + E_SLOT] * Q_WORDS + Q_NEXT] == w[e + E_Q0]), (
+            "publish: claims publish in claim order, back to back", seq)
         end = w[e + E_END]
         w[I_LAST_STORE_TS] = w[e + E_TS]
         w[I_WRITE_POS] = end
@@ -752,6 +768,8 @@ class MessageStore:
         target = st.write_pos
         ts = st.get("last_store_ts")
         done = st.flushed_pos
+        assert target >= done, ("flush: flushed_pos is a past write_pos, never ahead of it",
+                                done, target)
         if target > done:
             self.cl.flush(done, target)
             st.set("flushed_store_ts", ts)
