@@ -308,6 +308,11 @@ def recover(config: StoreConfig, files: FileLayer,
         # make it durable before anyone counts it as flushed.
         cl.flush(scan_from, end)
         damage.clear()                          # quarantined above, or no longer there
+        assert cl_min <= scan_from <= end <= segs[-1] + seg, (
+            "recovery: the end lies in the kept segments, at or past where the scan began",
+            cl_min, scan_from, end)
+        assert all(0 <= q.min_offset <= q.max_offset for q in queues), (
+            "recovery: every queue's min offset is at or below its max")
         rep.seconds = time.perf_counter() - t0
         return Recovered(rep, end, cl_min, last_ts, queues)
     finally:
