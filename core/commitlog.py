@@ -25,7 +25,7 @@ import struct
 import numpy as np
 
 from .files import FileLayer, Handle
-from .layout import BLANK_MAGIC_I32, offset_to_file_name
+from .layout import BLANK_MAGIC_I32, END_FILE_MIN_BLANK_BYTES, offset_to_file_name
 
 
 _BLANK = struct.Struct(">ii")   # TOTALSIZE, MAGICCODE
@@ -103,7 +103,7 @@ class CommitLog:
     def ensure_segment(self, start: int) -> Handle:
         """Open the segment at ``start``, creating it (zero-filled, atomically)
         if nobody has yet; the flusher usually has, ahead of the writer."""
-        assert start % self.segment_bytes == 0
+        assert start % self.segment_bytes == 0, ("a segment starts at a multiple of its size", start)
         if start not in self._open and not self.files.exists(self.path(start)):
             self.files.create_preallocated(self.path(start), self.segment_bytes)
         return self.handle(start)
@@ -163,7 +163,8 @@ class CommitLog:
     def blank(self, phy: int) -> bytes:
         """The BLANK record that ends the segment holding ``phy`` there."""
         left = self.segment_start(phy) + self.segment_bytes - phy
-        assert left >= 8
+        assert left >= END_FILE_MIN_BLANK_BYTES, (
+            "a claim leaves room for the blank that ends its segment", phy, left)
         return _BLANK.pack(left, BLANK_MAGIC_I32)
 
     def write_blank(self, phy: int) -> int:
