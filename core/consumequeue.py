@@ -23,6 +23,7 @@ from .files import FileLayer, Handle
 from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, offset_to_file_name
 
 _UNIT = struct.Struct(">qiq")   # layout.CQ_UNIT_DTYPE
+assert _UNIT.size == CQ_UNIT_DTYPE.itemsize, "ConsumeQueue unit: struct and dtype differ"
 
 # Units a walk over a file reads ahead at a time (320 KiB).
 WALK_UNITS = 1 << 14
@@ -105,6 +106,8 @@ class ConsumeQueues:
             sizes: np.ndarray, codes: np.ndarray, start: int, count: int) -> None:
         """Write ``count`` units from arrays[start:] at queue offsets
         first_offset, first_offset+1, … (crossing file boundaries as needed)."""
+        assert first_offset >= 0 and start >= 0 and count >= 0, (
+            "ConsumeQueue: queue offsets and counts are never negative", first_offset, count)
         upf = self.units_per_file
         while count > 0:
             fi, rel = divmod(first_offset, upf)
@@ -118,6 +121,8 @@ class ConsumeQueues:
     def put_one(self, topic: str, queue_id: int, offset: int, phy: int, size: int,
                 tags_code: int) -> None:
         """Write one unit (a single send: no arrays, no kernel call)."""
+        assert offset >= 0 and phy >= 0 and 0 < size < K.CQ_PAD_SIZE, (
+            "ConsumeQueue: a record's unit names a real position and size", offset, phy, size)
         fi, rel = divmod(offset, self.units_per_file)
         h = self._open.get((topic, queue_id, fi))
         cq = h.array if h is not None else self.mapped(topic, queue_id, fi, create=True)
