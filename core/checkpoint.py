@@ -44,6 +44,9 @@ CHECKPOINT_MAGIC = 0x73686D71636B7074
 _CKPT = np.dtype([("physic_ts", ">i8"), ("logics_ts", ">i8"), ("index_ts", ">i8"),
                   ("master_flushed", ">i8"), ("confirm_phy", ">i8"), ("magic", ">i8"),
                   ("cl_flushed", ">i8"), ("cq_flushed", ">i8")])
+# the page drawn above: eight int64s at 0, 8, .. 56, inside one page
+assert [_CKPT.fields[n][1] for n in _CKPT.names] == list(range(0, 64, 8)) and (
+    _CKPT.itemsize <= CHECKPOINT_BYTES), "checkpoint: _CKPT is not the page drawn in the header"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,17 @@ _HDR = np.dtype({"names": ["rows", "epoch", "used"], "formats": [np.int64] * 3,
                  "offsets": [0, 8, 16], "itemsize": HEADER_BYTES})
 
 
+def _fields_fit(dtype: np.dtype) -> bool:
+    """No two fields of an explicit-offsets dtype overlap and all fit its
+    itemsize (numpy accepts overlapping offsets without a word)."""
+    spans = sorted((off, t.itemsize) for t, off, *_ in (dtype.fields[n] for n in dtype.names))
+    ends = [off for off, _ in spans[1:]] + [dtype.itemsize]
+    return all(off + size <= end for (off, size), end in zip(spans, ends))
+
+
+assert _fields_fit(ROW_DTYPE) and _fields_fit(_HDR), "SharedTable: a row's fields overlap"
+
+
 class TableFull(RuntimeError):
     pass
 
