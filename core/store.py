@@ -285,8 +285,6 @@ class MessageStore:
                     start = w[I_CLAIM_POS]
                     seg_end = start - start % seg + seg
                     phy = seg_end if nbytes + END_FILE_MIN_BLANK_BYTES > seg_end - start else start
-                    assert phy % seg + nbytes + END_FILE_MIN_BLANK_BYTES <= seg, \
-                        "claim: a claim lies in one segment, with room for a blank after it"
                     if dh:   # entry, then dedup_seq, then the head (core.dedup)
                         de = self._de + top % self._dn * _ENT
                         w[de] = dh
