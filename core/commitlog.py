@@ -54,6 +54,7 @@ class CommitLog:
         self.segment_bytes = segment_bytes
         self.read_only = read_only
         self._open: dict[int, Handle] = {}
+        self._random: set[str] = set()     # segments whose mapping is advised MADV_RANDOM
         if not read_only:
             files.makedirs(self.dir)
 
@@ -116,10 +117,20 @@ class CommitLog:
         call, before a sequential read of them."""
         self.files.prefault(self.handle(start), begin, end)
 
-    def will_need(self, begin: int, end: int) -> None:
+    def will_need(self, begin: int, end: int, alone: bool = False) -> None:
         """Read [begin, end) ahead into the page cache, in the background
-        (``FileLayer.will_need``), segment by segment; missing ones skipped."""
-        self._each(begin, end, lambda h, lo, hi: self.files.will_need(h, lo, hi))
+        (``FileLayer.will_need``), segment by segment; missing ones skipped.
+        ``alone``: what the caller asks for is all it will read of these
+        segments (a reader far behind, of one queue among several): their
+        mappings in this process are advised MADV_RANDOM as well, once, so
+        a fault outside what was read ahead brings in its page, not a
+        read-around of the other queues' bytes."""
+        def ahead(h, lo, hi):
+            if alone and h.path not in self._random:
+                self._random.add(h.path)
+                self.files.random_faults(h)
+            self.files.will_need(h, lo, hi)
+        self._each(begin, end, ahead)
 
     def drop(self, begin: int, end: int, cold: bool = False) -> None:
         """Give back this process's mapped pages of [begin, end)
@@ -146,6 +157,7 @@ class CommitLog:
     def close_segment(self, start: int) -> None:
         h = self._open.pop(start, None)
         if h is not None:
+            self._random.discard(h.path)
             self.files.close(h)
 
     def close(self) -> None:

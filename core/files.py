@@ -274,6 +274,17 @@ class FileLayer:
         except (OSError, ValueError):
             pass
 
+    def random_faults(self, h: Handle) -> None:
+        """Advise the file's mapping MADV_RANDOM: a fault then reads its own
+        page, not the kernel's read-around (up to read_ahead_kb, 8 MiB on
+        some disks) of bytes nobody asked for. For a reader that reads ahead
+        exactly what it wants (``will_need``). Best effort."""
+        try:
+            self.map(h)
+            h._mmap.madvise(mmap.MADV_RANDOM)
+        except (OSError, ValueError):
+            pass
+
     def drop(self, h: Handle, begin: int, end: int, cold: bool = False) -> None:
         """Give back this process's pages of [begin, end) of a mapped file,
         whole pages only (MADV_DONTNEED on the MAP_SHARED mapping): they
@@ -463,6 +474,9 @@ class SimFileLayer(FileLayer):
 
     def will_need(self, h, begin, end):
         pass                      # in memory already
+
+    def random_faults(self, h):
+        pass
 
     def drop(self, h, begin, end, cold=False):
         pass                      # the bytes are the file: nothing to give back

@@ -333,9 +333,12 @@ def find_end(cl: CommitLog, segs: list[int], flushed: int) -> int:
     for i in range(len(segs) - 1, -1, -1):
         s = segs[i]
         buf = cl.map(s)            # a short file (cut) maps short: past it are zeros
-        pos, status = 0, K.SCAN_END
+        pos, status, held = 0, K.SCAN_END, 0
         while pos < buf.shape[0]:
             cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES)
+            if pos - held >= SCAN_AHEAD_BYTES:
+                cl.drop(s + held, s + pos)
+                held = pos
             _, pos, status = K.scan_records(buf, pos, buf.shape[0], s, False, K.CRC_TABLES,
                                             _TAGS_KEY[:0], out)
             if status == K.SCAN_FULL:
@@ -495,10 +498,13 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
         if s != scan_from:
             cl.drop(s - cl.segment_bytes, s)   # done with the one before: out of this RSS
         buf = cl.map(s)
-        pos = 0
+        pos = held = 0
         while True:
             begin = pos
             cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES)   # large reads, not a fault a page
+            if pos - held >= SCAN_AHEAD_BYTES:                  # and one window held, not the segment
+                cl.drop(s + held, s + pos)
+                held = pos
             n, pos, status = K.scan_records(buf, pos, buf.shape[0], s, check_crc, K.CRC_TABLES,
                                             _TAGS_KEY, out)
             _emit(buf, s, out[:n], begin, pos, on_rows, on_pad, rep)
