@@ -89,6 +89,10 @@ class StoreConfig:
     # shmq: a scrub pass over every sealed segment starts this many hours
     # after the last one began (segments sealed meanwhile are checked at once)
     scrubPassIntervalHours: int = 24
+    # shmq: bytes of CommitLog a whole-store scan in the background (the
+    # IndexFile backfill, the scrub) walks before it gives those pages back
+    # (MADV_DONTNEED): what such a scan holds of the store in its RSS
+    backgroundScanWindowBytes: int = 32 * 1024 * 1024
     # build the IndexFile (QUERY_MESSAGE by key / UNIQ_KEY)
     messageIndexEnable: bool = True
     # hash slots per IndexFile (4 bytes each)
@@ -119,7 +123,7 @@ class StoreConfig:
         for name in ("flushIntervalCommitLog", "flushIntervalConsumeQueue", "syncFlushTimeout",
                      "osPageCacheBusyTimeOutMills",
                      "cleanResourceInterval", "maxQueueSlots", "maxProcessSlots",
-                     "maxHashSlotNum", "maxIndexNum"):
+                     "maxHashSlotNum", "maxIndexNum", "backgroundScanWindowBytes"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
         if not 10 <= self.diskMaxUsedSpaceRatio <= 95:

@@ -40,7 +40,6 @@ NAME_DIGITS = 17
 MAX_MSGS_NUM_BATCH = 64
 SCAN_ROWS = 8192
 log = logging.getLogger("shmq.store")
-BUILD_BYTES = 32 << 20
 
 HEADER_DTYPE = np.dtype([("begin_ts", ">i8"), ("end_ts", ">i8"), ("begin_phy", ">i8"),
                          ("end_phy", ">i8"), ("slot_count", ">i4"), ("index_count", ">i4")])
@@ -343,12 +342,17 @@ class IndexService:
         return end_phy, keys
 
     # ------------------------------------------------------------------ build
-    def build(self, store: MessageStore, limit_bytes: int = BUILD_BYTES) -> int:
+    def build(self, store: MessageStore, limit_bytes: int | None = None) -> int:
         """Index the records from where the index ends up to the CommitLog's
         write position, stopping once about ``limit_bytes`` (whole scan
-        chunks of up to SCAN_ROWS records) are done. Returns how many bytes
-        of CommitLog the index advanced over. A no-op unless
-        messageIndexEnable."""
+        chunks of up to SCAN_ROWS records; default backgroundScanWindowBytes)
+        are done. Returns how many bytes of CommitLog the index advanced
+        over. A no-op unless messageIndexEnable.
+
+        The pages walked are given back at the end of each call
+        (``CommitLog.drop``): a backfill over a store it never indexed walks
+        the whole CommitLog, and this process's RSS holds one window of it,
+        not the store."""
         self._check_writer()
         if not self.config.messageIndexEnable:
             return 0
@@ -358,6 +362,8 @@ class IndexService:
         seg_bytes = self.config.mappedFileSizeCommitLog
         end = st.write_pos
         start = self._next_phy
+        if limit_bytes is None:
+            limit_bytes = self.config.backgroundScanWindowBytes
         while self._next_phy < end and self._next_phy - start < limit_bytes:
             pos = self._next_phy
             if pos < st.get("cl_min_offset"):   # retention deleted it unindexed
@@ -380,6 +386,13 @@ class IndexService:
                 self._next_phy = seg_start + rel
             else:
                 self._next_phy = self._past_damage(seg, seg_start, rel, end)
+        store.cl.drop(start, self._next_phy)
+        if self._files and self._next_phy > start:
+            # the entries written so far are only queried now (a few pages
+            # each): out of this RSS too; the hash slots stay (random access)
+            f = self._files[-1]
+            first = K.IX_HEADER_BYTES + f.slot_num * K.IX_SLOT_BYTES
+            self.files.drop(f._h, first, first + f.count * K.IX_ENTRY_BYTES)
         return self._next_phy - start
 
     def _past_damage(self, seg: np.ndarray, seg_start: int, rel: int, end: int) -> int:
@@ -414,6 +427,9 @@ class IndexService:
         prev = self._files[-1] if self._files else None
         if prev is not None:
             prev.flush()
+            # full: only queries read it now (a few pages each); its
+            # maxIndexNum entries leave this process's RSS
+            self.files.drop(prev._h, 0, prev._h.size)
         end_phy = prev.end_phy if prev is not None else 0
         end_ts = prev.end_ts if prev is not None else 0
         name = time_millis_to_human(int(time.time() * 1000))

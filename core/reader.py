@@ -21,6 +21,11 @@ source, the inspector and the verifier. What it owns:
   ``records_at`` kernel in ``scan_records`` rows, each checked to be its
   unit's record (size, queue id, queue offset). A record that is not its
   unit's is handed on alone, so a reader can skip or report it and go on.
+- **Read-ahead for a reader far behind** (``read_ahead``): the CommitLog
+  runs that a queue's next units point at, and those units, handed to the
+  kernel to read in the background in large requests (posix_fadvise /
+  MADV_WILLNEED), so a cold catch-up read is not a fault per page, and it
+  brings in the runs of its own queue, not every queue's bytes between them.
 - **A CommitLog range → records** (``walk``, ``record_row``,
   ``trailing_bytes``): the scan kernel over a segment, in chunks of rows;
   the record at one position; the nonzero bytes past an end.
@@ -44,6 +49,7 @@ from .consumequeue import ConsumeQueues
 from .layout import CQ_UNIT_BYTES
 from .records import rows_at
 
+WALK_WINDOW_BYTES = 32 << 20   # a cold walk reads this far ahead and holds about this much
 CQ_SCAN_BYTES_MIN = 16000  # DefaultMessageStore: max(16000, maxMsgNums * 20) bytes of CQ per read
 _NO_KEY = jit.readonly(np.zeros(0, dtype=np.uint8))
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -119,6 +125,31 @@ def get_message(cqs: ConsumeQueues, topic: str, queue_id: int, offset: int, mn: 
 
 
 # ------------------------------------------------------- positions → pull body
+def read_ahead(cl: CommitLog, cqs: ConsumeQueues, topic: str, queue_id: int, offset: int,
+               units: int, gap_max: int, runs_max: int = 32) -> int:
+    """Ask the kernel to read, in the background, queue units [offset,
+    offset + ``units``) (within one ConsumeQueue file) and the CommitLog
+    ranges they point at: runs of records closer than ``gap_max`` bytes are
+    one request, at most ``runs_max`` requests. Returns the queue offset it
+    covered up to (``offset`` when the file is missing). Array work only,
+    no Python step per record: for a pull far behind the write position."""
+    cqs.will_need(topic, queue_id, offset, units)
+    u = cqs.units(topic, queue_id, offset, units)
+    if u is None or not u.shape[0]:
+        return offset
+    phy = u["phy_offset"].astype(np.int64)
+    size = u["size"].astype(np.int64)
+    real = (size > 0) & (size != K.CQ_PAD_SIZE)
+    phy, end = phy[real], phy[real] + size[real]
+    if phy.shape[0]:
+        cut = np.flatnonzero(phy[1:] - end[:-1] > gap_max) + 1
+        lo = np.concatenate(([0], cut))[:runs_max]
+        hi = np.concatenate((cut, [phy.shape[0]]))[:runs_max]
+        for a, b in zip(phy[lo].tolist(), end[hi - 1].tolist()):
+            cl.will_need(a, b, alone=True)
+    return offset + u.shape[0]
+
+
 def body_pieces(cl: CommitLog, phys: np.ndarray, sizes: np.ndarray,
                 sendfile_min: int) -> tuple[list, int]:
     """The records at ``phys``/``sizes`` (published, each inside one
@@ -242,13 +273,23 @@ def scan_out(rows: int) -> np.ndarray:
 
 def walk(buf: np.ndarray, base: int, lo: int, hi: int, check_crc: bool, out: np.ndarray,
          on_rows: Callable[[np.ndarray, np.ndarray], None] | None = None,
-         tags_key: np.ndarray = _NO_KEY) -> Walk:
+         tags_key: np.ndarray = _NO_KEY, cl: CommitLog | None = None) -> Walk:
     """Scan the records of segment ``buf`` (CommitLog offset ``base``) from
     ``lo`` to ``hi`` (``check_crc``: the body CRC too, as recovery does),
     handing each chunk of rows to ``on_rows(buf, rows)``; ``tags_key``
-    (the TAGS property name as bytes) fills the rows' tags codes."""
+    (the TAGS property name as bytes) fills the rows' tags codes. With the
+    ``cl`` the segment is mapped from, a cold walk: it reads WALK_WINDOW_BYTES
+    ahead of itself in large requests and gives back each window it is done
+    with (``CommitLog.will_need``, ``drop``), so a walk over a 1 GiB segment
+    holds one window of it in the process's RSS."""
     pos, total, first, last = lo, 0, None, None
+    held = lo
     while True:
+        if cl is not None:
+            cl.will_need(base + pos, base + pos + WALK_WINDOW_BYTES)
+            if pos - held >= WALK_WINDOW_BYTES:
+                cl.drop(base + held, base + pos)
+                held = pos
         n, pos, status = K.scan_records(buf, pos, hi, base, check_crc, K.CRC_TABLES, tags_key, out)
         if n:
             if first is None:
@@ -258,6 +299,8 @@ def walk(buf: np.ndarray, base: int, lo: int, hi: int, check_crc: bool, out: np.
             if on_rows is not None:
                 on_rows(buf, out[:n])
         if status != K.SCAN_FULL:
+            if cl is not None:
+                cl.drop(base + held, base + pos)
             return Walk(total, int(pos), int(status), first, last)
 
 

@@ -8,7 +8,9 @@ as one of its features: it walks the sealed segments (every one before the
 segment being written) from the oldest, at ``scrubBytesPerSecond``, checking
 each record as recovery does (``_kernels.scan_records`` with the body CRC);
 then each segment as it is sealed; and starts a new pass from the oldest
-``scrubPassIntervalHours`` after the last one began (0: at once).
+``scrubPassIntervalHours`` after the last one began (0: at once). It gives
+back the pages it checked every ``backgroundScanWindowBytes``
+(``CommitLog.drop``): its process's RSS holds one window of the store.
 
 A damaged range it finds — from the bad record to the next valid one
 (``recovery.next_valid_record``) — is an ERROR naming the offset, and goes
@@ -49,6 +51,8 @@ class Scrubber:
         self.last = clock()
         self.found = 0                 # damaged ranges found since start
         self.checked = 0               # bytes checked since start
+        self.window = config.backgroundScanWindowBytes
+        self._held = -1                # checked bytes from here on are still mapped in this process
         self._rows = np.empty((ROWS, K.N_SCAN), dtype=np.int64)
         self._empty_key = np.zeros(0, dtype=np.uint8)
 
@@ -68,9 +72,21 @@ class Scrubber:
                 return 0
         done = 0
         while done < budget and self.pos >= 0:
+            if self._held < 0:
+                self._held = max(self.pos, 0)
             done += self._check(budget - done)
+            if self.pos < 0 or self.pos - self._held >= self.window:
+                self._give_back()
         self.checked += done
         return done
+
+    def _give_back(self) -> None:
+        """Unmap what the scrub checked since the last time (``CommitLog.drop``):
+        a pass reads every sealed segment, this process holds one window."""
+        end = self.pos if self.pos >= 0 else self.resume
+        if end > self._held:
+            self.store.cl.drop(self._held, end)
+        self._held = -1
 
     def _sealed_end(self) -> int:
         """The start of the segment being written: everything below is sealed."""

@@ -322,6 +322,18 @@ def test_an_empty_preallocated_next_segment_is_not_data(capsys, store_dir):
     assert code == 0 and doc["commitlog"]["records"] == 40 and doc["consumequeue"]["units"] == 40
 
 
+def test_the_summary_calls_the_preallocated_segment_empty_not_records_stopping_short(capsys,
+                                                                                     store_dir):
+    _recs, end = write_store(store_dir, n=40)
+    with open(os.path.join(store_dir, "commitlog", offset_to_file_name(SMALL_SEGMENT)), "wb") as f:
+        f.truncate(SMALL_SEGMENT)
+    code, out, _ = inspect(capsys, store_dir)
+    assert code == 0 and "records stop" not in out and "before the end of the data" not in out
+    assert f"{offset_to_file_name(SMALL_SEGMENT)}: empty, made ahead for the records to come" in out
+    code, doc, _ = inspect_json(capsys, store_dir)
+    assert "problem" not in doc["segments"][1] and doc["segments"][1]["records"] == 0
+
+
 # ----------------------------------------------------------- a live broker
 def test_beside_a_live_broker_it_sees_only_whole_records(capsys, tmp_path):
     with start_broker(tmp_path, mappedFileSizeCommitLog=1 << 20, maxMessageSize=65536) as b:

@@ -202,12 +202,16 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     if info["size"] < view.segment_bytes:
         info["problem"] = short_segment_note(info["size"], view.segment_bytes, s == view.segments[-1])
     if hi - lo <= budget:
-        w = walk(buf, s, lo, hi, False, scan_out(8192))
+        # cold: read ahead in large requests, and hold one window of the
+        # segments walked (newest first, up to --scan-max), not all of them
+        w = walk(buf, s, lo, hi, False, scan_out(8192), cl=cl)
         info.update(records=w.records, end_offset=s + w.pos, full=w.status == L.SCAN_BLANK,
                     _walked=w.pos - lo)
         if "problem" not in info and len(view.segments) == 1 and _cut_short(buf, w.pos):
             info["problem"] = short_segment_note(info["size"], "mappedFileSizeCommitLog", True)
-        if w.status != L.SCAN_BLANK and s + w.pos != view.cl_end and "problem" not in info:
+        # (a segment wholly past the end is the empty one made ahead of the
+        # writer, not records that stop short: the summary says so)
+        if w.status != L.SCAN_BLANK and s + w.pos < view.cl_end and "problem" not in info:
             info["problem"] = (f"records stop at {s + w.pos}, before the end of the data "
                                f"({view.cl_end}): see --verify")
         first, last = w.first, w.last

@@ -63,6 +63,9 @@ def summary(doc: dict) -> str:
                       s["end_offset"], s["records"], _ts(s["first_store_ts"]),
                       _ts(s["last_store_ts"])] for s in segs])
     lines += [f"  {s['file']}: {s['problem']}" for s in segs if s.get("problem")]
+    lines += [f"  {s['file']}: empty, made ahead for the records to come (preallocated)"
+              for s in segs if s["start"] >= doc["max_offset"] and s["records"] == 0
+              and not s.get("problem")]
     if any(s["records"] is None and not s.get("problem") for s in segs):
         lines.append("  (-: not walked; raise --scan-max to count older segments)")
     if doc["bytes_after_end"]:

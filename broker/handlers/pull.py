@@ -14,6 +14,7 @@ import logging
 import numpy as np
 from shmq.core import layout as L
 from shmq.core.consumequeue import ALL_TAGS
+from shmq.core.reader import read_ahead
 from shmq.core.records import decode, record_fault
 from shmq.core.recovery import damaged_at
 from shmq.core.store import GetMessageStatus, GetResult
@@ -76,9 +77,12 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     if sub.sql is not None and (c.filterSupportRetry
                                 or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
         r = _sql_filtered(b, r, sub.sql, topic, qid, max_msgs)
-    if r.phys.shape[0] and (b.damaged or
-                            int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes):
-        r = _checked(b, r, topic, qid, offset)     # read from disk, or damage listed: check
+    if r.phys.shape[0]:
+        cold = int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes
+        if cold:
+            _read_ahead(b, topic, qid, offset, r.next_offset, r.max_offset)
+        if cold or b.damaged:
+            r = _checked(b, r, topic, qid, offset)     # read from disk, or damage listed: check
     st = r.status
     if st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
         code = R.PULL_OFFSET_MOVED if offset != 0 else R.PULL_NOT_FOUND
@@ -98,6 +102,30 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     b.stats.got += len(r.sizes)
     parts, nbytes = b.store.pull_body(r.phys, r.sizes, c.transferSendfileMinBytes)
     return Reply(reply, parts, nbytes)
+
+
+# A pull far behind (its records older than the page-cache window,
+# accessMessageInMemoryMaxRatio) reads ahead: the ConsumeQueue units of the
+# next READ_AHEAD_UNITS offsets and the CommitLog runs they point at, runs
+# closer than READ_AHEAD_GAP_BYTES read as one (core.reader.read_ahead),
+# once the look-ahead left is under half of it: one call per READ_AHEAD_UNITS
+# / 2 units a queue is read (a few syscalls every ~64 pulls of 32), none for
+# a pull near the head. Its own queue's runs only: 8 queues interleave in
+# the CommitLog, and reading all their bytes would cost the page cache 8×.
+READ_AHEAD_UNITS = 4096
+READ_AHEAD_GAP_BYTES = 64 << 10
+_ahead: dict[tuple[int, str, int], int] = {}   # (store, topic, queue) → offset read ahead to
+
+
+def _read_ahead(b: Broker, topic: str, qid: int, offset: int, nxt: int, mx: int) -> None:
+    key = (id(b.store), topic, qid)
+    upto = _ahead.get(key, -1)
+    if not offset <= upto <= offset + 2 * READ_AHEAD_UNITS:   # new here, or moved elsewhere
+        upto = offset
+    units = min(READ_AHEAD_UNITS, mx - upto)
+    if upto - nxt < READ_AHEAD_UNITS // 2 and units > 0:
+        _ahead[key] = read_ahead(b.store.cl, b.store.cqs, topic, qid, upto, units,
+                                 READ_AHEAD_GAP_BYTES)
 
 
 def _checked(b: Broker, r: GetResult, topic: str, qid: int, offset: int) -> GetResult:

@@ -1,0 +1,163 @@
+"""A big backlog costs nothing to hold: whole-store scans give back what they
+walked (``FileLayer.drop``), so no process's RSS grows with the store, and a
+reader far behind reads its own queue's records ahead (``reader.read_ahead``).
+
+RSS is read from /proc/self/smaps: the resident pages of this process's
+mappings of the store's CommitLog segments, after the scan — no timing."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from conftest import small_config
+from shmq.core import _kernels as K
+from shmq.core.files import PAGE_BYTES, REAL_FILES, SimFileLayer
+from shmq.core.index import IndexService
+from shmq.core.reader import read_ahead
+from shmq.core.records import encode, properties_bytes
+from shmq.core.scrub import Scrubber
+from shmq.core.store import close_clean, open_local
+
+SEGMENT = 1 << 20
+WINDOW = 256 << 10
+# what a drop may leave mapped: the partial pages at both ends of the range,
+# and the pages the kernel's fault-around mapped beside them (64 KiB each)
+SLACK = 2 * (64 << 10) + 2 * PAGE_BYTES
+
+
+def mapped_rss(under: str) -> int:
+    """Resident bytes of this process's mappings of files under ``under``."""
+    total, mine = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                mine = len(head) >= 6 and head[5].startswith(under)
+            elif mine and line.startswith("Rss:"):
+                total += int(head[1]) * 1024
+    return total
+
+
+def _store(store_dir, segments: int = 5, **kw):
+    """A store of ``segments`` 1 MiB segments of ~300-byte records, keys
+    and tags set, two queues written in turns of 32 records."""
+    cfg = small_config(store_dir, mappedFileSizeCommitLog=SEGMENT, backgroundScanWindowBytes=WINDOW,
+                       **kw)
+    store, _ = open_local(cfg)
+    i = 0
+    while store.state.write_pos < segments * SEGMENT - SEGMENT // 2:
+        store.append(encode("B", [b"%06d:" % (i + j) + b"x" * 200 for j in range(32)],
+                            queue_ids=(i // 32) % 2,
+                            properties=properties_bytes(tags="t", keys="k%d" % i)))
+        i += 32
+    return cfg, store
+
+
+def test_drop_gives_back_a_mappings_pages_and_keeps_its_bytes(tmp_path):
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(bytes(range(256)) * (8 << 12))          # 8 MiB
+    h = REAL_FILES.open(path, writable=True)
+    try:
+        a = REAL_FILES.map(h)
+        a[5] = 7                                         # a dirty page: it must survive the drop
+        assert int(a.sum(dtype=np.int64)) > 0
+        assert mapped_rss(path) >= 8 << 20
+        REAL_FILES.drop(h, PAGE_BYTES + 1, 4 << 20)      # whole pages inside the range only
+        assert (4 << 20) - 2 * PAGE_BYTES <= mapped_rss(path) <= (4 << 20) + 2 * PAGE_BYTES
+        REAL_FILES.drop(h, 0, h.size)
+        assert mapped_rss(path) == 0
+        assert a[5] == 7 and a[6] == 6 and a[(4 << 20) + 3] == 3   # faulted back, same bytes
+    finally:
+        REAL_FILES.close(h)
+    with open(path, "rb") as f:
+        assert f.read(8)[5] == 7
+
+
+def test_the_index_backfill_holds_one_window_of_the_commitlog(store_dir):
+    cfg, store = _store(store_dir)
+    try:
+        commitlog = os.path.join(store_dir, "commitlog")
+        store.cl.drop(0, store.state.write_pos)          # whatever the appends mapped
+        svc = IndexService(cfg)
+        advanced = 0
+        while True:
+            n = svc.build(store)
+            assert n <= WINDOW + SEGMENT                  # a window a call (whole scan chunks)
+            advanced += n
+            assert mapped_rss(commitlog) <= SLACK
+            if not n:
+                break
+        assert advanced == store.state.write_pos
+        assert svc.query("B", "k0", 4, 0, 1 << 62)       # it indexed what it walked
+        svc.close()
+    finally:
+        close_clean(store)
+
+
+def test_the_scrub_gives_back_each_window_it_checked(store_dir):
+    cfg, store = _store(store_dir, scrubBytesPerSecond=WINDOW // 2)
+    try:
+        commitlog = os.path.join(store_dir, "commitlog")
+        store.cl.drop(0, store.state.write_pos)
+        clock = [0.0]
+        scrub = Scrubber(store, cfg, clock=lambda: clock[0])
+        peak = 0
+        for _ in range(200):
+            clock[0] += 1.0                               # half a window a step
+            scrub.step(0)
+            peak = max(peak, mapped_rss(commitlog))
+            if scrub.pos < 0 and scrub.checked:
+                break
+        assert scrub.checked >= 4 * SEGMENT and scrub.found == 0
+        # a window, and what the step that crossed it checked (rows of ~300 B
+        # for each 256 B of the step's budget): never the 4 MiB it walked
+        assert peak <= WINDOW + 2 * (WINDOW // 2) + SLACK
+        assert mapped_rss(commitlog) <= SLACK
+    finally:
+        close_clean(store)
+
+
+class _Advised(SimFileLayer):
+    """Records each will_need: (path, begin, end)."""
+
+    def __init__(self):
+        super().__init__()
+        self.advised: list[tuple[str, int, int]] = []
+
+    def will_need(self, h, begin, end):
+        self.advised.append((h.path, begin, end))
+
+
+def test_read_ahead_advises_the_queues_own_runs_and_its_units():
+    files = _Advised()
+    cfg = small_config("/sim/store", mappedFileSizeCommitLog=SEGMENT)
+    store, _ = open_local(cfg, files)
+    for i in range(24):                                    # queue 0 and 1 in turns of 8 records
+        store.append(encode("R", [b"%04d" % (i * 8 + j) + b"y" * 200 for j in range(8)],
+                            queue_ids=i % 2, properties=b""))
+    store.cqs.put_padding("R", 0, 96, 2)                   # padding units are not read ahead
+    msgs = store.read_queue("R", 0)
+    runs = []                                             # queue 0's records, joined when adjacent
+    for m in msgs:
+        end = m.phy_offset + m.total_size
+        if runs and runs[-1][1] == m.phy_offset:
+            runs[-1][1] = end
+        else:
+            runs.append([m.phy_offset, end])
+    files.advised.clear()
+    upto = read_ahead(store.cl, store.cqs, "R", 0, 0, 1000, gap_max=0)
+    assert upto == min(1000, cfg.cq_units_per_file)
+    cq = [(b, e) for p, b, e in files.advised if "consumequeue" in p]
+    cl = [(b, e) for p, b, e in files.advised if "commitlog" in p]
+    assert cq == [(0, min(1000, cfg.cq_units_per_file) * 20)]
+    assert cl == [tuple(r) for r in runs] and len(cl) == 12
+    files.advised.clear()                                 # runs closer than gap_max are one
+    read_ahead(store.cl, store.cqs, "R", 0, 0, 1000, gap_max=SEGMENT)
+    assert [(b, e) for p, b, e in files.advised if "commitlog" in p] == [(runs[0][0], runs[-1][1])]
+    files.advised.clear()                                 # at most runs_max requests
+    read_ahead(store.cl, store.cqs, "R", 0, 0, 1000, gap_max=0, runs_max=3)
+    assert [(b, e) for p, b, e in files.advised if "commitlog" in p] == [tuple(r) for r in runs[:3]]
+    assert read_ahead(store.cl, store.cqs, "R", 5, 0, 10, gap_max=0) == 0     # no such queue
+    assert K.CQ_PAD_SIZE == store.cqs.unit("R", 0, 96)[1]
