@@ -1,0 +1,484 @@
+"""A big backlog (亿级堆积): what N stored messages cost at start, in memory and
+to read back, each figure beside its limit measured in the same run.
+
+N messages of 100 B (N = 100,000,000 full size, 2,000,000 ``--quick``) are
+sent through a real ``shmq broker`` (ASYNC_FLUSH, index on) over its Unix
+socket: PRODUCERS processes, each its own connection and its share of
+QUEUES queues, batches (320) of BATCH messages, WINDOW in flight, every
+reply's queueOffset checked and every queue's maxOffset and last body at the
+end. Segment sizes are chosen so the quick store still has several CommitLog
+segments and several ConsumeQueue files per queue. Then, on that store:
+
+- backlog_ready_clean: ready time (spawn to the "ready" line) after a clean
+  stop, with the page cache dropped first; limit: an empty store's ready
+  time, same settings, same run (target: ≤ 5 s with 100 M stored, ≤ 2×
+  the empty store's);
+- backlog_ready_kill9: the same after ``kill -9`` of the broker (abort
+  marker left, recovery from the checkpoint);
+- backlog_inspect_summary: ``shmq store inspect`` (summary) on the stopped
+  store, cold; limit: the same command on the empty store (target ≤ 5 s);
+- backlog_peak_rss: the largest peak RSS (VmHWM) of any broker process over
+  the whole run: the filling broker, the restart that backfills the
+  IndexFile (its index files are removed before that start, so the services
+  process indexes the whole CommitLog) and the reads; limit: 1 GiB (the
+  target, not a measurement);
+- backlog_catchup_cold: one queue read from offset 0 to its end, pulls (11)
+  of 32 messages, 4 in flight, page cache dropped first — record bytes/s
+  against the raw sequential read of a segment-sized file written on the
+  same disk, cold (1 MiB reads; not a segment: pages a broker maps stay
+  cached whatever drop_caches does),
+  measured in the same run (target ratio ≥ 0.5); ``cache_in_per_byte``: the
+  page cache the read brought in (/proc/meminfo Cached) per byte it
+  returned (8 queues interleave in the CommitLog: reading whole pages of
+  all of them costs up to 8×; with producers running, what they wrote is
+  counted out); ``warm_msg_per_s``: the same read again, from the page
+  cache (what the pull path's CPU allows: the I/O is the rest);
+- backlog_catchup_cold_producing: the same read of another queue while
+  PRODUCERS producers send at full rate to another topic (target ≥ 0.25).
+
+The page cache is dropped with ``sync; echo 3 > /proc/sys/vm/drop_caches``
+when the run is root; otherwise each store file is given
+``posix_fadvise(DONTNEED)`` after a sync (pages a process still maps stay
+either way), and every result says which (``page_cache``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+from perf.broker import (SUCCESS, TIMEOUT_S, Broker, batch_body, batch_cmd, body_of, check,
+                         create_topic, free_port, pull_cmd, records, spawn, gather, _child,
+                         verify_queues)
+from perf.net_limits import FORK
+from shmq.broker.procs import broker_processes
+from shmq.client.remoting import RemotingClient
+from shmq.core.config import StoreConfig
+from shmq.core.index import IndexService
+from shmq.ipc.remoting import RemotingCommand
+
+TOPIC = "PerfBacklog"
+LIVE_TOPIC = "PerfBacklogLive"
+QUEUES = 8
+PRODUCERS = 2                  # the fill and the live load: one per core here
+BATCH = 256
+WINDOW = 4
+PULL_MSGS = 32
+PULLS_IN_FLIGHT = 4
+BODY = 100
+GET_BROKER_RUNTIME_INFO = 28
+RSS_LIMIT_MIB = 1024
+
+
+# ------------------------------------------------------------------ the page cache
+def drop_cache(store: str) -> str:
+    """Empty the page cache of the store's files; says how."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "dropped (drop_caches)"
+    except OSError:
+        pass
+    for d, _, names in os.walk(store):
+        for n in names:
+            try:
+                fd = os.open(os.path.join(d, n), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return "not dropped (not root): store files fadvised DONTNEED"
+
+
+def cached_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Cached:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def vm_hwm_mib(pid: int) -> float:
+    """Peak RSS of a live process (VmHWM), MiB; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+# ------------------------------------------------------------------ a broker on a given store
+class StoreBroker(Broker):
+    """``Broker`` on a conf written once and started again on the same store:
+    ``ready_s`` is spawn → the "ready" line."""
+
+    def __init__(self, conf_path: str, store: str, log_path: str, phase: str):
+        self.conf_path, self.store, self.flush = conf_path, store, "ASYNC_FLUSH"
+        self.phase = phase
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", conf_path],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.log, cwd=os.path.dirname(conf_path),
+                                     start_new_session=True)      # kill -9 takes its group
+        line = self._ready_line(600.0)
+        self.ready_s = time.monotonic() - t0
+        self.recovery = self._recovery_line(log_path)
+        fields = dict(tok.split("=", 1) for tok in line.split()[3:] if "=" in tok)
+        self.tcp, self.unix = fields["tcp"], fields["unix"]
+        self.transports = ("unix",)
+        self.namesrv = None
+        import collections
+        import threading
+        self.out = collections.deque(maxlen=100)
+        self._drain = threading.Thread(target=self._drain_stdout, daemon=True)
+        self._drain.start()
+        self.hwm: dict[str, float] = {}
+
+    @staticmethod
+    def _recovery_line(log_path: str) -> str:
+        """The recovery report this start logged (its summary line)."""
+        with open(log_path, "rb") as f:
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines()
+                     if " recovery: end " in ln]
+        return lines[-1].split(": ", 1)[-1][:400] if lines else ""
+
+    def sample_rss(self) -> None:
+        """Keep each broker process's peak RSS (VmHWM: the kernel's own peak)."""
+        roles, _ = broker_processes(self.proc.pid)
+        for role, pid in roles:
+            self.hwm[role] = max(self.hwm.get(role, 0.0), vm_hwm_mib(pid))
+
+    def kill9(self) -> None:
+        roles, _ = broker_processes(self.proc.pid)
+        self.sample_rss()
+        os.killpg(self.proc.pid, signal.SIGKILL)     # the boss, its fork server, their children
+        self.proc.wait()
+        deadline = time.monotonic() + 30
+        for _, pid in roles:          # its children die with it (PDEATHSIG); wait for them
+            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        if f.read().split(")")[-1].split()[0] == "Z":
+                            break
+                except OSError:
+                    break
+                time.sleep(0.05)
+        self._drain.join(5)
+        self.log.close()
+
+    def stop(self) -> None:
+        self.sample_rss()
+        super().stop()
+
+
+def write_conf(root: str, quick: bool, name: str) -> tuple[str, str]:
+    d = os.path.join(root, name)
+    os.makedirs(d)
+    store = os.path.join(d, "store")
+    upf = 50_000 if quick else 300_000
+    conf = {"storePathRootDir": store, "listenPort": free_port(),
+            "namesrvListenPort": free_port(), "embeddedNamesrv": "false",
+            "flushDiskType": "ASYNC_FLUSH", "workerProcessNums": 2, "messageIndexEnable": "true",
+            "mappedFileSizeCommitLog": (64 if quick else 1024) << 20,
+            "mappedFileSizeConsumeQueue": upf * 20,
+            # records further behind the write position than this share of
+            # RAM are read from disk (checked, read ahead): the quick store
+            # is a few hundred MB, so 1% makes most of it far behind, as
+            # 100 M messages are at the default 40%
+            "accessMessageInMemoryMaxRatio": 1 if quick else 40,
+            "unixSocketPath": f"/tmp/shmq-backlog-{os.getpid()}-{name}.sock"}
+    path = os.path.join(d, "broker.conf")
+    with open(path, "w") as f:
+        f.writelines(f"{k}={v}\n" for k, v in conf.items())
+    return path, store
+
+
+# ------------------------------------------------------------------ producers
+def _payload(q: int) -> bytes:
+    return batch_body([body_of(q, j, BODY) for j in range(BATCH)])
+
+
+@_child
+def _filler(addr, topic, queues, per_queue, go, pipe):
+    """Send ``per_queue`` messages to each of ``queues`` in batches, WINDOW in flight."""
+    payloads = {q: _payload(q) for q in queues}
+    todo = [(q, off) for off in range(0, per_queue, BATCH) for q in queues]
+    with RemotingClient(addr) as c:
+        pipe.send("ready")
+        go.wait()
+        pending = {}
+        i = 0
+        t0 = time.monotonic()
+        while i < len(todo) or pending:
+            while i < len(todo) and len(pending) < WINDOW:
+                q, off = todo[i]
+                i += 1
+                pending[c.send(batch_cmd(topic, q, payloads[q]))] = (q, off)
+            r = c.recv(timeout=TIMEOUT_S)
+            q, off = pending.pop(r.opaque)
+            check(r, what="backlog batch")
+            if int(r.ext["queueOffset"]) != off:     # one connection per queue: offsets known
+                raise AssertionError(f"{topic}/{q}: queueOffset {r.ext['queueOffset']} != {off}")
+        t1 = time.monotonic()
+    pipe.send((t0, t1, len(queues) * per_queue))
+
+
+@_child
+def _live(addr, topic, qid, stop, go, pipe):
+    """Send batches at full rate until ``stop`` is set; reports messages sent."""
+    payload = _payload(qid)
+    n = 0
+    with RemotingClient(addr) as c:
+        pipe.send("ready")
+        go.wait()
+        inflight = 0
+        t0 = time.monotonic()
+        for _ in range(WINDOW):
+            c.send(batch_cmd(topic, qid, payload))
+            inflight += 1
+        while inflight:
+            r = c.recv(timeout=TIMEOUT_S)
+            inflight -= 1
+            check(r, what="live batch")
+            n += BATCH
+            if not stop.is_set():
+                c.send(batch_cmd(topic, qid, payload))
+                inflight += 1
+        t1 = time.monotonic()
+    pipe.send((t0, t1, n))
+
+
+def fill(addr: str, n: int) -> float:
+    per_queue = n // QUEUES
+    with RemotingClient(addr) as c:
+        create_topic(c, TOPIC, QUEUES)
+    go = FORK.Event()
+    kids, pipes = zip(*(spawn(_filler, (addr, TOPIC, list(range(p, QUEUES, PRODUCERS)), per_queue, go))
+                        for p in range(PRODUCERS)))
+    got = gather(list(kids), list(pipes), go, "backlog filler")
+    with RemotingClient(addr) as c:
+        verify_queues(c, TOPIC, {q: (per_queue, body_of(q, BATCH - 1, BODY)) for q in range(QUEUES)})
+    return sum(g[2] for g in got) / (max(g[1] for g in got) - min(g[0] for g in got))
+
+
+# ------------------------------------------------------------------ reads
+def catch_up(addr: str, qid: int, count: int) -> tuple[float, int, int]:
+    """Read queue ``qid`` from 0 to ``count``, PULLS_IN_FLIGHT pulls of
+    PULL_MSGS; (seconds, messages, record bytes), every pull checked (a pull
+    stops at a ConsumeQueue file's end: the rest is asked again)."""
+    todo = deque((off, min(PULL_MSGS, count - off)) for off in range(0, count, PULL_MSGS))
+    with RemotingClient(addr) as c:
+        pending = {}
+        got = nbytes = replies = 0
+        t0 = time.monotonic()
+        while todo or pending:
+            while todo and len(pending) < PULLS_IN_FLIGHT:
+                off, want = todo.popleft()
+                pending[c.send(pull_cmd(TOPIC, qid, off, want))] = (off, want)
+            r = c.recv(timeout=TIMEOUT_S)
+            off, want = pending.pop(r.opaque)
+            k = int(r.ext.get("nextBeginOffset", off)) - off
+            if r.code != SUCCESS or not 0 < k <= want:
+                raise AssertionError(f"pull {qid}@{off}: code {r.code} ({r.remark}), "
+                                     f"nextBeginOffset {r.ext.get('nextBeginOffset')}")
+            if k < want:
+                todo.appendleft((off + k, want - k))
+            if replies % 64 == 0:
+                recs = records(r.body)
+                q, o, body, _ = recs[0]
+                if len(recs) != k or (q, o) != (qid, off) or body != body_of(qid, off % BATCH, BODY):
+                    raise AssertionError(f"pull {qid}@{off}: {len(recs)} records, first {q}@{o}")
+            got += k
+            nbytes += len(r.body)
+            replies += 1
+        t1 = time.monotonic()
+    if got != count:
+        raise AssertionError(f"queue {qid}: read {got} of {count}")
+    return t1 - t0, got, nbytes
+
+
+def raw_read_bps(path: str, nbytes: int, store: str) -> float:
+    """Sequential read of a file of ``nbytes`` written for it on the store's
+    disk, with 1 MiB reads, its pages dropped first. Not a segment of the
+    store: a broker maps those, and pages a process maps stay cached
+    whatever drop_caches does (the read would measure memory)."""
+    with open(path, "wb") as f:
+        for _ in range(nbytes >> 20):
+            f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    drop_cache(store)
+    buf = bytearray(1 << 20)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.monotonic()
+        n = 0
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            while True:
+                k = f.readinto(buf)
+                if not k:
+                    break
+                n += k
+        return n / (time.monotonic() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def inspect_s(store: str) -> float:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect", store],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"shmq store inspect {store}: exit {p.returncode}: {p.stderr[-500:]!r}")
+    return time.monotonic() - t0
+
+
+def wait_indexed(b: StoreBroker, store: str, timeout: float) -> float:
+    """Seconds until the services process's index backfill reaches the
+    CommitLog's end (the last record starts within 4 KiB of it)."""
+    with RemotingClient(b.addr("unix")) as c:
+        info = check(c.invoke(RemotingCommand(GET_BROKER_RUNTIME_INFO), timeout=TIMEOUT_S))
+    import json
+    end = int(json.loads(bytes(info.body))["table"]["commitLogMaxOffset"])
+    ix = IndexService(StoreConfig(storePathRootDir=store), read_only=True)
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < timeout:
+            ix.query(TOPIC, "k", 1, 0, 0)            # refreshes the file list
+            if ix.last_update_phy_offset >= end - 4096:
+                return time.monotonic() - t0
+            b.alive()
+            b.sample_rss()
+            time.sleep(0.2)
+    finally:
+        ix.close()
+    raise RuntimeError(f"the index backfill did not reach {end} within {timeout} s "
+                       f"(at {ix.last_update_phy_offset})")
+
+
+# ------------------------------------------------------------------ the bench
+def run(ctx, result):
+    if getattr(ctx, "named_broker", None) is not None:
+        from perf import Skipped
+        raise Skipped("starts, kills and restarts brokers on a store of its own")
+    per_queue = (2_000_000 if ctx.quick else 100_000_000) // QUEUES // BATCH * BATCH
+    n = per_queue * QUEUES
+    root = ctx.sub("backlog")
+    brokers: list[StoreBroker] = []
+
+    def start(conf, store, log, phase):
+        b = StoreBroker(conf, store, log, phase)
+        brokers.append(b)
+        return b
+
+    # the empty store: start, stop; its inspector run
+    econf, estore = write_conf(root, ctx.quick, "empty")
+    start(econf, estore, econf + ".log", "warm-up").stop()   # warms numba's cache, makes the store
+    how = drop_cache(estore)
+    e = start(econf, estore, econf + ".log", "empty")
+    e.stop()
+    empty_ready = e.ready_s
+    drop_cache(estore)
+    empty_inspect = inspect_s(estore)
+
+    # the backlog
+    conf, store = write_conf(root, ctx.quick, "backlog")
+    log = conf + ".log"
+    b = start(conf, store, log, "fill")
+    t = time.monotonic()
+    rate = fill(b.addr("unix"), n)
+    fill_s = time.monotonic() - t
+    b.stop()
+    segs = sorted(os.listdir(os.path.join(store, "commitlog")))
+    cq_files = len(os.listdir(os.path.join(store, "consumequeue", TOPIC, "0")))
+    stored = sum(os.path.getsize(os.path.join(store, "commitlog", s)) for s in segs)
+
+    # a clean start over the backlog, the index removed: the services backfill it
+    for name in os.listdir(os.path.join(store, "index")):
+        os.unlink(os.path.join(store, "index", name))
+    how = drop_cache(store)
+    b = start(conf, store, log, "backfill+reads")
+    clean_ready, clean_rec = b.ready_s, b.recovery
+    backfill_s = wait_indexed(b, store, 3600)
+    # cold catch-up reads, alone and beside producers
+    seg_bytes = (64 if ctx.quick else 1024) << 20
+    raw = raw_read_bps(os.path.join(root, "raw-read"), seg_bytes, store)
+    drop_cache(store)
+    c0 = cached_bytes()
+    s1, m1, by1 = catch_up(b.addr("unix"), 0, per_queue)
+    amp1 = (cached_bytes() - c0) / by1
+    sw, mw, _ = catch_up(b.addr("unix"), 0, per_queue)       # again, warm: the CPU's ceiling
+    b.sample_rss()
+    with RemotingClient(b.addr("unix")) as c:
+        create_topic(c, LIVE_TOPIC, PRODUCERS)
+    drop_cache(store)
+    stop, go = FORK.Event(), FORK.Event()
+    kids, pipes = zip(*(spawn(_live, (b.addr("unix"), LIVE_TOPIC, p, stop, go)) for p in range(PRODUCERS)))
+    for a in pipes:
+        if a.recv() != "ready":
+            raise RuntimeError("a live producer did not get ready")
+    go.set()
+    c0 = cached_bytes()
+    s2, m2, by2 = catch_up(b.addr("unix"), 1, per_queue)
+    cached2 = cached_bytes() - c0
+    stop.set()
+    live = [a.recv() for a in pipes]
+    for p in kids:
+        p.join(30)
+    live_rate = sum(x[2] for x in live) / (max(x[1] for x in live) - min(x[0] for x in live))
+    # what the producers wrote went into the page cache too: their records
+    # (the topic name 4 bytes longer) and units, counted out
+    written = sum(x[2] for x in live) * (by1 / m1 + len(LIVE_TOPIC) - len(TOPIC) + 20)
+    amp2 = max(cached2 - written, 0) / by2
+    b.sample_rss()
+    b.kill9()
+
+    # after kill -9
+    drop_cache(store)
+    b = start(conf, store, log, "after kill -9")
+    kill_ready, kill_rec = b.ready_s, b.recovery
+    b.stop()
+    drop_cache(store)
+    insp = inspect_s(store)
+
+    phases = {x.phase: {role: round(mib, 1) for role, mib in sorted(x.hwm.items())} for x in brokers}
+    top_phase, top = max(((p, r) for p, roles in phases.items() for r in roles),
+                         key=lambda pr: phases[pr[0]][pr[1]])
+    common = dict(messages=n, body_bytes=BODY, stored_bytes=stored, segments=len(segs),
+                  segment_bytes=seg_bytes, cq_files_per_queue=cq_files, page_cache=how)
+    yield result("backlog_ready_clean", clean_ready, "s", empty_ready,
+                 "the empty store's ready time, same settings, same run", target_s=5.0,
+                 target_ratio=2.0, fill_msg_per_s=round(rate), fill_s=round(fill_s, 1),
+                 recovery=clean_rec, **common)
+    yield result("backlog_ready_kill9", kill_ready, "s", empty_ready,
+                 "the empty store's ready time, same settings, same run", target_s=5.0,
+                 target_ratio=2.0, recovery=kill_rec, **common)
+    yield result("backlog_inspect_summary", insp, "s", empty_inspect,
+                 "shmq store inspect on the empty store, same run", target_s=5.0, **common)
+    yield result("backlog_peak_rss", phases[top_phase][top], "MiB", RSS_LIMIT_MIB,
+                 "target: every broker process under 1 GiB (VmHWM)", process=top,
+                 phase=top_phase, peak_mib_by_phase=phases,
+                 index_backfill_s=round(backfill_s, 2), **common)
+    yield result("backlog_catchup_cold", by1 / s1, "B/s", raw,
+                 "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
+                 msg_per_s=round(m1 / s1), read_messages=m1, pulls_in_flight=PULLS_IN_FLIGHT,
+                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp1, 2), target_ratio=0.5,
+                 warm_msg_per_s=round(mw / sw),
+                 **common)
+    yield result("backlog_catchup_cold_producing", by2 / s2, "B/s", raw,
+                 "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
+                 msg_per_s=round(m2 / s2), read_messages=m2, pulls_in_flight=PULLS_IN_FLIGHT,
+                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp2, 2), target_ratio=0.25,
+                 producers=PRODUCERS, producers_msg_per_s=round(live_rate), **common)
