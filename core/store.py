@@ -780,8 +780,13 @@ class MessageStore:
         returned CommitLog position (all of whose units are now durable)
         advances. Otherwise only queues with flushConsumeQueueLeastPages
         dirty pages (RocketMQ's policy: syncing every queue every second
-        write-protects thousands of pages that the next appends fault on).
-        Returns the checkpoint's ConsumeQueue position. Flusher only."""
+        write-protects thousands of pages that the next appends fault on);
+        when those are all the queues with unflushed units, that is every
+        queue, and the position advances too: a recovery after kill -9 or
+        power loss then rescans about a flush interval of writes, not up to
+        flushConsumeQueueThoroughInterval's (60 s of a busy broker's writes
+        is tens of GB). Returns the checkpoint's ConsumeQueue position.
+        Flusher only."""
         st = self.state
         # Every claim ending at or before queue_pos has published its queue
         # offsets: next offsets read after it cover all their units (and
@@ -794,7 +799,9 @@ class MessageStore:
         if not thorough:
             least = self.config.flushConsumeQueueLeastPages * 4096 // CQ_UNIT_BYTES
             busy = used[nxt - done >= least]
-            if busy.shape[0] <= CQ_SYNC_EACH_MAX:
+            if busy.shape[0] >= dirty.shape[0]:
+                thorough = True   # every queue with unflushed units is busy: the same syncs
+            elif busy.shape[0] <= CQ_SYNC_EACH_MAX:
                 dirty = busy
             else:
                 thorough = True   # syncfs below covers every queue anyway

@@ -87,6 +87,26 @@ def test_consume_queues_flush_busy_queues_each_second_and_all_at_the_thorough_in
     assert Checkpoint.load(REAL_FILES, store_dir).cq_flushed == st.write_pos > quiet.end
 
 
+def test_when_every_queue_with_unflushed_units_is_busy_the_checkpoint_advances_each_second(store_dir):
+    # the position a recovery after kill -9 or power loss rescans from: a
+    # busy broker's would otherwise lag up to the thorough interval (60 s)
+    store, f, clock = setup(store_dir)
+    st = store.state
+    for _ in range(500):                                     # two busy queues, nothing idle
+        store.append(encode("B", [b"b"], queue_ids=0, properties=b""))
+        store.append(encode("B", [b"b"], queue_ids=1, properties=b""))
+    f.step()
+    clock.advance(1000)
+    f.step()
+    ck = Checkpoint.load(REAL_FILES, store_dir)
+    assert all(st.queue_cq_flushed[st.queue_slot("B", q)] == 500 for q in range(2))
+    assert ck.cq_flushed == ck.cl_flushed == st.write_pos
+    put(store, 50)                                           # a unit left dirty holds it back
+    clock.advance(1000)
+    f.step()
+    assert Checkpoint.load(REAL_FILES, store_dir).cq_flushed == ck.cq_flushed < st.write_pos
+
+
 def test_the_next_segment_exists_before_the_writer_needs_it(store_dir):
     store, f, clock = setup(store_dir)
     nxt = os.path.join(store_dir, "commitlog", f"{SMALL_SEGMENT:020d}")
