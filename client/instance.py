@@ -64,6 +64,9 @@ class ClientConfig:
     persist_consumer_offset_interval: float = 5.0
     request_timeout: float = 3.0
     use_unix_socket: bool = True           # shmq: the broker's Unix socket when it is on this host
+    # shmq: a producer on the broker's host, run by the store's OS user,
+    # appends to the store itself (client/direct.py), no socket per send
+    direct_append: bool = True
     access_key: str = ""                   # an account of the brokers' ACL (plain_acl.yml):
     secret_key: str = ""                   # every request is signed with it (RocketMQ's SessionCredentials)
 
@@ -150,6 +153,10 @@ class ClientInstance:
         self.failure: BaseException | None = None    # the first bug a background task met
         self._failed_in = ""
         self._unix: dict[str, str | None] = {}
+        # broker address → its store attached for direct appends (None: not
+        # possible, asked once); broker name → the same, for the send path
+        self.direct: dict[str, object | None] = {}
+        self._direct_by_name: dict[str, object] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -203,6 +210,11 @@ class ClientInstance:
         self.stopped = True
         for t in self.tasks:
             t.cancel()
+        for ds in self.direct.values():
+            if ds is not None:
+                ds.close()
+        self.direct.clear()
+        self._direct_by_name.clear()
         for c in list(self.conns.values()):
             await c.close()
         self.conns.clear()
@@ -284,6 +296,11 @@ class ClientInstance:
                                          self.config.credentials)
             if not direct and self.config.use_unix_socket:
                 conn = await self._prefer_unix(addr, conn)
+                if self.config.direct_append and conn.addr.startswith("unix:") \
+                        and addr not in self.direct:
+                    ds = self.direct[addr] = await self._attach_direct(addr, conn)
+                    if ds is not None:
+                        ds.conn = conn      # its broker's connection: closed, the broker is gone
             self.conns[addr] = conn
             if not direct:                 # a broker learns our groups at once
                 await self._heartbeat_to(addr, conn, self.heartbeat_body())
@@ -314,6 +331,42 @@ class ClientInstance:
         await conn.close()
         return unix
 
+    async def _attach_direct(self, addr: str, conn: Connection):
+        """The broker's store attached for direct appends, or None (said once
+        at INFO: the socket path is used)."""
+        from .direct import DirectStore, DirectUnavailable
+        try:
+            r = await conn.invoke(RemotingCommand(RC.SHMQ_DIRECT_INFO), self.config.request_timeout)
+        except RemotingError as e:
+            log.info("broker %s: no direct appends (%s); sending over its socket", addr, e)
+            return None
+        if r.code != R.SUCCESS:
+            log.info("broker %s: no direct appends (%d %s); sending over its socket", addr,
+                     r.code, r.remark)
+            return None
+        try:
+            ds = DirectStore.attach(orjson.loads(r.body))
+        except (DirectUnavailable, ValueError, KeyError) as e:
+            log.info("broker %s: no direct appends (%s); sending over its socket", addr, e)
+            return None
+        log.info("broker %s: appending to its store %s directly", addr, ds.root)
+        return ds
+
+    def direct_now(self, broker_name: str):
+        """The store of ``broker_name`` attached for direct appends, if it is.
+        One whose broker closed its connection (stopped, killed, restarting)
+        or refused a claim (closing the store) is let go; the next
+        connection to that broker asks again."""
+        ds = self._direct_by_name.get(broker_name)
+        if ds is not None and (ds.stopped or ds.conn.closed):
+            self._direct_by_name.pop(broker_name, None)
+            for addr, d in list(self.direct.items()):
+                if d is ds:
+                    del self.direct[addr]
+            ds.close()
+            return None
+        return ds
+
     def broker_now(self, broker_name: str) -> Connection | None:
         """The open connection to ``broker_name`` if there is one (no awaiting:
         the send path's common case); None means ``await broker(...)``."""
@@ -328,6 +381,9 @@ class ClientInstance:
         if addr is None:
             raise MQClientError(R.SYSTEM_ERROR, f"the broker {broker_name} is not in any route")
         conn = self._by_name[broker_name] = await self.connection(addr)
+        ds = self.direct.get(addr)
+        if ds is not None and not ds.stopped:
+            self._direct_by_name[broker_name] = ds
         return conn
 
     async def invoke(self, broker_name: str, cmd: RemotingCommand,

@@ -304,6 +304,34 @@ class AsyncProducer:
             int(ext.get("queueOffset", -1)), ext.get("transactionId"),
             ext.get("MSG_REGION", "DefaultRegion"))
 
+    def _append(self, ds, q: MessageQueue, msg: Message, props: str, uniq: str, sysflag: int):
+        """``msg`` appended to the local broker's store by this process
+        (client/direct.py): its ``SendResult``, a coroutine giving it once
+        the flusher made it durable (SYNC_FLUSH), or None: it goes over the
+        socket (the broker's logic is needed). Without an accumulator only:
+        its socket batches and direct appends to one queue could reorder."""
+        body = msg.body
+        if len(body) > self.config.compress_msg_body_over_howmuch:
+            body = zlib.compress(body, 5)
+            sysflag |= SYSFLAG_COMPRESSED
+        try:
+            got = ds.append(q.topic, q.queue_id, body, props, msg.flag, sysflag)
+        except ValueError as e:                 # what the broker answers MESSAGE_ILLEGAL
+            raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
+        if got is None:
+            return None
+        msg_id, qid, offset, end = got
+        mq = q if qid == q.queue_id else MessageQueue(q.topic, q.broker_name, qid)
+        r = SendResult(SendStatus.SEND_OK, uniq, msg_id, mq, offset, None, "DefaultRegion")
+        if not ds.sync_flush or ds.flushed(end) or "WAIT\x01false" in props:
+            return r
+        return self._flushed(ds, end, r)
+
+    async def _flushed(self, ds, end: int, r: SendResult) -> SendResult:
+        if not await ds.wait_flushed(end, asyncio.get_running_loop()):
+            r = replace(r, status=SendStatus.FLUSH_DISK_TIMEOUT)
+        return r
+
     def send(self, msg: Message, queue: MessageQueue | None = None,
              selector: Selector | None = None, arg: Any = None,
              timeout: float | None = None) -> Awaitable[SendResult]:
@@ -349,7 +377,14 @@ class AsyncProducer:
                 try:
                     inst = self.instance
                     conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
-                    if acc is not None:
+                    if acc is None:
+                        ds = inst.direct_now(q.broker_name)
+                        if ds is not None:
+                            r = self._append(ds, q, msg, props, uniq, sysflag)
+                            if r is not None:
+                                self.failed_broker = None
+                                return await r if r.__class__ is not SendResult else r
+                    else:
                         acc.flush_queue(q, conn)       # what waits for q leaves first
                     reply = await self.write_send(conn, q, msg, props, left, sysflag)
                     r = self.results(reply, q, [uniq])[0]

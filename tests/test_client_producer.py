@@ -240,7 +240,8 @@ def test_sends_pipeline_on_one_connection_without_a_task_each(broker, request, m
         def count(loop, coro, **kw):
             created.append(coro)
             return factory(loop, coro, **kw) if factory else asyncio.Task(coro, loop=loop, **kw)
-        async with AsyncProducer("pg-pipe", namesrv_addr=broker.namesrv, max_in_flight=8) as p:
+        async with AsyncProducer("pg-pipe", namesrv_addr=broker.namesrv, max_in_flight=8,
+                                 client=ClientConfig(direct_append=False)) as p:   # the socket path
             q = (await p.publish_queues(topic))[1]
             conn = await p.instance.broker(q.broker_name)
             most = []
@@ -283,7 +284,8 @@ def test_a_closed_connection_fails_every_pending_send_at_once(tmp_path):
         topic = make_topic(b, "C_closed")
 
         async def main():
-            async with AsyncProducer("pg-closed", namesrv_addr=b.namesrv) as p:
+            async with AsyncProducer("pg-closed", namesrv_addr=b.namesrv,      # the socket path
+                                     client=ClientConfig(direct_append=False)) as p:
                 q = (await p.publish_queues(topic))[0]
                 assert (await p.send(Message(topic, b"first"), queue=q)).status is SendStatus.SEND_OK
                 conn = await p.instance.broker(q.broker_name)

@@ -1,0 +1,291 @@
+"""Direct appends: a producer on the broker's host writes the store itself.
+
+Every broker worker maps the same CommitLog and ConsumeQueue segments and
+appends under one claim protocol (``core/store.py``: claim under the lock,
+write, publish in claim order). A producer process run by the OS user that
+owns the store can do exactly what a worker does for a send — encode the
+record, claim, write, publish, wake the workers whose pulls wait for it —
+and skip the socket, the worker and the reply. The result is the same
+``SendResult`` (msgId from the broker's address and the CommitLog offset,
+the queue offset), the same bytes in the store, the same wake-ups: socket
+consumers, ``shmq admin`` and a real RocketMQ client see nothing different.
+
+Attaching (``DirectStore.attach``): the client asks the broker over its Unix
+socket (SHMQ_DIRECT_INFO, broker/handlers/direct.py) for the store's
+settings, then maps the control block and registers a process slot in it,
+as a worker does: if this process dies mid-append, the broker's boss repairs
+the claim it left (rolls it back or pads it) exactly as for a worker. The
+OS decides who may: the store's files and shared memory are owner-only, so
+another user's process gets PermissionError and sends over the socket. So
+does a client without the ``broker`` extra (numba, posix_ipc) and one whose
+broker refuses (``aclEnable``, ``directAppendEnable=false``).
+
+What goes direct: a message to a topic the store's ``topics.json`` has, with
+write permission, on a broker that takes writes, to a valid queue, and with
+nothing for the broker's logic to route — no delay level, delivery time or
+transaction, not a %RETRY% topic (``append`` returns None and the producer
+sends it over the socket, where the broker routes it, creates the topic,
+answers busy or disk-full, as always). The duplicate-send window
+(``sendDedupWindowSize``) is the store's, so it applies here too.
+
+Durability is the socket path's: an append returns once published (visible,
+and recovered after a crash of any process); under SYNC_FLUSH the send waits
+until the flusher has made it durable (``FlushWaiter``: one thread waits for
+the flusher's wake-ups and releases every send its fdatasync covered — group
+commit, as the broker's parked sends).
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+import time
+
+log = logging.getLogger("shmq.client.direct")
+
+PERM_WRITE = 0x2
+MULTI_TAGS_FLAG = 0x2
+ROUTED = ("DELAY\x01", "TIMER_", "TRAN_MSG\x01")      # what only the broker can route
+_SYSFLAG_TRANSACTION_MASK = 0xC
+RETRY_PREFIX = "%RETRY%"
+
+
+class DirectUnavailable(RuntimeError):
+    """This process cannot append to that broker's store itself (the reason)."""
+
+
+class DirectStore:
+    """One local broker's store, attached for appends (see the module doc)."""
+
+    def __init__(self, info: dict):
+        try:
+            from shmq.core.checkpoint import load_table
+            from shmq.core.config import StoreConfig
+            from shmq.core.dedup import dedupable_topic, key_hash
+            from shmq.core.files import REAL_FILES
+            from shmq.core.records import encode_one, host_raw
+            from shmq.core.state import STATE_RUNNING, StoreState, StoreStopping
+            from shmq.core.store import DuplicateResult, MessageStore
+            from shmq.ipc.control import (FLUSHER_SLOT, ROLE_OTHER, WANT_PUBLISH, ControlBlock,
+                                          NotRunning, Retired)
+        except ImportError as e:
+            raise DirectUnavailable(f"direct appends need the broker's modules ({e.name} is not "
+                                    f"installed: pip install 'shmq[broker]')") from None
+        self._load_table, self._files = load_table, REAL_FILES
+        self._encode, self._key_hash, self._dedupable = encode_one, key_hash, dedupable_topic
+        self._duplicate, self._stopping = DuplicateResult, (StoreStopping, Retired)
+        self.stopped = False
+        try:
+            config = StoreConfig(**info["store"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise DirectUnavailable(f"the broker's store settings are not this client's: {e}") \
+                from None
+        self.config = config
+        self.root = root = config.storePathRootDir
+        try:
+            cb = ControlBlock.attach(root)
+        except (OSError, NotRunning) as e:    # PermissionError: another user's store
+            raise DirectUnavailable(f"cannot open the store {root}: {e}") from None
+        try:
+            try:
+                cb.register(ROLE_OTHER)
+            except RuntimeError as e:           # every process slot taken
+                raise DirectUnavailable(str(e)) from None
+            state = StoreState.over(cb.region(), cb.lock)
+            if state is None or state.get("state") != STATE_RUNNING:
+                raise DirectUnavailable(f"the store {root} is not running")
+            if (state.queue_slots, state.get("segment_bytes")) != (
+                    config.maxQueueSlots, config.mappedFileSizeCommitLog):
+                raise DirectUnavailable(f"the store {root} runs with other settings than the "
+                                        f"broker said")
+            self.store = MessageStore(config, state, on_published=lambda: cb.wake_flagged(WANT_PUBLISH),
+                                      on_flush_request=lambda: cb.wake(FLUSHER_SLOT))
+        except BaseException:
+            cb.close()
+            raise
+        self.cb = cb
+        self.state = state
+        self.broker_name = info["brokerName"]
+        self.msgid_prefix = info["msgIdPrefix"]
+        host, _, port = info["storeHost"].rpartition(":")
+        self.store_host = host_raw(host, int(port))
+        self.born_host = host_raw("127.0.0.1", 0)        # what a Unix-socket client is to the broker
+        self.cluster_prop = f"CLUSTER\x01{info['clusterName']}"
+        self.broker_perm = int(info.get("brokerPermission", 6))
+        self.max_bytes = config.maxMessageSize
+        self.busy_ms = config.osPageCacheBusyTimeOutMills
+        self.sync_flush = config.sync_flush
+        self._epoch = -1
+        self._topics: dict[str, tuple[int, int, int]] = {}   # topic → (perm, write queues, sysflag bits)
+        self._writable = True
+        self.flush_waiter: FlushWaiter | None = None
+        self.appended = 0
+        self.conn = None           # the broker's Unix-socket connection (the client instance's)
+
+    @classmethod
+    def attach(cls, info: dict) -> "DirectStore":
+        return cls(info)
+
+    # ------------------------------------------------------------ topics
+    def _reload(self) -> None:
+        """The topic and broker tables as the broker's processes see them
+        (they move ``config_epoch`` on every change)."""
+        epoch = self.state.get("config_epoch")
+        if epoch == self._epoch:
+            return
+        topics = self._load_table(self._files, self.root, "topics.json").get("topicConfigTable", {})
+        self._topics = {name: (int(t.get("perm", 6)), int(t.get("writeQueueNums", 0)),
+                               MULTI_TAGS_FLAG if t.get("topicFilterType") == "MULTI_TAG" else 0)
+                        for name, t in topics.items()}
+        kept = self._load_table(self._files, self.root, "brokerConfig.json").get(
+            "brokerConfigTable", {})
+        perm = int(kept.get("brokerPermission", self.broker_perm))
+        self._writable = bool(perm & PERM_WRITE)
+        self._epoch = epoch
+
+    def takes(self, topic: str, queue_id: int, props: str, sysflag: int) -> int | None:
+        """The sysflag bits the topic adds if a message goes direct, else None:
+        the broker's logic is needed (see the module doc)."""
+        if self.state.get("config_epoch") != self._epoch:
+            self._reload()
+        t = self._topics.get(topic)
+        if (t is None or not t[0] & PERM_WRITE or not 0 <= queue_id < t[1] or not self._writable
+                or sysflag & _SYSFLAG_TRANSACTION_MASK or topic.startswith(RETRY_PREFIX)
+                or any(r in props for r in ROUTED)):
+            return None
+        return t[2]
+
+    # ------------------------------------------------------------ append
+    def append(self, topic: str, queue_id: int, body: bytes, props: str, flag: int = 0,
+               sysflag: int = 0, born_ms: int | None = None) -> tuple[str, int, int, int] | None:
+        """Append one message: (msgId, queue id, queue offset, end) — the end
+        is what a SYNC_FLUSH send waits for — or None when it must go over
+        the socket (the broker's logic is needed, the disk is full, the
+        store is busy). ``props`` carries UNIQ_KEY; the CLUSTER property is
+        added as the broker adds it. ValueError: a message the store refuses."""
+        if self.stopped:
+            return None
+        extra = self.takes(topic, queue_id, props, sysflag)
+        if extra is None:
+            return None
+        st = self.state
+        now = int(time.time() * 1000)
+        if st.get("disk_full") or self.store.busy_ms(now) > self.busy_ms:
+            return None                           # the broker answers these, as for any send
+        if "CLUSTER\x01" not in props:
+            props = f"{props}\x02{self.cluster_prop}" if props else self.cluster_prop
+        pb = props.encode()
+        batch = self._encode(topic.encode(), body, pb, queue_id=queue_id, flag=flag,
+                             sysflag=sysflag | extra,
+                             born_timestamp=now if born_ms is None else born_ms,
+                             born_host=self.born_host, store_host=self.store_host,
+                             store_timestamp=now, max_message_bytes=self.max_bytes)
+        store = self.store
+        dh = self._key_hash(pb) if store.dedup_on and self._dedupable(topic) else 0
+        try:
+            r = store.append(batch, dh)
+        except self._stopping:   # the broker closes, or a new one took the store over
+            self.stopped = True
+            return None
+        if r.__class__ is self._duplicate:
+            queue_id = r.queue_id
+        else:
+            self.appended += 1
+        return f"{self.msgid_prefix}{r.phy_offset:016X}", queue_id, r.queue_offset, r.end
+
+    def flushed(self, end: int) -> bool:
+        return self.state.flushed_pos >= end
+
+    def wait_flushed(self, end: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """A future that turns True once ``end`` is durable, False after
+        syncFlushTimeout (the socket path's FLUSH_DISK_TIMEOUT)."""
+        if self.flush_waiter is None:
+            self.flush_waiter = FlushWaiter(self)
+        return self.flush_waiter.add(end, loop, self.config.syncFlushTimeout / 1000)
+
+    def close(self) -> None:
+        if self.cb is None:
+            return
+        if self.flush_waiter is not None:
+            self.flush_waiter.stop()
+            self.flush_waiter = None
+        self.store.close()
+        self.cb.close()
+        self.cb = None
+        self.stopped = True
+
+
+class FlushWaiter(threading.Thread):
+    """SYNC_FLUSH sends waiting for the flusher: one thread sleeps on this
+    process's wake-up socket (flagged WANT_FLUSH while anything waits),
+    which the flusher writes after each fdatasync, and resolves every
+    waiting send the flushed position now covers."""
+
+    def __init__(self, ds: DirectStore):
+        super().__init__(name="shmq-direct-flush", daemon=True)
+        self.ds = ds
+        self.waits: list = []                  # heap of (end, seq, future, loop, deadline)
+        self.seq = itertools.count()
+        self.cv = threading.Condition()
+        self.stopping = False
+        self.start()
+
+    def add(self, end: int, loop, timeout_s: float) -> asyncio.Future:
+        fut = loop.create_future()
+        with self.cv:
+            heapq.heappush(self.waits, (end, next(self.seq), fut, loop, time.monotonic() + timeout_s))
+            self.cv.notify()
+        return fut
+
+    def stop(self) -> None:
+        with self.cv:
+            self.stopping = True
+            self.cv.notify()
+        self.join(5)
+
+    def run(self) -> None:
+        from shmq.ipc.control import WANT_FLUSH
+        cb, st = self.ds.cb, self.ds.state
+        flagged = False
+        while True:
+            with self.cv:
+                while not self.waits and not self.stopping:
+                    if flagged:
+                        cb.set_flag(WANT_FLUSH, False)
+                        flagged = False
+                    self.cv.wait()
+                if self.stopping:
+                    break
+            if not flagged:
+                cb.set_flag(WANT_FLUSH, True)
+                flagged = True
+            cb.wait(0.01)
+            flushed, now = st.flushed_pos, time.monotonic()
+            done = []
+            with self.cv:
+                w = self.waits
+                while w and w[0][0] <= flushed:
+                    done.append((heapq.heappop(w), True))
+                late = [e for e in w if e[4] <= now]
+                if late:
+                    self.waits = [e for e in w if e[4] > now]
+                    heapq.heapify(self.waits)
+                    done += [(e, False) for e in late]
+            for (_, _, fut, loop, _), ok in done:
+                loop.call_soon_threadsafe(_settle, fut, ok)
+        if flagged:
+            cb.set_flag(WANT_FLUSH, False)
+        with self.cv:
+            for _, _, fut, loop, _ in self.waits:
+                loop.call_soon_threadsafe(_settle, fut, False)
+            self.waits = []
+
+
+def _settle(fut: asyncio.Future, ok: bool) -> None:
+    if not fut.done():
+        fut.set_result(ok)
+
+
+__all__ = ["DirectStore", "DirectUnavailable", "FlushWaiter"]

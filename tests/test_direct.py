@@ -1,0 +1,201 @@
+"""Direct appends (client/direct.py): a producer on the broker's host writes
+the store itself, and nothing anyone else sees is different.
+
+Against real broker processes: the producer's SendResult, the stored
+records a socket pull returns, parked pulls woken by a direct append, what
+still goes over the socket (a delay level, a topic the broker must create),
+SYNC_FLUSH durability, the switch, the broker's refusals, and a direct
+producer killed (SIGKILL) at random points of its appends: every
+acknowledged message is stored exactly once, the boss repairs what it left,
+and the broker serves on.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import orjson
+import pytest
+from brokerproc import broker_conf, BrokerProc, routed_topic, start_broker, stored_records, topic_for
+from shmq.client import AsyncProducer, ClientConfig, Message, Producer, SendStatus
+from shmq.client.remoting import RemotingClient
+from shmq.client.requests import pull_message
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import RemotingCommand
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = start_broker(tmp_path_factory.mktemp("direct"))
+    yield b
+    assert b.stop() == 0, b.log()[-3000:]
+
+
+def direct_of(p) -> object:
+    """The producer's attached store (None: it sends over the socket)."""
+    inst = p.instance if isinstance(p, AsyncProducer) else p._p.instance
+    [ds] = [d for d in inst.direct.values()] or [None]
+    return ds
+
+
+def test_a_local_producer_appends_itself_and_a_socket_pull_reads_the_same_records(broker, request):
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=2)
+    with Producer("dp-1", namesrv_addr=broker.namesrv) as p:
+        results = [p.send(Message(topic, b"m%d" % i, tags="T", keys=["k%d" % i],
+                                  properties={"n": str(i)})) for i in range(40)]
+        ds = direct_of(p)
+        assert ds is not None and ds.appended == 40          # none went over the socket
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    by_q: dict[int, list] = {}
+    for r in results:
+        by_q.setdefault(r.queue.queue_id, []).append(r.queue_offset)
+    assert all(offs == list(range(len(offs))) for offs in by_q.values())   # in order per queue
+    stored = {m.properties["UNIQ_KEY"]: m for m in stored_records(broker, topic, 2)}
+    assert len(stored) == 40
+    for i, r in enumerate(results):
+        m = stored[r.msg_id]
+        assert (m.body, m.tags, m.keys, m.properties["n"]) == (b"m%d" % i, "T", ["k%d" % i], str(i))
+        assert (m.queue_id, m.queue_offset) == (r.queue.queue_id, r.queue_offset)
+        assert m.offset_msg_id() == r.offset_msg_id            # the broker's own msgId
+        assert m.properties["CLUSTER"] == "DefaultCluster"      # as the broker adds it
+
+
+def test_a_parked_pull_is_answered_by_a_direct_append(broker, request):
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    with RemotingClient(broker.addr) as c, Producer("dp-park", namesrv_addr=broker.namesrv) as p:
+        p.send(Message(topic, b"warm"))                        # attach before the pull parks
+        opaque = c.send(pull_message(topic, 0, 1, max_msgs=8, suspend_ms=20_000))
+        time.sleep(0.2)                                        # let it park
+        t0 = time.monotonic()
+        r = p.send(Message(topic, b"wake"))
+        reply = c.recv(timeout=10)
+        assert direct_of(p).appended == 2
+    assert reply.opaque == opaque and reply.code == R.SUCCESS
+    assert time.monotonic() - t0 < 10        # woken by the append, not by the 20 s hold
+    assert r.queue_offset == 1
+
+
+def test_what_needs_the_broker_still_goes_over_the_socket(broker, request):
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    new_topic = topic_for(request, "Dnew_")
+    with Producer("dp-route", namesrv_addr=broker.namesrv) as p:
+        p.send(Message(topic, b"plain"))
+        ds = direct_of(p)
+        delayed = p.send(Message(topic, b"later", delay_level=1))     # 1 s: the broker routes it
+        created = p.send(Message(new_topic, b"first"))                # the broker creates it
+        assert ds.appended == 1
+    assert delayed.status is SendStatus.SEND_OK and created.status is SendStatus.SEND_OK
+    deadline = time.monotonic() + 20
+    while len(stored_records(broker, topic, 1)) < 2:
+        assert time.monotonic() < deadline, "the delayed message never arrived"
+        time.sleep(0.2)
+    assert [m.body for m in stored_records(broker, new_topic, 4)] == [b"first"]
+
+
+def test_the_switch_off_sends_over_the_socket(broker, request):
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    with Producer("dp-off", namesrv_addr=broker.namesrv,
+                  client=ClientConfig(direct_append=False)) as p:
+        r = p.send(Message(topic, b"x"))
+        assert direct_of(p) is None
+    assert r.status is SendStatus.SEND_OK and r.queue_offset == 0
+
+
+def test_the_broker_offers_direct_appends_only_over_its_unix_socket(broker):
+    with RemotingClient(broker.addr) as tcp:                   # TCP: not on this host, as far as it knows
+        r = tcp.invoke(RemotingCommand(RC.SHMQ_DIRECT_INFO))
+    assert r.code == R.NO_PERMISSION and "Unix socket" in r.remark
+    with RemotingClient(f"unix:{broker.unix}") as unix:
+        r = unix.invoke(RemotingCommand(RC.SHMQ_DIRECT_INFO))
+    info = orjson.loads(r.body)
+    assert r.code == R.SUCCESS and info["store"]["storePathRootDir"] == broker.conf["storePathRootDir"]
+
+
+def test_refused_by_the_broker_means_the_socket(tmp_path, request):
+    with BrokerProc(tmp_path, broker_conf(tmp_path, directAppendEnable="false")).start() as b:
+        topic = routed_topic(b, topic_for(request, "D_"), queues=1)
+        with Producer("dp-refused", namesrv_addr=b.namesrv) as p:
+            assert p.send(Message(topic, b"x")).status is SendStatus.SEND_OK
+            assert direct_of(p) is None
+        assert [m.body for m in stored_records(b, topic, 1)] == [b"x"]
+
+
+def test_sync_flush_direct_sends_are_durable_when_answered(tmp_path, request):
+    with BrokerProc(tmp_path, broker_conf(tmp_path, flushDiskType="SYNC_FLUSH")).start() as b:
+        topic = routed_topic(b, topic_for(request, "D_"), queues=2)
+
+        async def main():
+            async with AsyncProducer("dp-sync", namesrv_addr=b.namesrv) as p:
+                await p.send(Message(topic, b"attach"))
+                ds = direct_of(p)
+                rs = await asyncio.gather(*(p.send(Message(topic, b"s%d" % i)) for i in range(200)))
+                return ds, rs, ds.state.flushed_pos
+
+        ds, rs, flushed = asyncio.run(main())
+        assert ds.appended == 201 and all(r.status is SendStatus.SEND_OK for r in rs)
+        ends = [int(r.offset_msg_id[16:], 16) for r in rs]
+        assert flushed > max(ends)                 # every answered send is on disk
+        assert len(stored_records(b, topic, 2)) == 201
+
+
+# ------------------------------------------------------------ kill -9 of a direct producer
+SENDER = textwrap.dedent("""
+    import sys
+    from shmq.client import Message, Producer
+    with Producer("dp-kill", namesrv_addr=sys.argv[1]) as p:
+        i = 0
+        while True:
+            r = p.send(Message(sys.argv[2], b"b%d" % i, keys=["n%d" % i]))
+            d = [d for d in p._p.instance.direct.values() if d is not None]
+            print(f"{r.msg_id} {r.queue.queue_id} {r.queue_offset} {1 if d and d[0].appended else 0}",
+                  flush=True)
+            i += 1
+""")
+
+
+@pytest.mark.parametrize("trials", [int(os.environ.get("SHMQ_DIRECT_KILL_TRIALS", "4"))])
+def test_a_direct_producer_killed_mid_append_loses_no_acknowledged_message(tmp_path, request,
+                                                                            trials):
+    rng = random.Random(trials)
+    with BrokerProc(tmp_path, broker_conf(tmp_path)).start() as b:
+        topic = routed_topic(b, topic_for(request, "D_"), queues=2)
+        acked: dict[str, tuple[int, int]] = {}
+        for t in range(trials):
+            proc = subprocess.Popen([sys.executable, "-c", SENDER, b.namesrv, topic],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            lines = []
+            while len(lines) < 50 + rng.randrange(300):        # mid-stream, at a random point
+                line = proc.stdout.readline()
+                assert line, proc.stderr.read()[-3000:]
+                lines.append(line.split())
+            proc.send_signal(signal.SIGKILL)
+            rest, _ = proc.communicate(timeout=30)
+            lines += [ln.split() for ln in rest.splitlines() if len(ln.split()) == 4]
+            assert all(direct == "1" for *_, direct in lines[1:]), "it did not append directly"
+            for uniq, qid, off, _ in lines:
+                acked[uniq] = (int(qid), int(off))
+            # the broker serves a socket client at once, the dead claim repaired or not
+            with Producer("dp-after", namesrv_addr=b.namesrv,
+                          client=ClientConfig(direct_append=False)) as p:
+                assert p.send(Message(topic, b"after%d" % t)).status is SendStatus.SEND_OK
+        time.sleep(1.5)                                  # the boss's supervise tick repairs
+        stored = stored_records(b, topic, 2)
+        uniqs = [m.properties.get("UNIQ_KEY") for m in stored]
+        assert len(uniqs) == len(set(uniqs))                            # none twice
+        where = {m.properties["UNIQ_KEY"]: (m.queue_id, m.queue_offset) for m in stored}
+        missing = [u for u in acked if u not in where]
+        assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:5]}"
+        assert all(where[u] == acked[u] for u in acked)                 # where they were acked
+        assert sum(1 for m in stored if m.body.startswith(b"after")) == trials
+    # a clean stop happened (BrokerProc's exit); the store verifies offline
+    r = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect",
+                        os.path.join(str(tmp_path), "store"), "--verify"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
