@@ -40,8 +40,8 @@ import sys
 import tempfile
 import time
 
-from perf import (Skipped, append, backlog, broker, client, features, machine, net_limits, pull_transfer, recovery,
-                  redis_peer, report, spark, sync_flush, worker_cpu, write_path)
+from perf import (Skipped, append, backlog, broker, client, features, local_ipc, machine, net_limits,
+                  pull_transfer, recovery, redis_peer, report, spark, sync_flush, worker_cpu, write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
@@ -158,6 +158,7 @@ BENCHES = {
     "broker_sql_filter": features.run_sql_filter,
     "client_send": client.run_send,
     "client_consume": client.run_consume,
+    "local_ipc": local_ipc.run,
     "backlog": backlog.run,
 }
 

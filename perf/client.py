@@ -73,9 +73,12 @@ def _route_ready(b: Broker | NamedBroker, topic: str) -> None:
 
 
 async def _shmq_send(namesrv: str, topic: str, seconds: float, unix: bool, batch: int,
-                     linger_ms: float = 0) -> float:
-    """msg/s (and, for single sends, ``_LAST_CPU_US``: the client's CPU per send)."""
-    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, instance_name=f"perf-{unix}")
+                     linger_ms: float = 0, direct: bool = False) -> float:
+    """msg/s (and, for single sends, ``_LAST_CPU_US``: the client's CPU per send).
+    ``direct``: appends to the store by this process (client/direct.py, the
+    local_ipc bench); off, every send crosses the socket."""
+    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, direct_append=direct,
+                       instance_name=f"perf-{unix}-{direct}")
     async with AsyncProducer("perf-client", client=cfg, max_in_flight=WINDOW, linger_ms=linger_ms) as p:
         sent = 0
         msgs = [Message(topic, BODY) for _ in range(batch)]

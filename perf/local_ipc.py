@@ -1,0 +1,106 @@
+"""Local IPC: a producer on the broker's host appending to the store itself
+(client/direct.py), against what a user could pick instead on this host.
+
+- local_ipc_send: ``AsyncProducer.send`` of 100-byte messages, one per
+  call, WINDOW callers, with direct appends (the client's default on the
+  broker's host) — msg/s and the client's CPU per send. Beside it, in the
+  same run: the limit, this process appending the same messages to a
+  private store of its own (``encode_one`` + ``MessageStore.append``, no
+  client, no route, no result: what a direct send cannot beat); the same
+  sends over the Unix socket (``direct_append=False``); and the peers
+  ``perf.client.peers`` measures (multiprocessing.Queue, pyzmq ipc PUSH/PULL,
+  NATS core where installed; none durable or acknowledged). Issue 17's
+  target: 500 k msg/s, ahead of every peer.
+- local_ipc_send_sync: ``Producer.send`` (blocking), one at a time: direct
+  vs the Unix socket (each send waits for its result).
+
+Every direct send must have been appended by this process (the client's
+``appended`` counter), every answer SEND_OK at a position of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from perf.broker import create_topic
+from perf.client import BODY, WINDOW, _LAST_CPU_US, _broker, _namesrv, _route_ready, _shmq_send, peers
+from shmq.client import ClientConfig, Message, Producer, SendStatus
+from shmq.client.remoting import RemotingClient
+
+
+def _store_append_rate(scratch: str, seconds: float) -> float:
+    """Messages a second this process appends to a private store of its own:
+    one record encoded and appended per call, as a direct send does."""
+    from shmq.core.config import StoreConfig
+    from shmq.core.records import encode_one, host_raw
+    from shmq.core.store import open_local
+    root = os.path.join(scratch, "local-ipc-store")
+    store, _ = open_local(StoreConfig(storePathRootDir=root, mappedFileSizeCommitLog=256 << 20))
+    host = host_raw("127.0.0.1", 10911)
+    topic, props = b"LocalIpcLimit", b"UNIQ_KEY\x010123456789ABCDEF0123456789ABCDEF"
+    n = 0
+    try:
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while True:
+            for _ in range(500):
+                now = int(time.time() * 1000)
+                store.append(encode_one(topic, BODY, props, queue_id=n & 3, flag=0, sysflag=0,
+                                        born_timestamp=now, born_host=host, store_host=host,
+                                        store_timestamp=now))
+                n += 1
+            if time.perf_counter() > end:
+                break
+        return n / (time.perf_counter() - t0)
+    finally:
+        store.close()
+
+
+def _sync_sends(namesrv: str, topic: str, seconds: float, direct: bool) -> float:
+    cfg = ClientConfig(namesrv_addr=namesrv, direct_append=direct, instance_name=f"perf-sync-{direct}")
+    with Producer("perf-local-sync", client=cfg) as p:
+        p.send(Message(topic, BODY))
+        n, t0 = 0, time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            for _ in range(100):
+                if p.send(Message(topic, BODY)).status is not SendStatus.SEND_OK:
+                    raise AssertionError("a send was not SEND_OK")
+            n += 100
+        rate = n / (time.perf_counter() - t0)
+        ds = [d for d in p._p.instance.direct.values() if d is not None]
+        if direct and (not ds or ds[0].appended < n):
+            raise AssertionError(f"direct sends went over the socket: {ds and ds[0].appended} of {n}")
+        return rate
+
+
+def run(ctx, result):
+    b = _broker(ctx)
+    if "unix" not in b.transports:
+        from perf import Skipped
+        raise Skipped("the broker is not on this host (no Unix socket): no direct appends")
+    seconds = 1.0 if ctx.quick else 5.0
+    ns = _namesrv(b)
+    topic = "PerfLocalIpc"
+    with RemotingClient(b.addr("tcp")) as c:
+        create_topic(c, topic, 4)
+    _route_ready(b, topic)
+    limit = _store_append_rate(ctx.scratch, seconds)
+    direct = asyncio.run(_shmq_send(ns, topic, seconds, True, 1, direct=True))
+    cpu = _LAST_CPU_US[0]
+    socket_rate = asyncio.run(_shmq_send(ns, topic, seconds, True, 1, direct=False))
+    p = peers(ctx)
+    best_peer = max((v for k, v in p.items() if k in ("mp_queue", "pyzmq_ipc", "nats_core") and v),
+                    default=None)
+    yield result("local_ipc_send", direct, "msg/s", limit,
+                 "this process appending the same messages to a private store (encode_one + "
+                 "MessageStore.append per message)",
+                 client_cpu_us_per_send=round(cpu, 2), unix_socket=round(socket_rate),
+                 vs_socket=round(direct / socket_rate, 2), vs_best_peer=round(direct / best_peer, 3)
+                 if best_peer else None, window=WINDOW, body_bytes=100, target=500_000, **p)
+    d1 = _sync_sends(ns, topic, seconds, True)
+    s1 = _sync_sends(ns, topic, seconds, False)
+    yield result("local_ipc_send_sync", d1, "msg/s", limit,
+                 "this process appending the same messages to a private store",
+                 unix_socket=round(s1), vs_socket=round(d1 / s1, 2), body_bytes=100)
