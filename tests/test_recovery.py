@@ -7,6 +7,7 @@ offsets and ConsumeQueues that agree with the CommitLog.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -122,6 +123,40 @@ def test_a_lost_consumequeue_file_triggers_a_full_redispatch(store_dir):
     store, report = open_local(cfg)
     assert report.full_redispatch
     assert len(store.read_queue("G", 0)) == 400
+
+
+def test_recovery_trusts_the_consumequeue_files_the_checkpoint_covers_and_checks_the_last(
+        store_dir, capsys):
+    """A start reads only the ConsumeQueue files past the last one whose last
+    unit lies below the scan start (issue 20: the walk of every unit was
+    most of a 100 M store's start). Damage in a file it trusts is left for
+    the readers' checks and ``shmq store inspect --verify``; in the files it
+    reads, a unit is rewritten from the CommitLog as before."""
+    from shmq.tools.cli import main
+    cfg = small_config(store_dir)               # 64 KiB segments, 100 units a ConsumeQueue file
+    store, _ = open_local(cfg)
+    phys = [int(store.append(encode("T", [b"%03d" % i + b"x" * 300], properties=b"")).phy_offset)
+            for i in range(450)]                # 3 segments; units in 5 files
+    close_clean(store)
+    scan_from = phys[-1] - phys[-1] % SMALL_SEGMENT
+    assert phys[299] < scan_from < phys[399] < phys[430]   # files 0-2 trusted, 3 and 4 read
+
+    def point_into_its_record(offset):          # a flipped bit: one byte into its record
+        path = os.path.join(store_dir, "consumequeue", "T", "0", f"{offset // 100 * 2000:020d}")
+        with open(path, "r+b") as f:
+            f.seek(offset % 100 * 20)
+            f.write((phys[offset] + 1).to_bytes(8, "big"))
+
+    point_into_its_record(10)
+    point_into_its_record(430)
+    store, report = open_local(cfg)
+    assert (report.scan_from, report.units_rebuilt, report.full_redispatch) == (scan_from, 1, False)
+    assert store.cqs.unit("T", 0, 430)[0] == phys[430]          # read: rewritten
+    assert store.cqs.unit("T", 0, 10)[0] == phys[10] + 1        # trusted: not read at start
+    close_clean(store)
+    assert main(["store", "inspect", store_dir, "--verify", "--json"]) == 1
+    bad = json.loads(capsys.readouterr().out)["consumequeue"]["first_bad"]
+    assert (bad["topic"], bad["queue_offset"]) == ("T", 10) and f"is at {phys[10]}" in bad["problem"]
 
 
 def test_stale_units_past_the_end_are_dropped(store_dir):
