@@ -161,3 +161,49 @@ def test_read_ahead_advises_the_queues_own_runs_and_its_units():
     assert [(b, e) for p, b, e in files.advised if "commitlog" in p] == [tuple(r) for r in runs[:3]]
     assert read_ahead(store.cl, store.cqs, "R", 5, 0, 10, gap_max=0) == 0     # no such queue
     assert K.CQ_PAD_SIZE == store.cqs.unit("R", 0, 96)[1]
+
+
+def test_a_worker_serving_a_reader_far_behind_holds_a_window_of_what_it_read(tmp_path):
+    """Pulls through a whole queue that lies outside the page-cache window
+    (accessMessageInMemoryMaxRatio=0): the worker gives back what it served
+    each time it reads ahead, so its mapped CommitLog stays a couple of
+    read-ahead windows, not the 12 MB of records the queue holds."""
+    from brokerproc import routed_topic, start_broker
+    from shmq.client.remoting import RemotingClient
+    from shmq.client.requests import decode_records, pull_message, send_batch
+    from shmq.ipc.codes import ResponseCode as R
+
+    per_queue, body = 40_000, b"z" * 200
+    with start_broker(tmp_path, workerProcessNums=1, accessMessageInMemoryMaxRatio=0,
+                      mappedFileSizeCommitLog=4 << 20) as b:
+        topic = routed_topic(b, "Behind", 2)
+        with RemotingClient(b.addr) as c:
+            for off in range(0, per_queue, 500):
+                for q in range(2):
+                    r = c.invoke(send_batch(topic, [(body, "")] * 500, queue_id=q), timeout=60)
+                    assert r.code == R.SUCCESS and int(r.ext["queueOffset"]) == off
+            off = 0
+            while off < per_queue:
+                r = c.invoke(pull_message(topic, 0, off, max_msgs=32), timeout=60)
+                assert r.code == R.SUCCESS, r.remark
+                recs = decode_records(r.body)
+                assert [m.queue_offset for m in recs] == list(range(off, off + len(recs)))
+                off += len(recs)
+        worker = next(pid for name, pid in b.children().items() if name.startswith("shmq-worker"))
+        store_cl = os.path.join(str(tmp_path), "store", "commitlog")
+        held = _mapped_rss_of(worker, store_cl)
+        record = recs[0].total_size
+        window = 4096 * record * 2                          # a read-ahead window's span: 2 queues
+        assert held <= 2 * window + (1 << 20) < per_queue * record, (held, window)
+
+
+def _mapped_rss_of(pid: int, under: str) -> int:
+    total, mine = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                mine = len(head) >= 6 and head[5].startswith(under)
+            elif mine and line.startswith("Rss:"):
+                total += int(head[1]) * 1024
+    return total

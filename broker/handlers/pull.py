@@ -80,7 +80,7 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     if r.phys.shape[0]:
         cold = int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes
         if cold:
-            _read_ahead(b, topic, qid, offset, r.next_offset, r.max_offset)
+            _read_ahead(b, topic, qid, offset, r.next_offset, r.max_offset, int(r.phys[0]))
         if cold or b.damaged:
             r = _checked(b, r, topic, qid, offset)     # read from disk, or damage listed: check
     st = r.status
@@ -112,20 +112,27 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
 # / 2 units a queue is read (a few syscalls every ~64 pulls of 32), none for
 # a pull near the head. Its own queue's runs only: 8 queues interleave in
 # the CommitLog, and reading all their bytes would cost the page cache 8×.
+# Each time it reads ahead, it also gives back this worker's pages of what
+# the queue was served since the last time (CommitLog.drop): a reader going
+# through a backlog of GBs would otherwise leave them all in the worker's RSS.
 READ_AHEAD_UNITS = 4096
 READ_AHEAD_GAP_BYTES = 64 << 10
-_ahead: dict[tuple[int, str, int], int] = {}   # (store, topic, queue) → offset read ahead to
+# (store, topic, queue) → (queue offset read ahead to, CommitLog offset the
+# queue's pulls had reached then)
+_ahead: dict[tuple[int, str, int], tuple[int, int]] = {}
 
 
-def _read_ahead(b: Broker, topic: str, qid: int, offset: int, nxt: int, mx: int) -> None:
+def _read_ahead(b: Broker, topic: str, qid: int, offset: int, nxt: int, mx: int, phy: int) -> None:
     key = (id(b.store), topic, qid)
-    upto = _ahead.get(key, -1)
+    upto, since = _ahead.get(key, (-1, -1))
     if not offset <= upto <= offset + 2 * READ_AHEAD_UNITS:   # new here, or moved elsewhere
-        upto = offset
+        upto, since = offset, -1
     units = min(READ_AHEAD_UNITS, mx - upto)
     if upto - nxt < READ_AHEAD_UNITS // 2 and units > 0:
-        _ahead[key] = read_ahead(b.store.cl, b.store.cqs, topic, qid, upto, units,
-                                 READ_AHEAD_GAP_BYTES)
+        if 0 <= since < phy:
+            b.store.cl.drop(since, phy)
+        _ahead[key] = (read_ahead(b.store.cl, b.store.cqs, topic, qid, upto, units,
+                                  READ_AHEAD_GAP_BYTES), phy)
 
 
 def _checked(b: Broker, r: GetResult, topic: str, qid: int, offset: int) -> GetResult:
