@@ -47,7 +47,13 @@ claim past ``write_pos`` that nobody finished is, to recovery after a crash, a
 torn write: the scan stops at its first bad byte and truncates what follows.
 
 Reads never look past a queue's published ``next_offset`` nor a record past
-``write_pos``. A batch goes to one queue, as every RocketMQ batch does.
+``write_pos``. A batch goes to one queue, as every RocketMQ batch does. What a
+process reads through the mappings stays in its RSS until it is given back:
+each time the write position has moved GIVE_BACK_EVERY_BYTES on, a reader
+gives back (``CommitLog.drop``) its pages more than HOT_BYTES behind it, so
+a worker that serves consumers for days holds the hot tail, not every page
+it ever served (a reader far behind gives back its own as it reads ahead:
+``broker/handlers/pull.py``).
 """
 from __future__ import annotations
 
@@ -80,6 +86,11 @@ from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_S
 # Above this many dirty ConsumeQueues one syncfs beats a sync per file
 # (each costs a journal commit, ~0.3 ms here).
 CQ_SYNC_EACH_MAX = 32
+# A reader's mapped CommitLog pages further behind the write position than
+# HOT_BYTES are given back each time it moves GIVE_BACK_EVERY_BYTES on (the
+# module doc): a worker's RSS holds about HOT_BYTES of the log at most.
+HOT_BYTES = 256 << 20
+GIVE_BACK_EVERY_BYTES = 64 << 20
 
 
 class AppendResult:
@@ -161,6 +172,7 @@ class MessageStore:
         self._lock = state.lock_impl
         self._slot_of = np.zeros(1, dtype=np.int32)
         self._seen_cl_min = 0
+        self._given_back = 0      # this process's mapped pages below here were given back
         # the duplicate-send window (core.dedup): its length, bucket heads, entries
         self.dedup_on = self._dn = state.dedup_entries
         self._dn2 = 2 * self._dn
@@ -663,6 +675,8 @@ class MessageStore:
         st = self.state
         if st.get("cl_min_offset") != self._seen_cl_min:
             self.release_deleted()
+        if self._w[I_WRITE_POS] - self._given_back > HOT_BYTES + GIVE_BACK_EVERY_BYTES:
+            self._give_back()
         slot = st.queue_slot(topic, queue_id)
         if slot < 0:
             return GetResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0, _NO_POS, _NO_POS)
@@ -715,6 +729,14 @@ class MessageStore:
             else:
                 hi = mid
         return lo
+
+    def _give_back(self) -> None:
+        """Give back this process's mapped CommitLog pages more than
+        HOT_BYTES behind the write position (a reader still there faults
+        them back from the page cache)."""
+        below = int(self._w[I_WRITE_POS]) - HOT_BYTES
+        self.cl.drop(self._given_back, below)
+        self._given_back = below
 
     def release_deleted(self) -> None:
         """Close this process's handles on files retention has deleted, so

@@ -207,3 +207,23 @@ def _mapped_rss_of(pid: int, under: str) -> int:
             elif mine and line.startswith("Rss:"):
                 total += int(head[1]) * 1024
     return total
+
+
+def test_a_reader_at_the_head_holds_the_hot_tail_not_everything_it_read(store_dir, monkeypatch):
+    """A consumer keeping up for days: its process gives back the pages it
+    read further than HOT_BYTES behind the write position."""
+    from shmq.core import store as S
+    monkeypatch.setattr(S, "HOT_BYTES", 1 << 20)
+    monkeypatch.setattr(S, "GIVE_BACK_EVERY_BYTES", 256 << 10)
+    cfg = small_config(store_dir, mappedFileSizeCommitLog=SEGMENT)
+    store, _ = open_local(cfg)
+    try:
+        offset = 0
+        while store.state.write_pos < 6 * SEGMENT:
+            store.append(encode("H", [b"h" * 500] * 32, properties=b""))
+            got = store.read_queue("H", 0, offset)               # maps what it reads
+            assert [m.queue_offset for m in got] == list(range(offset, offset + 32))
+            offset += 32
+        assert mapped_rss(os.path.join(store_dir, "commitlog")) <= (1 << 20) + (256 << 10) + SLACK
+    finally:
+        close_clean(store)
