@@ -91,8 +91,8 @@ class DirectStore:
         try:
             try:
                 cb.register(ROLE_OTHER)
-            except RuntimeError as e:           # every process slot taken
-                raise DirectUnavailable(str(e)) from None
+            except (RuntimeError, OSError) as e:    # every slot taken; its wake-up name in use
+                raise DirectUnavailable(f"no process slot in the store {root}: {e}") from None
             state = StoreState.over(cb.region(), cb.lock)
             if state is None or state.get("state") != STATE_RUNNING:
                 raise DirectUnavailable(f"the store {root} is not running")

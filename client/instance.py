@@ -191,6 +191,12 @@ class ClientInstance:
         self._tell(member)                 # a loop that stopped before it joined stays stopped
         await self.start()
         await self.heartbeat()
+        if kind == "producer" and self.config.direct_append:   # brokers a consumer already dialled
+            for addr, conn in list(self.conns.items()):
+                if conn.addr.startswith("unix:") and not conn.closed and addr not in self.direct:
+                    ds = self.direct[addr] = await self._attach_direct(addr, conn)
+                    if ds is not None:
+                        ds.conn = conn
 
     async def unregister(self, kind: str, group: str) -> None:
         table = self.producers if kind == "producer" else self.consumers
@@ -296,8 +302,10 @@ class ClientInstance:
                                          self.config.credentials)
             if not direct and self.config.use_unix_socket:
                 conn = await self._prefer_unix(addr, conn)
-                if self.config.direct_append and conn.addr.startswith("unix:") \
-                        and addr not in self.direct:
+                if self.config.direct_append and self.producers and conn.addr.startswith("unix:"):
+                    old = self.direct.pop(addr, None)
+                    if old is not None:         # a new connection: the broker may be a new one
+                        self._drop_direct(old)
                     ds = self.direct[addr] = await self._attach_direct(addr, conn)
                     if ds is not None:
                         ds.conn = conn      # its broker's connection: closed, the broker is gone
@@ -346,7 +354,7 @@ class ClientInstance:
             return None
         try:
             ds = DirectStore.attach(orjson.loads(r.body))
-        except (DirectUnavailable, ValueError, KeyError) as e:
+        except (DirectUnavailable, OSError, ValueError, KeyError) as e:
             log.info("broker %s: no direct appends (%s); sending over its socket", addr, e)
             return None
         log.info("broker %s: appending to its store %s directly", addr, ds.root)
@@ -358,14 +366,26 @@ class ClientInstance:
         or refused a claim (closing the store) is let go; the next
         connection to that broker asks again."""
         ds = self._direct_by_name.get(broker_name)
-        if ds is not None and (ds.stopped or ds.conn.closed):
-            self._direct_by_name.pop(broker_name, None)
-            for addr, d in list(self.direct.items()):
-                if d is ds:
-                    del self.direct[addr]
-            ds.close()
+        if ds is None:
+            if not self.direct:
+                return None
+            ds = self.direct.get(self.broker_addr(broker_name))
+            if ds is None:
+                return None
+            self._direct_by_name[broker_name] = ds
+        if ds.stopped or ds.conn.closed:
+            self._drop_direct(ds)
             return None
         return ds
+
+    def _drop_direct(self, ds) -> None:
+        for name, d in list(self._direct_by_name.items()):
+            if d is ds:
+                del self._direct_by_name[name]
+        for addr, d in list(self.direct.items()):
+            if d is ds:
+                del self.direct[addr]
+        ds.close()
 
     def broker_now(self, broker_name: str) -> Connection | None:
         """The open connection to ``broker_name`` if there is one (no awaiting:
@@ -381,9 +401,6 @@ class ClientInstance:
         if addr is None:
             raise MQClientError(R.SYSTEM_ERROR, f"the broker {broker_name} is not in any route")
         conn = self._by_name[broker_name] = await self.connection(addr)
-        ds = self.direct.get(addr)
-        if ds is not None and not ds.stopped:
-            self._direct_by_name[broker_name] = ds
         return conn
 
     async def invoke(self, broker_name: str, cmd: RemotingCommand,
