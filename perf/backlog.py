@@ -33,8 +33,9 @@ segments and several ConsumeQueue files per queue. Then, on that store:
   in (/proc/meminfo Cached) per byte it returned (8 queues interleave in
   the CommitLog: whole pages of all of them cost up to 8×; the scrub's
   first pass, 32 MiB/s, reads meanwhile and counts too). The quick run
-  sets accessMessageInMemoryMaxRatio=1, so most of its few hundred MB lie
-  outside the page-cache window, as 100 M messages do at the default 40%;
+  sets accessMessageInMemoryMaxRatio=0, so all its few hundred MB lie
+  outside the page-cache window, as the first 2 M of 100 M messages do at
+  the default 40%;
 - backlog_catchup_cold_producing: the same read of another queue (1 M
   messages at most) while PRODUCERS producers send at full rate to another
   topic (target ≥ 0.25; what they wrote is counted out of the cache-in).
@@ -198,9 +199,9 @@ def write_conf(root: str, quick: bool, name: str) -> tuple[str, str]:
             "mappedFileSizeConsumeQueue": upf * 20,
             # records further behind the write position than this share of
             # RAM are read from disk (checked, read ahead): the quick store
-            # is a few hundred MB, so 1% makes most of it far behind, as
-            # 100 M messages are at the default 40%
-            "accessMessageInMemoryMaxRatio": 1 if quick else 40,
+            # is a few hundred MB, so 0 makes all of it far behind, as the
+            # reads' first 2 M of 100 M messages are at the default 40%
+            "accessMessageInMemoryMaxRatio": 0 if quick else 40,
             "unixSocketPath": f"/tmp/shmq-backlog-{os.getpid()}-{name}.sock"}
     path = os.path.join(d, "broker.conf")
     with open(path, "w") as f:
