@@ -188,7 +188,8 @@ class ConsumeQueues:
                 break
         return n
 
-    def valid_extent(self, topic: str, queue_id: int, cl_end: int) -> tuple[int, int] | None:
+    def valid_extent(self, topic: str, queue_id: int, cl_end: int,
+                     durable_end: int | None = None) -> tuple[int, int] | None:
         """(first queue offset on disk, offset past the last valid unit) of a
         queue: the units from its first file on, through files that follow
         each other without a hole, up to the first that is not a real
@@ -197,16 +198,18 @@ class ConsumeQueues:
         them (changes nothing).
 
         Only the tail is read (RocketMQ checks the last files too): a file
-        whose last unit is valid was wholly written below ``cl_end`` —
-        units are appended in queue order, and recovery's ``cl_end`` (its
-        scan start) lies at or below the checkpoint's ConsumeQueue flushed
-        position, so every unit before that one was durable — and it and
-        every file before it are trusted without reading them. The files
-        after the last such file are walked unit by unit, read ahead in
-        large requests (``FileLayer.will_need``) rather than faulted a page
-        at a time through their MADV_RANDOM mapping. A unit damaged on disk
-        below that point is not seen here: the scrub and the pulls'
-        ``checkCRCOnRead`` find what it points at (see ``core/recovery.py``)."""
+        whose last unit is a valid position below ``durable_end`` (default
+        ``cl_end``) — a CommitLog position at or below the checkpoint's
+        ConsumeQueue flushed position, as recovery's ``cl_end``, its scan
+        start, is — was durable whole when the checkpoint was written
+        (units are appended in queue order), and it and every file before
+        it are trusted without reading them. The files after the last such
+        file are walked unit by unit, read ahead in large requests
+        (``FileLayer.will_need``) rather than faulted a page at a time
+        through their MADV_RANDOM mapping. A unit damaged on disk below that
+        point is not seen here: the scrub and the pulls' ``checkCRCOnRead``
+        find what it points at, ``shmq store inspect --verify`` the unit
+        (see ``core/recovery.py``)."""
         files = self.list_files(topic, queue_id)
         if not files:
             return None
@@ -215,10 +218,11 @@ class ConsumeQueues:
         run = 1                                # files that follow each other without a hole
         while run < len(files) and files[run] == files[0] + run:
             run += 1
+        durable = cl_end if durable_end is None else min(durable_end, cl_end)
         trusted = 0                            # files[:trusted] are trusted whole
         for i in range(run - 1, -1, -1):
             cq = self.mapped(topic, queue_id, files[i], create=False)
-            if cq is not None and K.cq_valid_units(cq, upf - 1, 1, cl_end)[0] == 1:
+            if cq is not None and K.cq_valid_units(cq, upf - 1, 1, durable)[0] == 1:
                 trusted = i + 1
                 break
         kept = first + trusted * upf

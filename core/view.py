@@ -164,11 +164,16 @@ class StoreView:
             cl.close()
 
     def _queue_extents(self) -> dict[tuple[str, int], QueueExtent]:
+        # Files whose last unit the checkpoint covers are trusted unread, as
+        # recovery trusts them (``ConsumeQueues.valid_extent``); past it (a
+        # crashed broker's last files) every unit is checked.
+        ckpt = Checkpoint.load(self.files, self.root)
+        durable = 0 if ckpt is None else max(0, min(ckpt.cl_flushed, ckpt.cq_flushed))
         cqs = self.consumequeues()
         out = {}
         try:
             for topic, qid in sorted(cqs.list_queues()):
-                ext = cqs.valid_extent(topic, qid, self.cl_end)   # as recovery keeps them
+                ext = cqs.valid_extent(topic, qid, self.cl_end, durable)   # as recovery keeps them
                 if ext is None:
                     continue
                 first, hi = ext
