@@ -191,7 +191,7 @@ class ClientInstance:
         self._tell(member)                 # a loop that stopped before it joined stays stopped
         await self.start()
         await self.heartbeat()
-        if kind == "producer" and self.config.direct_append:   # brokers a consumer already dialled
+        if self.config.direct_append:             # brokers dialled before any member joined
             for addr, conn in list(self.conns.items()):
                 if conn.addr.startswith("unix:") and not conn.closed and addr not in self.direct:
                     ds = self.direct[addr] = await self._attach_direct(addr, conn)
@@ -302,7 +302,8 @@ class ClientInstance:
                                          self.config.credentials)
             if not direct and self.config.use_unix_socket:
                 conn = await self._prefer_unix(addr, conn)
-                if self.config.direct_append and self.producers and conn.addr.startswith("unix:"):
+                if self.config.direct_append and (self.producers or self.consumers) \
+                        and conn.addr.startswith("unix:"):
                     old = self.direct.pop(addr, None)
                     if old is not None:         # a new connection: the broker may be a new one
                         self._drop_direct(old)
