@@ -93,6 +93,11 @@ class Producer(_Blocking):
     def send_oneway(self, msg: Message, queue: MessageQueue | None = None) -> None:
         self._run(self._p.send_oneway(msg, queue))
 
+    def send_many(self, topic: str, bodies, *, tags: str | None = None,
+                  queue: MessageQueue | None = None) -> list:
+        """``AsyncProducer.send_many``: many bodies, one queue, few calls."""
+        return self._run(self._p.send_many(topic, bodies, tags=tags, queue=queue))
+
     def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None) -> SendResult:
         return self._run(self._p.send_batch(msgs, queue))
 

@@ -425,6 +425,58 @@ class AsyncProducer:
             self.accumulator.flush_queue(q, conn)
         conn.send_oneway(self._request(msg, q, msg.properties.get(UNIQ_KEY) or unique_ids.next()))
 
+    async def send_many(self, topic: str, bodies, *, tags: str | None = None,
+                        queue: MessageQueue | None = None,
+                        timeout: float | None = None) -> list[SendManyResult]:
+        """The hot loop's call: many bodies to one queue of ``topic`` (``queue``,
+        else the next round robin), with one ``tags`` for all and no other
+        properties — no ``Message`` objects and no UNIQ_KEY (each message is
+        known by its offset msgId). On the broker's host (direct appends)
+        each ~1 MiB of bodies is one claim, encoded by the batch kernel in
+        one call; elsewhere each is one SEND_BATCH_MESSAGE. One result per
+        claim, in order."""
+        if isinstance(bodies, (bytes, bytearray, memoryview)):
+            raise TypeError("send_many takes a sequence of bodies; send() takes one message")
+        self._template(topic)
+        limit = self.config.max_message_size
+        for b in bodies:
+            if not b or len(b) > limit:
+                raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {len(b)} bytes: 1..{limit}")
+        props = f"TAGS\x01{tags}" if tags else ""
+        q = queue or self.pick(self._queues_now(topic) or await self.publish_queues(topic))
+        inst = self._inst()
+        conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
+        out: list[SendManyResult] = []
+        # a claim's bodies, as a batch entry counts them (a socket batch's
+        # body must stay under the broker's maxMessageSize too)
+        budget = min(_MANY_CHUNK_BYTES, self.config.max_message_size) - 1024
+        entry = 24 + len(props)
+        i, n = 0, len(bodies)
+        while i < n:
+            j, size = i, 0
+            while j < n and (j == i or size + len(bodies[j]) + entry <= budget):
+                size += len(bodies[j]) + entry
+                j += 1
+            chunk = bodies[i:j]
+            ds = inst.direct_now(q.broker_name) if self.accumulator is None else None
+            got = ds.append_many(q.topic, q.queue_id, chunk, props) if ds is not None else None
+            if got is not None:
+                first, rec_pos, offset, end = got
+                r = SendManyResult(SendStatus.SEND_OK, q, offset, len(chunk), first, rec_pos,
+                                   ds.msgid_prefix)
+                if ds.sync_flush and not ds.flushed(end) and not await ds.wait_flushed(
+                        end, asyncio.get_running_loop()):
+                    r.status = SendStatus.FLUSH_DISK_TIMEOUT
+            else:
+                if self.accumulator is not None:
+                    self.accumulator.flush_queue(q, conn)
+                sr = await self.send_batch([Message(topic, b, tags=tags) for b in chunk], q, timeout)
+                r = SendManyResult(sr.status, sr.queue, sr.queue_offset, len(chunk),
+                                   ids=sr.offset_msg_id.split(","))
+            out.append(r)
+            i = j
+        return out
+
     async def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None,
                          timeout: float | None = None) -> SendResult:
         """One SEND_BATCH_MESSAGE: every message to one topic and queue."""
@@ -457,6 +509,31 @@ class AsyncProducer:
             sysFlag=0, bornTimestamp=int(time.time() * 1000), flag=0, properties="",
             reconsumeTimes=0, unitMode=False, batch=True))
         return await self._send_to(q, cmd, ",".join(uniqs), timeout or self.config.send_msg_timeout)
+
+
+@dataclass
+class SendManyResult:
+    """Where ``send_many``'s messages went: ``count`` of them in ``queue``,
+    message i at ``queue_offset + i`` (one claim: nothing between them)."""
+    status: SendStatus
+    queue: MessageQueue
+    queue_offset: int
+    count: int
+    first_phy: int = 0
+    rec_pos: Any = None          # each record's CommitLog offset from first_phy (array)
+    msgid_prefix: str = ""
+    ids: list[str] | None = None     # a broker's answer names them (the socket path)
+
+    @property
+    def offset_msg_ids(self) -> list[str]:
+        """The broker's msgId of each message (made on demand: a string each)."""
+        if self.ids is not None:
+            return self.ids
+        p, base = self.msgid_prefix, self.first_phy
+        return [f"{p}{base + int(r):016X}" for r in self.rec_pos]
+
+
+_MANY_CHUNK_BYTES = 1 << 20            # send_many: bodies appended (or sent) per claim at most
 
 
 # ---------------------------------------------------------------- transactions

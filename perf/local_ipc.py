@@ -11,6 +11,10 @@
   ``perf.client.peers`` measures (multiprocessing.Queue, pyzmq ipc PUSH/PULL,
   NATS core where installed; none durable or acknowledged). Issue 17's
   target: 500 k msg/s, ahead of every peer.
+- local_ipc_send_many: ``Producer.send_many`` of 4096 bodies a call (one
+  claim per ~1 MiB, the batch kernel encoding): direct vs the Unix socket
+  (SEND_BATCH_MESSAGE), beside memcpy of the same bytes (the limit).
+  Issue 17's target: 5 M msg/s.
 - local_ipc_send_sync: ``Producer.send`` (blocking), one at a time: direct
   vs the Unix socket (each send waits for its result).
 
@@ -75,6 +79,25 @@ def _sync_sends(namesrv: str, topic: str, seconds: float, direct: bool) -> float
         return rate
 
 
+MANY = 4096                      # bodies per send_many call
+
+
+def _many_sends(namesrv: str, topic: str, seconds: float, direct: bool) -> float:
+    """``Producer.send_many`` of MANY 100 B bodies per call: msg/s."""
+    cfg = ClientConfig(namesrv_addr=namesrv, direct_append=direct, instance_name=f"perf-many-{direct}")
+    bodies = [BODY] * MANY
+    with Producer("perf-local-many", client=cfg) as p:
+        p.send_many(topic, bodies[:16])
+        n, t0 = 0, time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            rs = p.send_many(topic, bodies)
+            if any(r.status is not SendStatus.SEND_OK for r in rs) or sum(r.count for r in rs) != MANY:
+                raise AssertionError("send_many: not every message SEND_OK")
+            n += MANY
+        return n / (time.perf_counter() - t0)
+
+
 def run(ctx, result):
     b = _broker(ctx)
     if "unix" not in b.transports:
@@ -99,6 +122,11 @@ def run(ctx, result):
                  client_cpu_us_per_send=round(cpu, 2), unix_socket=round(socket_rate),
                  vs_socket=round(direct / socket_rate, 2), vs_best_peer=round(direct / best_peer, 3)
                  if best_peer else None, window=WINDOW, body_bytes=100, target=500_000, **p)
+    many, many_socket = (_many_sends(ns, topic, seconds, d) for d in (True, False))
+    yield result("local_ipc_send_many", many, "msg/s", ctx.memcpy_bps() / 100,
+                 "memcpy of 100 B per message into a mapping (this host, same run)",
+                 unix_socket=round(many_socket), vs_socket=round(many / many_socket, 2),
+                 call_bodies=MANY, body_bytes=100, target=5_000_000)
     d1 = _sync_sends(ns, topic, seconds, True)
     s1 = _sync_sends(ns, topic, seconds, False)
     yield result("local_ipc_send_sync", d1, "msg/s", limit,

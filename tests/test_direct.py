@@ -199,3 +199,25 @@ def test_a_direct_producer_killed_mid_append_loses_no_acknowledged_message(tmp_p
                         os.path.join(str(tmp_path), "store"), "--verify"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(broker, request):
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    bodies = [b"many-%d" % i + b"x" * (i % 600) for i in range(5000)]     # ~1.6 MB
+    results = {}
+    for direct in (True, False):
+        with Producer("dp-many-%s" % direct, namesrv_addr=broker.namesrv,
+                      client=ClientConfig(direct_append=direct)) as p:
+            results[direct] = p.send_many(topic, bodies, tags="Bulk")
+            assert (direct_of(p) is not None) == direct
+    stored = stored_records(broker, topic, 1)
+    assert [m.body for m in stored] == bodies + bodies                   # in order, once each
+    assert all(m.tags == "Bulk" for m in stored)
+    for direct, part in ((True, stored[:5000]), (False, stored[5000:])):
+        rs = results[direct]
+        assert all(r.status is SendStatus.SEND_OK for r in rs) and sum(r.count for r in rs) == 5000
+        assert [i for r in rs for i in r.offset_msg_ids] == [m.offset_msg_id() for m in part]
+        first = rs[0].queue_offset
+        assert [r.queue_offset for r in rs] == [first + sum(x.count for x in rs[:k])
+                                                for k in range(len(rs))]
+    assert len(results[True]) > 1                       # ~1 MiB a claim
