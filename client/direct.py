@@ -65,7 +65,7 @@ class DirectStore:
             from shmq.core.config import StoreConfig
             from shmq.core.dedup import dedupable_topic, key_hash
             from shmq.core.files import REAL_FILES
-            from shmq.core.records import encode_one, host_raw
+            from shmq.core.records import encode, encode_one, host_raw
             from shmq.core.state import STATE_RUNNING, StoreState, StoreStopping
             from shmq.core.store import DuplicateResult, MessageStore
             from shmq.ipc.control import (FLUSHER_SLOT, ROLE_OTHER, WANT_PUBLISH, ControlBlock,
@@ -75,6 +75,7 @@ class DirectStore:
                                     f"installed: pip install 'shmq[broker]')") from None
         self._load_table, self._files = load_table, REAL_FILES
         self._encode, self._key_hash, self._dedupable = encode_one, key_hash, dedupable_topic
+        self._encode_many = encode
         self._duplicate, self._stopping = DuplicateResult, (StoreStopping, Retired)
         self.stopped = False
         try:
@@ -110,6 +111,7 @@ class DirectStore:
         self.broker_name = info["brokerName"]
         self.msgid_prefix = info["msgIdPrefix"]
         host, _, port = info["storeHost"].rpartition(":")
+        self.store_host_pair = (host, int(port))
         self.store_host = host_raw(host, int(port))
         self.born_host = host_raw("127.0.0.1", 0)        # what a Unix-socket client is to the broker
         self.cluster_prop = f"CLUSTER\x01{info['clusterName']}"
@@ -194,6 +196,33 @@ class DirectStore:
         else:
             self.appended += 1
         return f"{self.msgid_prefix}{r.phy_offset:016X}", queue_id, r.queue_offset, r.end
+
+    def append_many(self, topic: str, queue_id: int, bodies, props: str, flag: int = 0):
+        """Append ``bodies`` (one properties string for all) to one queue as
+        one claim: (the first record's CommitLog offset, each record's offset
+        from it, the first queue offset, end), or None as ``append``. What a
+        SEND_BATCH_MESSAGE stores, encoded by the batch kernel in one call."""
+        if self.stopped:
+            return None
+        extra = self.takes(topic, queue_id, props, 0)
+        if extra is None:
+            return None
+        now = int(time.time() * 1000)
+        if self.state.get("disk_full") or self.store.busy_ms(now) > self.busy_ms:
+            return None
+        if "CLUSTER\x01" not in props:
+            props = f"{props}\x02{self.cluster_prop}" if props else self.cluster_prop
+        batch = self._encode_many(topic, bodies, properties=props.encode(), queue_ids=queue_id,
+                                  flag=flag, sysflag=extra, born_timestamp=now,
+                                  born_host=("127.0.0.1", 0), store_host=self.store_host_pair,
+                                  store_timestamp=now, max_message_bytes=self.max_bytes)
+        try:
+            r = self.store.append(batch)
+        except self._stopping:
+            self.stopped = True
+            return None
+        self.appended += len(bodies)
+        return r.phy_offset, r.rec_pos, r.queue_offset, r.end
 
     def flushed(self, end: int) -> bool:
         return self.state.flushed_pos >= end
