@@ -1,4 +1,4 @@
-"""Direct appends: a producer on the broker's host writes the store itself.
+"""Direct appends and reads: a client on the broker's host uses the store itself.
 
 Every broker worker maps the same CommitLog and ConsumeQueue segments and
 appends under one claim protocol (``core/store.py``: claim under the lock,
@@ -33,6 +33,11 @@ and recovered after a crash of any process); under SYNC_FLUSH the send waits
 until the flusher has made it durable (``FlushWaiter``: one thread waits for
 the flusher's wake-ups and releases every send its fdatasync covered — group
 commit, as the broker's parked sends).
+
+Consumers read the same attachment (``DirectReads``, the section at the
+end): a pull the broker would answer with records, from the page cache's
+window, is answered in this process; everything else (caught up: the long
+poll; refusals; offsets to correct; cold records; SQL92) is a socket pull.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 
@@ -125,6 +131,7 @@ class DirectStore:
         self.flush_waiter: FlushWaiter | None = None
         self.appended = 0
         self.conn = None           # the broker's Unix-socket connection (the client instance's)
+        self.reads = DirectReads(self, info)      # consumers' pulls answered here (below)
 
     @classmethod
     def attach(cls, info: dict) -> "DirectStore":
@@ -317,4 +324,130 @@ def _settle(fut: asyncio.Future, ok: bool) -> None:
         fut.set_result(ok)
 
 
-__all__ = ["DirectStore", "DirectUnavailable", "FlushWaiter"]
+# ---------------------------------------------------------------- direct reads
+#
+# A consumer on the broker's host answers its own PULL_MESSAGE from the same
+# mapping (client/pull.py calls ``DirectReads.pull``): the ConsumeQueue
+# units from the offset through the tag filter (the store's kernel, by the
+# tags' hash codes, as the broker's pull handler filters), then the records
+# as the bytes a socket pull's body would carry, decoded by the same path.
+# Only what the broker would answer FOUND or "no matching message, go on"
+# (PULL_RETRY_IMMEDIATELY) is answered here, and only in the page cache's
+# window: everything else goes to the broker as a socket pull, which answers
+# it exactly as before —
+#
+#   * caught up (nothing at the offset): the socket pull parks there (long
+#     polling) until messages come, so a consumer costs no system call while
+#     messages keep coming and parks when it is caught up;
+#   * an offset too small, too big, a ConsumeQueue file missing: the
+#     broker's OFFSET_MOVED / NOT_FOUND answers;
+#   * records further behind the write position than the broker's in-memory
+#     window (accessMessageInMemoryMaxRatio, when checkCRCOnRead): the broker
+#     checks what it reads from disk, skips what its scrub found damaged,
+#     and reads ahead for a consumer that far behind;
+#   * a refusal (no read permission, a queue past readQueueNums, an unknown
+#     group): a queue is read here only after a socket pull of that group
+#     was answered with a pull status under the tables as they are now
+#     (``config_epoch``); a change of any table sends each queue's next
+#     pull to the broker again, which refuses it if it must;
+#   * a stopped store or a read that raises (the broker closing, a new one
+#     taking the store over, an I/O error).
+#
+# A pull that carries a commit offset (PULL_COMMIT_OFFSET) commits it over
+# the socket here too: UPDATE_CONSUMER_OFFSET, oneway, when the offset moved
+# and COMMIT_EVERY_S passed since that queue's last one (the offset store
+# also writes every offset every persistConsumerOffsetInterval, and the
+# socket pull a caught-up consumer parks in carries it).
+COMMIT_EVERY_S = 0.2
+
+
+class DirectReads:
+    """One attached store's direct pulls (see the section's comment)."""
+
+    def __init__(self, ds: DirectStore, info: dict):
+        from shmq.core.commitlog import SegmentMissing
+        from shmq.core.reader import GetMessageStatus as S
+        from shmq.core.state import StoreStopping
+        from shmq.ipc.control import Retired
+        self.ds = ds
+        self.failed = (StoreStopping, Retired, OSError, SegmentMissing)
+        self.FOUND, self.NO_MATCHED = S.FOUND, (S.NO_MATCHED_MESSAGE, S.MESSAGE_WAS_REMOVING)
+        # the broker's pull limits (BrokerConfig's defaults when it does not say)
+        self.count_max = int(info.get("maxTransferCountOnMessageInMemory", 32))
+        self.bytes_max = int(info.get("maxTransferBytesOnMessageInMemory", 256 * 1024))
+        c = ds.config
+        self.window_bytes = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                             * c.accessMessageInMemoryMaxRatio // 100
+                             if c.checkCRCOnRead else 1 << 62)
+        self._epoch = -1
+        self._answered: set[tuple[str, str, int]] = set()   # (group, topic, queue) the broker served
+        self._committed: dict[tuple[str, str, int], tuple[int, float]] = {}
+        self.count = 0                 # pulls answered here (direct_reads)
+        self.messages = 0
+
+    def served(self, group: str, topic: str, queue_id: int) -> None:
+        """The broker answered a pull of this queue with a pull status: the
+        group may read it (until the tables change)."""
+        epoch = self.ds.state.get("config_epoch")
+        if epoch != self._epoch:
+            self._answered.clear()
+            self._epoch = epoch
+        self._answered.add((group, topic, queue_id))
+
+    def pull(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int,
+             codes, commit_offset: int | None):
+        """(found, next offset, min offset, max offset, body bytes or None) of
+        the pull answered here — found: the broker's SUCCESS, else its
+        PULL_RETRY_IMMEDIATELY — or None: ask the broker."""
+        ds = self.ds
+        key = (group, topic, queue_id)
+        if ds.stopped or key not in self._answered:
+            return None
+        st = ds.state
+        if st.get("config_epoch") != self._epoch:
+            self._answered.clear()
+            return None
+        store = ds.store
+        try:
+            r = store.get_message(topic, queue_id, offset, max(1, min(max_msgs, self.count_max)),
+                                  codes, self.bytes_max)
+            status = r.status
+            if status is self.FOUND:
+                phys = r.phys
+                if int(phys[0]) < st.write_pos - self.window_bytes:
+                    return None                   # from disk: the broker checks and reads ahead
+                parts, _ = store.pull_body(phys, r.sizes, 1 << 62)    # slices of the mapping
+                body = bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+            elif status in self.NO_MATCHED:
+                body = None
+            else:
+                return None
+        except self.failed as e:
+            log.info("direct read of %s:%d at %d: %s; pulling over the socket", topic, queue_id,
+                     offset, e)
+            return None
+        if commit_offset is not None:
+            self._commit(key, commit_offset)
+        self.count += 1
+        if body is not None:
+            self.messages += r.phys.shape[0]
+        return body is not None, r.next_offset, r.min_offset, r.max_offset, body
+
+    def _commit(self, key: tuple[str, str, int], offset: int) -> None:
+        last = self._committed.get(key)
+        now = time.monotonic()
+        if last is not None and (last[0] == offset or now - last[1] < COMMIT_EVERY_S):
+            return
+        conn = self.ds.conn
+        if conn is None or conn.closed:
+            return
+        from shmq.ipc.codes import RequestCode as RC
+        from shmq.ipc.remoting import RemotingCommand
+        group, topic, queue_id = key
+        ext = {"consumerGroup": group, "topic": topic, "queueId": str(queue_id),
+               "commitOffset": str(offset), "bname": self.ds.broker_name}
+        conn.send_oneway(RemotingCommand(RC.UPDATE_CONSUMER_OFFSET, ext=ext))
+        self._committed[key] = (offset, now)
+
+
+__all__ = ["COMMIT_EVERY_S", "DirectReads", "DirectStore", "DirectUnavailable", "FlushWaiter"]

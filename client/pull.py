@@ -8,6 +8,15 @@ list, and steps past damaged records so a queue never stops on one. It
 raises ``MQClientError`` for a code that is no pull status (a refusal) and
 ``RemotingError`` for no answer; what to do next is the caller's.
 
+On the broker's host, with its store attached (client/direct.py), a pull
+is answered in this process when it can be — the same records, decoded by
+the same path, so the listener sees the same ``MessageExt``s — and goes to
+the broker otherwise: caught up (the socket pull parks, the long poll), an
+offset the broker must correct, records read from disk, a SQL92
+subscription, a queue the broker has not yet served this group under the
+current tables (its refusals stay its own), a stopped store or a read that
+failed. ``DirectReads`` says why each one goes where.
+
 Callers: the push consumer's pull loop (a ``PullRequest`` per held queue)
 and the lite pull consumer's. Neither's flow control is here, only the
 delay both use when it says wait.
@@ -20,7 +29,7 @@ from dataclasses import dataclass
 
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
-from shmq.ipc.headers import PULL_SUBSCRIPTION, pull_ext
+from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, pull_ext
 from shmq.ipc.remoting import RemotingCommand
 
 from .errors import MQClientError
@@ -69,6 +78,20 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
     """PULL_MESSAGE and PullAPIWrapper.processPullResult: decode, keep the
     subscribed tags, note the queue's min/max offsets on each message.
     Raises MQClientError (a broker refusal) or RemotingError."""
+    reads = None
+    if instance.direct and sub.expression_type == "TAG":
+        ds = instance.direct_now(mq.broker_name)
+        if ds is not None:
+            reads = ds.reads
+            got = reads.pull(group, mq.topic, mq.queue_id, offset, max_nums, _tag_codes(sub),
+                             commit_offset if sysflag & PULL_COMMIT_OFFSET else None)
+            if got is not None:
+                found, next_begin, mn, mx, body = got
+                result = PullResult(PullStatus.FOUND if found else PullStatus.NO_MATCHED_MSG,
+                                    next_begin, mn, mx, [])
+                if found:
+                    _found(result, body, mq, sub, offset)
+                return result
     if instance.broker_addr(mq.broker_name) is None:
         await instance.route(mq.topic, refresh=True)
     ext = pull_ext(consumerGroup=group, topic=mq.topic, queueId=mq.queue_id, queueOffset=offset,
@@ -80,21 +103,46 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
     status = PULL_STATUS.get(r.code)
     if status is None:
         raise MQClientError(r.code, r.remark, f"pull {mq} at {offset}")
+    if reads is not None:                 # the broker may be asked no more for this queue
+        reads.served(group, mq.topic, mq.queue_id)
     h = r.ext
     result = PullResult(status, int(h["nextBeginOffset"]), int(h.get("minOffset", 0)),
                         int(h.get("maxOffset", 0)), [])
     if status is PullStatus.FOUND:
-        # one tuple for the pull's MIN_OFFSET/MAX_OFFSET, shared by its messages
-        skipped: list = []
-        msgs = decode_messages(r.body, mq.broker_name, (str(result.min_offset), str(result.max_offset)),
-                               skipped=skipped)
-        if skipped:
-            result.next_begin_offset = _past_damage(msgs, skipped, offset, result.next_begin_offset)
-            for qoff, why, _ in skipped:
-                log.error("pull %s: %s (queue offset %s): a damaged record, skipped and not "
-                          "delivered", mq, why, "unknown" if qoff is None else qoff)
-        result.msgs = [m for m in msgs if sub.accepts(m)] if sub.tags_set else msgs
+        _found(result, r.body, mq, sub, offset)
     return result
+
+
+def _found(result: PullResult, body: bytes, mq: MessageQueue, sub: SubscriptionData,
+           offset: int) -> None:
+    """processPullResult for a FOUND body, from the socket or read here:
+    decode, step past damage, keep the subscribed tags."""
+    # one tuple for the pull's MIN_OFFSET/MAX_OFFSET, shared by its messages
+    skipped: list = []
+    msgs = decode_messages(body, mq.broker_name, (str(result.min_offset), str(result.max_offset)),
+                           skipped=skipped)
+    if skipped:
+        result.next_begin_offset = _past_damage(msgs, skipped, offset, result.next_begin_offset)
+        for qoff, why, _ in skipped:
+            log.error("pull %s: %s (queue offset %s): a damaged record, skipped and not "
+                      "delivered", mq, why, "unknown" if qoff is None else qoff)
+    result.msgs = [m for m in msgs if sub.accepts(m)] if sub.tags_set else msgs
+
+
+# a TAG subscription's codes as the store's scan takes them (sorted int64;
+# empty: every message), as the broker's parse_subscription builds them
+_codes: dict[tuple[str, str], object] = {}
+
+
+def _tag_codes(sub: SubscriptionData):
+    key = (sub.topic, sub.sub_string)
+    codes = _codes.get(key)
+    if codes is None:
+        import numpy as np
+        if len(_codes) > 1024:
+            _codes.clear()
+        codes = _codes[key] = np.array(sorted(set(sub.code_set)), dtype=np.int64)
+    return codes
 
 
 def _past_damage(msgs: list[MessageExt], skipped: list, offset: int, next_begin: int) -> int:
