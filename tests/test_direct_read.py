@@ -1,0 +1,286 @@
+"""Direct reads (client/direct.py ``DirectReads``, client/pull.py): a consumer
+on the broker's host answers its pulls from the store's mapping, and what it
+delivers, commits and leaves on the broker is what a socket consumer's is.
+
+Against real broker processes: a push consumer reading directly beside a
+socket consumer (``direct_append=False``) of the same topic (same messages,
+once each, in order per queue, same fields); tag filtering; a caught-up
+consumer woken by a new message (the socket long poll it parks in); its
+committed offsets as the broker reports them (GET_CONSUME_STATS, what
+``shmq admin consumerProgress`` shows); a direct consumer SIGKILLed
+mid-consumption resumes at its committed offset in a new process; and mixed
+traffic (a direct and a socket producer) consumed by the real RocketMQ C++
+client and by a direct consumer: every message seen.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from brokerproc import routed_topic, start_broker, topic_for
+from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeConcurrentlyStatus, Message
+from shmq.client.remoting import RemotingClient
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.remoting import RemotingCommand
+
+OK = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+FAST = dict(pull_time_delay_millis_when_exception=300, persist_consumer_offset_interval=1.0)
+WAIT = 30.0
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = start_broker(tmp_path_factory.mktemp("direct-read"))
+    yield b
+    assert b.stop() == 0, b.log()[-3000:]
+
+
+def reads_of(c) -> object | None:
+    """The consumer's direct reads (None: it has no attached store)."""
+    ds = [d for d in c.instance.direct.values() if d is not None]
+    return ds[0].reads if ds else None
+
+
+async def until(pred, timeout=WAIT, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def recorder(into: list):
+    async def listener(msgs, context):
+        into.extend(msgs)
+        return OK
+    return listener
+
+
+async def consumer(broker, group, topic, got, expr="*", **kw):
+    c = AsyncPushConsumer(group, namesrv_addr=broker.namesrv, **FAST, **kw)
+    c.subscribe(topic, expr)
+    c.register_message_listener(recorder(got))
+    await c.start()
+    await until(lambda: any(mq.topic == topic for mq in c.assigned_queues()), what="queues")
+    return c
+
+
+def fields(m) -> tuple:
+    props = {k: v for k, v in m.properties.items() if k not in ("MIN_OFFSET", "MAX_OFFSET")}
+    return (m.queue_id, m.queue_offset, m.msg_id, m.offset_msg_id, m.body, m.tags, m.keys, props,
+            m.sysflag, m.flag, m.born_timestamp, m.store_timestamp, m.born_host, m.store_host,
+            m.commit_log_offset, m.body_crc, m.reconsume_times, m.store_size)
+
+
+def per_queue(msgs) -> dict[int, list]:
+    out: dict[int, list] = collections.defaultdict(list)
+    for m in msgs:
+        out[m.queue_id].append(m)
+    return out
+
+
+def progress(broker, group, topic) -> dict[int, tuple[int, int]]:
+    """queue id → (broker offset, consumer offset), as ``shmq admin consumerProgress`` shows them."""
+    r = subprocess.run([sys.executable, "-m", "shmq.tools", "admin", "consumerProgress", "-g", group,
+                        "-n", broker.namesrv, "--json"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        return {}
+    return {q["queueId"]: (q["brokerOffset"], q["consumerOffset"])
+            for q in json.loads(r.stdout)["queues"] if q["topic"] == topic}
+
+
+def committed(broker, group, topic, queues) -> dict[int, int]:
+    with RemotingClient(broker.addr) as c:
+        out = {}
+        for q in range(queues):
+            r = c.invoke(RemotingCommand(RC.QUERY_CONSUMER_OFFSET, ext={
+                "consumerGroup": group, "topic": topic, "queueId": str(q)}))
+            out[q] = int(r.ext["offset"]) if r.code == 0 else -1
+    return out
+
+
+def test_a_local_consumer_reads_directly_what_a_socket_consumer_reads(broker, request):
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=2)
+    direct, socket = [], []
+
+    async def main():
+        cd = await consumer(broker, "drg-direct", topic, direct, instance_name="dr-direct")
+        cs = await consumer(broker, "drg-socket", topic, socket, instance_name="dr-socket",
+                            direct_append=False)
+        assert reads_of(cd) is not None and reads_of(cs) is None
+        async with AsyncProducer("drp-1", namesrv_addr=broker.namesrv) as p:
+            for i in range(300):
+                await p.send(Message(topic, b"m%d" % i, tags="T%d" % (i % 3), keys=["k%d" % i],
+                                     properties={"n": str(i)}))
+        await until(lambda: len(direct) >= 300 and len(socket) >= 300, what="300 each")
+        assert reads_of(cd).count > 0 and reads_of(cd).messages > 0      # pulls answered here
+        # caught up: parked in a socket pull, woken by the next message
+        t0 = time.monotonic()
+        async with AsyncProducer("drp-2", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"wake", tags="W"))
+        await until(lambda: len(direct) == 301 and len(socket) == 301, timeout=10,
+                    what="the wake-up message")
+        assert time.monotonic() - t0 < 10       # not the 15 s hold
+        # the broker holds the direct consumer's offsets, as consumerProgress shows them
+        deadline = time.monotonic() + WAIT
+        while True:
+            shown = await asyncio.to_thread(progress, broker, "drg-direct", topic)
+            if len(shown) == 2 and all(b == c for b, c in shown.values()):
+                break
+            assert time.monotonic() < deadline, f"consumerProgress shows {shown}"
+            await asyncio.sleep(0.2)
+        assert sum(b for b, _ in shown.values()) == 301
+        await cd.shutdown()
+        await cs.shutdown()
+    asyncio.run(main())
+    assert collections.Counter(m.body for m in direct).most_common(1)[0][1] == 1      # once each
+    d, s = per_queue(direct), per_queue(socket)
+    assert d.keys() == s.keys() == {0, 1}
+    for q in d:
+        assert [m.queue_offset for m in d[q]] == list(range(len(d[q])))               # in order
+        assert [fields(m) for m in d[q]] == [fields(m) for m in s[q]]
+
+
+def test_tag_filtering_reads_only_the_subscribed_tags(broker, request):
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
+    got = []
+
+    async def main():
+        c = await consumer(broker, "drg-tags", topic, got, expr="A || C", instance_name="dr-tags")
+        async with AsyncProducer("drp-tags", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"first", tags="A"))       # the broker serves the queue once
+            await until(lambda: len(got) == 1, what="the first")
+            for i in range(200):
+                await p.send(Message(topic, b"%d" % i, tags="ABCD"[i % 4]))
+        await until(lambda: len(got) == 101, what="the A and C messages")
+        await asyncio.sleep(0.3)
+        reads = reads_of(c)
+        await c.shutdown()
+        return reads
+    reads = asyncio.run(main())
+    assert reads.count > 0
+    assert [m.body for m in got[1:]] == [b"%d" % i for i in range(200) if i % 4 in (0, 2)]
+    assert {m.tags for m in got} == {"A", "C"}
+
+
+CHILD = textwrap.dedent("""
+    import asyncio, json, sys, time
+    from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
+
+    async def main(namesrv, group, topic):
+        c = AsyncPushConsumer(group, namesrv_addr=namesrv, persist_consumer_offset_interval=0.5,
+                              consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        c.subscribe(topic, "*")
+
+        async def listener(msgs, context):
+            ds = [d for d in c.instance.direct.values() if d is not None]
+            for m in msgs:
+                print(json.dumps({"q": m.queue_id, "o": m.queue_offset, "b": m.body.decode(),
+                                  "direct": ds[0].reads.count if ds else -1}), flush=True)
+            await asyncio.sleep(0.002)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        c.register_message_listener(listener)
+        await c.start()
+        print(json.dumps({"started": True}), flush=True)
+        await asyncio.sleep(120)
+    asyncio.run(main(*sys.argv[1:4]))
+""")
+
+
+def test_a_killed_direct_consumer_resumes_at_its_committed_offset(broker, request, tmp_path):
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=2)
+    group, n = "drg-kill", 2000
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+
+    async def produce():
+        async with AsyncProducer("drp-kill", namesrv_addr=broker.namesrv) as p:
+            for i in range(n):
+                await p.send(Message(topic, b"%d" % i))
+
+    def run_child(stop_after: int | None) -> list[dict]:
+        """The child's deliveries until it has delivered ``stop_after`` (then
+        SIGKILL, mid-consumption) or, None, until every message was seen."""
+        proc = subprocess.Popen([sys.executable, str(script), broker.namesrv, group, topic],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        lines: list[dict] = []
+        try:
+            for line in proc.stdout:
+                ev = json.loads(line)
+                if "b" not in ev:
+                    continue
+                lines.append(ev)
+                if stop_after is not None and len(lines) >= stop_after:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    break
+                if stop_after is None and len({e["b"] for e in lines} | seen) >= n:
+                    break
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+        return lines
+
+    asyncio.run(produce())
+    seen: set[str] = set()
+    first = run_child(stop_after=n // 2)
+    assert len(first) == n // 2
+    assert max(e["direct"] for e in first) > 0                  # it read directly
+    after_kill = committed(broker, group, topic, 2)
+    assert sum(after_kill.values()) > 0                         # it committed while reading directly
+    seen = {e["b"] for e in first}
+    second = run_child(stop_after=None)
+    got = seen | {e["b"] for e in second}
+    assert got == {str(i) for i in range(n)}                    # none lost
+    for q in range(2):
+        offs = [e["o"] for e in second if e["q"] == q]
+        if after_kill[q] >= 0 and offs:
+            assert min(offs) == after_kill[q]                   # resumes at its committed offset
+
+
+try:
+    from test_compat_clients import ClientProc, _cpp_missing
+    _why = _cpp_missing()
+    needs_cpp = pytest.mark.skipif(_why is not None, reason=_why or "")
+except ImportError as e:      # the compat tests' helpers moved
+    needs_cpp = pytest.mark.skipif(True, reason=f"tests/test_compat_clients.py: {e}")
+
+
+@needs_cpp
+def test_mixed_producers_are_consumed_by_the_cpp_client_and_a_direct_consumer(broker, request,
+                                                                              tmp_path):
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=4)
+    cpp = ClientProc("cpp", "consume", broker, tmp_path, topic, "drg-cpp", "--max-seconds", "150")
+    got = []
+    try:
+        cpp.started()
+
+        async def main():
+            c = await consumer(broker, "drg-mixed", topic, got, instance_name="dr-mixed")
+            async with AsyncProducer("drp-direct", namesrv_addr=broker.namesrv) as pd, \
+                    AsyncProducer("drp-socket", namesrv_addr=broker.namesrv, client=ClientConfig(
+                        instance_name="drp-s", direct_append=False)) as ps:
+                for i in range(200):
+                    await pd.send(Message(topic, b"d%d" % i, tags="D"))
+                    await ps.send(Message(topic, b"s%d" % i, tags="S"))
+                assert [d for d in pd.instance.direct.values() if d is not None][0].appended == 200
+                assert not [d for d in ps.instance.direct.values() if d is not None]
+            await until(lambda: len(got) >= 400, what="the direct consumer's 400")
+            reads = reads_of(c)
+            await c.shutdown()
+            return reads
+        reads = asyncio.run(main())
+        want = {f"d{i}" for i in range(200)} | {f"s{i}" for i in range(200)}
+        assert reads.count > 0 and {m.body.decode() for m in got} == want
+        ok = cpp.wait(lambda: {e["body"] for e in cpp.of("recv")} >= want, WAIT)
+        assert ok, f"the C++ consumer saw {len(cpp.of('recv'))} of 400: {cpp.diag()}"
+    finally:
+        cpp.stop()
