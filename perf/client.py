@@ -72,6 +72,14 @@ def _route_ready(b: Broker | NamedBroker, topic: str) -> None:
             time.sleep(0.05)
 
 
+def _ready_topic(b: Broker | NamedBroker, topic: str, queues: int = 4) -> str:
+    """``topic`` created on the broker and routed by its NameServer."""
+    with RemotingClient(b.addr("tcp")) as c:
+        create_topic(c, topic, queues)
+    _route_ready(b, topic)
+    return topic
+
+
 async def _shmq_send(namesrv: str, topic: str, seconds: float, unix: bool, batch: int,
                      linger_ms: float = 0, direct: bool = False) -> float:
     """msg/s (and, for single sends, ``_LAST_CPU_US``: the client's CPU per send).
@@ -290,10 +298,7 @@ def run_send(ctx, result):
     ns = _namesrv(b)
     rt = ctx.net_rtt("tcp")
     for batch, name in ((1, "client_send_async"), (16, "client_send_batch")):
-        topic = f"PerfClient_{batch}"
-        with RemotingClient(b.addr("tcp")) as c:
-            create_topic(c, topic, 4)
-        _route_ready(b, topic)
+        topic = _ready_topic(b, f"PerfClient_{batch}")
         tcp = asyncio.run(_shmq_send(ns, topic, seconds, False, batch))
         unix = (asyncio.run(_shmq_send(ns, topic, seconds, True, batch))
                 if "unix" in b.transports else None)                 # a named broker elsewhere
@@ -387,10 +392,7 @@ def run_consume(ctx, result):
     b = _broker(ctx)
     n = 20_480 if ctx.quick else 204_800
     ns = _namesrv(b)
-    topic = "PerfClientConsume"
-    with RemotingClient(b.addr("tcp")) as c:
-        create_topic(c, topic, 4)
-    _route_ready(b, topic)
+    topic = _ready_topic(b, "PerfClientConsume")
     asyncio.run(_backlog(ns, topic, n))
     tcp = asyncio.run(_shmq_consume(ns, topic, n, False))
     unix = asyncio.run(_shmq_consume(ns, topic, n, True)) if "unix" in b.transports else None

@@ -27,10 +27,9 @@ import asyncio
 import os
 import time
 
-from perf.broker import create_topic
-from perf.client import BODY, WINDOW, _LAST_CPU_US, _broker, _namesrv, _route_ready, _shmq_send, peers
+from perf.client import (BODY, WINDOW, _LAST_CPU_US, _broker, _namesrv, _ready_topic, _shmq_send,
+                         peers)
 from shmq.client import ClientConfig, Message, Producer, SendStatus
-from shmq.client.remoting import RemotingClient
 
 
 def _store_append_rate(scratch: str, seconds: float) -> float:
@@ -105,10 +104,7 @@ def run(ctx, result):
         raise Skipped("the broker is not on this host (no Unix socket): no direct appends")
     seconds = 1.0 if ctx.quick else 5.0
     ns = _namesrv(b)
-    topic = "PerfLocalIpc"
-    with RemotingClient(b.addr("tcp")) as c:
-        create_topic(c, topic, 4)
-    _route_ready(b, topic)
+    topic = _ready_topic(b, "PerfLocalIpc")
     limit = _store_append_rate(ctx.scratch, seconds)
     direct = asyncio.run(_shmq_send(ns, topic, seconds, True, 1, direct=True))
     cpu = _LAST_CPU_US[0]
