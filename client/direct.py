@@ -344,7 +344,9 @@ def _settle(fut: asyncio.Future, ok: bool) -> None:
 #   * records further behind the write position than the broker's in-memory
 #     window (accessMessageInMemoryMaxRatio, when checkCRCOnRead): the broker
 #     checks what it reads from disk, skips what its scrub found damaged,
-#     and reads ahead for a consumer that far behind;
+#     and reads ahead for a consumer that far behind; and every record
+#     while the scrub has listed damaged ranges (quarantine/damaged.json,
+#     looked at once a second): the broker never serves those;
 #   * a refusal (no read permission, a queue past readQueueNums, an unknown
 #     group): a queue is read here only after a socket pull of that group
 #     was answered with a pull status under the tables as they are now
@@ -367,6 +369,7 @@ class DirectReads:
     def __init__(self, ds: DirectStore, info: dict):
         from shmq.core.commitlog import SegmentMissing
         from shmq.core.reader import GetMessageStatus as S
+        from shmq.core.recovery import DamageLog
         from shmq.core.state import StoreStopping
         from shmq.ipc.control import Retired
         self.ds = ds
@@ -379,6 +382,10 @@ class DirectReads:
         self.window_bytes = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
                              * c.accessMessageInMemoryMaxRatio // 100
                              if c.checkCRCOnRead else 1 << 62)
+        self._damage_log = DamageLog(ds._files, ds.root)
+        self._damage_stamp = (0, 0)
+        self._damaged = False
+        self._damage_due = 0.0         # monotonic time of the next look at the damage log
         self._epoch = -1
         self._answered: set[tuple[str, str, int]] = set()   # (group, topic, queue) the broker served
         self._committed: dict[tuple[str, str, int], tuple[int, float]] = {}
@@ -402,6 +409,11 @@ class DirectReads:
         ds = self.ds
         key = (group, topic, queue_id)
         if ds.stopped or key not in self._answered:
+            return None
+        now = time.monotonic()
+        if now >= self._damage_due:
+            self._look_at_damage(now)
+        if self._damaged:
             return None
         st = ds.state
         if st.get("config_epoch") != self._epoch:
@@ -427,15 +439,24 @@ class DirectReads:
                      offset, e)
             return None
         if commit_offset is not None:
-            self._commit(key, commit_offset)
+            self._commit(key, commit_offset, now)
         self.count += 1
         if body is not None:
             self.messages += r.phys.shape[0]
         return body is not None, r.next_offset, r.min_offset, r.max_offset, body
 
-    def _commit(self, key: tuple[str, str, int], offset: int) -> None:
+    def _look_at_damage(self, now: float) -> None:
+        self._damage_due = now + 1.0
+        try:
+            stamp = self._damage_log.stamp()
+            if stamp != self._damage_stamp:
+                self._damaged = bool(self._damage_log.load())
+                self._damage_stamp = stamp
+        except OSError:                    # cannot tell: the broker checks
+            self._damaged = True
+
+    def _commit(self, key: tuple[str, str, int], offset: int, now: float) -> None:
         last = self._committed.get(key)
-        now = time.monotonic()
         if last is not None and (last[0] == offset or now - last[1] < COMMIT_EVERY_S):
             return
         conn = self.ds.conn

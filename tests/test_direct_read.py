@@ -4,7 +4,9 @@ delivers, commits and leaves on the broker is what a socket consumer's is.
 
 Against real broker processes: a push consumer reading directly beside a
 socket consumer (``direct_append=False``) of the same topic (same messages,
-once each, in order per queue, same fields); tag filtering; a caught-up
+once each, in order per queue, same fields); tag filtering; what goes to
+the broker instead (a read that fails, the scrub's damage list, records
+older than the page-cache window); a caught-up
 consumer woken by a new message (the socket long poll it parks in); its
 committed offsets as the broker reports them (GET_CONSUME_STATS, what
 ``shmq admin consumerProgress`` shows); a direct consumer SIGKILLed
@@ -28,6 +30,8 @@ import pytest
 from brokerproc import routed_topic, start_broker, topic_for
 from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeConcurrentlyStatus, Message
 from shmq.client.remoting import RemotingClient
+from shmq.core.files import REAL_FILES
+from shmq.core.recovery import DamageLog
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.remoting import RemotingCommand
 
@@ -169,6 +173,74 @@ def test_tag_filtering_reads_only_the_subscribed_tags(broker, request):
     assert reads.count > 0
     assert [m.body for m in got[1:]] == [b"%d" % i for i in range(200) if i % 4 in (0, 2)]
     assert {m.tags for m in got} == {"A", "C"}
+
+
+def test_a_failed_read_and_a_damage_list_send_the_pull_to_the_broker(broker, request):
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
+    got = []
+
+    async def main():
+        c = await consumer(broker, "drg-fail", topic, got, instance_name="dr-fail")
+        reads = reads_of(c)
+        async with AsyncProducer("drp-fail", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"first"))
+            await until(lambda: len(got) == 1, what="the first")
+            store, calls = reads.ds.store, []
+
+            def failing(*a, **kw):                 # the read raises as a vanished file would
+                calls.append(a)
+                raise OSError(5, "Input/output error")
+            store.get_message = failing
+            try:
+                before = reads.count
+                for i in range(100):
+                    await p.send(Message(topic, b"%d" % i))
+                await until(lambda: len(got) == 101, what="the 100 over the socket")
+                assert calls and reads.count == before
+            finally:
+                del store.get_message
+            # the scrub lists a damaged range: every pull goes to the broker, which checks
+            log = DamageLog(REAL_FILES, broker.conf["storePathRootDir"])
+            log.add(1 << 50, (1 << 50) + 100, "test: a range no record is in")
+            try:
+                reads._damage_due = 0.0            # look now, not within the second
+                before = reads.count
+                for i in range(50):
+                    await p.send(Message(topic, b"x%d" % i))
+                await until(lambda: len(got) == 151, what="the 50 over the socket")
+                assert reads.count == before
+            finally:
+                log.clear()
+            reads._damage_due = 0.0
+            for i in range(50):
+                await p.send(Message(topic, b"y%d" % i))
+            await until(lambda: len(got) == 201, what="the last 50")
+            assert reads.count > before                  # direct again
+        await c.shutdown()
+    asyncio.run(main())
+    assert [m.queue_offset for m in got] == list(range(201))
+
+
+def test_records_older_than_the_page_cache_window_go_through_the_broker(tmp_path_factory, request):
+    b = start_broker(tmp_path_factory.mktemp("direct-read-cold"), accessMessageInMemoryMaxRatio="0")
+    try:
+        topic = routed_topic(b, topic_for(request, "DR_"), queues=1)
+        got = []
+
+        async def main():
+            c = await consumer(b, "drg-cold", topic, got, instance_name="dr-cold")
+            async with AsyncProducer("drp-cold", namesrv_addr=b.namesrv) as p:
+                for i in range(100):
+                    await p.send(Message(topic, b"%d" % i))
+            await until(lambda: len(got) == 100, what="100 over the socket")
+            reads = reads_of(c)
+            await c.shutdown()
+            return reads
+        reads = asyncio.run(main())
+        assert reads is not None and reads.count == 0          # every record counts as cold
+        assert [m.body for m in got] == [b"%d" % i for i in range(100)]
+    finally:
+        assert b.stop() == 0, b.log()[-3000:]
 
 
 CHILD = textwrap.dedent("""
