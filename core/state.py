@@ -159,6 +159,23 @@ assert QUEUE_DTYPE.fields["next_offset"][1] == Q_NEXT * 8 \
 assert len({QUEUE_DTYPE.fields[f][1] // LINE for f in ("next_offset", "claim_next", "cq_flushed")}) \
     == 3 and QUEUE_DTYPE.itemsize % LINE == 0, "a queue slot's three writers share a line"
 
+
+def _check_layouts() -> None:
+    """The layouts drawn in the module doc, checked against what they are
+    built from (import time: a wrong edit fails at once, not in a crash)."""
+    spans = sorted((off, off + dt.itemsize, name) for name, (dt, off) in QUEUE_DTYPE.fields.items())
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        assert end <= start, f"QUEUE_DTYPE: {a} overlaps {b}"
+    assert spans[-1][1] <= QUEUE_DTYPE.itemsize, "QUEUE_DTYPE: a field past the slot"
+    assert QUEUE_DTYPE.fields["topic"][0].itemsize >= TOPIC_BYTES_MAX, "a slot's topic is too short"
+    assert E_CLAIMED_MS < ENTRY_WORDS, "claim entry: a field past its words"
+    lines = {name: off // LINE for name, off in zip(_names, _offsets)}
+    assert len({lines["claim_seq"], lines["publish_seq"], lines["write_pos"],
+                lines["flushed_pos"]}) == 4, "claim, publish, write and flush positions share a line"
+
+
+_check_layouts()
+
 STATE_NEW, STATE_RUNNING, STATE_STOPPING = 0, 1, 2
 
 
