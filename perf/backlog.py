@@ -77,6 +77,7 @@ PULL_MSGS = 32
 PULLS_IN_FLIGHT = 4
 BODY = 100
 GET_BROKER_RUNTIME_INFO = 28
+SYSTEM_BUSY = 2
 RSS_LIMIT_MIB = 1024
 
 
@@ -186,6 +187,12 @@ class StoreBroker(Broker):
         self.sample_rss()
         super().stop()
 
+    def reap(self) -> None:
+        """kill -9 the broker's process group if it still runs."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
 
 def write_conf(root: str, quick: bool, name: str) -> tuple[str, str]:
     d = os.path.join(root, name)
@@ -241,9 +248,11 @@ def _filler(addr, topic, queues, per_queue, go, pipe):
 
 @_child
 def _live(addr, topic, qid, stop, go, pipe):
-    """Send batches at full rate until ``stop`` is set; reports messages sent."""
+    """Send batches at full rate until ``stop`` is set; reports messages
+    stored and the sends the broker turned away busy (flow control, which
+    a RocketMQ producer retries: so does this one)."""
     payload = _payload(qid)
-    n = 0
+    n = busy = 0
     with RemotingClient(addr) as c:
         pipe.send("ready")
         go.wait()
@@ -255,13 +264,16 @@ def _live(addr, topic, qid, stop, go, pipe):
         while inflight:
             r = c.recv(timeout=TIMEOUT_S)
             inflight -= 1
-            check(r, what="live batch")
-            n += BATCH
+            if r.code == SYSTEM_BUSY:
+                busy += 1
+            else:
+                check(r, what="live batch")
+                n += BATCH
             if not stop.is_set():
                 c.send(batch_cmd(topic, qid, payload))
                 inflight += 1
         t1 = time.monotonic()
-    pipe.send((t0, t1, n))
+    pipe.send((t0, t1, n, busy))
 
 
 def _gather(kids, pipes, go) -> list:
@@ -407,6 +419,7 @@ def run(ctx, result):
     def start(conf, store, log, phase):
         b = StoreBroker(conf, store, log, phase)
         brokers.append(b)
+        ctx.on_close(b.reap)              # a bench that fails leaves no broker behind
         return b
 
     # the empty store: start, stop; its inspector run
@@ -420,6 +433,7 @@ def run(ctx, result):
     empty_inspect = inspect_s(estore)
 
     # the backlog
+    seg_bytes = (64 if ctx.quick else 1024) << 20
     conf, store = write_conf(root, ctx.quick, "backlog")
     log = conf + ".log"
     b = start(conf, store, log, "fill")
@@ -438,8 +452,13 @@ def run(ctx, result):
     b = start(conf, store, log, "backfill+reads")
     clean_ready, clean_rec = b.ready_s, b.recovery
     backfill_s = wait_indexed(b, store, 3600)
+    common = dict(messages=n, body_bytes=BODY, stored_bytes=stored, segments=len(segs),
+                  segment_bytes=seg_bytes, cq_files_per_queue=cq_files, page_cache=how)
+    yield result("backlog_ready_clean", clean_ready, "s", empty_ready,
+                 "the empty store's ready time, same settings, same run", target_s=5.0,
+                 target_ratio=2.0, fill_msg_per_s=round(rate), fill_s=round(fill_s, 1),
+                 recovery=clean_rec, **common)
     # cold catch-up reads, alone and beside producers
-    seg_bytes = (64 if ctx.quick else 1024) << 20
     raw = raw_read_bps(os.path.join(root, "raw-read"), seg_bytes, store)
     drop_cache(store)
     c0 = cached_bytes()
@@ -464,6 +483,9 @@ def run(ctx, result):
     cached2 = cached_bytes() - c0
     stop.set()
     live = [a.recv() for a in pipes]
+    if any(isinstance(x, BaseException) for x in live):
+        raise RuntimeError("a live producer failed") from next(x for x in live
+                                                              if isinstance(x, BaseException))
     for p in kids:
         p.join(30)
     live_rate = sum(x[2] for x in live) / (max(x[1] for x in live) - min(x[0] for x in live))
@@ -471,6 +493,17 @@ def run(ctx, result):
     # (the topic name 4 bytes longer) and units, counted out
     written = sum(x[2] for x in live) * (by1 / m1 + len(LIVE_TOPIC) - len(TOPIC) + 20)
     amp2 = max(cached2 - written, 0) / by2
+    yield result("backlog_catchup_cold", by1 / s1, "B/s", raw,
+                 "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
+                 msg_per_s=round(m1 / s1), read_messages=m1, pulls_in_flight=PULLS_IN_FLIGHT,
+                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp1, 2), target_ratio=0.5,
+                 warm_msg_per_s=round(mw / sw), **common)
+    yield result("backlog_catchup_cold_producing", by2 / s2, "B/s", raw,
+                 "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
+                 msg_per_s=round(m2 / s2), read_messages=m2, pulls_in_flight=PULLS_IN_FLIGHT,
+                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp2, 2), target_ratio=0.25,
+                 producers=PRODUCERS, producers_msg_per_s=round(live_rate),
+                 producers_busy_replies=sum(x[3] for x in live), **common)
     b.sample_rss()
     b.kill9()
 
@@ -479,35 +512,18 @@ def run(ctx, result):
     b = start(conf, store, log, "after kill -9")
     kill_ready, kill_rec = b.ready_s, b.recovery
     b.stop()
+    yield result("backlog_ready_kill9", kill_ready, "s", empty_ready,
+                 "the empty store's ready time, same settings, same run", target_s=5.0,
+                 target_ratio=2.0, recovery=kill_rec, **common)
     drop_cache(store)
     insp = inspect_s(store)
+    yield result("backlog_inspect_summary", insp, "s", empty_inspect,
+                 "shmq store inspect on the empty store, same run", target_s=5.0, **common)
 
     phases = {x.phase: {role: round(mib, 1) for role, mib in sorted(x.hwm.items())} for x in brokers}
     top_phase, top = max(((p, r) for p, roles in phases.items() for r in roles),
                          key=lambda pr: phases[pr[0]][pr[1]])
-    common = dict(messages=n, body_bytes=BODY, stored_bytes=stored, segments=len(segs),
-                  segment_bytes=seg_bytes, cq_files_per_queue=cq_files, page_cache=how)
-    yield result("backlog_ready_clean", clean_ready, "s", empty_ready,
-                 "the empty store's ready time, same settings, same run", target_s=5.0,
-                 target_ratio=2.0, fill_msg_per_s=round(rate), fill_s=round(fill_s, 1),
-                 recovery=clean_rec, **common)
-    yield result("backlog_ready_kill9", kill_ready, "s", empty_ready,
-                 "the empty store's ready time, same settings, same run", target_s=5.0,
-                 target_ratio=2.0, recovery=kill_rec, **common)
-    yield result("backlog_inspect_summary", insp, "s", empty_inspect,
-                 "shmq store inspect on the empty store, same run", target_s=5.0, **common)
     yield result("backlog_peak_rss", phases[top_phase][top], "MiB", RSS_LIMIT_MIB,
                  "target: every broker process under 1 GiB (VmHWM)", process=top,
                  phase=top_phase, peak_mib_by_phase=phases,
                  index_backfill_s=round(backfill_s, 2), **common)
-    yield result("backlog_catchup_cold", by1 / s1, "B/s", raw,
-                 "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
-                 msg_per_s=round(m1 / s1), read_messages=m1, pulls_in_flight=PULLS_IN_FLIGHT,
-                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp1, 2), target_ratio=0.5,
-                 warm_msg_per_s=round(mw / sw),
-                 **common)
-    yield result("backlog_catchup_cold_producing", by2 / s2, "B/s", raw,
-                 "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
-                 msg_per_s=round(m2 / s2), read_messages=m2, pulls_in_flight=PULLS_IN_FLIGHT,
-                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp2, 2), target_ratio=0.25,
-                 producers=PRODUCERS, producers_msg_per_s=round(live_rate), **common)
