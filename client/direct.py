@@ -353,7 +353,11 @@ def _settle(fut: asyncio.Future, ok: bool) -> None:
 #     (``config_epoch``); a change of any table sends each queue's next
 #     pull to the broker again, which refuses it if it must;
 #   * a stopped store or a read that raises (the broker closing, a new one
-#     taking the store over, an I/O error).
+#     taking the store over, an I/O error);
+#   * until the ConsumeQueue scan kernel is loaded: the first pull starts
+#     loading it in a thread (numba's cache: most of a second of CPU), and
+#     pulls go to the broker meanwhile, so a consumer neither stalls nor
+#     counts the load against its first messages.
 #
 # A pull that carries a commit offset (PULL_COMMIT_OFFSET) commits it over
 # the socket here too: UPDATE_CONSUMER_OFFSET, oneway, when the offset moved
@@ -409,6 +413,9 @@ class DirectReads:
         ds = self.ds
         key = (group, topic, queue_id)
         if ds.stopped or key not in self._answered:
+            return None
+        if not _SCAN_LOADED.is_set():
+            warm_up_reads(wait=False)
             return None
         now = time.monotonic()
         if now >= self._damage_due:
@@ -471,4 +478,36 @@ class DirectReads:
         self._committed[key] = (offset, now)
 
 
-__all__ = ["COMMIT_EVERY_S", "DirectReads", "DirectStore", "DirectUnavailable", "FlushWaiter"]
+_SCAN_LOADED = threading.Event()
+_scan_loader: list[threading.Thread] = []
+
+
+def warm_up_reads(wait: bool = True) -> bool:
+    """Load the ConsumeQueue scan kernel direct reads use, in a thread (once
+    per process); with ``wait``, until it is loaded. True once it is. A
+    consumer calls it on its first direct pull and pulls over the socket
+    until it is done; an application that wants direct reads from its very
+    first message calls it at start (the local_ipc bench does)."""
+    if not _scan_loader:
+        t = threading.Thread(target=_load_scan, daemon=True, name="shmq-direct-read-warm-up")
+        _scan_loader.append(t)
+        t.start()
+    if wait:
+        _scan_loader[0].join()
+    return _SCAN_LOADED.is_set()
+
+
+def _load_scan() -> None:
+    """``cq_scan`` for the types a read passes: this process's mapping is
+    writable, the codes read-only (client/pull.py)."""
+    import numpy as np
+    from shmq.core import _kernels as K
+    codes = np.zeros(1, np.int64)
+    codes.flags.writeable = False
+    out = np.zeros(2, np.int64)
+    K.cq_scan(np.zeros(40, np.uint8), 0, 1, codes, 1, 1 << 20, out, out)
+    _SCAN_LOADED.set()
+
+
+__all__ = ["COMMIT_EVERY_S", "DirectReads", "DirectStore", "DirectUnavailable", "FlushWaiter",
+           "warm_up_reads"]

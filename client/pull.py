@@ -23,6 +23,7 @@ delay both use when it says wait.
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from dataclasses import dataclass
@@ -91,6 +92,10 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
                                     next_begin, mn, mx, [])
                 if found:
                     _found(result, body, mq, sub, offset)
+                # a turn of the loop, as a socket pull's wait for its answer
+                # gives: the listeners run between pulls, and a queue is not
+                # read ahead to its flow-control limit (then a 50 ms pause)
+                await asyncio.sleep(0)
                 return result
     if instance.broker_addr(mq.broker_name) is None:
         await instance.route(mq.topic, refresh=True)
@@ -142,6 +147,7 @@ def _tag_codes(sub: SubscriptionData):
         if len(_codes) > 1024:
             _codes.clear()
         codes = _codes[key] = np.array(sorted(set(sub.code_set)), dtype=np.int64)
+        codes.flags.writeable = False          # the scan kernel's canonical type (core/jit.py)
     return codes
 
 

@@ -29,6 +29,7 @@ import time
 import pytest
 from brokerproc import routed_topic, start_broker, topic_for
 from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeConcurrentlyStatus, Message
+from shmq.client.direct import warm_up_reads
 from shmq.client.remoting import RemotingClient
 from shmq.core.files import REAL_FILES
 from shmq.core.recovery import DamageLog
@@ -43,6 +44,7 @@ WAIT = 30.0
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("direct-read"))
+    warm_up_reads()      # else the first pulls go to the broker until the scan kernel is loaded
     yield b
     assert b.stop() == 0, b.log()[-3000:]
 
@@ -246,6 +248,7 @@ def test_records_older_than_the_page_cache_window_go_through_the_broker(tmp_path
 CHILD = textwrap.dedent("""
     import asyncio, json, sys, time
     from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
+    from shmq.client.direct import warm_up_reads
 
     async def main(namesrv, group, topic):
         c = AsyncPushConsumer(group, namesrv_addr=namesrv, persist_consumer_offset_interval=0.5,
@@ -260,6 +263,7 @@ CHILD = textwrap.dedent("""
             await asyncio.sleep(0.002)
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         c.register_message_listener(listener)
+        warm_up_reads()
         await c.start()
         print(json.dumps({"started": True}), flush=True)
         await asyncio.sleep(120)
