@@ -24,11 +24,13 @@ import struct
 
 import numpy as np
 
+from . import _kernels as K
 from .files import FileLayer, Handle
 from .layout import BLANK_MAGIC_I32, END_FILE_MIN_BLANK_BYTES, offset_to_file_name
 
 
 _BLANK = struct.Struct(">ii")   # TOTALSIZE, MAGICCODE
+SCAN_WINDOW_BYTES = 32 << 20    # last_nonzero reads, and holds, this much at a time
 
 
 class SegmentMissing(LookupError):
@@ -137,6 +139,30 @@ class CommitLog:
         (``FileLayer.drop``): a scan done with a range. Only segments this
         process has open are touched (nothing is opened to drop it)."""
         self._each(begin, end, lambda h, lo, hi: self.files.drop(h, lo, hi, cold), opened=True)
+
+    def last_nonzero(self, begin: int, end: int) -> int:
+        """CommitLog offset of the last nonzero byte in [begin, end), which
+        must lie in one segment, or -1: what lies past the end of the data.
+        Read window by window, skipping what the file system reports as
+        holes (``FileLayer.data_from``: a preallocated segment's never
+        written extents are not read at all) and giving back each window
+        (``drop``): a 1 GiB segment of zeros would otherwise be 1 GiB of
+        zero pages in the reader's RSS."""
+        start = self.segment_start(begin)
+        h = self.handle(start)
+        buf = self.files.map(h)
+        pos, stop, last = begin - start, min(end - start, buf.shape[0]), -1
+        while pos < stop:
+            pos = max(pos, self.files.data_from(h, pos))
+            if pos >= stop:
+                break
+            hi = min(stop, pos + SCAN_WINDOW_BYTES)
+            k = int(K.last_nonzero(buf[:hi], pos))
+            if k >= 0:
+                last = start + k
+            self.files.drop(h, pos, hi)
+            pos = hi
+        return last
 
     def _each(self, begin: int, end: int, fn, opened: bool = False) -> None:
         pos = begin

@@ -274,6 +274,20 @@ class FileLayer:
         except (OSError, ValueError):
             pass
 
+    def data_from(self, h: Handle, offset: int) -> int:
+        """The first offset at or after ``offset`` that may hold data
+        (lseek SEEK_DATA): the bytes before it read as zeros — a hole, or
+        an extent fallocate'd and never written, which ext4 and XFS report
+        as a hole unless the page cache holds its pages. ``h.size`` when
+        nothing past ``offset`` does; ``offset`` itself when the descriptor
+        is closed or the file system cannot tell."""
+        if h.fd < 0:
+            return offset
+        try:
+            return min(os.lseek(h.fd, offset, os.SEEK_DATA), h.size)
+        except OSError as e:
+            return h.size if e.errno == errno.ENXIO else offset
+
     def random_faults(self, h: Handle) -> None:
         """Advise the file's mapping MADV_RANDOM: a fault then reads its own
         page, not the kernel's read-around (up to read_ahead_kb, 8 MiB on
@@ -477,6 +491,9 @@ class SimFileLayer(FileLayer):
 
     def random_faults(self, h):
         pass
+
+    def data_from(self, h, offset):
+        return offset             # no holes known: every byte is read
 
     def drop(self, h, begin, end, cold=False):
         pass                      # the bytes are the file: nothing to give back

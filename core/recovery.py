@@ -564,17 +564,19 @@ def _truncate(cl: CommitLog, segs: list[int], end: int, rep: RecoveryReport) -> 
     seg = cl.segment_bytes
     end_seg = end - end % seg
     if end_seg in segs:
-        last = int(K.last_nonzero(cl.map(end_seg), end % seg))
+        # (read past holes and window by window: the rest of a 1 GiB segment,
+        # and the preallocated next one, are mostly never-written zeros)
+        last = cl.last_nonzero(end, end_seg + seg)
         if last >= 0:
-            rep.bytes_truncated += last + 1 - end % seg
-            cl.zero(end, end_seg + last + 1)
+            rep.bytes_truncated += last + 1 - end
+            cl.zero(end, last + 1)
             cl.flush(end, end_seg + seg)
     for s in segs:
         if s <= end_seg:
             continue
-        buf = cl.map(s)
-        if s == end_seg + seg and K.last_nonzero(buf, 0) < 0:
+        if s == end_seg + seg and cl.last_nonzero(s, s + seg) < 0:
             continue  # the preallocated next segment: still empty, keep it
+        buf = cl.map(s)
         rep.bytes_truncated += int(np.count_nonzero(buf))
         cl.delete_segment(s)
         rep.segments_deleted.append(offset_to_file_name(s))

@@ -227,3 +227,28 @@ def test_a_reader_at_the_head_holds_the_hot_tail_not_everything_it_read(store_di
         assert mapped_rss(os.path.join(store_dir, "commitlog")) <= (1 << 20) + (256 << 10) + SLACK
     finally:
         close_clean(store)
+
+
+def test_what_lies_past_the_end_is_found_without_reading_a_preallocated_segment(store_dir):
+    """Recovery's look for bytes past the end (``CommitLog.last_nonzero``)
+    skips what the file system reports as holes — a fallocate'd segment's
+    never-written extents — and holds one window: the preallocated next
+    segment of 1 GiB was 1 GiB of zero pages in the boss's RSS."""
+    from shmq.core.commitlog import CommitLog
+    cl = CommitLog(REAL_FILES, store_dir, 8 * SEGMENT)
+    try:
+        cl.ensure_segment(0)                             # fallocate'd: 8 MiB never written
+        commitlog = os.path.join(store_dir, "commitlog")
+        assert cl.last_nonzero(0, 8 * SEGMENT) == -1
+        assert mapped_rss(commitlog) <= SLACK
+        cl.write(5 * SEGMENT + 7, b"\x01\x02")          # in the page cache, not yet written back
+        assert cl.last_nonzero(0, 8 * SEGMENT) == 5 * SEGMENT + 8
+        assert cl.last_nonzero(5 * SEGMENT + 9, 8 * SEGMENT) == -1
+        assert mapped_rss(commitlog) <= SLACK
+    finally:
+        cl.close()
+    files = SimFileLayer()                               # no holes known: every byte is read
+    sim = CommitLog(files, "/sim/store", SEGMENT)
+    sim.ensure_segment(0)
+    sim.write(SEGMENT - 1, b"\x09")
+    assert sim.last_nonzero(0, SEGMENT) == SEGMENT - 1
