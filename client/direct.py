@@ -396,14 +396,20 @@ class DirectReads:
         self.count = 0                 # pulls answered here (direct_reads)
         self.messages = 0
 
-    def served(self, group: str, topic: str, queue_id: int) -> None:
+    def epoch(self) -> int:
+        return self.ds.state.get("config_epoch")
+
+    def served(self, group: str, topic: str, queue_id: int, asked_at_epoch: int) -> None:
         """The broker answered a pull of this queue with a pull status: the
-        group may read it (until the tables change)."""
+        group may read it until the tables change — if they did not change
+        since the pull was sent (``asked_at_epoch``), else the next pull asks
+        the broker again."""
         epoch = self.ds.state.get("config_epoch")
         if epoch != self._epoch:
             self._answered.clear()
             self._epoch = epoch
-        self._answered.add((group, topic, queue_id))
+        if epoch == asked_at_epoch:
+            self._answered.add((group, topic, queue_id))
 
     def pull(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int,
              codes, commit_offset: int | None):

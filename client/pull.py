@@ -97,6 +97,7 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
                 # read ahead to its flow-control limit (then a 50 ms pause)
                 await asyncio.sleep(0)
                 return result
+            asked_at = reads.epoch()
     if instance.broker_addr(mq.broker_name) is None:
         await instance.route(mq.topic, refresh=True)
     ext = pull_ext(consumerGroup=group, topic=mq.topic, queueId=mq.queue_id, queueOffset=offset,
@@ -109,7 +110,7 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
     if status is None:
         raise MQClientError(r.code, r.remark, f"pull {mq} at {offset}")
     if reads is not None:                 # the broker may be asked no more for this queue
-        reads.served(group, mq.topic, mq.queue_id)
+        reads.served(group, mq.topic, mq.queue_id, asked_at)
     h = r.ext
     result = PullResult(status, int(h["nextBeginOffset"]), int(h.get("minOffset", 0)),
                         int(h.get("maxOffset", 0)), [])

@@ -6,7 +6,7 @@ Against real broker processes: a push consumer reading directly beside a
 socket consumer (``direct_append=False``) of the same topic (same messages,
 once each, in order per queue, same fields); tag filtering; what goes to
 the broker instead (a read that fails, the scrub's damage list, records
-older than the page-cache window); a caught-up
+older than the page-cache window, a topic made unreadable); a caught-up
 consumer woken by a new message (the socket long poll it parks in); its
 committed offsets as the broker reports them (GET_CONSUME_STATS, what
 ``shmq admin consumerProgress`` shows); a direct consumer SIGKILLed
@@ -29,7 +29,12 @@ import time
 import pytest
 from brokerproc import routed_topic, start_broker, topic_for
 from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeConcurrentlyStatus, Message
+from shmq.client import MessageQueue, MQClientError
+from shmq.client import pull as pull_mod
+from shmq.client.consumer import SubscriptionData, pull_kernel
 from shmq.client.direct import warm_up_reads
+from shmq.client.requests import create_topic
+from shmq.ipc.codes import ResponseCode
 from shmq.client.remoting import RemotingClient
 from shmq.core.files import REAL_FILES
 from shmq.core.recovery import DamageLog
@@ -221,6 +226,33 @@ def test_a_failed_read_and_a_damage_list_send_the_pull_to_the_broker(broker, req
         await c.shutdown()
     asyncio.run(main())
     assert [m.queue_offset for m in got] == list(range(201))
+
+
+def test_a_topic_made_unreadable_is_refused_by_the_broker_not_read_directly(broker, request):
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
+    got = []
+
+    async def main():
+        c = await consumer(broker, "drg-perm", topic, got, instance_name="dr-perm")
+        reads = reads_of(c)
+        async with AsyncProducer("drp-perm", namesrv_addr=broker.namesrv) as p:
+            for i in range(40):
+                await p.send(Message(topic, b"%d" % i))
+            await until(lambda: len(got) == 40 and reads.count > 0, what="40, some read directly")
+            with RemotingClient(broker.addr) as admin:       # write only: no more pulls
+                assert admin.invoke(create_topic(topic, 1, perm=2)).code == 0
+            await p.send(Message(topic, b"unreadable"))
+        sub = SubscriptionData.build(topic, "*")
+        mq = MessageQueue(topic, reads.ds.broker_name, 0)
+        # the tables moved: not read here, but asked of the broker, which refuses
+        assert reads.pull("drg-perm", topic, 0, 40, 32, pull_mod._tag_codes(sub), None) is None
+        with pytest.raises(MQClientError) as refused:
+            await pull_kernel(c.instance, "drg-perm", mq, sub, 40, 32, 0, 0, 0, 5.0)
+        assert refused.value.code == ResponseCode.NO_PERMISSION
+        assert reads.pull("drg-perm", topic, 0, 40, 32, pull_mod._tag_codes(sub), None) is None
+        await c.shutdown()
+    asyncio.run(main())
+    assert b"unreadable" not in {m.body for m in got}
 
 
 def test_records_older_than_the_page_cache_window_go_through_the_broker(tmp_path_factory, request):
