@@ -85,6 +85,12 @@ class ConsumeQueues:
                                  f"(mappedFileSizeConsumeQueue differs from the store's)")
             self.files.map_only(h)
             self._open[key] = h
+            prev = self._open.get((topic, queue_id, file_index - 1)) if create else None
+            if prev is not None:
+                # a writer moves on to the next file: the one it filled leaves
+                # this process's RSS (its pages stay in the page cache), or an
+                # appending worker would hold 20 bytes per message of the store
+                self.files.drop(prev, 0, prev.size)
         return h.array
 
     def close(self) -> None:
@@ -232,6 +238,16 @@ class ConsumeQueues:
             if n < upf:
                 break
         return first, kept
+
+    def drop(self, topic: str, queue_id: int, begin: int, end: int) -> None:
+        """Give back this process's pages of units [begin, end) of a queue
+        (``FileLayer.drop``), in the files it has open: a reader done with them."""
+        upf = self.units_per_file
+        for fi in range(begin // upf, (end - 1) // upf + 1 if end > begin else 0):
+            h = self._open.get((topic, queue_id, fi))
+            if h is not None:
+                lo, hi = max(begin - fi * upf, 0), min(end - fi * upf, upf)
+                self.files.drop(h, lo * CQ_UNIT_BYTES, hi * CQ_UNIT_BYTES)
 
     def will_need(self, topic: str, queue_id: int, offset: int, count: int) -> None:
         """Read units [offset, offset + count) ahead into the page cache

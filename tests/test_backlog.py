@@ -252,3 +252,18 @@ def test_what_lies_past_the_end_is_found_without_reading_a_preallocated_segment(
     sim.ensure_segment(0)
     sim.write(SEGMENT - 1, b"\x09")
     assert sim.last_nonzero(0, SEGMENT) == SEGMENT - 1
+
+
+def test_an_appender_holds_the_consumequeue_file_it_writes_not_the_ones_it_filled(store_dir):
+    cfg = small_config(store_dir, mappedFileSizeCommitLog=8 * SEGMENT,
+                       mappedFileSizeConsumeQueue=50_000 * 20)
+    store, _ = open_local(cfg)
+    try:
+        for _ in range(250):                              # 250,000 units: 5 files of 1 MB
+            store.append(encode("Q", [b"q"] * 1000, properties=b""))
+        assert store.max_offset("Q", 0) == 250_000
+        held = mapped_rss(os.path.join(store_dir, "consumequeue"))
+        assert held <= (1 << 20) + SLACK, held            # the file being written, at most
+        assert store.read_queue("Q", 0, 49_999, 2)[1].queue_offset == 50_000   # all still there
+    finally:
+        close_clean(store)

@@ -117,22 +117,23 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
 # through a backlog of GBs would otherwise leave them all in the worker's RSS.
 READ_AHEAD_UNITS = 4096
 READ_AHEAD_GAP_BYTES = 64 << 10
-# (store, topic, queue) → (queue offset read ahead to, CommitLog offset the
-# queue's pulls had reached then)
-_ahead: dict[tuple[int, str, int], tuple[int, int]] = {}
+# (store, topic, queue) → (queue offset read ahead to, the queue offset and
+# CommitLog offset its pulls had reached then)
+_ahead: dict[tuple[int, str, int], tuple[int, int, int]] = {}
 
 
 def _read_ahead(b: Broker, topic: str, qid: int, offset: int, nxt: int, mx: int, phy: int) -> None:
     key = (id(b.store), topic, qid)
-    upto, since = _ahead.get(key, (-1, -1))
+    upto, since_off, since = _ahead.get(key, (-1, -1, -1))
     if not offset <= upto <= offset + 2 * READ_AHEAD_UNITS:   # new here, or moved elsewhere
-        upto, since = offset, -1
+        upto, since_off, since = offset, -1, -1
     units = min(READ_AHEAD_UNITS, mx - upto)
     if upto - nxt < READ_AHEAD_UNITS // 2 and units > 0:
         if 0 <= since < phy:
             b.store.cl.drop(since, phy)
+            b.store.cqs.drop(topic, qid, since_off, offset)
         _ahead[key] = (read_ahead(b.store.cl, b.store.cqs, topic, qid, upto, units,
-                                  READ_AHEAD_GAP_BYTES), phy)
+                                  READ_AHEAD_GAP_BYTES), offset, phy)
 
 
 def _checked(b: Broker, r: GetResult, topic: str, qid: int, offset: int) -> GetResult:
