@@ -204,6 +204,13 @@ class StoreOwner:
         (ENOSPC, EIO) is an ERROR and is tried again at the next supervise:
         until then the dead claim holds back the appends after it, whose
         senders see errors, and nothing acknowledged is lost."""
+        if lock_held and self.cb.sem.value != 0:
+            # the dead process was taken to hold the lock, but it is free: the
+            # repair takes it like any appender (see release_dead_lock)
+            log.error("lock repair: the append lock a dead process was taken to hold is free "
+                      "(recorded holder %d): repairing under the lock taken anew",
+                      int(self.cb.hdr_lock_owner[0]))
+            lock_held = False
         try:
             return self.store.repair_after_death(lock_held=lock_held)
         except OSError as e:

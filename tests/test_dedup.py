@@ -315,8 +315,8 @@ def test_over_sockets_retries_on_new_connections_and_across_restarts_are_stored_
 
 PRODUCER = r"""
 import asyncio, json, logging, os, sys
-from shmq.client import AsyncProducer, Message
-ns, topic, out_path, stop_path, limit = sys.argv[1:6]
+from shmq.client import AsyncProducer, ClientConfig, Message
+ns, topic, out_path, stop_path, limit, direct = sys.argv[1:7]
 retries = 0
 class Count(logging.Handler):
     def emit(self, rec):
@@ -328,7 +328,8 @@ logging.getLogger("shmq.client").setLevel(logging.INFO)
 out = open(out_path, "a", buffering=1)
 async def main():
     async with AsyncProducer("dedup-kill", namesrv_addr=ns, send_msg_timeout=20,
-                             retry_times_when_send_failed=6) as p:
+                             retry_times_when_send_failed=6,
+                             client=ClientConfig(direct_append=direct == "direct")) as p:
         async def one(i):
             try:
                 r = await p.send(Message(topic, b"m-%d" % i))
@@ -351,14 +352,19 @@ def _lines(path) -> list:
         return [json.loads(x) for x in f.read().splitlines() if x.endswith("]")]
 
 
-@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
-def test_kill_9_of_workers_during_sends_with_client_retries_stores_no_duplicate(tmp_path, flush):
+@pytest.mark.parametrize("flush, direct", [("ASYNC_FLUSH", "socket"), ("SYNC_FLUSH", "socket"),
+                                           ("SYNC_FLUSH", "direct")])
+def test_kill_9_of_workers_during_sends_with_client_retries_stores_no_duplicate(tmp_path, flush,
+                                                                                direct):
+    """Workers SIGKILLed under a producer: over the socket its retries after
+    lost replies are stored once; appending directly (client/direct.py) its
+    appends go on beside the repairs of the workers' dead claims."""
     kills = 4
     with start_broker(tmp_path, workerProcessNums=2, flushDiskType=flush) as b:
         topic = routed_topic(b, "DedupKill", 4)
         out, stop = str(tmp_path / "acks.jsonl"), str(tmp_path / "stop")
         prod = subprocess.Popen([sys.executable, "-c", PRODUCER, b.namesrv, topic, out, stop,
-                                 "200000"], stdout=subprocess.PIPE, text=True)
+                                 "200000", direct], stdout=subprocess.PIPE, text=True)
         try:
             acked_at_kill = 0
             for k in range(kills):
