@@ -355,7 +355,8 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool) -> float:
             done.set()
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, instance_name=f"perf-c-{unix}")
+    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, instance_name=f"perf-c-{unix}",
+                       direct_append=False)          # the socket (local_ipc measures direct reads)
     c = AsyncPushConsumer(f"perf-consume-{unix}", client=cfg,
                           consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                           consume_message_batch_max_size=32)

@@ -36,4 +36,7 @@ def direct_info(b: Broker, peer: Peer, cmd: RemotingCommand):
         "store": dataclasses.asdict(c.store),
         "brokerName": c.brokerName, "brokerAddr": c.addr, "clusterName": c.brokerClusterName,
         "storeHost": c.addr, "msgIdPrefix": b.msgid_prefix,
-        "sendDedup": b.store.dedup_on})
+        "sendDedup": b.store.dedup_on,
+        # what one pull returns at most, as the broker's own pulls (direct reads)
+        "maxTransferCountOnMessageInMemory": c.maxTransferCountOnMessageInMemory,
+        "maxTransferBytesOnMessageInMemory": c.maxTransferBytesOnMessageInMemory})
