@@ -53,7 +53,8 @@ log = logging.getLogger("shmq.client.direct")
 
 PERM_WRITE = 0x2
 MULTI_TAGS_FLAG = 0x2
-ROUTED = ("DELAY\x01", "TIMER_", "TRAN_MSG\x01")      # what only the broker can route
+# what only the broker can route: DELAY, TIMER_*, TRAN_MSG properties (spelled
+# out in ``takes``: three ``in`` tests cost less than a generator over them)
 _SYSFLAG_TRANSACTION_MASK = 0xC
 RETRY_PREFIX = "%RETRY%"
 
@@ -162,7 +163,7 @@ class DirectStore:
         t = self._topics.get(topic)
         if (t is None or not t[0] & PERM_WRITE or not 0 <= queue_id < t[1] or not self._writable
                 or sysflag & _SYSFLAG_TRANSACTION_MASK or topic.startswith(RETRY_PREFIX)
-                or any(r in props for r in ROUTED)):
+                or "DELAY\x01" in props or "TIMER_" in props or "TRAN_MSG\x01" in props):
             return None
         return t[2]
 
