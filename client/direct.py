@@ -456,7 +456,11 @@ class DirectReads:
             self._commit(key, commit_offset, now)
         self.count += 1
         if body is not None:
-            self.messages += r.phys.shape[0]
+            n = r.phys.shape[0]
+            self.messages += n
+            cb = ds.cb                        # the broker's msgGetTotal and getTransferedTps
+            if cb is not None and cb.slot >= 0:     # sum every slot's count (broker/stats.py)
+                cb.procs["msgs_got"][cb.slot] += n
         return body is not None, r.next_offset, r.min_offset, r.max_offset, body
 
     def _look_at_damage(self, now: float) -> None:

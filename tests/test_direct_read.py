@@ -26,6 +26,7 @@ import sys
 import textwrap
 import time
 
+import orjson
 import pytest
 from brokerproc import routed_topic, start_broker, topic_for
 from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeConcurrentlyStatus, Message
@@ -118,9 +119,18 @@ def committed(broker, group, topic, queues) -> dict[int, int]:
     return out
 
 
+def get_total(broker) -> int:
+    """The broker's msgGetTotal (GET_BROKER_RUNTIME_INFO)."""
+    with RemotingClient(broker.addr) as c:
+        r = c.invoke(RemotingCommand(RC.GET_BROKER_RUNTIME_INFO))
+    return int(orjson.loads(r.body)["table"]["msgGetTotal"])
+
+
 def test_a_local_consumer_reads_directly_what_a_socket_consumer_reads(broker, request):
     topic = routed_topic(broker, topic_for(request, "DR_"), queues=2)
     direct, socket = [], []
+
+    got0 = get_total(broker)
 
     async def main():
         cd = await consumer(broker, "drg-direct", topic, direct, instance_name="dr-direct")
@@ -149,6 +159,13 @@ def test_a_local_consumer_reads_directly_what_a_socket_consumer_reads(broker, re
             assert time.monotonic() < deadline, f"consumerProgress shows {shown}"
             await asyncio.sleep(0.2)
         assert sum(b for b, _ in shown.values()) == 301
+        # the broker's get total counts what was read here too (msgGetTotal:
+        # each group's 301, read here or through the broker; the workers
+        # publish theirs once a second)
+        deadline = time.monotonic() + WAIT
+        while (got := await asyncio.to_thread(get_total, broker)) - got0 < 2 * 301:
+            assert time.monotonic() < deadline, f"msgGetTotal moved {got - got0}"
+            await asyncio.sleep(0.3)
         await cd.shutdown()
         await cs.shutdown()
     asyncio.run(main())
