@@ -4,8 +4,8 @@ to read back, each figure beside its limit measured in the same run.
 N messages of 100 B (N = 100,000,000 full size, 2,000,000 ``--quick``) are
 sent through a real ``shmq broker`` (ASYNC_FLUSH, index on) over its Unix
 socket: PRODUCERS processes, each its own connection and its share of
-QUEUES queues, batches (320) of BATCH messages, WINDOW in flight, every
-reply's queueOffset checked and every queue's maxOffset and last body at the
+QUEUES queues, batches (320) of BATCH messages, one in flight per queue (a
+busy reply sent again), every reply's queueOffset checked and every queue's maxOffset and last body at the
 end. Segment sizes are chosen so the quick store still has several CommitLog
 segments and several ConsumeQueue files per queue. Then, on that store:
 
@@ -72,7 +72,7 @@ LIVE_TOPIC = "PerfBacklogLive"
 QUEUES = 8
 PRODUCERS = 2                  # the fill and the live load: one per core here
 BATCH = 256
-WINDOW = 4
+WINDOW = 4                     # a live producer's batches in flight (a filler: one per queue)
 PULL_MSGS = 32
 PULLS_IN_FLIGHT = 4
 BODY = 100
@@ -223,27 +223,36 @@ def _payload(q: int) -> bytes:
 
 @_child
 def _filler(addr, topic, queues, per_queue, go, pipe):
-    """Send ``per_queue`` messages to each of ``queues`` in batches, WINDOW in flight."""
+    """Send ``per_queue`` messages to each of ``queues`` in batches, one in
+    flight per queue (so each reply's queueOffset is known in advance);
+    a busy reply (flow control) is sent again, as a RocketMQ producer does."""
     payloads = {q: _payload(q) for q in queues}
-    todo = [(q, off) for off in range(0, per_queue, BATCH) for q in queues]
+    busy = 0
     with RemotingClient(addr) as c:
         pipe.send("ready")
         go.wait()
         pending = {}
-        i = 0
+
+        def send(q, off):
+            pending[c.send(batch_cmd(topic, q, payloads[q]))] = (q, off)
+
         t0 = time.monotonic()
-        while i < len(todo) or pending:
-            while i < len(todo) and len(pending) < WINDOW:
-                q, off = todo[i]
-                i += 1
-                pending[c.send(batch_cmd(topic, q, payloads[q]))] = (q, off)
+        for q in queues:
+            send(q, 0)
+        while pending:
             r = c.recv(timeout=TIMEOUT_S)
             q, off = pending.pop(r.opaque)
+            if r.code == SYSTEM_BUSY:
+                busy += 1
+                send(q, off)
+                continue
             check(r, what="backlog batch")
-            if int(r.ext["queueOffset"]) != off:     # one connection per queue: offsets known
+            if int(r.ext["queueOffset"]) != off:
                 raise AssertionError(f"{topic}/{q}: queueOffset {r.ext['queueOffset']} != {off}")
+            if off + BATCH < per_queue:
+                send(q, off + BATCH)
         t1 = time.monotonic()
-    pipe.send((t0, t1, len(queues) * per_queue))
+    pipe.send((t0, t1, len(queues) * per_queue, busy))
 
 
 @_child
@@ -299,7 +308,7 @@ def _gather(kids, pipes, go) -> list:
     return out
 
 
-def fill(addr: str, n: int) -> float:
+def fill(addr: str, n: int) -> tuple[float, int]:
     per_queue = n // QUEUES
     with RemotingClient(addr) as c:
         create_topic(c, TOPIC, QUEUES)
@@ -309,7 +318,8 @@ def fill(addr: str, n: int) -> float:
     got = _gather(kids, pipes, go)
     with RemotingClient(addr) as c:
         verify_queues(c, TOPIC, {q: (per_queue, body_of(q, BATCH - 1, BODY)) for q in range(QUEUES)})
-    return sum(g[2] for g in got) / (max(g[1] for g in got) - min(g[0] for g in got))
+    return (sum(g[2] for g in got) / (max(g[1] for g in got) - min(g[0] for g in got)),
+            sum(g[3] for g in got))
 
 
 # ------------------------------------------------------------------ reads
@@ -438,7 +448,7 @@ def run(ctx, result):
     log = conf + ".log"
     b = start(conf, store, log, "fill")
     t = time.monotonic()
-    rate = fill(b.addr("unix"), n)
+    rate, fill_busy = fill(b.addr("unix"), n)
     fill_s = time.monotonic() - t
     b.stop()
     segs = sorted(os.listdir(os.path.join(store, "commitlog")))
@@ -457,7 +467,7 @@ def run(ctx, result):
     yield result("backlog_ready_clean", clean_ready, "s", empty_ready,
                  "the empty store's ready time, same settings, same run", target_s=5.0,
                  target_ratio=2.0, fill_msg_per_s=round(rate), fill_s=round(fill_s, 1),
-                 recovery=clean_rec, **common)
+                 fill_busy_replies=fill_busy, recovery=clean_rec, **common)
     # cold catch-up reads, alone and beside producers
     raw = raw_read_bps(os.path.join(root, "raw-read"), seg_bytes, store)
     drop_cache(store)
