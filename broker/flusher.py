@@ -12,8 +12,10 @@ an appender asks for a flush or the next periodic duty is due:
                    flushCommitLogThoroughInterval ms have passed.
     2. ConsumeQueues and checkpoint, every flushIntervalConsumeQueue ms: the
        queues with flushConsumeQueueLeastPages dirty pages, and all of them
-       every flushConsumeQueueThoroughInterval ms (only then does the
-       checkpoint's ConsumeQueue position advance).
+       every flushConsumeQueueThoroughInterval ms. The checkpoint's
+       ConsumeQueue position advances at a thorough flush, and at any flush
+       that left no queue with unflushed units (core/store.py's
+       ``flush_consume_queues``), so a kill -9 rescans about a second of writes.
     3. Next segment: created (fallocate) by a helper thread once the current
        one is half full, so a roll never waits for it. ENOSPC there is a
        WARNING naming the file and the disk; it is tried again later.
