@@ -511,12 +511,8 @@ def warm_up_reads(wait: bool = True) -> bool:
 def _load_scan() -> None:
     """``cq_scan`` for the types a read passes: this process's mapping is
     writable, the codes read-only (client/pull.py)."""
-    import numpy as np
-    from shmq.core import _kernels as K
-    codes = np.zeros(1, np.int64)
-    codes.flags.writeable = False
-    out = np.zeros(2, np.int64)
-    K.cq_scan(np.zeros(40, np.uint8), 0, 1, codes, 1, 1 << 20, out, out)
+    from shmq.core.reader import warm_up_get_message
+    warm_up_get_message()
     _SCAN_LOADED.set()
 
 

@@ -318,3 +318,14 @@ def trailing_bytes(buf: np.ndarray, rel: int) -> int:
     last = int(K.last_nonzero(buf, rel))
     return last + 1 - rel if last >= 0 else 0
 
+
+def warm_up_get_message() -> None:
+    """Load (or compile) ``get_message``'s scan kernel for a process that
+    reads a store through a writable mapping with read-only tag codes (a
+    client reading beside the broker, client/direct.py): the broker's own
+    processes load theirs by unit (``core/jit.py``) and freeze them."""
+    codes = np.zeros(1, np.int64)
+    codes.flags.writeable = False
+    out = np.zeros(2, np.int64)
+    K.cq_scan(np.zeros(40, np.uint8), 0, 1, codes, 1, 1 << 20, out, out)
+

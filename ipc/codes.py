@@ -111,10 +111,11 @@ class RequestCode(enum.IntEnum):
     RESUME_CHECK_HALF_MESSAGE = 323
     GET_ALL_PRODUCER_INFO = 328
     DELETE_EXPIRED_COMMITLOG = 329
-    # shmq's own (RocketMQ's codes stay far below): a client on the broker's
-    # host asks, over the Unix socket, how to append to the store directly
+    # shmq's own (RocketMQ 4.x's codes stay below 400, and a code must fit
+    # the ROCKETMQ header's int16): a client on the broker's host asks, over
+    # the Unix socket, how to append to and read the store directly
     # (client/direct.py); another broker answers REQUEST_CODE_NOT_SUPPORTED
-    SHMQ_DIRECT_INFO = 47001
+    SHMQ_DIRECT_INFO = 32001
 
 
 @enum.unique
