@@ -46,6 +46,7 @@ import heapq
 import itertools
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -57,6 +58,15 @@ MULTI_TAGS_FLAG = 0x2
 # out in ``takes``: three ``in`` tests cost less than a generator over them)
 _SYSFLAG_TRANSACTION_MASK = 0xC
 RETRY_PREFIX = "%RETRY%"
+# topics no producer may send to (AbstractSendMessageProcessor.msgCheck; the
+# broker's NOT_ALLOWED_SEND_TOPICS, which tests/test_direct.py ties to this)
+NOT_ALLOWED_SEND_TOPICS = frozenset({
+    "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT", "rmq_sys_wheel_timer"})
+
+
+_MAIN = threading.main_thread()
+_SIGINT = {signal.SIGINT}
 
 
 class DirectUnavailable(RuntimeError):
@@ -75,6 +85,7 @@ class DirectStore:
             from shmq.core.records import encode, encode_one, host_raw
             from shmq.core.state import STATE_RUNNING, StoreState, StoreStopping
             from shmq.core.store import DuplicateResult, MessageStore
+            import posix_ipc
             from shmq.ipc.control import (FLUSHER_SLOT, ROLE_OTHER, WANT_PUBLISH, ControlBlock,
                                           NotRunning, Retired)
         except ImportError as e:
@@ -94,12 +105,12 @@ class DirectStore:
         self.root = root = config.storePathRootDir
         try:
             cb = ControlBlock.attach(root)
-        except (OSError, NotRunning) as e:    # PermissionError: another user's store
+        except (OSError, NotRunning, posix_ipc.Error) as e:   # another user's store, shared memory
             raise DirectUnavailable(f"cannot open the store {root}: {e}") from None
         try:
             try:
                 cb.register(ROLE_OTHER)
-            except (RuntimeError, OSError) as e:    # every slot taken; its wake-up name in use
+            except (RuntimeError, OSError, posix_ipc.Error) as e:   # every slot taken; name in use
                 raise DirectUnavailable(f"no process slot in the store {root}: {e}") from None
             state = StoreState.over(cb.region(), cb.lock)
             if state is None or state.get("state") != STATE_RUNNING:
@@ -163,6 +174,7 @@ class DirectStore:
         t = self._topics.get(topic)
         if (t is None or not t[0] & PERM_WRITE or not 0 <= queue_id < t[1] or not self._writable
                 or sysflag & _SYSFLAG_TRANSACTION_MASK or topic.startswith(RETRY_PREFIX)
+                or topic in NOT_ALLOWED_SEND_TOPICS
                 or "DELAY\x01" in props or "TIMER_" in props or "TRAN_MSG\x01" in props):
             return None
         return t[2]
@@ -194,10 +206,8 @@ class DirectStore:
                              store_timestamp=now, max_message_bytes=self.max_bytes)
         store = self.store
         dh = self._key_hash(pb) if store.dedup_on and self._dedupable(topic) else 0
-        try:
-            r = store.append(batch, dh)
-        except self._stopping:   # the broker closes, or a new one took the store over
-            self.stopped = True
+        r = self._append(batch, dh, topic)
+        if r is None:
             return None
         if r.__class__ is self._duplicate:
             queue_id = r.queue_id
@@ -224,13 +234,32 @@ class DirectStore:
                                   flag=flag, sysflag=extra, born_timestamp=now,
                                   born_host=("127.0.0.1", 0), store_host=self.store_host_pair,
                                   store_timestamp=now, max_message_bytes=self.max_bytes)
-        try:
-            r = self.store.append(batch)
-        except self._stopping:
-            self.stopped = True
+        r = self._append(batch, 0, topic)
+        if r is None:
             return None
         self.appended += len(bodies)
         return r.phy_offset, r.rec_pos, r.queue_offset, r.end
+
+    def _append(self, batch, dh: int, topic: str):
+        """``store.append``, or None: the socket from now on. In the main
+        thread SIGINT waits until the append is published: a
+        KeyboardInterrupt between claim and publish would leave a claim
+        that holds back every later append (the broker's too) while this
+        process lives; it is raised right after instead."""
+        main = threading.current_thread() is _MAIN
+        if main:
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+        try:
+            return self.store.append(batch, dh)
+        except self._stopping:   # the broker closes, or a new one took the store over
+            self.stopped = True
+        except (OSError, RuntimeError) as e:   # the disk refused (the claim rolled back), no slot
+            log.warning("direct append to %s failed (%s): sending over the socket", topic, e)
+            self.stopped = True
+        finally:
+            if main:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return None
 
     def flushed(self, end: int) -> bool:
         return self.state.flushed_pos >= end

@@ -194,6 +194,7 @@ class ClientInstance:
         if self.config.direct_append:             # brokers dialled before any member joined
             for addr, conn in list(self.conns.items()):
                 if conn.addr.startswith("unix:") and not conn.closed and addr not in self.direct:
+                    self.direct[addr] = None    # asked: another member does not ask again
                     ds = self.direct[addr] = await self._attach_direct(addr, conn)
                     if ds is not None:
                         ds.conn = conn
@@ -304,9 +305,10 @@ class ClientInstance:
                 conn = await self._prefer_unix(addr, conn)
                 if self.config.direct_append and (self.producers or self.consumers) \
                         and conn.addr.startswith("unix:"):
-                    old = self.direct.pop(addr, None)
+                    old = self.direct.get(addr)
                     if old is not None:         # a new connection: the broker may be a new one
                         self._drop_direct(old)
+                    self.direct[addr] = None    # asked: another member does not ask again
                     ds = self.direct[addr] = await self._attach_direct(addr, conn)
                     if ds is not None:
                         ds.conn = conn      # its broker's connection: closed, the broker is gone

@@ -450,7 +450,7 @@ class AsyncProducer:
         # a claim's bodies, as a batch entry counts them (a socket batch's
         # body must stay under the broker's maxMessageSize too)
         budget = min(_MANY_CHUNK_BYTES, self.config.max_message_size) - 1024
-        entry = 24 + len(props)
+        entry = 24 + len(props.encode()) + 64       # a batch entry's head, tags, a UNIQ_KEY
         i, n = 0, len(bodies)
         while i < n:
             j, size = i, 0
@@ -459,7 +459,10 @@ class AsyncProducer:
                 j += 1
             chunk = bodies[i:j]
             ds = inst.direct_now(q.broker_name) if self.accumulator is None else None
-            got = ds.append_many(q.topic, q.queue_id, chunk, props) if ds is not None else None
+            try:
+                got = ds.append_many(q.topic, q.queue_id, chunk, props) if ds is not None else None
+            except ValueError as e:             # what the broker answers MESSAGE_ILLEGAL
+                raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
             if got is not None:
                 first, rec_pos, offset, end = got
                 r = SendManyResult(SendStatus.SEND_OK, q, offset, len(chunk), first, rec_pos,

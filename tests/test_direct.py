@@ -221,3 +221,10 @@ def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(brok
         assert [r.queue_offset for r in rs] == [first + sum(x.count for x in rs[:k])
                                                 for k in range(len(rs))]
     assert len(results[True]) > 1                       # ~1 MiB a claim
+
+
+def test_the_topics_no_producer_may_send_to_are_the_brokers():
+    """client/direct.py keeps its own copy (the client cannot import the broker)."""
+    from shmq.broker.topics import NOT_ALLOWED_SEND_TOPICS
+    from shmq.client.direct import NOT_ALLOWED_SEND_TOPICS as CLIENT_COPY
+    assert CLIENT_COPY == NOT_ALLOWED_SEND_TOPICS

@@ -37,6 +37,8 @@ def direct_info(b: Broker, peer: Peer, cmd: RemotingCommand):
         "brokerName": c.brokerName, "brokerAddr": c.addr, "clusterName": c.brokerClusterName,
         "storeHost": c.addr, "msgIdPrefix": b.msgid_prefix,
         "sendDedup": b.store.dedup_on,
+        # broker.conf's; brokerConfig.json's runtime value, when set, overrides it
+        "brokerPermission": c.brokerPermission,
         # what one pull returns at most, as the broker's own pulls (direct reads)
         "maxTransferCountOnMessageInMemory": c.maxTransferCountOnMessageInMemory,
         "maxTransferBytesOnMessageInMemory": c.maxTransferBytesOnMessageInMemory})
