@@ -339,25 +339,34 @@ async def _backlog(namesrv: str, topic: str, n: int) -> None:
             await p.send_batch(msgs)
 
 
-async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool) -> float:
+async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool,
+                        direct: bool = False) -> tuple[float, float, int]:
+    """A push consumer (its own group) draining the ``n``-message backlog of
+    ``topic`` from the first offset: msg/s from the first delivery to the
+    last, this process's CPU µs a message meanwhile, and how many it read
+    from the store itself (``direct``: client/direct.py's reads, the scan
+    kernel loaded before the drain; off, every pull crosses the socket).
+    Every message must be delivered exactly once."""
     from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
+    if direct:
+        from shmq.client.direct import warm_up_reads
+        warm_up_reads()
     done = asyncio.Event()
-    got = [0, 0.0]
-
+    got = [0, 0.0, 0.0]
     seen: set[str] = set()
 
     async def on_messages(msgs, context):
         if got[0] == 0:
-            got[1] = time.perf_counter()
+            got[1], got[2] = time.perf_counter(), time.process_time()
         got[0] += len(msgs)
         seen.update(m.msg_id for m in msgs)
         if len(seen) >= n:
             done.set()
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, instance_name=f"perf-c-{unix}",
-                       direct_append=False)          # the socket (local_ipc measures direct reads)
-    c = AsyncPushConsumer(f"perf-consume-{unix}", client=cfg,
+    cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, direct_append=direct,
+                       instance_name=f"perf-c-{unix}-{direct}")
+    c = AsyncPushConsumer(f"perf-consume-{unix}-{direct}-{time.time_ns()}", client=cfg,
                           consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                           consume_message_batch_max_size=32)
     c.subscribe(topic, "*")
@@ -365,11 +374,17 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool) -> float:
     await c.start()
     try:
         await asyncio.wait_for(done.wait(), 120)
+        rate = n / (time.perf_counter() - got[1])
+        cpu_us = (time.process_time() - got[2]) * 1e6 / n
+        ds = [d for d in c.instance.direct.values() if d is not None]
+        read_here = ds[0].reads.messages if ds else 0
     finally:
         await c.shutdown()
     if got[0] != n:
         raise AssertionError(f"{got[0]} deliveries of {n} messages: some came twice")
-    return n / (time.perf_counter() - got[1])
+    if direct and read_here < n // 2:
+        raise AssertionError(f"the direct consumer read {read_here} of {n} itself")
+    return rate, cpu_us, read_here
 
 
 _CPP_CONSUME = textwrap.dedent('''
@@ -395,8 +410,8 @@ def run_consume(ctx, result):
     ns = _namesrv(b)
     topic = _ready_topic(b, "PerfClientConsume")
     asyncio.run(_backlog(ns, topic, n))
-    tcp = asyncio.run(_shmq_consume(ns, topic, n, False))
-    unix = asyncio.run(_shmq_consume(ns, topic, n, True)) if "unix" in b.transports else None
+    tcp = asyncio.run(_shmq_consume(ns, topic, n, False))[0]
+    unix = asyncio.run(_shmq_consume(ns, topic, n, True))[0] if "unix" in b.transports else None
     cpp = None
     home = tempfile.mkdtemp(prefix="cpp-home-")
     env = dict(os.environ, HOME=home)

@@ -34,7 +34,7 @@ import os
 import time
 
 from perf.client import (BODY, WINDOW, _LAST_CPU_US, _backlog, _broker, _namesrv, _ready_topic,
-                         _shmq_send, peers)
+                         _shmq_consume, _shmq_send, peers)
 from shmq.client import ClientConfig, Message, Producer, SendStatus
 
 
@@ -103,50 +103,6 @@ def _many_sends(namesrv: str, topic: str, seconds: float, direct: bool) -> float
         return n / (time.perf_counter() - t0)
 
 
-async def _drain(namesrv: str, topic: str, n: int, direct: bool) -> tuple[float, float]:
-    """msg/s of a push consumer draining the ``n``-message backlog of
-    ``topic``, and this process's CPU µs a message meanwhile (direct, the
-    reading the broker's worker would do is here)."""
-    from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
-    from shmq.client.direct import warm_up_reads
-    if direct:
-        warm_up_reads()            # the scan kernel loaded before, not during, the drain
-    done = asyncio.Event()
-    got = [0, 0.0, 0.0]
-    seen: set[str] = set()
-
-    async def on_messages(msgs, context):
-        if got[0] == 0:
-            got[1], got[2] = time.perf_counter(), time.process_time()
-        got[0] += len(msgs)
-        seen.update(m.msg_id for m in msgs)
-        if len(seen) >= n:
-            done.set()
-        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-
-    cfg = ClientConfig(namesrv_addr=namesrv, direct_append=direct,
-                       instance_name=f"perf-drain-{direct}")
-    c = AsyncPushConsumer(f"perf-local-consume-{direct}-{time.time_ns()}", client=cfg,
-                          consume_from_where="CONSUME_FROM_FIRST_OFFSET",
-                          consume_message_batch_max_size=32)
-    c.subscribe(topic, "*")
-    c.register_message_listener(on_messages)
-    await c.start()
-    try:
-        await asyncio.wait_for(done.wait(), 120)
-        rate = n / (time.perf_counter() - got[1])
-        cpu_us = (time.process_time() - got[2]) * 1e6 / n
-        ds = [d for d in c.instance.direct.values() if d is not None]
-        read_here = ds[0].reads.messages if ds else 0
-    finally:
-        await c.shutdown()
-    if got[0] != n:
-        raise AssertionError(f"{got[0]} deliveries of {n} messages: some came twice")
-    if direct and read_here < n // 2:
-        raise AssertionError(f"the direct consumer read {read_here} of {n} itself")
-    return rate, cpu_us
-
-
 def run(ctx, result):
     b = _broker(ctx)
     if "unix" not in b.transports:
@@ -181,8 +137,8 @@ def run(ctx, result):
     n = 20_480 if ctx.quick else 204_800
     backlog = _ready_topic(b, "PerfLocalIpcConsume")
     asyncio.run(_backlog(ns, backlog, n))
-    drained, cpu = asyncio.run(_drain(ns, backlog, n, True))
-    drained_socket, cpu_socket = asyncio.run(_drain(ns, backlog, n, False))
+    drained, cpu, _ = asyncio.run(_shmq_consume(ns, backlog, n, True, direct=True))
+    drained_socket, cpu_socket, _ = asyncio.run(_shmq_consume(ns, backlog, n, True))
     record = 100 + 91 + len(backlog) + 60                 # body, fixed fields, topic, properties
     yield result("local_ipc_consume", drained, "msg/s", ctx.memcpy_bps() / record,
                  f"memcpy of {record}-byte records (this host, same run)",
