@@ -57,7 +57,7 @@ import time
 from collections import deque
 
 from perf.broker import (SUCCESS, TIMEOUT_S, Broker, batch_body, batch_cmd, body_of, check,
-                         create_topic, free_port, pull_cmd, records, spawn, _child,
+                         create_topic, free_port, gather, pull_cmd, records, spawn, _child,
                          verify_queues)
 from perf import Skipped
 from perf.net_limits import FORK
@@ -285,29 +285,6 @@ def _live(addr, topic, qid, stop, go, pipe):
     pipe.send((t0, t1, n, busy))
 
 
-def _gather(kids, pipes, go) -> list:
-    """``perf.broker.gather`` without its 300 s cap: a full-size fill runs
-    for minutes."""
-    for a in pipes:
-        got = a.recv() if a.poll(120) else None
-        if got != "ready":
-            raise RuntimeError(f"a backlog filler did not get ready ({got!r})")
-    go.set()
-    out = []
-    for a in pipes:
-        if not a.poll(3600):
-            raise RuntimeError("a backlog filler did not report within an hour")
-        got = a.recv()
-        if isinstance(got, BaseException):
-            raise RuntimeError("a backlog filler failed") from got
-        out.append(got)
-    for p in kids:
-        p.join(60)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a backlog filler exited with {p.exitcode}")
-    return out
-
-
 def fill(addr: str, n: int) -> tuple[float, int]:
     per_queue = n // QUEUES
     with RemotingClient(addr) as c:
@@ -315,7 +292,7 @@ def fill(addr: str, n: int) -> tuple[float, int]:
     go = FORK.Event()
     kids, pipes = zip(*(spawn(_filler, (addr, TOPIC, list(range(p, QUEUES, PRODUCERS)), per_queue, go))
                         for p in range(PRODUCERS)))
-    got = _gather(kids, pipes, go)
+    got = gather(kids, pipes, go, "backlog fill", ready_s=120, report_s=3600)
     with RemotingClient(addr) as c:
         verify_queues(c, TOPIC, {q: (per_queue, body_of(q, BATCH - 1, BODY)) for q in range(QUEUES)})
     return (sum(g[2] for g in got) / (max(g[1] for g in got) - min(g[0] for g in got)),

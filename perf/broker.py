@@ -362,11 +362,13 @@ def spawn(target, args) -> tuple:
     return p, a
 
 
-def gather(kids: list, pipes: list, go, what: str, on_go=None) -> list:
-    """Wait for every client's "ready", start them all (``on_go()`` first),
-    and collect what each reports."""
+def gather(kids: list, pipes: list, go, what: str, on_go=None, ready_s: float = 60,
+           report_s: float = 300) -> list:
+    """Wait for every client's "ready" (``ready_s`` each), start them all
+    (``on_go()`` first), and collect what each reports (``report_s`` each: a
+    full-size backlog fill runs for minutes)."""
     for a in pipes:
-        got = a.recv() if a.poll(60) else None
+        got = a.recv() if a.poll(ready_s) else None
         if isinstance(got, BaseException):
             raise RuntimeError(f"{what}: a client failed") from got
         if got != "ready":
@@ -376,8 +378,8 @@ def gather(kids: list, pipes: list, go, what: str, on_go=None) -> list:
     go.set()
     out = []
     for a in pipes:
-        if not a.poll(300):
-            raise RuntimeError(f"{what}: a client did not report")
+        if not a.poll(report_s):
+            raise RuntimeError(f"{what}: a client did not report within {report_s:.0f} s")
         got = a.recv()
         if isinstance(got, BaseException):
             raise RuntimeError(f"{what}: a client failed") from got
