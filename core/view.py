@@ -8,7 +8,7 @@ readable:
   ``write_pos`` and each queue's ``next_offset`` / ``min_offset``
   (``core.state`` visibility rule: everything below them is complete,
   whatever the broker appends meanwhile). Attaching to a running broker's
-  shared memory is the caller's (``tools/storeview.py``: core knows files,
+  shared memory is the caller's (``broker/live_view.py``: core knows files,
   not processes);
 - with none, what a recovery would keep, found without writing: the CommitLog
   ends at the first invalid record of its last segment past the checkpoint's

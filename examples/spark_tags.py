@@ -7,7 +7,7 @@ import os
 import sys
 
 from pyspark.sql import SparkSession
-from shmq.tools.spark import register
+from shmq.spark import register
 
 store, topic, out = (sys.argv[1:] + ["~/store", "TopicTest", "tags.parquet"][len(sys.argv) - 1:])[:3]
 spark = SparkSession.builder.master("local[2]").appName("shmq-tags").getOrCreate()

@@ -1,6 +1,6 @@
-"""The benchmark runner: ``python -m perf [--quick] [--out FILE] [--results FILE]
-[--broker HOST:PORT] [--install-peers] [name ...]`` (``shmq bench`` is the same
-run with a table on the terminal).
+"""The benchmark runner: ``python -m perf [--quick] [--table] [--out FILE] [--results FILE]
+[--broker HOST:PORT] [--install-peers] [name ...]`` (``shmq bench`` runs it from
+the checkout with ``--table``: a table on the terminal, ``perf.table``).
 
 Prints one JSON object per line: first the machine the run measured
 (perf.machine: CPU, cores, kernel, the scratch directory's file system, the
@@ -41,7 +41,8 @@ import tempfile
 import time
 
 from perf import (Skipped, append, backlog, broker, client, features, local_ipc, machine, net_limits,
-                  pull_transfer, recovery, redis_peer, report, spark, sync_flush, worker_cpu, write_path)
+                  pull_transfer, recovery, redis_peer, report, spark, sync_flush, table, worker_cpu,
+                  write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
@@ -229,39 +230,63 @@ def run(chosen: list[str], quick: bool, emit, broker_addr: str | None = None,
     return lines
 
 
+def launcher_prog(argv: list[str], default: str) -> str:
+    """The name to answer under: ``--prog=NAME`` when a launcher (``shmq bench``) gave one."""
+    return next((a.split("=", 1)[1] for a in argv if a.startswith("--prog=")), default)
+
+
+def check_broker(addr: str | None) -> str | None:
+    """Why the named broker cannot be measured (unreachable), or None."""
+    if addr is None:
+        return None
+    try:
+        broker.NamedBroker(addr)
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m perf", description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(BENCHES)}")
-    ap.add_argument("--quick", action="store_true", help="small sizes: the suite in under a minute")
-    ap.add_argument("--out", help="also append the JSON lines to this file")
-    ap.add_argument("--results", help="write the run as a Markdown table (perf/RESULTS.md)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(prog=launcher_prog(argv, "python -m perf"), description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all; by prefix: `broker` "
+                                             f"runs every broker bench): {', '.join(BENCHES)}")
+    ap.add_argument("--quick", action="store_true", help="small sizes, for CI (about three minutes)")
+    ap.add_argument("--table", action="store_true",
+                    help="print a table as results arrive instead of the JSON lines, which then go "
+                         "to --out, else to perf/results/<run id>.jsonl (what `shmq bench` runs)")
+    ap.add_argument("--out", metavar="FILE", help="also append the JSON lines to this file")
+    ap.add_argument("--results", metavar="FILE",
+                    help="write the run as a Markdown table with limits and peers (perf/RESULTS.md)")
     ap.add_argument("--broker", default=os.environ.get("SHMQ_PERF_BROKER"), metavar="HOST:PORT",
-                    help="measure this running broker instead of starting one ($SHMQ_PERF_BROKER)")
+                    help="measure this running broker instead of starting one; benches that need "
+                         "their own store or settings it lacks are skipped ($SHMQ_PERF_BROKER)")
     ap.add_argument("--install-peers", action="store_true",
                     help="as root, apt-get install a missing peer (redis-server); also when $CI is set")
+    ap.add_argument("--prog", help=argparse.SUPPRESS)     # the name a launcher (`shmq bench`) gives
     args = ap.parse_args(argv)
     try:
         chosen = select(args.names)
     except ValueError as e:
         ap.error(str(e))
-    out = open(args.out, "a") if args.out else None
-
-    def emit(line: dict) -> None:
-        text = json.dumps(line)
-        print(text, flush=True)
-        if out:
-            out.write(text + "\n")
-            out.flush()
-
+    why = check_broker(args.broker)
+    if why:
+        print(f"{ap.prog}: {why}", file=sys.stderr)
+        return 1
+    printer = table.Printer(args.out, table=args.table, keep=args.table)
     t0 = time.perf_counter()
     try:
-        lines = run(chosen, args.quick, emit, args.broker, args.install_peers)
+        lines = run(chosen, args.quick, printer, args.broker, args.install_peers)
     finally:
-        if out:
-            out.close()
+        printer.close()
     if args.results:
-        report.write(args.results, lines, "python -m perf " + " ".join(argv if argv is not None else sys.argv[1:]))
-    print(f"# {len(chosen)} benchmarks in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        shown = [a for a in argv if not a.startswith("--prog=") and not (args.prog and a == "--table")]
+        report.write(args.results, lines, " ".join([ap.prog, *shown]))
+    done = sum(1 for line in lines if "value" in line)
+    skipped = sum(1 for line in lines if "skipped" in line)
+    print(f"# {len(chosen)} benchmarks, {done} results, {skipped} skipped in "
+          f"{time.perf_counter() - t0:.1f} s" + (f"; JSON lines in {printer.out_path}" if printer.out_path else "")
+          + (f"; table in {args.results}" if args.results else ""), file=sys.stderr)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Spark bulk ingest from the store's segments (tools/spark.py).
+"""Spark bulk ingest from the store's segments (spark/).
 
 One store per run: 2,000,000 messages (200,000 with --quick) of ~300 bytes
 (bodies 50-250 B, TAGS/KEYS/UNIQ_KEY properties) over 3 topics × 8 queues,
@@ -83,8 +83,8 @@ def _decode_rate(info: dict) -> float:
     """Messages/s of the read path without Spark: every segment scanned,
     decoded and made into Arrow batches, in this process (best of 3)."""
     from shmq.core import records as R
-    from shmq.tools import spark as S
-    from shmq.tools.storeview import StoreView
+    from shmq.spark import sources as S
+    from shmq.broker.live_view import StoreView
 
     R.warm_up_readers()
     view = StoreView.open(info["root"])
@@ -108,7 +108,7 @@ def _session(ctx):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from shmq.tools.spark import register
+    from shmq.spark import register
     cores = os.cpu_count() or 2
     spark = (SparkSession.builder.master(f"local[{cores}]").appName("shmq-perf")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

@@ -1,5 +1,8 @@
 """The import direction of DESIGN §2: core and ipc import nothing of the
-other rooms; broker only core and ipc; client only ipc (and core)."""
+other rooms; broker only core and ipc; client only ipc (and core); the Spark
+sources core, ipc and broker (the live view of a store). tools/ and perf/
+never import each other: the benchmarks measure shmq's packages from
+outside, and ``shmq bench`` starts perf's runner as a program."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +14,7 @@ ALLOWED = {
     "ipc": set(),
     "broker": {"core", "ipc"},
     "client": {"ipc", "core"},
+    "spark": {"core", "ipc", "broker"},
 }
 
 
@@ -51,8 +55,30 @@ def test_relative_imports_stay_inside_their_room():
                     raise AssertionError(f"{path.relative_to(ROOT)}: relative import leaves {room}/")
 
 
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module ``path`` imports, statically or by ``importlib.import_module("...")``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            names.add(str(node.args[0].value))
+    return names
+
+
+def test_tools_and_perf_do_not_import_each_other():
+    bad = [f"{p.relative_to(ROOT)} imports {sorted(m)}" for p in (ROOT / "tools").rglob("*.py")
+           if (m := {n for n in imported_modules(p) if n == "perf" or n.startswith("perf.")})]
+    bad += [f"{p.relative_to(ROOT)} imports {sorted(m)}" for p in (ROOT / "perf").rglob("*.py")
+            if (m := {n for n in imported_modules(p) if n == "shmq.tools" or n.startswith("shmq.tools.")})]
+    assert not bad, bad
+
+
 PRIVATE_KERNELS = "shmq.core._kernels"
-OUTSIDE_CORE = ("broker", "client", "ipc", "tools", "perf")
+OUTSIDE_CORE = ("broker", "client", "ipc", "tools", "perf", "spark")
 
 
 def kernel_imports(path: pathlib.Path) -> list[int]:

@@ -119,7 +119,7 @@ def test_without_a_checkout_it_says_where_it_looked(tmp_path, monkeypatch):
 
 @pytest.mark.profile
 def test_profile_writes_a_flame_graph_per_broker_process(tmp_path):
-    from shmq.tools.profile import ptrace_problem
+    from perf.profile import ptrace_problem
     problem = ptrace_problem()
     if problem and not os.environ.get("CI"):                          # CI must prove it
         pytest.skip(problem)

@@ -315,7 +315,7 @@ def test_encode_rejects_a_port_out_of_range():
 
 
 def test_decode_columns_agrees_with_the_python_decoder(tmp_path):
-    """The columnar reader kernels (tools/spark, tools/inspect) against
+    """The columnar reader kernels (spark/, tools/inspect) against
     ``decode``: every field, IPv6 hosts, odd property strings (empty keys or
     values, duplicates: the last wins, as in Java), absent TAGS/KEYS/UNIQ_KEY."""
     from conftest import small_config

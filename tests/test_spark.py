@@ -1,4 +1,4 @@
-"""The Spark data sources (tools/spark.py) over stores a real broker wrote.
+"""The Spark data sources (spark/) over stores a real broker wrote.
 
 Most logic is checked without a JVM, by calling the readers' ``partitions()``
 and ``read()`` as Spark's planner and tasks do. The tests marked ``spark``
@@ -25,8 +25,8 @@ from brokerproc import routed_topic, start_broker
 from shmq.client import Message, Producer
 from shmq.core import records as R
 from shmq.core.store import close_clean, open_local
-from shmq.tools import spark as S
-from shmq.tools.storeview import StoreView
+from shmq.spark import sources as S
+from shmq.broker.live_view import StoreView
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPICS = {"SparkA": 4, "SparkB": 2}

@@ -1,5 +1,5 @@
 """shmq's command line and operator tools: ``shmq broker`` and ``shmq
 namesrv`` (``cli``), ``shmq admin`` (mqadmin's commands: ``admin*``),
-``shmq store inspect`` (read-only: ``storeview``, ``storecheck``,
-``inspect*``), ``shmq bench`` and ``shmq profile`` (perf's runner under
-py-spy: ``bench``, ``profile``), and the PySpark data source (``spark``)."""
+``shmq store inspect`` (read-only: ``storecheck``, ``inspect*``), and
+``shmq bench`` / ``shmq profile``, which start perf's runner from the
+checkout (``bench``, ``profile``)."""

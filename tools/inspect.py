@@ -104,7 +104,7 @@ def run(args) -> int:
 
 
 def _dispatch(args) -> tuple[dict, str]:
-    from shmq.tools.storeview import NotAStore, StoreView
+    from shmq.broker.live_view import NotAStore, StoreView
 
     if args.queue is not None and not args.topic:
         raise InspectError("-q needs -t TOPIC", 2)
@@ -183,7 +183,7 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     from shmq.core.commitlog import SegmentMissing
     from shmq.core.reader import record_row, scan_out, walk
     from shmq.tools.storecheck import segment_name
-    from shmq.tools.storeview import short_segment_note
+    from shmq.tools.storecheck import short_segment_note
 
     info = {"file": segment_name(s), "start": s, "size": None, "first_offset": None,
             "last_offset": None, "end_offset": None, "records": None, "full": None,

@@ -36,7 +36,7 @@ from shmq.core.reader import scan_out, trailing_bytes, walk
 from shmq.core.commitlog import CommitLog, SegmentMissing
 from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.records import CorruptRecord, decode
-from shmq.tools.storeview import StoreView, short_segment_note
+from shmq.broker.live_view import StoreView
 
 SCAN_ROWS = 1 << 16
 TAGS_KEY = np.frombuffer(L.PROPERTY_TAGS.encode(), dtype=np.uint8)
@@ -47,6 +47,14 @@ TIME_CODED_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
 DELIVERY_TIME_MIN_MS = 1 << 31
 RESYNC_CANDIDATES_MAX = 10_000
 _MAGIC = L.MESSAGE_MAGIC.to_bytes(4, "big")
+
+
+def short_segment_note(size: int, segment_bytes, last: bool) -> str:
+    """What the inspector says of a segment file shorter than the store's size."""
+    what = "its records past the cut are truncated" if last else \
+        "the records past its last whole one are lost and reported"
+    return (f"short: {size} bytes of {segment_bytes} (cut by a crash, a copy or a full disk); "
+            f"the next start repairs it: extends it with zeros, {what}")
 
 
 def segment_name(start: int) -> str:

@@ -1,6 +1,6 @@
 """Columns: records turned into Arrow-shaped arrays for readers outside the broker.
 
-Readers (tools/spark, tools/inspect) decode records into fixed-width arrays
+Readers (spark/, tools/inspect) decode records into fixed-width arrays
 plus (int32 offsets, bytes) pairs, with no Python object per message.
 Positions come from the same header parser as recovery (``_scan_headers``),
 so a reader never accepts a record that recovery would not.

@@ -1,4 +1,4 @@
 """``spark.read.format("shmq-commitlog")`` with no registration (see pyspark_shmq)."""
-from shmq.tools.spark import ShmqCommitLogDataSource as DefaultSource
+from shmq.spark.sources import ShmqCommitLogDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -1,10 +1,14 @@
-"""The tools' way to open a store: ``core.view.StoreView``, with a running broker's positions.
+"""A store as a running broker publishes it: ``core.view.StoreView`` opened
+with the positions the owner published in its control block.
 
 The view itself (what is readable, offline or beside a live broker) is
 ``core/view.py``'s, and reading records below it ``core/reader.py``'s. What
-is left here is what core does not do: attaching to a running broker's
-shared-memory control block (``ipc.control``) to read the positions it has
-published, and the inspector's words for a short segment.
+is here is the one thing core cannot do, because core knows files and bytes,
+never processes: attach to the broker's shared-memory control block
+(``ipc.control``) and read the CommitLog and queue positions it has
+published, so a reader beside a live broker never reads past what the
+broker has made visible. The inspector, the verifier and the Spark source
+open stores this way.
 
 ``StoreView.open(root)`` uses the broker's published positions when one owns
 the store, else the files alone (``live=False``: always the files alone).
@@ -15,8 +19,7 @@ import os
 
 from shmq.core import view as _view
 from shmq.core.files import REAL_FILES, FileLayer
-from shmq.core.records import warm_up  # noqa: F401  (re-exported for readers)
-from shmq.core.view import NotAStore, QueueExtent  # noqa: F401  (the tools' names for them)
+from shmq.core.view import NotAStore, QueueExtent  # noqa: F401  (the readers' names for them)
 
 
 class StoreView(_view.StoreView):
@@ -29,14 +32,6 @@ class StoreView(_view.StoreView):
         ``live=False`` always reads the files alone."""
         published = _published(root) if live is not False else None
         return super().open(root, files, published)
-
-
-def short_segment_note(size: int, segment_bytes, last: bool) -> str:
-    """What the inspector says of a segment file shorter than the store's size."""
-    what = "its records past the cut are truncated" if last else \
-        "the records past its last whole one are lost and reported"
-    return (f"short: {size} bytes of {segment_bytes} (cut by a crash, a copy or a full disk); "
-            f"the next start repairs it: extends it with zeros, {what}")
 
 
 def _published(root: str) -> _view.Published | None:

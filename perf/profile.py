@@ -1,4 +1,5 @@
-"""``shmq profile``: flame graphs of every broker process while a benchmark runs.
+"""``shmq profile`` (``python -m perf.profile``, which it runs from the checkout):
+flame graphs of every broker process while a benchmark runs.
 
     shmq profile [--duration S] [--out DIR] [--rate HZ] [--quick] [bench]
     shmq profile --pid BOSS [--broker HOST:PORT] [--duration S] [--out DIR] [--rate HZ] [bench]
@@ -25,6 +26,7 @@ pauses the broker, so the bench's figures stay honest.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -179,7 +181,7 @@ class Profiler:
 
 
 # ------------------------------------------------------------------ the command
-def _report(prof: Profiler, done: list, facts: dict) -> int:
+def _report(prof: Profiler, done: list, facts: dict, prog: str) -> int:
     ok = [(r, e) for r, e in done if e is None]
     print(f"# {len(done)} broker processes recorded, {len(ok)} flame graphs:")
     for r, err in done:
@@ -190,25 +192,26 @@ def _report(prof: Profiler, done: list, facts: dict) -> int:
     for name, pid in prof.not_recorded:
         print(f"# not recorded: {name} pid {pid} (a child of the boss that is not a shmq role)")
     if len(ok) < len(done):
-        print(f"shmq profile: {ptrace_problem(facts) or 'py-spy could not record every process'}. "
+        print(f"{prog}: {ptrace_problem(facts) or 'py-spy could not record every process'}. "
               f"{ptrace_advice(facts)}", file=sys.stderr)
         return 1
     return 0 if done else 1
 
 
-def _profile(args) -> int:
-    from shmq.tools.bench import NoCheckout, Printer, check_broker, load_runner
+def _profile(args, prog: str) -> int:
+    from perf.__main__ import check_broker, run, select
+    from perf.table import Printer
 
     pyspy = find_pyspy()
     if pyspy is None:
-        print("shmq profile: py-spy not found: pip install py-spy (it is in shmq's dev extra: "
+        print(f"{prog}: py-spy not found: pip install py-spy (it is in shmq's dev extra: "
               "pip install -e '.[dev]')", file=sys.stderr)
         return 2
     if args.pid is not None and proc_stat(args.pid) is None:
-        print(f"shmq profile: no process {args.pid}", file=sys.stderr)
+        print(f"{prog}: no process {args.pid}", file=sys.stderr)
         return 2
     if args.pid is not None and args.bench and not args.broker:
-        print("shmq profile: with --pid, give --broker HOST:PORT to run a bench against that "
+        print(f"{prog}: with --pid, give --broker HOST:PORT to run a bench against that "
               "broker, or no bench to record its own load for --duration", file=sys.stderr)
         return 2
     facts = ptrace_facts()
@@ -219,18 +222,17 @@ def _profile(args) -> int:
         prof.attach(args.pid)
         print(f"# recording broker {args.pid} for {args.duration:g} s", file=sys.stderr)
         time.sleep(args.duration)
-        return _report(prof, prof.finish(), facts)
+        return _report(prof, prof.finish(), facts, prog)
     try:
-        runner = load_runner()
-        chosen = runner.select([args.bench or "broker_produce"])
-    except (NoCheckout, ValueError) as e:
-        print(f"shmq profile: {e}", file=sys.stderr)
+        chosen = select([args.bench or "broker_produce"])
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    why = check_broker(runner, args.broker if args.pid is not None else None)
+    why = check_broker(args.broker if args.pid is not None else None)
     if why:
-        print(f"shmq profile: {why}", file=sys.stderr)
+        print(f"{prog}: {why}", file=sys.stderr)
         return 1
-    printer = Printer(runner, None, False, out_dir)            # the bench's JSON lines beside the SVGs
+    printer = Printer(None, table=True, keep=True, results=out_dir)   # the bench's JSON lines beside the SVGs
 
     def setup(ctx):
         if args.pid is not None:
@@ -245,31 +247,39 @@ def _profile(args) -> int:
         done = prof.finish()          # the SVGs are written before the brokers stop
 
     try:
-        runner.run(chosen, args.quick, printer, args.broker if args.pid is not None else None,
-                   setup=setup, before_close=before_close)
+        run(chosen, args.quick, printer, args.broker if args.pid is not None else None,
+            setup=setup, before_close=before_close)
     finally:
         printer.close()
         if done is None:
             done = prof.finish()
     if not done:
-        print(f"shmq profile: {' '.join(chosen)} started no broker to record; profile a broker "
+        print(f"{prog}: {' '.join(chosen)} started no broker to record; profile a broker "
               "bench (broker_*, client_*)", file=sys.stderr)
         return 1
-    return _report(prof, done, facts)
+    return _report(prof, done, facts, prog)
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("profile", help="py-spy flame graphs of a broker's processes under a benchmark",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("bench", nargs="?", help="the benchmark to run (prefix; default broker_produce; "
-                                            "with --pid: none, record the broker's own load)")
-    p.add_argument("--duration", type=float, default=30.0, metavar="S",
-                   help="record at most this many seconds (default 30; the bench's end stops it sooner)")
-    p.add_argument("--out", default="profile", metavar="DIR",
-                   help="directory for <role>-<pid>.svg (default ./profile)")
-    p.add_argument("--rate", type=int, default=100, metavar="HZ", help="samples per second (default 100)")
-    p.add_argument("--quick", action="store_true", help="the bench's small (CI) sizes")
-    p.add_argument("--pid", type=int, help="record the running broker whose boss has this pid")
-    p.add_argument("--broker", metavar="HOST:PORT", help="with --pid: that broker's address, to run "
+def main(argv=None) -> int:
+    from perf.__main__ import launcher_prog
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(prog=launcher_prog(argv, "python -m perf.profile"),
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("bench", nargs="?", help="the benchmark to run (prefix; default broker_produce; "
+                                             "with --pid: none, record the broker's own load)")
+    ap.add_argument("--duration", type=float, default=30.0, metavar="S",
+                    help="record at most this many seconds (default 30; the bench's end stops it sooner)")
+    ap.add_argument("--out", default="profile", metavar="DIR",
+                    help="directory for <role>-<pid>.svg (default ./profile)")
+    ap.add_argument("--rate", type=int, default=100, metavar="HZ", help="samples per second (default 100)")
+    ap.add_argument("--quick", action="store_true", help="the bench's small (CI) sizes")
+    ap.add_argument("--pid", type=int, help="record the running broker whose boss has this pid")
+    ap.add_argument("--broker", metavar="HOST:PORT", help="with --pid: that broker's address, to run "
                                                           "the bench against it")
-    p.set_defaults(func=_profile)
+    ap.add_argument("--prog", help=argparse.SUPPRESS)     # the name a launcher (`shmq profile`) gives
+    return _profile(ap.parse_args(argv), ap.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
