@@ -69,6 +69,10 @@ class ClientConfig:
     direct_append: bool = True
     access_key: str = ""                   # an account of the brokers' ACL (plain_acl.yml):
     secret_key: str = ""                   # every request is signed with it (RocketMQ's SessionCredentials)
+    # RocketMQ's enableMsgTrace / customizedTraceTopic: producers and push
+    # consumers send trace records to this topic ("" = RMQ_SYS_TRACE_TOPIC; client/trace.py)
+    enable_msg_trace: bool = False
+    customized_trace_topic: str = ""
 
     @property
     def credentials(self) -> Credentials | None:

@@ -24,6 +24,11 @@ each caller still getting its own ``SendResult``.
 ``AsyncTransactionProducer`` sends half messages, runs the local
 transaction, ends it (commit, rollback or unknown) and answers the broker's
 CHECK_TRANSACTION_STATE through ``check_local_transaction``.
+
+With ``enable_msg_trace`` (ClientConfig's, or the constructor's as in
+DefaultMQProducer) ``send`` and half messages leave a Pub trace record,
+END_TRANSACTION an EndTransaction one (client/trace.py); without it the
+send path runs no trace code.
 """
 from __future__ import annotations
 
@@ -46,13 +51,14 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import send_ext
 from shmq.ipc.remoting import RemotingCommand
 
-from . import instance
+from . import instance, trace
 from .accumulator import Accumulator, Window
 from .connection import Connection, RemotingError, next_opaque
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute
 from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
                       decode_messages, unique_ids)
 from .requests import SendTemplate
+from .trace_data import MessageType
 
 log = logging.getLogger("shmq.client")
 DEFAULT_TOPIC = "TBW102"
@@ -114,7 +120,8 @@ _CACHED_MAX = 4096                     # topics whose name and template a produc
 
 class AsyncProducer:
     def __init__(self, group: str, *, namesrv_addr: str = "", client: ClientConfig | None = None,
-                 access_key: str = "", secret_key: str = "", **settings):
+                 access_key: str = "", secret_key: str = "", enable_msg_trace: bool = False,
+                 customized_trace_topic: str = "", **settings):
         self.group = group
         self.client_config = client or ClientConfig(namesrv_addr=namesrv_addr)
         if namesrv_addr:
@@ -122,6 +129,9 @@ class AsyncProducer:
         if access_key or secret_key:      # an ACL account: every request is signed with it
             self.client_config = replace(self.client_config, access_key=access_key,
                                         secret_key=secret_key)
+        if enable_msg_trace:              # DefaultMQProducer(group, enableMsgTrace, customizedTraceTopic)
+            self.client_config = replace(self.client_config, enable_msg_trace=True,
+                                        customized_trace_topic=customized_trace_topic)
         self.config = ProducerConfig(**settings)
         if self.config.linger_ms < 0:
             raise ValueError(f"linger_ms {self.config.linger_ms}: 0 (off) or more")
@@ -132,18 +142,27 @@ class AsyncProducer:
         self.accumulator = Accumulator(self) if self.config.linger_ms > 0 else None
         self.retry_codes = RETRY_CODES
         self._templates: dict[str, SendTemplate] = {}      # topic → its send frames; names checked
+        self.tracer: trace.TraceDispatcher | None = None
+        if self.client_config.enable_msg_trace:   # off: no trace code on the send path at all
+            self.tracer = trace.TraceDispatcher(group, "PRODUCE", self.client_config)
+            self.send = self._traced_send
 
     async def start(self) -> None:
         self.instance = ClientInstance.get(self.client_config)
         await self.instance.register("producer", self.group, self)
+        if self.tracer is not None:
+            await self.tracer.start()
 
     async def shutdown(self) -> None:
-        """Send what the accumulator holds, wait for those answers, unregister."""
+        """Send what the accumulator holds, wait for those answers, unregister
+        (and send the trace records that wait)."""
         if self.instance is not None:
             if self.accumulator is not None:
                 await self.accumulator.drain()
             await self.instance.unregister("producer", self.group)
             self.instance = None
+            if self.tracer is not None:
+                await self.tracer.shutdown()
 
     def flush(self) -> None:
         """Send every batch the accumulator holds now (no waiting for linger_ms)."""
@@ -340,6 +359,16 @@ class AsyncProducer:
         messages, no retry elsewhere. (A plain function returning the
         coroutine: one frame less per send.)"""
         return self._send(msg, queue, selector, arg, timeout)
+
+    async def _traced_send(self, msg: Message, queue: MessageQueue | None = None,
+                           selector: Selector | None = None, arg: Any = None,
+                           timeout: float | None = None) -> SendResult:
+        """``send`` with trace on: its Pub record (client/trace.py)."""
+        began_ms = int(time.time() * 1000)
+        r = await self._send(msg, queue, selector, arg, timeout)
+        trace.pub(self.tracer, self, msg, r, began_ms, MessageType.Delay_Msg
+                  if msg.delay_level > 0 else MessageType.Normal_Msg)
+        return r
 
     async def _send(self, msg: Message, queue, selector, arg, timeout, sysflag: int = 0,
                     extra: dict[str, str] | None = None) -> SendResult:
@@ -576,8 +605,11 @@ class AsyncTransactionProducer(AsyncProducer):
     async def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
         if msg.delay_level:
             msg.delay_level = 0           # a half message is never delayed
+        began_ms = int(time.time() * 1000)
         r = await self._send(msg, None, None, None, None, SYSFLAG_PREPARED,
                              {"TRAN_MSG": "true", "PGROUP": self.group})
+        if self.tracer is not None:
+            trace.pub(self.tracer, self, msg, r, began_ms, MessageType.Trans_Msg_Half)
         state = LocalTransactionState.UNKNOW
         if r.status is SendStatus.SEND_OK:
             try:
@@ -589,6 +621,9 @@ class AsyncTransactionProducer(AsyncProducer):
             state = LocalTransactionState.ROLLBACK_MESSAGE
         await self._end(int(r.offset_msg_id[-16:], 16), r.queue_offset, r.msg_id, state,
                         broker=r.queue.broker_name)
+        if self.tracer is not None:
+            trace.end_transaction(self.tracer, self, msg, r.msg_id, state.name, False,
+                                  trace.broker_addr(self, r.queue))
         return TransactionSendResult(**{**r.__dict__, "local_transaction_state": state})
 
     async def _end(self, commit_log_offset: int, queue_offset: int, msg_id: str,
@@ -613,6 +648,10 @@ class AsyncTransactionProducer(AsyncProducer):
             log.exception("check_local_transaction of %s raised: unknown", msg.msg_id)
             state = LocalTransactionState.UNKNOW
         ext = cmd.ext
-        await self._end(int(ext["commitLogOffset"]), int(ext["tranStateTableOffset"]),
-                        ext.get("msgId") or msg.msg_id, state, conn=conn, from_check=True)
+        msg_id = ext.get("msgId") or msg.msg_id
+        await self._end(int(ext["commitLogOffset"]), int(ext["tranStateTableOffset"]), msg_id,
+                        state, conn=conn, from_check=True)
+        if self.tracer is not None:
+            host, port = msg.store_host
+            trace.end_transaction(self.tracer, self, msg, msg_id, state.name, True, f"{host}:{port}")
         return True

@@ -17,7 +17,9 @@ What is shared with the lite pull consumer lives in consumer_base.py,
 subscription.py, process_queue.py and pull.py; the names users import are
 gathered in consumer.py. Background tasks follow background.py: a broker
 gone or refusing is a warning and a later try, a bug stops its task, is
-logged at ERROR and is raised by ``shutdown()``.
+logged at ERROR and is raised by ``shutdown()``. With ``enable_msg_trace``
+each listener call leaves SubBefore and SubAfter trace records
+(client/trace.py); without it the listener is called as it is.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from typing import Any, Awaitable, Callable
 
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 
-from . import background
+from . import background, trace
 from .consume_concurrently import ConsumeConcurrentlyService
 from .consume_orderly import ConsumeOrderlyService
 from .consumer_base import ConsumerBase, ConsumerSettings, split_settings
@@ -98,6 +100,10 @@ class AsyncPushConsumer(ConsumerBase):
         self._stopping = False
         self.locks = QueueLocks(group, self._inst, self.process_queues)
         self.service: ConsumeConcurrentlyService | ConsumeOrderlyService | None = None
+        self.tracer: trace.TraceDispatcher | None = None
+        if self.client_config.enable_msg_trace:   # off: no trace code around the listener at all
+            self.tracer = trace.TraceDispatcher(group, "CONSUME", self.client_config)
+            self._call_listener = self._traced_call_listener
 
     # ------------------------------------------------------------ set-up
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
@@ -149,6 +155,8 @@ class AsyncPushConsumer(ConsumerBase):
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
+        if self.tracer is not None:
+            await self.tracer.start()
         interval = self.client_config.persist_consumer_offset_interval
         self._spawn_services(self._rebalance_service(), self._every(interval, self._persist_all))
         if self.orderly and self.clustering:
@@ -181,6 +189,8 @@ class AsyncPushConsumer(ConsumerBase):
         self.running = False
         await self.instance.unregister("consumer", self.group)
         self._executor.shutdown(wait=False)
+        if self.tracer is not None:
+            await self.tracer.shutdown()
         self._raise_failure()
 
     async def __aenter__(self) -> "AsyncPushConsumer":
@@ -434,6 +444,31 @@ class AsyncPushConsumer(ConsumerBase):
         the consume thread pool (listeners.call_listener)."""
         return await call_listener(self.listener.consume_message, self._listener_is_async,
                                    self._executor, msgs, context, self.group)
+
+    async def _traced_call_listener(self, msgs: list[MessageExt], context) -> Any:
+        """``_call_listener`` with trace on: SubBefore and SubAfter records
+        around it (client/trace.py), telling a listener that raised from one
+        that returned nothing."""
+        before = trace.sub_before(self.tracer, self.group, msgs)
+        fn, raised = self.listener.consume_message, []
+        if self._listener_is_async:
+            async def listener(m, c):
+                try:
+                    return await fn(m, c)
+                except Exception:
+                    raised.append(True)
+                    raise
+        else:
+            def listener(m, c):
+                try:
+                    return fn(m, c)
+                except Exception:
+                    raised.append(True)
+                    raise
+        status = await call_listener(listener, self._listener_is_async, self._executor, msgs,
+                                     context, self.group)
+        trace.sub_after(self.tracer, before, len(msgs), status, bool(raised))
+        return status
 
 
 __all__ = ["AsyncPushConsumer", "PushConsumerConfig"]
