@@ -106,6 +106,10 @@ class BrokerConfig:
     filterSupportRetry: bool = False
     # messages a QUERY_MESSAGE by unique key returns at most
     defaultQueryMaxNum: int = 32
+    # create the message-trace topic at start (1 queue, read + write) for
+    # clients with enableMsgTrace (RocketMQ's BrokerConfig; client/trace.py)
+    traceTopicEnable: bool = False
+    msgTraceTopicName: str = "RMQ_SYS_TRACE_TOPIC"
     # --- access control (RocketMQ's plain ACL; broker/acl.py)
     aclEnable: bool = False
     # RocketMQ's home: the rules are <rocketmqHome>/conf/plain_acl.yml
@@ -183,6 +187,10 @@ class BrokerConfig:
         if self.waitTimeMillsInSendQueue <= 0:
             errors.append(f"waitTimeMillsInSendQueue={self.waitTimeMillsInSendQueue}: "
                           f"must be positive")
+        t = self.msgTraceTopicName
+        if not t or len(t) > 127 or not all(c.isascii() and (c.isalnum() or c in "%|_-") for c in t):
+            errors.append(f"msgTraceTopicName={t!r}: not a topic name (1..127 of letters, digits, "
+                          f"%, |, _ and -)")
         try:
             parse_delay_levels(self.messageDelayLevel)
         except ValueError as e:

@@ -245,6 +245,8 @@ class Tables:
                 TRANS_CHECK_MAX_TIME_TOPIC: topic_config(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1)}
         if c.timerWheelEnable:
             want[TIMER_TOPIC] = topic_config(TIMER_TOPIC, 1, 1)
+        if c.traceTopicEnable:                     # TopicConfigManager: 1 queue, perm 6
+            want[c.msgTraceTopicName] = topic_config(c.msgTraceTopicName, 1, 1)
         if c.autoCreateTopicEnable:
             n = c.defaultTopicQueueNums
             want[DEFAULT_TOPIC] = topic_config(DEFAULT_TOPIC, n, n,
