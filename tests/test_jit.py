@@ -93,3 +93,36 @@ def test_an_edit_of_any_kernel_module_makes_every_kernels_cache_stale(tmp_path):
     with open(pkg / "_kernels" / "binary.py", "a") as f:
         f.write("# an edit\n")
     assert cached() is False                 # stale: binary.py changed under it
+
+
+def test_a_compile_in_a_background_thread_leaves_the_main_threads_stdout_alone():
+    """numba colours its error messages with colorama, which wraps and then
+    puts back ``sys.stdout`` around each message, typing messages of
+    successful compiles included: from a background thread (a direct reader
+    warming its kernels) that put back the stream of an earlier moment under
+    the main thread's ``redirect_stdout``, and its output went elsewhere (an
+    admin command's JSON, lost). Importing shmq turns the colouring off."""
+    got = run(
+        "import contextlib, io, json, sys, threading, time\n"
+        "import shmq.core  # noqa: F401 (before numba, as any shmq program imports it)\n"
+        "import numba\n"
+        "stop = threading.Event()\n"
+        "def compile_loop():\n"
+        "    while not stop.is_set():\n"
+        "        try:\n"
+        "            numba.njit(lambda x: x.nope)(1)      # a typing error, formatted\n"
+        "        except Exception:\n"
+        "            pass\n"
+        "t = threading.Thread(target=compile_loop); t.start()\n"
+        "lost = n = 0\n"
+        "deadline = time.monotonic() + 1\n"
+        "while time.monotonic() < deadline:\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        time.sleep(0.001)\n"
+        "        sys.stdout.write('x')\n"
+        "    n += 1\n"
+        "    lost += out.getvalue() != 'x'\n"
+        "stop.set(); t.join()\n"
+        "print(json.dumps({'lost': lost, 'writes': n}))")
+    assert got["writes"] > 100 and got["lost"] == 0, got
