@@ -368,6 +368,8 @@ class AsyncProducer:
         r = await self._send(msg, queue, selector, arg, timeout)
         trace.pub(self.tracer, self, msg, r, began_ms, MessageType.Delay_Msg
                   if msg.delay_level > 0 else MessageType.Normal_Msg)
+        if len(self.tracer.queue) >= trace.BACKLOG:
+            await self.tracer.keep_up()
         return r
 
     async def _send(self, msg: Message, queue, selector, arg, timeout, sysflag: int = 0,

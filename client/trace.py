@@ -19,15 +19,15 @@ The hooks (RocketMQ's SendMessageTraceHookImpl, ConsumeMessageTraceHookImpl):
   verdict (``ConsumeReturnType``) and its time divided over the batch.
 
 The dispatcher (AsyncTraceDispatcher) keeps them from costing the user's
-sends: a hook only appends a context to a bounded queue
-(``QUEUE_SIZE``, 1024); a full queue drops it and counts it in
-``discarded``, never waits. A background task, every ``POLL_S``, encodes
-what waits into the current segment; a segment is sent when its text
-reaches ``SEGMENT_CHARS`` (maxMessageSize − 10000), its oldest record is
-``WAIT_S`` old, or (shmq) its KEYS reach ``KEYS_CHARS_MAX``: a stored
-record's properties must stay under 32 KiB. Each segment is one message:
-body the records, ``KEYS`` the traced messages' msgIds and keys, so
-QUERY_MESSAGE by key on the trace topic finds a message's records. Sends run concurrently (at most
+sends: a hook only appends a context to a bounded queue (``QUEUE_SIZE``,
+1024); a full queue drops it and counts it in ``discarded``, never waits
+for room. A background task, every ``POLL_S``, encodes what waits into the
+current segment; a segment is sent when its text reaches ``SEGMENT_CHARS``
+(maxMessageSize − 10000), its oldest record is ``WAIT_S`` old, or (shmq)
+its KEYS reach ``KEYS_CHARS_MAX``: a stored record's properties must stay
+under 32 KiB. Each segment is one message: body the records, ``KEYS`` the
+traced messages' msgIds and keys, so QUERY_MESSAGE by key on the trace
+topic finds a message's records. Sends run concurrently (at most
 ``SENDING_MAX`` at once, ``PENDING_MAX`` waiting; past that a segment is
 dropped and counted) on the dispatcher's own producer, group
 ``_INNER_TRACE_PRODUCER-<group>-<PRODUCE|CONSUME>-<n>``, instance
@@ -35,6 +35,13 @@ dropped and counted) on the dispatcher's own producer, group
 message size 128000, with the host client's account. A send that fails is
 a warning and counted in ``send_failures``; it is never retried.
 ``shutdown`` sends what waits and gives the sends up to the send timeout.
+
+Unlike Java's worker thread, the worker shares the event loop with the
+sends, and sends that append directly to the store (client/direct.py) never
+yield it: a loop of them would starve the worker and fill the queue. So a
+traced send that finds ``BACKLOG`` contexts queued does the worker's
+encoding itself and yields once (``keep_up``: about one send in 512, in a
+tight loop).
 """
 from __future__ import annotations
 
@@ -62,6 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shmq.client")
 
 QUEUE_SIZE = 1024                  # AsyncTraceDispatcher.traceContextQueue
+BACKLOG = QUEUE_SIZE // 2          # queued contexts past which a traced send helps the worker
 MAX_MESSAGE_SIZE = 128_000         # the trace producer's maxMessageSize
 SEGMENT_CHARS = MAX_MESSAGE_SIZE - 10_000
 POLL_S = 0.1                       # pollingTimeMil
@@ -123,6 +131,16 @@ class TraceDispatcher:
             return False
         self.queue.append(ctx)
         return True
+
+    async def keep_up(self) -> None:
+        """A traced send found ``BACKLOG`` contexts waiting: the loop gave the
+        worker no turn (direct appends complete without yielding). Encode
+        them here and give the trace sends a turn, so a tight loop of sends
+        drops no record."""
+        self._drain()
+        if self._segment and time.monotonic() - self._segment_since >= WAIT_S:
+            self._send_segment()
+        await asyncio.sleep(0)
 
     # ------------------------------------------------------------ life
     async def start(self) -> None:

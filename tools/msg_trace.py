@@ -6,16 +6,20 @@ QUERY_MESSAGE by key — the msgId — on the trace topic, at every broker that
 hosts it, as ``queryMsgByKey`` asks (``AdminClient.query_messages``). Of
 what comes back, the messages whose keys hold the msgId are decoded
 (``shmq.client.trace_data``: any RocketMQ client's records read the same)
-and the records of that msgId kept. Like the broker's index, it only sees
+and the records of that msgId kept (a body over 4 KiB was compressed by
+the trace producer, as Java's does). Like the broker's index, it only sees
 what the brokers still hold; a trace message over 64 matches per broker is
 not seen (mqadmin's ``maxNum``).
 """
 from __future__ import annotations
 
+import zlib
+
 from shmq.client.trace_data import TRACE_TOPIC, TraceFormatError, decode
 
 from .admin_client import AdminClient, AdminError
 
+SYSFLAG_COMPRESSED = 0x1       # a trace producer compresses bodies over 4 KiB, as any producer
 _ORDER = {"Pub": 0, "SubBefore": 1, "SubAfter": 2, "EndTransaction": 3}    # within one ms
 
 
@@ -49,9 +53,10 @@ def query_msg_trace(a: AdminClient, msg_id: str, trace_topic: str = TRACE_TOPIC)
             if m.topic != trace_topic or msg_id not in m.keys:
                 continue
             try:
-                contexts = decode(m.body.decode("utf-8", "replace"))
-            except TraceFormatError as e:
-                raise AdminError(f"trace message {m.offset_msg_id} on {name}: {e}") from None
+                body = zlib.decompress(m.body) if m.sysflag & SYSFLAG_COMPRESSED else m.body
+                contexts = decode(body.decode("utf-8", "replace"))
+            except (TraceFormatError, zlib.error) as e:
+                raise AdminError(f"trace message {m.offset_msg_id()} on {name}: {e}") from None
             host = f"{m.born_host[0]}:{m.born_host[1]}"
             out += [_view(c, host, name) for c in contexts if c.trace_beans[0].msg_id == msg_id]
     out.sort(key=lambda v: (v["timeStamp"], _ORDER[v["traceType"]]))
