@@ -30,7 +30,7 @@ from brokerproc import start_broker, stored_records
 
 # ---------------------------------------------------------------- the codec
 # Golden records: what org.apache.rocketmq.client.trace.TraceDataEncoder.
-# encoderFromContextBean writes at tag rocketmq-all-4.9.7 (commit 4cf9fa35;
+# encoderFromContextBean writes at tag rocketmq-all-4.9.7 (commit 5eb2e4ca;
 # client/src/main/java/org/apache/rocketmq/client/trace/TraceDataEncoder.java):
 # StringBuilder.append of each field, CONTENT_SPLITOR (char) 1 between them,
 # FIELD_SPLITOR (char) 2 after the record (TraceConstants); a null String
