@@ -7,13 +7,14 @@
                ├─ namesrv   (embedded NameServer, unless namesrvAddr / -n names one)
                ├─ flusher   (started by StoreOwner: group commit, CQ flush, retention)
                ├─ worker × N (reactors; connections arrive by SCM_RIGHTS)
-               └─ services  (NameServer registration, offset persistence, expiry)
+               ├─ services  (NameServer registration, offset persistence, expiry)
+               └─ ha        (replication: a master's slaves, a slave's master; broker/ha)
 
 Start-up: compile what the kernel cache lacks (in parallel, logged), start
 the fork server, take the store (recovery), lay out the registries after
 the store state, load consumer offsets, write the system topics, bind every
-port (TCP, ``<store>/broker.sock``, the NameServer's), start the NameServer,
-workers and services, wait for the first NameServer registration, print the
+port (TCP, ``<store>/broker.sock``, the NameServer's, a master's HA port),
+start the NameServer, workers, services and the HA process, wait for the first NameServer registration, print the
 ready line. A signal at any step stops the start at the next. Then: accept
 → hand the socket to the worker with the fewest connections handed so far
 (round robin among equals); every tick, repair after any dead process
@@ -43,8 +44,9 @@ from dataclasses import dataclass
 from shmq.core import jit
 from shmq.ipc.control import REGISTERED, WANT_CLIENTS, set_process_name
 
-from .config import BrokerConfig
+from .config import SLAVE, BrokerConfig
 from .delivery import tags_code_rules
+from .ha.process import ha_main
 from .kernels import Interrupted, compile_cold
 from .namesrv import listen as namesrv_listen
 from .namesrv import serve as namesrv_serve
@@ -151,6 +153,8 @@ class Boss:
         self.pending: list[tuple[socket.socket, str]] = []
         self.namesrv: multiprocessing.Process | None = None
         self.services: multiprocessing.Process | None = None
+        self.ha: multiprocessing.Process | None = None
+        self.ha_sock: socket.socket | None = None
         self.sel = selectors.DefaultSelector()
         self.signals: SignalWakeup | None = None
         self.stopping = False
@@ -189,6 +193,7 @@ class Boss:
             for i in range(c.workers):
                 self._start_worker(i)
             self._start_services()
+            self._start_ha()
             self._await_workers()
             self._await_registered()
         except BaseException:
@@ -237,6 +242,8 @@ class Boss:
             raise RuntimeError(f"cannot listen on {c.bindAddress}:{c.listenPort} (listenPort): "
                                f"{e.strerror}; is another broker running there?") from None
         tcp.listen(4096)
+        if c.brokerRole != SLAVE:
+            self.ha_sock = _bind(c.bindAddress, c.ha_port, "haListenPort", tcp)
         path = c.unix_path
         if os.path.exists(path):
             os.unlink(path)    # left by a previous run: we hold the store lock
@@ -269,6 +276,13 @@ class Boss:
         p.start()
         self.services = p
         self._started("services")
+
+    def _start_ha(self) -> None:
+        p = self.ctx.Process(target=ha_main, name="shmq-ha",
+                             args=(self.config, os.getpid(), self.ha_sock))
+        p.start()
+        self.ha = p
+        self._started("ha")
 
     def _await_workers(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
@@ -434,7 +448,8 @@ class Boss:
             if self.workers[index] is None and self._due(f"worker-{index}", now):
                 self._start_worker(index)
         for name, attr, start in (("services", "services", self._start_services),
-                                  ("namesrv", "namesrv", self._start_namesrv)):
+                                  ("namesrv", "namesrv", self._start_namesrv),
+                                  ("ha", "ha", self._start_ha)):
             p = getattr(self, attr)
             if p is not None and not p.is_alive():
                 p.join()
@@ -472,6 +487,11 @@ class Boss:
         for chan in self.chans.values():
             chan.close()
         self.chans = {}
+        if self.ha is not None:
+            _terminate([self.ha])
+        if self.ha_sock is not None:
+            self.ha_sock.close()
+            self.ha_sock = None
         if self.services is not None:
             _terminate([self.services])
         if self.owner.store is not None and self.registry is not None:
@@ -488,6 +508,22 @@ class Boss:
         path = self.config.unix_path
         if os.path.exists(path):
             os.unlink(path)
+
+
+def _bind(host: str, port: int, setting: str, also: socket.socket) -> socket.socket:
+    """A listening TCP socket, or one clear error naming ``setting``
+    (``also``, bound already, is closed then)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        also.close()
+        raise RuntimeError(f"cannot listen on {host}:{port} ({setting}): {e.strerror}; is "
+                           f"another broker running there?") from None
+    s.listen(64)
+    return s
 
 
 def _terminate(procs: list) -> None:

@@ -46,6 +46,9 @@ RUNTIME_SETTINGS = frozenset({"brokerPermission"})
 # UPDATE_BROKER_CONFIG, even at their value: that would tell a caller it guessed it.
 SECRET_SETTINGS = frozenset({"secretKey"})
 
+# brokerRole values (RocketMQ's BrokerRole)
+ASYNC_MASTER, SYNC_MASTER, SLAVE = "ASYNC_MASTER", "SYNC_MASTER", "SLAVE"
+
 # The topic producers name to have the broker create a new topic (TopicValidator).
 DEFAULT_TOPIC = "TBW102"
 
@@ -54,7 +57,8 @@ DEFAULT_TOPIC = "TBW102"
 class BrokerConfig:
     brokerName: str = "broker-a"
     brokerClusterName: str = "DefaultCluster"
-    # 0 = master (replication is not built yet: every shmq broker is a master)
+    # 0 = master; a SLAVE's is > 0 (either master role is forced to 0, as
+    # RocketMQ's BrokerStartup does)
     brokerId: int = 0
     # the address clients are told to use (route data, stored STOREHOST)
     brokerIP1: str = "127.0.0.1"
@@ -164,6 +168,26 @@ class BrokerConfig:
     # so the OS enforces who can). Asked over the Unix socket; never offered
     # with aclEnable (an account's permissions are the broker's to check)
     directAppendEnable: bool = True
+    # --- replication (broker/ha/; RocketMQ's MessageStoreConfig names and defaults)
+    # ASYNC_MASTER, SYNC_MASTER (a send waits for a slave's ack) or SLAVE
+    brokerRole: str = ASYNC_MASTER
+    # the HA port; 0: listenPort + 1 (RocketMQ 4.9 always uses listenPort + 1)
+    haListenPort: int = 0
+    # a SLAVE's master, "ip:port" of its HA port; empty: the haServerAddr the
+    # NameServer answers this slave's registration with
+    haMasterAddress: str = ""
+    # ms: a slave reports its offset, and a master sends an empty frame, at
+    # least this often
+    haSendHeartbeatInterval: int = 5000
+    # ms without a byte from the peer before an HA connection is closed
+    haHousekeepingInterval: int = 20_000
+    # bytes of CommitLog in one master → slave frame at most
+    haTransferBatchSize: int = 32 * 1024
+    # bytes: a slave this far behind does not count for SYNC_MASTER
+    # (sends are answered SLAVE_NOT_AVAILABLE)
+    haSlaveFallbehindMax: int = 256 * 1024 * 1024
+    # ms a SYNC_MASTER send waits for the slave's ack before FLUSH_SLAVE_TIMEOUT
+    slaveTimeout: int = 3000
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self):
@@ -201,6 +225,21 @@ class BrokerConfig:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
         if bool(self.accessKey) != bool(self.secretKey):
             errors.append("accessKey and secretKey go together: set both or neither")
+        if self.brokerRole not in (ASYNC_MASTER, SYNC_MASTER, SLAVE):
+            errors.append(f"brokerRole={self.brokerRole!r}: must be ASYNC_MASTER, SYNC_MASTER "
+                          f"or SLAVE")
+        elif self.brokerRole == SLAVE and self.brokerId <= 0:
+            errors.append(f"brokerId={self.brokerId}: a SLAVE's brokerId must be > 0")
+        elif self.brokerRole != SLAVE and self.brokerId != 0:
+            object.__setattr__(self, "brokerId", 0)    # a master is broker 0 (BrokerStartup)
+        if not 0 <= self.haListenPort <= 65535:
+            errors.append(f"haListenPort={self.haListenPort}: not a port (0: listenPort + 1)")
+        if self.haMasterAddress and not _is_addr(self.haMasterAddress):
+            errors.append(f"haMasterAddress={self.haMasterAddress!r}: want host:port")
+        for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",
+                     "haSlaveFallbehindMax", "slaveTimeout"):
+            if getattr(self, name) <= 0:
+                errors.append(f"{name}={getattr(self, name)}: must be positive")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -215,6 +254,15 @@ class BrokerConfig:
     @property
     def addr(self) -> str:
         return f"{self.brokerIP1}:{self.listenPort}"
+
+    @property
+    def ha_port(self) -> int:
+        return self.haListenPort or self.listenPort + 1
+
+    @property
+    def ha_addr(self) -> str:
+        """The HA address this broker advertises (RocketMQ: brokerIP2:haListenPort)."""
+        return f"{self.brokerIP1}:{self.ha_port}"
 
     @property
     def unix_path(self) -> str:
@@ -266,6 +314,11 @@ class BrokerConfig:
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 out.append((f.name, getattr(obj, f.name), default))
         return out
+
+
+def _is_addr(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) <= 65535
 
 
 def conf_text(value) -> str:

@@ -1,5 +1,6 @@
 """Requests a worker answers later: pulls waiting for messages (long polling)
-and SYNC_FLUSH sends waiting for the disk; their deadlines in a timer queue.
+and sends waiting for the disk (SYNC_FLUSH) and/or for a slave's ack
+(SYNC_MASTER); their deadlines in a timer queue.
 
 Owns what is parked and when each gives up; never a socket, never the
 reactor. It is driven from outside, every call returning the answers now due
@@ -9,7 +10,8 @@ as ``(peer, Reply)`` pairs for the driver (broker/worker.py) to write:
                      already moved (``arrived``) and the sends already flushed
     on_wake()        the control block woke us: new messages somewhere (every
                      parked queue's max offset is read once: O(queues), not
-                     O(pulls)), flush progress (sends up to ``flushed_pos``)
+                     O(pulls)), flush or replication progress (sends up to
+                     ``flushed_pos`` and, those that wait for it, ``confirm_pos``)
     expire()         deadlines passed (``clock()`` now): exactly the timers
                      due, nothing rescanned
     expire_all_pulls()  shutting down: every parked pull answered now
@@ -17,8 +19,12 @@ as ``(peer, Reply)`` pairs for the driver (broker/worker.py) to write:
 ``clock`` is injected (monotonic seconds; tests pass a fake one and advance
 it). A pull is re-run by ``answer_pull(peer, cmd)`` (the pull handler with
 suspension off) when its queue grows past its offset or its hold ends; a
-send is answered with its prepared reply once ``flushed_pos`` reaches its
-end, or with FLUSH_DISK_TIMEOUT at syncFlushTimeout.
+send is answered with its prepared reply once ``flushed_pos`` (and, for a
+SYNC_MASTER send, the slave-acked ``confirm_pos``: broker/ha) reaches its
+end, or at its deadline with FLUSH_DISK_TIMEOUT, or FLUSH_SLAVE_TIMEOUT when
+the slave's ack is what it lacks (RocketMQ: the replica status wins). A send
+that waits for the disk only keeps its prepared code (SLAVE_NOT_AVAILABLE
+when no slave could take it) whatever comes.
 
 Invariants: a parked request is answered exactly once (its timer is
 cancelled when it is answered early, its entry removed when its timer
@@ -48,6 +54,7 @@ from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
 from shmq.ipc.remoting import RemotingCommand
 
 FLUSH_TIMEOUT_REMARK = "flush the message to disk timed out (syncFlushTimeout)"
+SLAVE_TIMEOUT_REMARK = "the slave did not acknowledge the message in time (slaveTimeout)"
 
 
 class Reply(NamedTuple):
@@ -168,10 +175,12 @@ class ParkedPull:
 
 
 class ParkedSend:
-    __slots__ = ("peer", "cmd", "reply", "end", "timer")
+    __slots__ = ("peer", "cmd", "reply", "end", "timer", "flush", "slave")
 
-    def __init__(self, peer, cmd: RemotingCommand, reply: RemotingCommand, end: int):
+    def __init__(self, peer, cmd: RemotingCommand, reply: RemotingCommand, end: int,
+                 flush: bool = True, slave: bool = False):
         self.peer, self.cmd, self.reply, self.end = peer, cmd, reply, end
+        self.flush, self.slave = flush, slave      # waits for flushed_pos / confirm_pos
         self.timer: Timer | None = None
 
 
@@ -245,12 +254,12 @@ class Parking:
 
     # ----------------------------------------------------------------- sends
     def park_send(self, peer, cmd: RemotingCommand, reply: RemotingCommand, end: int,
-                  timeout_s: float) -> None:
+                  timeout_s: float, flush: bool = True, slave: bool = False) -> None:
         # one worker appends in order (a duplicate send parks at its worker's
         # last end or later: handlers/send.py), so ends never decrease
         assert end >= self.last_end, (end, self.last_end)
         self.last_end = end
-        p = ParkedSend(peer, cmd, reply, end)
+        p = ParkedSend(peer, cmd, reply, end, flush, slave)
         if not self.sends:
             self.set_flag(WANT_FLUSH, True)
         self.sends[p] = None
@@ -260,10 +269,12 @@ class Parking:
         sends = self.sends
         if not sends:
             return
-        flushed = self.store.state.flushed_pos
-        while sends:
+        st = self.store.state
+        flushed = st.flushed_pos
+        acked = st.get("confirm_pos")
+        while sends:       # in order of end: a send stays behind one still waiting
             p = next(iter(sends))
-            if p.end > flushed:
+            if (p.flush and p.end > flushed) or (p.slave and p.end > acked):
                 break
             del sends[p]
             self.timers.cancel(p.timer)
@@ -281,8 +292,10 @@ class Parking:
         del self.sends[p]
         if not self.sends:
             self.set_flag(WANT_FLUSH, False)
-        p.reply.code = R.FLUSH_DISK_TIMEOUT
-        p.reply.remark = FLUSH_TIMEOUT_REMARK
+        if p.slave and p.end > self.store.state.get("confirm_pos"):
+            p.reply.code, p.reply.remark = R.FLUSH_SLAVE_TIMEOUT, SLAVE_TIMEOUT_REMARK
+        elif p.reply.code == R.SUCCESS:
+            p.reply.code, p.reply.remark = R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK
         self._answer_send(p, out)
 
     # ----------------------------------------------------------------- driving

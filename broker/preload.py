@@ -14,6 +14,7 @@ from shmq.core import jit
 from shmq.ipc.control import set_process_name
 
 from . import flusher, namesrv, services, worker  # noqa: F401  (imported for the children)
+from .ha import process as _ha  # noqa: F401  (the HA process's)
 
 set_process_name("shmq-forkserver")
 jit.load(jit.BROKER)

@@ -10,6 +10,11 @@
   unresolved transactions (``transactions``), exactly once across its own
   ``kill -9`` (``delivery.Reposter``);
 - builds the IndexFile (query by key and by unique id).
+
+On a SLAVE (``brokerRole``) nothing here appends to the store — no delay,
+timer or transaction check-back: the master's records arrive by
+replication (``broker/ha``) — and the haServerAddr / masterAddr the
+NameServer answers its registration with are kept for the HA process.
 """
 from __future__ import annotations
 
@@ -32,8 +37,10 @@ from shmq.ipc.control import (
     set_process_name,
 )
 
-from .config import BrokerConfig
+from .config import SLAVE, BrokerConfig
 from .delivery import Progress, Reposter
+from .ha.slave import load_learned, save_learned
+from .ha.sync import SlaveSync
 from .namesrv import register_broker_request, unregister_broker_request
 from .registry import Registry
 from .schedule import DelayService, TimerService
@@ -84,7 +91,9 @@ class Services:
             self.index = IndexService(config.store)
             self.features = [self.delay, self.transactions, IndexBuilder(self.index, store),
                              Scrubber(store, config.store)]
-            if config.timerWheelEnable:
+            if config.brokerRole == SLAVE:      # what would append: the master's to do
+                self.features = self.features[2:]
+            if config.timerWheelEnable and config.brokerRole != SLAVE:
                 self.timer = TimerService(store, self.progress, self.reposter,
                                           config.timerPrecisionMs, host, root)
                 self.features.append(self.timer)
@@ -94,6 +103,9 @@ class Services:
         self.registered = False      # a NameServer took the routes since start
         self.next_offsets = 0.0
         self.next_expire = 0.0
+        # a slave's copy of the master's topics and groups (broker/ha/sync.py)
+        self.slave_sync = (SlaveSync(config, tables, time.monotonic())
+                           if config.brokerRole == SLAVE else None)
         self.saved_offsets: dict | None = None
         # One lasting connection per NameServer: a NameServer drops a broker
         # whose connection closes (RocketMQ: BrokerHousekeepingService).
@@ -114,6 +126,8 @@ class Services:
         if self.features and now >= self.next_delay_save:
             self.save_progress()
             self.next_delay_save = now + self.config.flushDelayOffsetInterval / 1000
+        if self.slave_sync is not None:
+            self.slave_sync.step(now)
         if now >= self.next_expire:
             if self.registry.expire_clients():
                 self.wake_clients()
@@ -142,8 +156,9 @@ class Services:
             self.registry.save_offsets()
             self.saved_offsets = table
 
-    def _call_all(self, make) -> int:
-        """Send ``make()`` to every NameServer; returns how many answered SUCCESS."""
+    def _call_all(self, make, on_reply=None) -> int:
+        """Send ``make()`` to every NameServer; returns how many answered
+        SUCCESS (each such reply handed to ``on_reply``, if given)."""
         ok = 0
         for addr in self.config.namesrv_addrs:
             try:
@@ -156,6 +171,8 @@ class Services:
                     log.warning("NameServer %s answered %d: %s", addr, r.code, r.remark)
                 else:
                     ok += 1
+                    if on_reply is not None:
+                        on_reply(r)
             except OSError as e:
                 log.warning("NameServer %s: %s", addr, e)
                 c = self.channels.pop(addr, None)
@@ -178,8 +195,18 @@ class Services:
         if self._call_all(lambda: register_broker_request(
                 cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
                 broker_id=c.brokerId, topic_configs=topics,
-                data_version=version, ha_addr="")):
+                data_version=version, ha_addr=c.ha_addr),
+                self._learn_master if c.brokerRole == SLAVE else None):
             self.registered = True
+
+    def _learn_master(self, reply) -> None:
+        """A slave's registration reply names its master (when the master is
+        registered): kept for the HA process (``broker/ha/slave.py``)."""
+        ha, master = reply.ext.get("haServerAddr", ""), reply.ext.get("masterAddr", "")
+        root = self.config.store.storePathRootDir
+        if ha and load_learned(root) != {"haServerAddr": ha, "masterAddr": master}:
+            save_learned(root, ha, master)
+            log.info("the master of %s is %s (HA %s)", self.config.brokerName, master, ha)
 
     def _data_version(self) -> dict:
         """The topics' data version, moved by broker config changes too (a

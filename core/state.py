@@ -15,7 +15,8 @@ writer never invalidates a line another process polls)::
        1  write_pos             publisher           CommitLog end, bytes visible
        2  flushed_pos           flusher             CommitLog durable up to here
        3  flush_request_pos     publisher           highest end a SYNC send waits for
-       4  confirm_pos           (replication)       reserved
+       4  confirm_pos,          HA service          the highest CommitLog offset a slave
+          ha_slaves                                 acked; slaves connected (broker/ha/)
        5  claim_seq, claim_pos  claim (locked)      the next claim's sequence number
                                                     and first byte
        6  config_epoch          admin               topics changed: reload
@@ -111,6 +112,9 @@ for _i, _f in enumerate(_HEADER_FIELDS, start=1):
     _offsets.append(_i * LINE)
     if _f == "claim_seq":  # written together, under the lock
         _names.append("claim_pos")
+        _offsets.append(_i * LINE + 8)
+    if _f == "confirm_pos":  # written together, by the HA service
+        _names.append("ha_slaves")
         _offsets.append(_i * LINE + 8)
     if _f == "dedup_seq":  # the window's length, set once by the owner
         _names.append("dedup_entries")

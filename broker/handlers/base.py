@@ -28,7 +28,7 @@ from shmq.ipc.control import ControlBlock
 from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import RemotingCommand
 
-from ..config import BrokerConfig
+from ..config import SLAVE, BrokerConfig
 from ..parking import Parking, Reply
 from ..registry import Registry
 from ..stats import RuntimeStats
@@ -156,9 +156,10 @@ class Broker:
 
     def check_disk(self) -> None:
         """Every write a client asks for (send, send-back, end of a
-        transaction) is refused while the disk is full, before it appends."""
+        transaction) is refused while the disk is full, and on a slave
+        (RocketMQ's checkStoreStatus: the same code and remark), before it appends."""
         full = self.store.state.get("disk_full")   # published by the flusher (core/retention.py)
-        if full:
+        if full or self.config.brokerRole == SLAVE:
             raise BadRequest(R.SERVICE_NOT_AVAILABLE, disk_full_remark(full / 10_000))
 
 

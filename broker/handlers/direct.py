@@ -20,6 +20,7 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import RemotingCommand
 
+from ..config import ASYNC_MASTER
 from .base import Broker, Peer, json_reply
 
 
@@ -29,6 +30,9 @@ def direct_info(b: Broker, peer: Peer, cmd: RemotingCommand):
         raise BadRequest(R.NO_PERMISSION, "direct appends are off (directAppendEnable=false)")
     if c.aclEnable:
         raise BadRequest(R.NO_PERMISSION, "direct appends are off while aclEnable is on")
+    if c.brokerRole != ASYNC_MASTER:   # a slave takes no writes; a SYNC_MASTER's wait for its slave
+        raise BadRequest(R.NO_PERMISSION, f"direct appends are off on a {c.brokerRole} "
+                                          f"(brokerRole)")
     if peer.addr != "unix":
         raise BadRequest(R.NO_PERMISSION, "direct appends are offered over the broker's Unix "
                                           "socket only (to a client on this host)")

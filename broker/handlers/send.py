@@ -2,8 +2,11 @@
 check the topic and the queue, route what needs it (delay, timer,
 transaction half, a consumer's own re-send to %RETRY%), encode, append,
 answer msgId / queueId / queueOffset. Under SYNC_FLUSH the answer waits in
-the parking module until the flusher has made the bytes durable (unless the
-message says WAIT=false).
+the parking module until the flusher has made the bytes durable, and on a
+SYNC_MASTER until a slave acked them (``broker/ha``), unless the message says
+WAIT=false. A SYNC_MASTER with no slave connected, or with its slave
+haSlaveFallbehindMax behind, answers SLAVE_NOT_AVAILABLE at once (after the
+flush, under SYNC_FLUSH): the message is stored, as RocketMQ's is.
 
 A single message is the common case and has a budget (issue 14: ≤ 20 µs
 of worker CPU per send, socket included): the topic's checks are cached
@@ -36,6 +39,7 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import BadRequest, Header, send_header
 from shmq.ipc.remoting import RemotingCommand, send_ok_head
 
+from ..config import SYNC_MASTER
 from ..delivery import needs_routing, route_send
 from ..topics import (NOT_ALLOWED_SEND_TOPICS, PERM_WRITE, RETRY_GROUP_TOPIC_PREFIX, TopicConfig,
                       topic_error)
@@ -174,13 +178,34 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
         msg_id = ",".join(f"{pre}{p:016X}" for p in r.rec_phy.tolist())
     else:
         msg_id = f"{pre}{r.phy_offset:016X}"
-    if b.config.store.sync_flush and b.store.state.flushed_pos < r.end \
-            and "WAIT\x01false" not in props:
-        reply = cmd.reply(R.SUCCESS, ext={"msgId": msg_id, "queueId": str(qid),
-                                          "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
-        end = r.end
-        if end < parking.last_end:          # a duplicate of an older send: keep the order
-            end = parking.last_end
-        parking.park_send(peer, cmd, reply, end, b.config.store.syncFlushTimeout / 1000)
-        return PARKED
+    c = b.config
+    flush = c.store.sync_flush and b.store.state.flushed_pos < r.end
+    if (flush or c.brokerRole == SYNC_MASTER) and "WAIT\x01false" not in props:
+        code, slave = _replica_wait(b, r.end)
+        if flush or slave:
+            reply = cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
+                                         "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
+            end = r.end
+            if end < parking.last_end:          # a duplicate of an older send: keep the order
+                end = parking.last_end
+            timeout_ms = max(c.store.syncFlushTimeout if flush else 0,
+                             c.slaveTimeout if slave else 0)
+            parking.park_send(peer, cmd, reply, end, timeout_ms / 1000, flush, slave)
+            return PARKED
+        if code != R.SUCCESS:
+            return cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
+                                        "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
     return send_ok_head(cmd.serialize_type, cmd.opaque, msg_id, qid, r.queue_offset)
+
+
+def _replica_wait(b: Broker, end: int) -> tuple[int, bool]:
+    """(the reply's code, wait for a slave's ack?) of a send ending at
+    ``end`` (RocketMQ's CommitLog.submitReplicaRequest, HAService.isSlaveOK)."""
+    c = b.config
+    if c.brokerRole != SYNC_MASTER:
+        return R.SUCCESS, False
+    st = b.store.state
+    acked = st.get("confirm_pos")
+    if st.get("ha_slaves") > 0 and end - acked < c.haSlaveFallbehindMax:
+        return R.SUCCESS, acked < end
+    return R.SLAVE_NOT_AVAILABLE, False

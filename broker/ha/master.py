@@ -1,0 +1,213 @@
+"""The master's end: accept slaves, stream them the CommitLog (RocketMQ's
+``HAService`` + ``HAConnection``).
+
+One selector loop in the ``shmq-ha`` process, phases in order each turn:
+wait (the listener, every slave socket, the store's wake-up socket; at most
+``TICK_S``), accept, read reports, send, housekeeping. Per connection:
+
+    request   the slave's first report: where its stream starts (0, or
+              below the first segment still kept: the first segment kept)
+    ack       its newest report; the highest over all slaves is published
+              as ``confirm_pos`` (only grows) and wakes parked SYNC sends
+    next      the next CommitLog byte to send; frames are cut at the
+              published ``write_pos``, at a segment's end and at
+              ``haTransferBatchSize``, and sent from the mapping (sendmsg
+              of header + view: no copy), several per call, never blocking:
+              what the socket does not take waits for it to be writable
+
+A slave that reports past the master's end, or says nothing for
+``haHousekeepingInterval``, or sends garbage, is dropped; ``ha_slaves``
+counts the live connections (published at once, so a SYNC_MASTER send
+answers SLAVE_NOT_AVAILABLE as soon as the last slave is gone).
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import time
+
+from shmq.core.store import MessageStore
+from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH, ControlBlock
+
+from ..config import BrokerConfig
+from .protocol import Reports, header
+
+log = logging.getLogger("shmq.ha")
+TICK_S = 0.1
+FRAMES_PER_SEND = 16
+RECV_BYTES = 64 * 1024
+
+
+class Connection:
+    def __init__(self, sock: socket.socket, peer: str, now: float):
+        self.sock, self.peer = sock, peer
+        self.reports = Reports()
+        self.request = -1          # the first report: where to start
+        self.ack = -1              # the newest report
+        self.next = -1             # the next CommitLog byte to send
+        self.pending: list = []    # what the socket has not taken yet (buffers)
+        self.last_read = self.last_write = now
+
+
+class HAService:
+    def __init__(self, config: BrokerConfig, store: MessageStore, cb: ControlBlock,
+                 listener: socket.socket, clock=time.monotonic):
+        self.config, self.store, self.cb = config, store, cb
+        self.listener = listener
+        self.clock = clock
+        self.seg = store.config.mappedFileSizeCommitLog
+        self.sel = selectors.DefaultSelector()
+        listener.setblocking(False)
+        self.sel.register(listener, selectors.EVENT_READ, None)
+        self.sel.register(cb.waiter.fileno(), selectors.EVENT_READ, "wake")
+        self.conns: dict[socket.socket, Connection] = {}
+        st = store.state
+        st.set("ha_slaves", 0)       # a restarted service: whatever its predecessor counted is gone
+        self.acked = st.get("confirm_pos")
+
+    # ------------------------------------------------------------------ loop
+    def step(self) -> None:
+        now = self.clock()
+        for key, events in self.sel.select(TICK_S):
+            if key.fileobj is self.listener:
+                self._accept(now)
+            elif key.data == "wake":
+                self.cb.waiter.drain()
+            else:
+                c = key.data
+                if events & selectors.EVENT_READ:
+                    self._read(c, now)
+        for c in list(self.conns.values()):
+            if c.sock.fileno() >= 0:
+                self._send(c, now)
+        hk = self.config.haHousekeepingInterval / 1000
+        for c in list(self.conns.values()):
+            if now - c.last_read > hk:
+                self._drop(c, f"nothing read for {hk:.0f} s (haHousekeepingInterval)")
+
+    def close(self) -> None:
+        for c in list(self.conns.values()):
+            self._drop(c, "the broker stops")
+        self.sel.close()
+
+    # ---------------------------------------------------------------- accept
+    def _accept(self, now: float) -> None:
+        try:
+            sock, addr = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        c = Connection(sock, f"{addr[0]}:{addr[1]}", now)
+        self.conns[sock] = c
+        self.sel.register(sock, selectors.EVENT_READ, c)
+        self._count()
+        log.info("HA: slave %s connected", c.peer)
+
+    def _count(self) -> None:
+        self.store.state.set("ha_slaves", len(self.conns))
+        self.cb.set_flag(WANT_PUBLISH, bool(self.conns))
+        self.cb.wake_flagged(WANT_FLUSH)    # parked SYNC sends: maybe no slave is left
+
+    def _drop(self, c: Connection, why: str) -> None:
+        if self.conns.pop(c.sock, None) is None:
+            return
+        log.info("HA: slave %s dropped: %s", c.peer, why)
+        try:
+            self.sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        self._count()
+
+    # ------------------------------------------------------------------ read
+    def _read(self, c: Connection, now: float) -> None:
+        try:
+            data = c.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(c, e.strerror or str(e))
+            return
+        if not data:
+            self._drop(c, "closed by the slave")
+            return
+        c.last_read = now
+        offset = c.reports.feed(data)
+        if offset is None:
+            return
+        st = self.store.state
+        if c.request < 0:
+            c.request = offset
+            log.info("HA: slave %s asks from offset %d (this CommitLog: %d..%d)", c.peer,
+                     offset, st.get("cl_min_offset"), st.write_pos)
+        elif offset > st.write_pos:
+            self._drop(c, f"it reports offset {offset}, past this CommitLog's end {st.write_pos}")
+            return
+        c.ack = offset
+        if offset > self.acked:
+            self.acked = offset
+            st.set("confirm_pos", offset)
+            self.cb.wake_flagged(WANT_FLUSH)
+
+    # ------------------------------------------------------------------ send
+    def _send(self, c: Connection, now: float) -> None:
+        if c.request < 0:
+            return
+        st = self.store.state
+        if c.next < 0:
+            start = max(c.request, st.get("cl_min_offset"))
+            if c.request > st.write_pos:
+                self._drop(c, f"it asks from {c.request}, past this CommitLog's end "
+                              f"{st.write_pos}")
+                return
+            if c.request and c.request < start:
+                log.warning("HA: slave %s asks from %d, below the first byte kept here (%d): "
+                            "it is sent from there", c.peer, c.request, start)
+            c.next = start
+        if not c.pending:
+            self._cut(c, st.write_pos)
+            if not c.pending and now - c.last_write > self.config.haSendHeartbeatInterval / 1000:
+                c.pending.append(memoryview(header(c.next, 0)))
+        if not c.pending:
+            return
+        try:
+            n = c.sock.sendmsg(c.pending)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as e:
+            self._drop(c, e.strerror or str(e))
+            return
+        c.last_write = now
+        self._consume(c, n)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.pending else 0)
+        self.sel.modify(c.sock, events, c)
+
+    def _cut(self, c: Connection, end: int) -> None:
+        """Frames of [c.next, end), up to FRAMES_PER_SEND, onto ``pending``."""
+        cl = self.store.cl
+        batch = self.config.haTransferBatchSize
+        for _ in range(FRAMES_PER_SEND):
+            if c.next >= end:
+                return
+            s = cl.segment_start(c.next)
+            n = min(end, s + self.seg, c.next + batch) - c.next
+            c.pending.append(memoryview(header(c.next, n)))
+            c.pending.append(memoryview(cl.view(c.next, n)))
+            c.next += n
+
+    @staticmethod
+    def _consume(c: Connection, n: int) -> None:
+        pending = c.pending
+        i = 0
+        while i < len(pending) and n >= len(pending[i]):
+            n -= len(pending[i])
+            i += 1
+        del pending[:i]
+        if n:
+            pending[0] = pending[0][n:]
+
+    def slaves(self) -> list[tuple[str, int]]:
+        """(peer, acked offset) of each connected slave."""
+        return [(c.peer, c.ack) for c in self.conns.values()]

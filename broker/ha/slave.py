@@ -1,0 +1,169 @@
+"""The slave's end: follow a master's CommitLog (RocketMQ's ``HAClient``).
+
+One connection at a time, in the ``shmq-ha`` process of a SLAVE:
+
+    find      haMasterAddress, else the haServerAddr the NameServer gave the
+              services process (``learned``); none: look again after
+              RETRY_S
+    connect   blocking, CONNECT_TIMEOUT_S; then non-blocking, TCP_NODELAY;
+              report the store's offset at once
+    follow    frames in (``protocol.Frames``) → ``Replica.append`` (the
+              store, ConsumeQueues, published positions); after each read
+              that applied bytes, and every haSendHeartbeatInterval, report
+              the offset received
+    drop      on a frame that does not continue the store, garbage, EOF, or
+              haHousekeepingInterval without a byte from the master; then
+              connect again after RETRY_S
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import socket
+import time
+
+from shmq.core.replica import Replica, ReplicaError
+
+from ..config import BrokerConfig
+from .protocol import Frames, ProtocolError, report
+
+log = logging.getLogger("shmq.ha")
+RETRY_S = 1.0
+CONNECT_TIMEOUT_S = 5.0
+TICK_S = 0.1
+RECV_BYTES = 1 << 20
+LEARNED_FILE = "haMaster.json"
+
+
+def learned_path(root: str) -> str:
+    return os.path.join(root, LEARNED_FILE)
+
+
+def save_learned(root: str, ha_addr: str, master_addr: str) -> None:
+    """What the NameServer answered a slave's registration with (services)."""
+    path = learned_path(root)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"haServerAddr": ha_addr, "masterAddr": master_addr}, f)
+    os.replace(tmp, path)
+
+
+def load_learned(root: str) -> dict:
+    try:
+        with open(learned_path(root)) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+class HAClient:
+    def __init__(self, config: BrokerConfig, replica: Replica, clock=time.monotonic):
+        self.config, self.replica = config, replica
+        self.clock = clock
+        self.sock: socket.socket | None = None
+        self.sel = selectors.DefaultSelector()
+        self.frames = Frames()
+        self.master = ""
+        self.reported = -1
+        self.last_report = self.last_read = 0.0
+        self.next_try = 0.0
+
+    def master_addr(self) -> str:
+        c = self.config
+        return c.haMasterAddress or load_learned(c.store.storePathRootDir).get("haServerAddr", "")
+
+    def step(self) -> None:
+        now = self.clock()
+        if self.sock is None:
+            if now >= self.next_try:
+                self.next_try = now + RETRY_S
+                self._connect(now)
+            if self.sock is None:
+                time.sleep(min(TICK_S, max(0.0, self.next_try - now)))
+                return
+        for _key, _ in self.sel.select(TICK_S):
+            self._read()
+        if self.sock is None:
+            return
+        now = self.clock()
+        if now - self.last_read > self.config.haHousekeepingInterval / 1000:
+            self.drop("nothing from the master for haHousekeepingInterval")
+            return
+        rcv = self.replica.received
+        if rcv > self.reported or now - self.last_report >= self.config.haSendHeartbeatInterval / 1000:
+            self._report(rcv, now)
+
+    def _connect(self, now: float) -> None:
+        addr = self.master_addr()
+        if not addr:
+            return
+        try:
+            sock = socket.create_connection(split_addr(addr), timeout=CONNECT_TIMEOUT_S)
+        except (OSError, ValueError) as e:
+            if addr != self.master:
+                log.warning("HA: cannot connect to the master %s: %s", addr, e)
+            self.master = addr
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        self.sock, self.master = sock, addr
+        self.frames = Frames()
+        self.sel.register(sock, selectors.EVENT_READ)
+        self.last_read = now
+        self.reported = -1
+        log.info("HA: connected to the master %s; this store ends at %d", addr,
+                 self.replica.received)
+        self._report(self.replica.received, now)
+
+    def _report(self, offset: int, now: float) -> None:
+        try:
+            self.sock.sendall(report(offset))   # 8 bytes: the socket takes them whole
+        except BlockingIOError:
+            return                               # the master reads nothing: housekeeping ends it
+        except OSError as e:
+            self.drop(f"report failed: {e.strerror or e}")
+            return
+        self.reported, self.last_report = offset, now
+
+    def _read(self) -> None:
+        try:
+            data = self.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.drop(e.strerror or str(e))
+            return
+        if not data:
+            self.drop("closed by the master")
+            return
+        self.last_read = self.clock()
+        try:
+            for offset, body in self.frames.feed(data):
+                if body or offset != self.replica.received:
+                    self.replica.append(offset, body)
+        except (ProtocolError, ReplicaError) as e:
+            self.drop(str(e))
+
+    def drop(self, why: str) -> None:
+        if self.sock is None:
+            return
+        log.warning("HA: connection to the master %s closed: %s", self.master, why)
+        self.sel.unregister(self.sock)
+        self.sock.close()
+        self.sock = None
+        self.next_try = self.clock() + RETRY_S
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sel.unregister(self.sock)
+            self.sock.close()
+            self.sock = None
+        self.sel.close()

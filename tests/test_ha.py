@@ -1,0 +1,206 @@
+"""Master/slave replication (broker/ha): two real brokers on 127.0.0.1.
+
+One pair for the module, built up in the order a user meets it: a
+SYNC_MASTER alone (its sends are stored and answered SLAVE_NOT_AVAILABLE),
+then its slave, started late, which learns the master's HA address from
+the NameServer, catches up and from then on acks every send before its
+SEND_OK; the slave refuses sends and serves pulls and queries by key; the
+two CommitLogs are the same bytes. The HA stream itself is checked as a
+RocketMQ slave sees it (a raw socket on haListenPort) and against the
+frame layout of the reference (§1.2).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import time
+
+import pytest
+
+from brokerproc import broker_conf, BrokerProc
+from shmq.broker.config import BrokerConfig
+from shmq.broker.ha.protocol import Frames, ProtocolError, Reports, header, report
+from shmq.client.remoting import RemotingClient
+from shmq.client.requests import create_topic, decode_records, pull_message, send_message
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import RemotingCommand
+
+TOPIC = "HaTopic"
+SEGMENT = 2 << 20       # small segments: the slave's catch-up crosses several
+SMALL = dict(mappedFileSizeCommitLog=SEGMENT, maxMessageSize=256 << 10, workerProcessNums=1,
+             haSendHeartbeatInterval=1000)
+DEADLINE_S = 15
+
+
+def until(what: str, fn, deadline_s: float = DEADLINE_S):
+    end = time.monotonic() + deadline_s
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < end, f"{what}: not within {deadline_s} s"
+        time.sleep(0.02)
+
+
+class Pair:
+    master: BrokerProc
+    slave: BrokerProc | None = None
+
+    def start_slave(self, tmp) -> BrokerProc:
+        self.slave = BrokerProc(tmp, broker_conf(
+            tmp, brokerRole="SLAVE", brokerId=1, namesrvAddr=self.master.namesrv,
+            **SMALL)).start()
+        return self.slave
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    p = Pair()
+    tmp = tmp_path_factory.mktemp("master")
+    p.master = BrokerProc(tmp, broker_conf(tmp, brokerRole="SYNC_MASTER", slaveTimeout=700,
+                                           **SMALL)).start()
+    p.tmp = tmp_path_factory.mktemp("slave")
+    try:
+        with RemotingClient(p.master.addr) as c:
+            assert c.invoke(create_topic(TOPIC, 2)).code == R.SUCCESS
+        yield p
+    finally:
+        for b in (p.slave, p.master):
+            if b is not None:
+                try:
+                    b.stop()
+                finally:
+                    b.kill9()
+
+
+def send(addr: str, body: bytes, qid: int = 0, keys=None) -> RemotingCommand:
+    with RemotingClient(addr) as c:
+        return c.invoke(send_message(TOPIC, body, queue_id=qid, keys=keys))
+
+
+def pull_all(addr: str, qid: int) -> list:
+    out, offset = [], 0
+    with RemotingClient(addr) as c:
+        while True:
+            r = c.invoke(pull_message(TOPIC, qid, offset, max_msgs=32))
+            if r.code != R.SUCCESS:
+                return out
+            msgs = decode_records(r.body)
+            out += msgs
+            offset = int(r.ext["nextBeginOffset"])
+
+
+def test_a_sync_master_alone_stores_the_send_and_answers_slave_not_available(pair):
+    r = send(pair.master.addr, b"before any slave", keys="early")
+    assert r.code == R.SLAVE_NOT_AVAILABLE and r.ext["msgId"] and r.ext["queueOffset"] == "0"
+    # enough to fill a few segments, so the slave's catch-up crosses segment ends
+    with RemotingClient(pair.master.addr) as c:
+        for i in range(80):
+            r = c.invoke(send_message(TOPIC, bytes([i]) * 100_000, queue_id=1))
+            assert r.code == R.SLAVE_NOT_AVAILABLE
+    assert [m.body for m in pull_all(pair.master.addr, 0)] == [b"before any slave"]
+
+
+def test_a_slave_started_late_learns_its_master_and_catches_up(pair):
+    slave = pair.start_slave(pair.tmp)
+    early = until("the early messages on the slave", lambda: (
+        len(pull_all(slave.addr, 1)) == 80 and pull_all(slave.addr, 0)))
+    assert [m.body for m in early] == [b"before any slave"]
+    assert [m.body[:1] for m in pull_all(slave.addr, 1)] == [bytes([i]) for i in range(80)]
+    assert "HA: connected to the master" in slave.log()
+
+
+def test_sync_master_answers_send_ok_once_the_slave_has_the_message(pair):
+    until("the slave connected", lambda: send(pair.master.addr, b"probe").code == R.SUCCESS)
+    with RemotingClient(pair.master.addr) as m, RemotingClient(pair.slave.addr) as s:
+        for i in range(20):
+            r = m.invoke(send_message(TOPIC, f"sync {i}".encode(), queue_id=0, keys=f"k{i}"))
+            assert r.code == R.SUCCESS, r.remark
+            # acked means on the slave: pullable there at once, at the same offset
+            p = s.invoke(pull_message(TOPIC, 0, int(r.ext["queueOffset"]), max_msgs=1))
+            assert p.code == R.SUCCESS and decode_records(p.body)[0].body == f"sync {i}".encode()
+
+
+def test_the_slave_refuses_sends_and_serves_queries_by_key(pair):
+    r = send(pair.slave.addr, b"to the slave")
+    assert r.code == R.SERVICE_NOT_AVAILABLE and "messages are put to the slave" in r.remark
+    ext = {"topic": TOPIC, "key": "k7", "maxNum": "32", "beginTimestamp": "0",
+           "endTimestamp": str(2 ** 63 - 1)}
+    with RemotingClient(pair.slave.addr) as c:
+        found = until("the slave's IndexFile has k7", lambda: (
+            lambda q: q.code == R.SUCCESS and decode_records(q.body))(
+                c.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext=ext))))
+    assert [m.body for m in found] == [b"sync 7"]
+
+
+def test_master_and_slave_commitlogs_are_the_same_bytes(pair):
+    def files(b):
+        d = os.path.join(b.store, "commitlog")
+        return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+    m = files(pair.master)
+    assert len(m) >= 4
+    until("the slave's CommitLog equals the master's", lambda: files(pair.slave) == m)
+
+
+def test_a_stalled_slave_means_flush_slave_timeout_then_send_ok_again(pair):
+    ha = pair.slave.children()["shmq-ha"]
+    os.kill(ha, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = send(pair.master.addr, b"while the slave sleeps")
+        assert r.code == R.FLUSH_SLAVE_TIMEOUT and r.ext["msgId"]
+        assert time.monotonic() - t0 >= 0.6          # slaveTimeout=700 ms
+    finally:
+        os.kill(ha, signal.SIGCONT)
+    until("acks again", lambda: send(pair.master.addr, b"after").code == R.SUCCESS)
+    assert b"while the slave sleeps" in [m.body for m in pull_all(pair.slave.addr, 0)]
+
+
+def test_the_ha_port_speaks_rocketmq_4_to_a_raw_slave(pair):
+    """What a Java slave sees: report offset 0 (empty), get 12-byte headers
+    [int64 offset][int32 size] and the master's CommitLog bytes."""
+    host, port = pair.master.addr.split(":")
+    seg0 = open(os.path.join(pair.master.store, "commitlog", "0" * 20), "rb").read()
+    with socket.create_connection((host, int(port) + 1), timeout=5) as s:
+        s.sendall(struct.pack(">q", 0))
+        got = b""
+        while len(got) < 12 + 32768 + 12:
+            chunk = s.recv(65536)
+            assert chunk
+            got += chunk
+    offset, size = struct.unpack_from(">qi", got)
+    assert (offset, size) == (0, 32768)                 # haTransferBatchSize
+    assert got[12:12 + size] == seg0[:size]
+    assert struct.unpack_from(">qi", got, 12 + size) == (32768, 32768)
+
+
+def test_frames_golden_and_split_anywhere():
+    # reference §1.2: header = int64 masterPhyOffset + int32 bodySize, big-endian
+    assert header(0x0102030405060708, 5) == bytes.fromhex("0102030405060708" "00000005")
+    assert report(1 << 32) == bytes.fromhex("0000000100000000")
+    stream = header(4096, 3) + b"abc" + header(4099, 0) + header(4099, 2) + b"de"
+    whole = Frames().feed(stream)
+    assert whole == [(4096, b"abc"), (4099, b""), (4099, b"de")]
+    f = Frames()
+    assert [x for i in range(len(stream)) for x in f.feed(stream[i:i + 1])] == whole
+    with pytest.raises(ProtocolError):
+        Frames().feed(header(0, -1))
+    r = Reports()
+    assert r.feed(report(7)[:5]) is None
+    assert r.feed(report(7)[5:] + report(9) + report(11)[:3]) == 9   # the newest whole one
+
+
+def test_roles_and_settings_with_rocketmq_names_and_defaults():
+    c = BrokerConfig()
+    assert (c.brokerRole, c.ha_port, c.haSendHeartbeatInterval, c.haHousekeepingInterval,
+            c.haTransferBatchSize, c.haSlaveFallbehindMax, c.slaveTimeout) == (
+        "ASYNC_MASTER", 10912, 5000, 20000, 32768, 256 << 20, 3000)
+    assert BrokerConfig(brokerRole="SYNC_MASTER", brokerId=2).brokerId == 0
+    for bad, words in ((dict(brokerRole="SLAVE"), "brokerId must be > 0"),
+                       (dict(brokerRole="MASTER"), "brokerRole='MASTER'"),
+                       (dict(haMasterAddress="nohost"), "haMasterAddress")):
+        with pytest.raises(ValueError, match=words):
+            BrokerConfig(**bad)
