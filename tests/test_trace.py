@@ -221,6 +221,8 @@ def test_trace_off_writes_nothing_and_adds_nothing_to_send(broker):
     async def run():
         async with AsyncProducer("trace-pg-off", namesrv_addr=broker.namesrv) as p:
             assert p.tracer is None and "send" not in vars(p)      # the plain send path
+            c = AsyncPushConsumer("trace-cg-off", namesrv_addr=broker.namesrv)
+            assert c.tracer is None and "_call_listener" not in vars(c)   # the plain listener call
             return await p.send(Message("TRACE_T_OFF", b"untraced", keys="off-1"))
 
     r = asyncio.run(run())
