@@ -25,7 +25,11 @@ an appender asks for a flush or the next periodic duty is due:
        (SERVICE_NOT_AVAILABLE) until it falls back.
     5. Retention, every cleanResourceInterval ms (core/retention.py), with
        the groups' consumer offsets: the broker's live table when this store
-       has one, and config/consumerOffset.json.
+       has one, and config/consumerOffset.json. An admin's
+       deleteExpiredCommitLog (``delete_cl_seq`` moved) runs it at once and
+       makes the next MANUAL_DELETE_PASSES passes ignore deleteWhen, as
+       RocketMQ's executeDeleteFilesManually; cleanExpiredCQ
+       (``clean_cq_seq`` moved) trims the ConsumeQueues at once.
 
 SIGTERM: finish the loop, flush everything, write the checkpoint, exit 0.
 The clock is injectable; ``step`` runs one pass, so tests drive it directly.
@@ -39,8 +43,8 @@ import threading
 import time
 
 from shmq.core import jit
-from shmq.core.retention import (CleanReport, ConsumerOffsets, clean_expired, publish_disk_full,
-                                 offsets_from_file)
+from shmq.core.retention import (CleanReport, ConsumerOffsets, clean_consume_queues, clean_expired,
+                                 offsets_from_file, publish_disk_full)
 from shmq.core.store import MessageStore
 from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent, set_process_name
 
@@ -49,6 +53,7 @@ PREPARE_WHEN_LEFT = 0.5   # create the next segment when half of this one is lef
 PREPARE_RETRY_S = 10.0    # after a failed creation (ENOSPC), try again this much later
 DISK_CHECK_S = 2.0        # seconds between disk use checks (RocketMQ: 10 s)
 HELD_BACK_LOG_S = 300.0   # a WARNING that forced cleanup keeps unread messages, at most this often
+MANUAL_DELETE_PASSES = 20  # DefaultMessageStore.MANUAL_DELETE_FILE_MAX_TIMES
 log = logging.getLogger("shmq.flusher")
 
 
@@ -75,10 +80,21 @@ class Flusher:
         # the broker's live consumer offsets (broker/registry.py), where the
         # owner gave this store a registry; None: config/consumerOffset.json only
         self.live_offsets = None
+        # admins' requests (broker/handlers/admin.py): those seen, passes left
+        self.delete_cl_seen = store.state.get("delete_cl_seq")
+        self.clean_cq_seen = store.state.get("clean_cq_seq")
+        self.manual_passes = 0
 
     def step(self) -> float:
         """One pass of the loop; returns the seconds until the next is due."""
         cfg, st, now = self.cfg, self.store.state, self.clock()
+        if st.get("delete_cl_seq") != self.delete_cl_seen:
+            self.delete_cl_seen = st.get("delete_cl_seq")
+            self.manual_passes = MANUAL_DELETE_PASSES
+            self.next_clean = now
+        if st.get("clean_cq_seq") != self.clean_cq_seen:
+            self.clean_cq_seen = st.get("clean_cq_seq")
+            log.info("cleanExpiredCQ: deleted %d ConsumeQueue files", clean_consume_queues(self.store))
         fl = st.flushed_pos
         if cfg.sync_flush:
             if st.get("flush_request_pos") > fl or (now >= self.next_cl and st.write_pos > fl):
@@ -102,7 +118,9 @@ class Flusher:
             self.check_disk()
             self.next_disk = now + DISK_CHECK_S
         if now >= self.next_clean:
-            self.report_clean(clean_expired(self.store, disk_ratio=self.disk_ratio,
+            manual = self.manual_passes > 0
+            self.manual_passes -= manual
+            self.report_clean(clean_expired(self.store, manual=manual, disk_ratio=self.disk_ratio,
                                             consumer_offsets=self.consumer_offsets))
             self.next_clean = now + cfg.cleanResourceInterval / 1000
         if self.cb is not None:

@@ -137,6 +137,14 @@ class Registry:
         self.offsets.v[row, 0] = offset
         self.offsets.v[row, 1] = int(time.time() * 1000)
 
+    def remove_offsets(self, group: str) -> int:
+        """Drop every committed offset of ``group``; how many there were."""
+        rows = [row for row, key in self.offsets.items()
+                if key.decode().partition("\0")[0].partition("@")[2] == group]
+        for row in rows:
+            self.offsets.delete(row)
+        return len(rows)
+
     def offset_table(self) -> dict[str, dict[str, int]]:
         """RocketMQ's consumerOffset.json shape: {"topic@group": {"qid": offset}}."""
         out: dict[str, dict[str, int]] = {}

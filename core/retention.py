@@ -22,6 +22,12 @@ Disk full (``disk_full_ratio``): above ``diskSpaceWarningLevelRatio`` percent
 the flusher publishes ``disk_full`` in the shared state and sends are refused
 with SERVICE_NOT_AVAILABLE (RocketMQ's RunningFlags DISK_FULL).
 
+``clean_consume_queues`` (admin's cleanExpiredCQ, RocketMQ's
+cleanExpiredConsumerQueue) moves each queue's first offset past the units
+that point below ``cl_min_offset`` and deletes the ConsumeQueue files wholly
+below it: what a pass does after deleting segments, so it finds work only
+where a pass was cut short or a queue's file outlived its segments.
+
 Order, so that no reader is handed a deleted position: first publish the new
 ``cl_min_offset`` and each queue's new ``min_offset``, then delete files.
 Readers check ``cl_min_offset`` (``MESSAGE_WAS_REMOVING``); a process that
@@ -211,3 +217,18 @@ def clean_expired(store: MessageStore, now_ms: int | None = None, *, manual: boo
     for topic, qid, mn in new_mins:
         rep.cq_files_deleted += store.cqs.delete_files_below(topic, qid, mn)
     return rep
+
+
+def clean_consume_queues(store: MessageStore) -> int:
+    """Each queue's ``min_offset`` past its units below ``cl_min_offset``
+    (published first), then its files wholly below deleted; how many files."""
+    st = store.state
+    cl_min = st.get("cl_min_offset")
+    n = 0
+    for slot, topic, qid in st.iter_queues():
+        old = int(st.queue_min[slot])
+        mn = store.cqs.min_offset_from(topic, qid, old, int(st.queue_next[slot]), cl_min)
+        if mn > old:
+            st.queue_min[slot] = mn
+        n += store.cqs.delete_files_below(topic, qid, max(mn, old))
+    return n

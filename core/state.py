@@ -20,7 +20,10 @@ writer never invalidates a line another process polls)::
        5  claim_seq, claim_pos  claim (locked)      the next claim's sequence number
                                                     and first byte
        6  config_epoch          admin               topics changed: reload
-       7  cl_min_offset         retention           first CommitLog byte kept
+       7  cl_min_offset,        retention           first CommitLog byte kept;
+          delete_cl_seq,        admin (a worker)    deleteExpiredCommitLog and
+          clean_cq_seq                              cleanExpiredCQ requests so far
+                                                    (the flusher serves them)
        8  cq_flushed_pos        flusher             ConsumeQueues durable up to here
        9  last_store_ts         publisher           store timestamp of the last record
       10  flush_seq             flusher             +1 per flush
@@ -116,6 +119,9 @@ for _i, _f in enumerate(_HEADER_FIELDS, start=1):
     if _f == "confirm_pos":  # written together, by the HA service
         _names.append("ha_slaves")
         _offsets.append(_i * LINE + 8)
+    if _f == "cl_min_offset":  # requests to retention, rare (broker/handlers/admin.py)
+        _names += ["delete_cl_seq", "clean_cq_seq"]
+        _offsets += [_i * LINE + 8, _i * LINE + 16]
     if _f == "dedup_seq":  # the window's length, set once by the owner
         _names.append("dedup_entries")
         _offsets.append(_i * LINE + 8)

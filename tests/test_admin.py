@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import re
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
 from shmq.tools import admin as admin_cli
+from shmq.tools.admin_client import AdminClient
 
 BROKER = "broker-a"
 CLUSTER = "DefaultCluster"
@@ -34,7 +36,9 @@ CLUSTER = "DefaultCluster"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    b = start_broker(tmp_path_factory.mktemp("admin"))
+    # retention's deleteWhen hour far from now: only deleteExpiredCommitLog deletes here
+    far_hour = f"{(time.localtime().tm_hour + 12) % 24:02d}"
+    b = start_broker(tmp_path_factory.mktemp("admin"), deleteWhen=far_hour)
     assert until(b, "clusterList")[1]["brokers"], "the broker never registered"
     yield b
     assert b.stop() == 0, b.log()[-3000:]
@@ -440,3 +444,202 @@ def test_consumer_connection_lists_a_live_push_consumer(broker):
         consumer.shutdown()
     rc, _, err = until(broker, "consumerConnection", "-g", group, rc=1)
     assert rc == 1 and "not online" in err
+
+
+
+# ------------------------------------------------------------------ groups, perms, offsets
+def subscription_groups(broker) -> dict:
+    with RemotingClient(broker.addr) as c:
+        r = c.invoke(RemotingCommand(RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG))
+    assert r.code == R.SUCCESS
+    return json.loads(r.body)["subscriptionGroupTable"]
+
+
+def committed(broker, group, topic=None) -> dict:
+    """The group's committed offsets as consume stats show them: {(topic, qid): offset}."""
+    with AdminClient(broker.namesrv) as a:
+        rows, _ = a.consume_stats(broker.addr, group, topic)
+    return {(r["topic"], r["queueId"]): r["consumerOffset"] for r in rows}
+
+
+def test_update_sub_group_and_delete_sub_group_with_its_offsets_and_topics(broker):
+    topic, group = "AdmSubTopic", "AdmSubGroup"
+    create(broker, topic, 1)
+    d = ok(broker, "updateSubGroup", "-c", CLUSTER, "-g", group, "-r", "3", "-d", "true")
+    assert d["brokers"] == [broker.addr]
+    g = subscription_groups(broker)[group]
+    assert (g["retryMaxTimes"], g["consumeBroadcastEnable"], g["consumeFromMinEnable"]) == (3, True, False)
+    rc, text, _ = admin(broker, "updateSubGroup", "-b", broker.addr, "-g", group, "-r", "5", json_out=False)
+    assert rc == 0 and f"create subscription group to {broker.addr} success." in text
+    assert "SubscriptionGroupConfig [groupName=AdmSubGroup, consumeEnable=true" in text
+    assert subscription_groups(broker)[group]["retryMaxTimes"] == 5
+    with RemotingClient(broker.addr) as c:       # a member makes %RETRY%group; an offset
+        assert c.invoke(heartbeat("adm-sub-client", consumers=[consumer_data(group, topic)])).code == 0
+        commit(c, group, topic, 0, 1)
+    assert routed(broker, "%RETRY%" + group)
+    assert committed(broker, group) == {(topic, 0): 1}
+
+    d = ok(broker, "deleteSubGroup", "-c", CLUSTER, "-g", group, "-r", "true")
+    assert (d["brokers"], d["deletedTopics"]) == ([broker.addr], ["%RETRY%" + group])
+    assert group not in subscription_groups(broker)
+    assert committed(broker, group) == {}
+    assert admin(broker, "topicRoute", "-t", "%RETRY%" + group)[0] == 1
+    rc, _, err = admin(broker, "deleteSubGroup", "-g", group)
+    assert rc == 2 and "-b/--brokerAddr" in err and "-c/--clusterName" in err
+
+
+def test_update_topic_perm_and_topic_cluster_list(broker):
+    topic = "AdmPerm"
+    create(broker, topic, 2)
+    assert ok(broker, "topicClusterList", "-t", topic) == {"topic": topic, "clusters": [CLUSTER]}
+    assert admin(broker, "topicClusterList", "-t", topic, json_out=False)[1] == CLUSTER + "\n"
+    d = ok(broker, "updateTopicPerm", "-c", CLUSTER, "-t", topic, "-p", "4")
+    assert [(r["addr"], r["oldPerm"], r["perm"], r["changed"]) for r in d["brokers"]] \
+        == [(broker.addr, 6, 4, True)]
+    try:
+        assert eventually(lambda: ok(broker, "topicRoute", "-t", topic)["queueDatas"][0]["perm"] == 4)
+        [qd] = ok(broker, "topicRoute", "-t", topic)["queueDatas"]
+        assert (qd["readQueueNums"], qd["writeQueueNums"]) == (2, 2)
+        rc, _, err = admin(broker, "sendMessage", "-t", topic, "-p", "x")
+        assert rc == 1 and "not writable" in err
+        rc, text, _ = admin(broker, "updateTopicPerm", "-b", broker.addr, "-t", topic, "-p", "4",
+                            json_out=False)
+        assert rc == 0 and "new perm equals to the old one!" in text
+    finally:
+        rc, text, _ = admin(broker, "updateTopicPerm", "-b", broker.addr, "-t", topic, "-p", "6",
+                            json_out=False)
+    assert rc == 0 and f"update topic perm from 4 to 6 in {broker.addr} success." in text
+    assert "TopicConfig [topicName=AdmPerm, readQueueNums=2, writeQueueNums=2, perm=RW-" in text
+    assert eventually(lambda: ok(broker, "topicRoute", "-t", topic)["queueDatas"][0]["perm"] == 6)
+    rc, _, err = admin(broker, "updateTopicPerm", "-b", broker.addr, "-t", topic, "-p", "5")
+    assert rc == 2 and "-p/--perm" in err
+    rc, _, err = admin(broker, "updateTopicPerm", "-b", "127.0.0.1:1", "-t", topic, "-p", "4")
+    assert rc == 1 and "127.0.0.1:1 is not a master serving topic AdmPerm" in err
+    rc, _, err = admin(broker, "topicClusterList", "-t", "NoSuchTopic")
+    assert rc == 1 and "NoSuchTopic" in err
+
+
+def test_clone_group_offset_and_skip_accumulated_message(broker):
+    topic = "AdmClone"
+    create(broker, topic, 2)
+    with RemotingClient(broker.addr) as c:
+        for i in range(5):
+            send(c, topic, b"c%d" % i, i % 2)          # queue 0: 3, queue 1: 2
+        commit(c, "AdmSrcGroup", topic, 0, 2)
+        commit(c, "AdmSrcGroup", topic, 1, 1)
+    d = ok(broker, "cloneGroupOffset", "-s", "AdmSrcGroup", "-d", "AdmDestGroup", "-t", topic)
+    assert [(r["queueId"], r["offset"]) for r in d["offsets"]] == [(0, 2), (1, 1)]
+    assert committed(broker, "AdmDestGroup", topic) == {(topic, 0): 2, (topic, 1): 1}
+    rc, text, _ = admin(broker, "cloneGroupOffset", "-s", "AdmSrcGroup", "-d", "AdmDestGroup",
+                        "-t", topic, json_out=False)
+    assert text.startswith("clone group offset success. srcGroup[AdmSrcGroup], destGroup=[AdmDestGroup]")
+
+    d = ok(broker, "skipAccumulatedMessage", "-g", "AdmDestGroup", "-t", topic)
+    assert [(r["queueId"], r["offset"]) for r in d["offsets"]] == [(0, 3), (1, 2)]
+    assert committed(broker, "AdmDestGroup", topic) == {(topic, 0): 3, (topic, 1): 2}
+    assert committed(broker, "AdmSrcGroup", topic) == {(topic, 0): 2, (topic, 1): 1}
+    rc, text, _ = admin(broker, "skipAccumulatedMessage", "-g", "AdmSrcGroup", "-t", topic, json_out=False)
+    assert rc == 0 and re.search(r"^broker-a +1 +2 *$", text, re.M), text
+    assert committed(broker, "AdmSrcGroup", topic) == {(topic, 0): 3, (topic, 1): 2}
+
+
+# ------------------------------------------------------------------ messages
+def test_query_msg_by_unique_key(broker):
+    create(broker, "AdmUniq", 1)
+    sent = ok(broker, "sendMessage", "-t", "AdmUniq", "-p", "uniq body", "-k", "uk")
+    rc, d, err = until(broker, "queryMsgByUniqueKey", "-i", sent["msgId"], "-t", "AdmUniq")
+    assert rc == 0, err
+    [m] = d["messages"]
+    assert (m["msgId"], m["offsetMsgId"], m["body"]) == (sent["msgId"], sent["offsetMsgId"], "uniq body")
+    rc, text, _ = admin(broker, "queryMsgByUniqueKey", "-i", sent["msgId"], "-t", "AdmUniq", "-a",
+                        json_out=False)
+    assert rc == 0 and "Topic:               AdmUniq" in text and "Keys:                [uk]" in text
+    assert "OffsetID:" not in text                  # mqadmin's queryMsgByUniqueKey lines
+    rc, _, err = admin(broker, "queryMsgByUniqueKey", "-i", "0" * 32, "-t", "AdmUniq")
+    assert rc == 1 and "no message with unique key " + "0" * 32 in err
+
+
+def test_print_msg_prints_each_queue_with_progress_on_stderr(broker):
+    topic = "AdmPrint"
+    create(broker, topic, 2)
+    with RemotingClient(broker.addr) as c:
+        for i in range(6):
+            send(c, topic, b"p%d" % i, i % 2, tags="TagA" if i < 4 else "TagB")
+        send(c, topic, "中文".encode("gbk"), 0, tags="TagC")
+    rc, d, err = admin(broker, "printMsg", "-t", topic)
+    assert rc == 0, err
+    assert d["messageCount"] == 7
+    assert [(q["queueId"], q["minOffset"], q["maxOffset"], q["messageCount"]) for q in d["queues"]] \
+        == [(0, 0, 4, 4), (1, 0, 3, 3)]
+    assert sorted(m["body"] for q in d["queues"] for m in q["messages"] if m["body"]) \
+        == [f"p{i}" for i in range(6)]
+    assert "printMsg: 1/2 queues" in err and "printMsg: 2/2 queues, 7 messages" in err
+    d = admin(broker, "printMsg", "-t", topic, "-s", "TagB || TagC", "-c", "GBK")[1]
+    assert sorted(m["body"] for q in d["queues"] for m in q["messages"]) == ["p4", "p5", "中文"]
+    d = admin(broker, "printMsg", "-t", topic, "-d", "false")[1]
+    assert d["messageCount"] == 7 and not any("body" in m for q in d["queues"] for m in q["messages"])
+    rc, text, _ = admin(broker, "printMsg", "-t", topic, "-s", "TagA", json_out=False)
+    assert rc == 0
+    assert f"minOffset=0, maxOffset=4, MessageQueue [topic={topic}, brokerName={BROKER}, queueId=0]" in text
+    assert text.count("MSGID: ") == 4 and "BODY: p0" in text and "BODY: p3" in text
+    rc, _, err = admin(broker, "printMsg", "-t", topic, "-c", "NoSuchCharset")
+    assert rc == 2 and "-c/--charsetName" in err and "not a charset" in err
+
+
+# ------------------------------------------------------------------ NameServer settings
+def test_get_and_update_namesrv_config(broker):
+    ns = broker.namesrv
+    conf = ok(broker, "getNamesrvConfig")["namesrvs"][ns]
+    assert (conf["listenPort"], conf["orderMessageEnable"]) == (ns.rpartition(":")[2], "true")
+    rc, text, _ = admin(broker, "getNamesrvConfig", json_out=False)
+    assert f"============{ns}============" in text
+    assert re.search(r"^orderMessageEnable +=  true$", text, re.M), text
+    ok(broker, "updateTopic", "-b", broker.addr, "-t", "AdmOrderConf", "-w", "2", "-o", "true")
+    assert routed(broker, "AdmOrderConf")
+    assert ok(broker, "topicRoute", "-t", "AdmOrderConf")["orderTopicConf"] == f"{BROKER}:2"
+    try:
+        rc, text, _ = admin(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "false",
+                            json_out=False)
+        assert rc == 0 and text == f"update name server config success![{ns}]\norderMessageEnable : false\n"
+        assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "false"
+        assert "orderTopicConf" not in ok(broker, "topicRoute", "-t", "AdmOrderConf")
+    finally:
+        ok(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "true")
+    assert ok(broker, "topicRoute", "-t", "AdmOrderConf")["orderTopicConf"] == f"{BROKER}:2"
+    rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "listenPort", "-v", "1")
+    assert rc == 1 and "NO_PERMISSION (16)" in err and "listenPort needs a restart" in err
+    rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "noSuchSetting", "-v", "1")
+    assert rc == 1 and "SYSTEM_ERROR (1)" in err and "unknown settings noSuchSetting" in err
+    rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "maybe")
+    assert rc == 1 and "want true or false" in err
+    assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "true"
+
+
+# ------------------------------------------------------------------ store cleanup (last: it deletes)
+def test_delete_expired_commit_log_and_clean_expired_cq(broker):
+    segment = 16 << 20                                # brokerproc.SMALL's mappedFileSizeCommitLog
+    create(broker, "AdmFill", 1)
+    with RemotingClient(broker.addr) as c:
+        for _ in range(34):                            # past the first segment
+            send(c, "AdmFill", b"f" * (512 << 10), 0)
+    status = ok(broker, "brokerStatus", "-b", broker.addr)["brokers"][broker.addr]
+    assert int(status["commitLogMaxOffset"]) > segment and int(status["commitLogMinOffset"]) == 0
+    first = os.path.join(broker.store, "commitlog", "0" * 20)
+    long_ago = time.time() - 100 * 3600                # past fileReservedTime (72 h)
+    os.utime(first, (long_ago, long_ago))
+
+    rc, text, err = admin(broker, "deleteExpiredCommitLog", "-b", broker.addr, json_out=False)
+    assert (rc, text) == (0, "success\n"), err
+    assert eventually(lambda: int(ok(broker, "brokerStatus", "-b", broker.addr)["brokers"][broker.addr]
+                                  ["commitLogMinOffset"]) == segment)
+    assert not os.path.exists(first)
+    # the queue that lived in the first segment starts after it
+    [q] = ok(broker, "topicStatus", "-t", "AdmFill")["queues"]
+    assert 0 < q["minOffset"] < q["maxOffset"] == 34
+
+    rc, d, err = admin(broker, "cleanExpiredCQ")
+    assert rc == 0 and d == {"result": True, "brokers": [{"brokerAddr": broker.addr}]}, err
+    assert "cleanExpiredCQ: 1/1 brokers" in err
+    assert ok(broker, "cleanExpiredCQ", "-c", CLUSTER)["result"]
+    rc, _, err = admin(broker, "deleteExpiredCommitLog", "-c", "NoSuchCluster")
+    assert rc == 1 and "NoSuchCluster" in err

@@ -22,14 +22,24 @@ $SHMQ_ACCESS_KEY/$SHMQ_SECRET_KEY, which keep the secret out of ``ps``), else
 with the accessKey/secretKey of ``$ROCKETMQ_HOME/conf/tools.yml``, the file
 mqadmin reads.
 
+Long commands (printMsg over a topic, cleanExpiredCQ and
+deleteExpiredCommitLog over a cluster) show their progress on stderr, a
+line rewritten in place on a terminal, else a line per queue or broker.
+
+Where shmq differs from mqadmin: updateTopicPerm ``-c`` changes the topic
+on the cluster's brokers that serve it (mqadmin's creates it on every
+master); a command that cannot act (an address that is not a master of the
+topic) fails with exit 1 where mqadmin prints a line and exits 0.
+
 Not here (they need the broker to relay a request to a consumer, or repeat
-forever): consumerProgress ``-s`` (client IP per queue), queryMsgById ``-g
--d`` (consume directly) and ``-s`` (resend), the message track in message
-printouts, clusterList ``-i``.
+forever): consumerProgress ``-s`` (client IP per queue), queryMsgById and
+queryMsgByUniqueKey ``-g -d`` (consume directly), queryMsgById ``-s``
+(resend), the message track in message printouts, clusterList ``-i``.
 """
 from __future__ import annotations
 
 import argparse
+import codecs
 import datetime
 import os
 import re
@@ -265,6 +275,98 @@ def _flags_consume_message(p):
                    help=f"at most this many messages ({CONSUME_MESSAGE_COUNT})")
 
 
+def _flags_update_sub_group(p):
+    _flags_broker_or_cluster(p)
+    p.add_argument("-g", "--groupName", type=_name, required=True, help="consumer group name")
+    p.add_argument("-s", "--consumeEnable", type=_bool, default=True,
+                   help="consume enable: true|false (true)")
+    p.add_argument("-m", "--consumeFromMinEnable", type=_bool, default=False,
+                   help="from min offset: true|false (false)")
+    p.add_argument("-d", "--consumeBroadcastEnable", type=_bool, default=False,
+                   help="broadcast: true|false (false)")
+    p.add_argument("-q", "--retryQueueNums", type=_queue_nums, default=1, help="retry queue nums (1)")
+    p.add_argument("-r", "--retryMaxTimes", type=_non_negative, default=16, help="retry max times (16)")
+    p.add_argument("-i", "--brokerId", type=_non_negative, default=0,
+                   help="consume from which broker id (0)")
+    p.add_argument("-w", "--whichBrokerWhenConsumeSlowly", type=_non_negative, default=1,
+                   help="which broker id when consume slowly (1)")
+    p.add_argument("-a", "--notifyConsumerIdsChanged", type=_bool, default=True,
+                   help="notify consumerId changed: true|false (true)")
+
+
+def _flags_delete_sub_group(p):
+    _flags_broker_or_cluster(p)
+    p.add_argument("-g", "--groupName", type=_name, required=True, help="subscription group name")
+    p.add_argument("-r", "--removeOffset", type=_bool, default=False,
+                   help="remove the group's consumer offsets too: true|false (false)")
+
+
+def _flags_update_topic_perm(p):
+    _flags_broker_or_cluster(p)
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-p", "--perm", type=_perm, required=True, help="permission: 2 W, 4 R, 6 RW")
+
+
+def _flags_clone_group_offset(p):
+    p.add_argument("-s", "--srcGroup", type=_name, required=True, help="source consumer group")
+    p.add_argument("-d", "--destGroup", type=_name, required=True, help="destination consumer group")
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic")
+    p.add_argument("-o", "--offline", type=_bool, default=False,
+                   help="the group or the topic is offline: accepted, no effect (as in mqadmin)")
+
+
+def _flags_skip_accumulated(p):
+    p.add_argument("-g", "--group", type=_name, required=True, help="consumer group")
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic")
+    p.add_argument("-f", "--force", type=_bool, default=True,
+                   help="move offsets forward too: true|false (true)")
+
+
+def _flags_query_msg_by_unique_key(p):
+    p.add_argument("-i", "--msgId", type=_name, required=True, help="the client-generated msgId (UNIQ_KEY)")
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic of the message")
+    p.add_argument("-a", "--showAll", action="store_true",
+                   help="print every message stored under it (at most 32), not only the first")
+
+
+def _flags_update_namesrv_config(p):
+    p.add_argument("-k", "--key", type=_name, required=True, help="config key")
+    p.add_argument("-v", "--value", required=True, help="config value")
+
+
+def _charset(v: str) -> str:
+    try:
+        return codecs.lookup(v.strip()).name
+    except LookupError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a charset (e.g. UTF-8, GBK)") from None
+
+
+def _flags_print_msg(p):
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="topic name")
+    p.add_argument("-c", "--charsetName", type=_charset, default="utf-8",
+                   help="charset of the bodies (UTF-8)")
+    p.add_argument("-s", "--subExpression", type=_name, default="*",
+                   help="subscribe expression, e.g. 'TagA || TagB' (*)")
+    p.add_argument("-b", "--beginTimestamp", type=_timestamp,
+                   help="from this time: milliseconds | yyyy-MM-dd#HH:mm:ss:SSS")
+    p.add_argument("-e", "--endTimestamp", type=_timestamp,
+                   help="up to this time: milliseconds | yyyy-MM-dd#HH:mm:ss:SSS")
+    p.add_argument("-d", "--printBody", type=_bool, default=True, help="print the bodies: true|false (true)")
+
+
+def _flags_broker_or_cluster_or_all(p):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-b", "--brokerAddr", type=_addr, help="broker address (host:port)")
+    g.add_argument("-c", "--cluster", type=_name,
+                   help="every broker of this cluster (default: every broker the NameServer knows)")
+
+
+def _check_print_msg(p, args) -> None:
+    if args.beginTimestamp is not None and args.endTimestamp is not None \
+            and args.beginTimestamp > args.endTimestamp:
+        p.error("-b/--beginTimestamp is after -e/--endTimestamp")
+
+
 def _check_send_message(p, args) -> None:
     if args.qid is not None and not args.broker:
         p.error("-i/--qid needs -b/--broker: the queue is chosen on a broker")
@@ -309,6 +411,19 @@ COMMANDS = [
      _flags_reset_offset, None),
     ("sendMessage", "Send a message", _flags_send_message, _check_send_message),
     ("consumeMessage", "Consume message", _flags_consume_message, _check_consume_message),
+    ("updateSubGroup", "Update or create subscription group", _flags_update_sub_group, None),
+    ("deleteSubGroup", "Delete subscription group from broker.", _flags_delete_sub_group, None),
+    ("updateTopicPerm", "Update topic perm", _flags_update_topic_perm, None),
+    ("topicClusterList", "get cluster info for topic", _flags_topic, None),
+    ("cloneGroupOffset", "clone offset from other group.", _flags_clone_group_offset, None),
+    ("skipAccumulatedMessage", "Skip all messages that are accumulated (not consumed) currently",
+     _flags_skip_accumulated, None),
+    ("queryMsgByUniqueKey", "Query Message by Unique key", _flags_query_msg_by_unique_key, None),
+    ("getNamesrvConfig", "Get configs of name server.", lambda p: None, None),
+    ("updateNamesrvConfig", "Update configs of name server.", _flags_update_namesrv_config, None),
+    ("printMsg", "Print Message Detail", _flags_print_msg, _check_print_msg),
+    ("cleanExpiredCQ", "Clean expired ConsumeQueue on broker.", _flags_broker_or_cluster_or_all, None),
+    ("deleteExpiredCommitLog", "Delete expired CommitLog files", _flags_broker_or_cluster_or_all, None),
 ]
 
 
@@ -395,8 +510,9 @@ def _no_command(ap) -> int:
 
 
 def snake(name: str) -> str:
-    """updateTopic → update_topic: the command's function in admin_commands and admin_show."""
-    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+    """updateTopic → update_topic, cleanExpiredCQ → clean_expired_cq: the
+    command's function in admin_commands and admin_show."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
 
 
 def _main(args) -> int:

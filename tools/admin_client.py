@@ -37,6 +37,7 @@ from shmq.ipc.signing import Credentials
 MASTER_ID = "0"
 PERM_WRITE, PERM_READ = 2, 4
 RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
 TOOLS_CONSUMER = "TOOLS_CONSUMER"          # MixAll.TOOLS_CONSUMER_GROUP
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"  # the NameServer KV namespace of orderTopicConf
 LONG_MAX = 2**63 - 1
@@ -242,6 +243,17 @@ class AdminClient:
                 "namespace": namespace, "key": key, "value": value}), "NameServer")
             self.expect(r, f"put {namespace}/{key}", f"the NameServer at {addr}")
 
+    def namesrv_config(self, addr: str) -> dict[str, str]:
+        """GET_NAMESRV_CONFIG: the NameServer's settings (a properties body)."""
+        r = self.call(addr, RemotingCommand(RC.GET_NAMESRV_CONFIG), "NameServer")
+        self.expect(r, "get name server config", f"the NameServer at {addr}")
+        return parse_properties(bytes(r.body).decode("utf-8", "replace"))
+
+    def update_namesrv_config(self, addr: str, key: str, value: str) -> None:
+        r = self.call(addr, RemotingCommand(RC.UPDATE_NAMESRV_CONFIG,
+                                            body=f"{key}={value}\n".encode()), "NameServer")
+        self.expect(r, f"update name server config {key}", f"the NameServer at {addr}")
+
     # ------------------------------------------------------------ brokers
     def create_topic(self, addr: str, tc: dict) -> None:
         self.broker_call(addr, RemotingCommand(RC.UPDATE_AND_CREATE_TOPIC, ext={
@@ -254,6 +266,27 @@ class AdminClient:
     def delete_topic_in_broker(self, addr: str, topic: str) -> None:
         self.broker_call(addr, RemotingCommand(RC.DELETE_TOPIC_IN_BROKER, ext={"topic": topic}),
                          f"delete topic {topic}")
+
+    def create_group(self, addr: str, config: dict) -> None:
+        """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP with a SubscriptionGroupConfig body."""
+        self.broker_call(addr, RemotingCommand(RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                                               body=orjson.dumps(config)),
+                         f"create subscription group {config['groupName']}")
+
+    def delete_group(self, addr: str, group: str, remove_offset: bool) -> None:
+        self.broker_call(addr, RemotingCommand(RC.DELETE_SUBSCRIPTIONGROUP, ext={
+            "groupName": group, "removeOffset": str(remove_offset).lower()}),
+            f"delete subscription group {group}")
+
+    def clean_expired_cq(self, addr: str) -> dict[str, str]:
+        """CLEAN_EXPIRED_CONSUMEQUEUE; the reply's ext (shmq says what it removed)."""
+        return dict(self.broker_call(addr, RemotingCommand(RC.CLEAN_EXPIRED_CONSUMEQUEUE),
+                                     "clean expired ConsumeQueues").ext)
+
+    def delete_expired_commitlog(self, addr: str) -> dict[str, str]:
+        """DELETE_EXPIRED_COMMITLOG; the reply's ext (shmq says what it deleted)."""
+        return dict(self.broker_call(addr, RemotingCommand(RC.DELETE_EXPIRED_COMMITLOG),
+                                     "delete expired CommitLog files").ext)
 
     def runtime_info(self, addr: str) -> dict[str, str]:
         r = self.broker_call(addr, RemotingCommand(RC.GET_BROKER_RUNTIME_INFO), "broker status")
@@ -354,10 +387,11 @@ class AdminClient:
         return self._records(r.body, f"query by key {key}")
 
     def pull(self, addr: str, topic: str, qid: int, offset: int, max_msgs: int,
-             group: str = TOOLS_CONSUMER) -> tuple[int, list[StoredMessage], int]:
-        """One PULL_MESSAGE (no long polling, no offset commit):
-        (response code, messages, next offset)."""
-        r = self.call(addr, pull_message(topic, qid, offset, group=group, max_msgs=max_msgs))
+             group: str = TOOLS_CONSUMER, subscription: str = "*") -> tuple[int, list[StoredMessage], int]:
+        """One PULL_MESSAGE (no long polling, no offset commit), filtered by
+        ``subscription`` (tags): (response code, messages, next offset)."""
+        r = self.call(addr, pull_message(topic, qid, offset, group=group, max_msgs=max_msgs,
+                                         subscription=subscription))
         if r.code not in (R.SUCCESS, R.PULL_NOT_FOUND, R.PULL_RETRY_IMMEDIATELY, R.PULL_OFFSET_MOVED):
             self.expect(r, f"pull {topic}:{qid} at {offset}", f"the broker at {addr}")
         msgs = self._records(r.body, f"pull {topic}:{qid}") if r.code == R.SUCCESS else []

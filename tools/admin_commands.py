@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import base64
 import os
+import sys
 import time
 import zlib
 
+from shmq.ipc.codes import ResponseCode as R
+
 from .admin_client import (
+    DLQ_PREFIX,
     ORDER_TOPIC_CONFIG,
     PERM_READ,
     PERM_WRITE,
     RETRY_PREFIX,
+    TOOLS_CONSUMER,
     AdminClient,
     AdminError,
     code_name,
@@ -28,12 +33,13 @@ from .admin_client import (
 )
 
 PULL_BATCH = 32
+UNIQUE_MAX_NUM = 32            # what queryMsgByUniqueKey asks for (queryMessageByUniqKey)
 SYSFLAG_COMPRESSED = 0x1
 
 
-def message_dict(m, broker_name: str | None = None) -> dict:
+def message_dict(m, broker_name: str | None = None, charset: str = "utf-8") -> dict:
     """A stored message as JSON: mqadmin's printout fields, properties and
-    the body (text if UTF-8, else base64 in bodyBase64)."""
+    the body (text if it decodes in ``charset``, else base64 in bodyBase64)."""
     props = m.properties
     body = m.body
     if m.sysflag & SYSFLAG_COMPRESSED:
@@ -51,7 +57,7 @@ def message_dict(m, broker_name: str | None = None) -> dict:
     if broker_name is not None:
         d["brokerName"] = broker_name
     try:
-        d["body"] = body.decode("utf-8")
+        d["body"] = body.decode(charset)
     except UnicodeDecodeError:
         d["body"] = None
         d["bodyBase64"] = base64.b64encode(body).decode()
@@ -104,7 +110,7 @@ def topic_list(args, a: AdminClient) -> dict:
     clusters = a.cluster_info()["clusterAddrTable"]
     rows = []
     for topic in topics:
-        if topic.startswith((RETRY_PREFIX, "%DLQ%")):
+        if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
             continue
         route = a.route_or_none(topic)
         masters = a.route_masters(route) if route else []
@@ -245,39 +251,110 @@ def consumer_connection(args, a: AdminClient) -> dict:
 
 
 def reset_offset_by_time(args, a: AdminClient) -> dict:
-    route = a.route(args.topic)
+    return reset_offsets(a, args.group, args.topic, args.timestamp, args.force, args.cplus)
+
+
+def reset_offsets(a: AdminClient, group: str, topic: str, timestamp: int, force: bool,
+                  cplus: bool = False) -> dict:
+    """resetOffsetByTimestamp (``timestamp`` -1: every queue's max offset):
+    the broker tells the group's live consumers; with none online, each
+    queue's offset is committed here (``consumerOffline``)."""
+    route = a.route(topic)
     rows, fallback = [], False
     for name, addr in a.route_masters(route):
-        table = a.reset_offset(addr, args.topic, args.group, args.timestamp, args.force, args.cplus)
+        table = a.reset_offset(addr, topic, group, timestamp, force, cplus)
         if table is None:                    # RocketMQ: no consumer online, set offsets ourselves
             fallback = True
-            rows += _reset_offline(a, name, addr, args)
+            rows += _reset_offline(a, name, addr, group, topic, timestamp, force)
         else:
             rows += [{"brokerName": name, "queueId": q, "offset": off}
                      for q, off in sorted(table.items())]
-    return {"group": args.group, "topic": args.topic, "timestamp": args.timestamp,
-            "force": args.force, "consumerOffline": fallback, "offsets": rows}
+    return {"group": group, "topic": topic, "timestamp": timestamp,
+            "force": force, "consumerOffline": fallback, "offsets": rows}
 
 
-def _reset_offline(a: AdminClient, name: str, addr: str, args) -> list[dict]:
+def _reset_offline(a: AdminClient, name: str, addr: str, group: str, topic: str,
+                   timestamp: int, force: bool) -> list[dict]:
     """resetOffsetByTimestampOld: each queue's offset at the time, committed
-    with UPDATE_CONSUMER_OFFSET (unless it would move forward without -f)."""
-    stats, _ = a.consume_stats(addr, args.group, args.topic)
-    current = {r["queueId"]: r["consumerOffset"] for r in stats if r["topic"] == args.topic}
+    with UPDATE_CONSUMER_OFFSET (unless it would move forward without -f).
+    Each row is RocketMQ's RollbackStats, ``offset`` its rollbackOffset."""
+    stats, _ = a.consume_stats(addr, group, topic)
+    current = {r["queueId"]: (r["brokerOffset"], r["consumerOffset"])
+               for r in stats if r["topic"] == topic}
     if not current:
-        current = {r["queueId"]: r["minOffset"] for r in a.topic_stats(addr, args.topic)}
+        current = {r["queueId"]: (r["maxOffset"], r["minOffset"]) for r in a.topic_stats(addr, topic)}
     rows = []
-    for qid, consumer_off in sorted(current.items()):
-        if args.timestamp == -1:
-            at = a.max_offset(addr, args.topic, qid)
+    for qid, (broker_off, consumer_off) in sorted(current.items()):
+        if timestamp == -1:
+            at = a.max_offset(addr, topic, qid)
         else:
-            at = a.search_offset(addr, args.topic, qid, args.timestamp)
-        if args.force or at <= consumer_off:
-            a.update_consumer_offset(addr, args.group, args.topic, qid, at)
+            at = a.search_offset(addr, topic, qid, timestamp)
+        rollback = at
+        if force or at <= consumer_off:
+            a.update_consumer_offset(addr, group, topic, qid, at)
         else:
-            at = consumer_off
-        rows.append({"brokerName": name, "queueId": qid, "offset": at})
+            rollback = consumer_off
+        rows.append({"brokerName": name, "queueId": qid, "offset": rollback,
+                     "brokerOffset": broker_off, "consumerOffset": consumer_off,
+                     "timestampOffset": at})
     return rows
+
+
+def skip_accumulated_message(args, a: AdminClient) -> dict:
+    return reset_offsets(a, args.group, args.topic, -1, args.force)
+
+
+def clone_group_offset(args, a: AdminClient) -> dict:
+    """The source group's committed offset of each queue of the topic,
+    committed for the destination group (CloneGroupOffsetCommand); queues
+    the source has no offset in are left alone."""
+    rows = []
+    for name, addr in a.route_masters(a.route(args.topic)):
+        stats, _ = a.consume_stats(addr, args.srcGroup, args.topic)
+        for r in stats:
+            if r["topic"] == args.topic and r["consumerOffset"] >= 0:
+                a.update_consumer_offset(addr, args.destGroup, args.topic, r["queueId"],
+                                         r["consumerOffset"])
+                rows.append({"brokerName": name, "queueId": r["queueId"],
+                             "offset": r["consumerOffset"]})
+    return {"srcGroup": args.srcGroup, "destGroup": args.destGroup, "topic": args.topic,
+            "offsets": rows}
+
+
+def update_sub_group(args, a: AdminClient) -> dict:
+    config = {"groupName": args.groupName, "consumeEnable": args.consumeEnable,
+              "consumeFromMinEnable": args.consumeFromMinEnable,
+              "consumeBroadcastEnable": args.consumeBroadcastEnable,
+              "retryQueueNums": args.retryQueueNums, "retryMaxTimes": args.retryMaxTimes,
+              "brokerId": args.brokerId,
+              "whichBrokerWhenConsumeSlowly": args.whichBrokerWhenConsumeSlowly,
+              "notifyConsumerIdsChangedEnable": args.notifyConsumerIdsChanged}
+    addrs = _broker_targets(args, a)
+    for addr in addrs:
+        a.create_group(addr, config)
+    return {"subscriptionGroupConfig": config, "brokers": addrs}
+
+
+def delete_sub_group(args, a: AdminClient) -> dict:
+    """The group's config (and with -r its offsets) on each broker; with -c
+    also its %RETRY% and %DLQ% topics, from the cluster and the NameServers."""
+    group = args.groupName
+    addrs = _broker_targets(args, a)
+    for addr in addrs:
+        a.delete_group(addr, group, args.removeOffset)
+    topics = []
+    if args.clusterName:
+        for topic in (RETRY_PREFIX + group, DLQ_PREFIX + group):
+            if a.route_or_none(topic) is None:
+                continue
+            for addr in addrs:
+                a.delete_topic_in_broker(addr, topic)
+            for ns in a.namesrvs:
+                a.delete_topic_in_namesrv(ns, topic, args.clusterName)
+            topics.append(topic)
+    return {"group": group, "cluster": args.clusterName, "brokers": addrs,
+            "removeOffset": args.removeOffset, "deletedTopics": topics}
+
 
 
 def query_msg_by_id(args, a: AdminClient) -> dict:
@@ -401,3 +478,197 @@ def consume_message(args, a: AdminClient) -> dict:
                 break
             offset = nxt
     return {"topic": args.topic, "messages": out}
+
+
+def update_topic_perm(args, a: AdminClient) -> dict:
+    """Each target broker's TopicConfig of the topic as its route has it,
+    with the new perm (UpdateTopicPermSubCommand). Only brokers that serve
+    the topic are touched (mqadmin's -c creates it on every master)."""
+    route = a.route(args.topic)
+    queue_datas = {q["brokerName"]: q for q in route.get("queueDatas") or []}
+    masters = [(n, addr) for n, addr in a.route_masters(route) if n in queue_datas]
+    if args.brokerAddr:
+        targets = [(n, addr) for n, addr in masters if addr == args.brokerAddr]
+        if not targets:
+            raise AdminError(f"broker {args.brokerAddr} is not a master serving topic {args.topic} "
+                             f"(its masters: {', '.join(addr for _, addr in masters) or 'none'})")
+    else:
+        in_cluster = {addr for _, _, addr in a.cluster_brokers(args.clusterName)}
+        targets = [(n, addr) for n, addr in masters if addr in in_cluster]
+        if not targets:
+            raise AdminError(f"no master of cluster {args.clusterName} serves topic {args.topic}")
+    rows = []
+    for name, addr in targets:
+        qd = queue_datas[name]
+        tc = {"topicName": args.topic, "readQueueNums": qd["readQueueNums"],
+              "writeQueueNums": qd["writeQueueNums"], "perm": args.perm,
+              "topicFilterType": "SINGLE_TAG", "topicSysFlag": qd.get("topicSysFlag", 0),
+              "order": False}
+        changed = qd["perm"] != args.perm
+        if changed:
+            a.create_topic(addr, tc)
+        rows.append({"brokerName": name, "addr": addr, "oldPerm": qd["perm"], "perm": args.perm,
+                     "changed": changed, "topicConfig": tc})
+    return {"topic": args.topic, "brokers": rows}
+
+
+def topic_cluster_list(args, a: AdminClient) -> dict:
+    """The clusters whose brokers serve the topic (getTopicClusterList)."""
+    names = {b["brokerName"] for b in a.route(args.topic).get("brokerDatas") or []}
+    clusters = a.cluster_info()["clusterAddrTable"]
+    return {"topic": args.topic,
+            "clusters": sorted(c for c, members in clusters.items() if names & set(members))}
+
+
+def query_msg_by_unique_key(args, a: AdminClient) -> dict:
+    """The messages stored under a client msgId (a retried send may have
+    stored it twice), oldest first; the first only unless -a."""
+    found = []
+    for name, addr in a.route_masters(a.route(args.topic)):
+        found += [message_dict(m, name) for m in
+                  a.query_messages(addr, args.topic, args.msgId, unique=True, max_num=UNIQUE_MAX_NUM)]
+    if not found:
+        raise AdminError(f"no message with unique key {args.msgId} in topic {args.topic}")
+    found.sort(key=lambda d: d["storeTimestamp"])
+    return {"messages": found if args.showAll else found[:1]}
+
+
+def get_namesrv_config(args, a: AdminClient) -> dict:
+    return {"namesrvs": {ns: a.namesrv_config(ns) for ns in a.namesrvs}}
+
+
+def update_namesrv_config(args, a: AdminClient) -> dict:
+    value = args.value.strip()
+    for ns in a.namesrvs:
+        a.update_namesrv_config(ns, args.key, value)
+    return {"key": args.key, "value": value, "namesrvs": a.namesrvs}
+
+
+class Progress:
+    """A long command's progress on stderr (stdout keeps its table or JSON):
+    on a terminal one line rewritten in place, at most 5 times a second;
+    otherwise a line per finished step (a queue, a broker)."""
+
+    def __init__(self, command: str, total: int, unit: str):
+        self.command, self.total, self.unit = command, total, unit
+        self.tty = sys.stderr.isatty()
+        self.shown_at = 0.0       # a terminal: when the line was last rewritten
+        self.shown_done = 0       # otherwise: the steps already reported
+
+    def update(self, done: int, detail: str = "") -> None:
+        """``done`` steps of ``total`` are finished (a step in progress: same ``done``)."""
+        line = f"{self.command}: {done}/{self.total} {self.unit}" + (f", {detail}" if detail else "")
+        now = time.monotonic()
+        if self.tty:
+            if done == self.total or now - self.shown_at >= 0.2:
+                self.shown_at = now
+                end = "\n" if done == self.total else ""
+                sys.stderr.write(f"\r\x1b[K{line}{end}")
+                sys.stderr.flush()
+        elif done > self.shown_done:
+            self.shown_done = done
+            print(line, file=sys.stderr)
+
+
+def readable_queues(a: AdminClient, route: dict, topic: str) -> list[tuple[str, str, int]]:
+    """(brokerName, master addr, queueId) of each queue a consumer reads
+    (fetchSubscribeMessageQueues: read queues of brokers with perm R)."""
+    readable = {q["brokerName"]: q["readQueueNums"] for q in route.get("queueDatas") or []
+                if q.get("perm", 6) & PERM_READ}
+    return [(name, addr, qid) for name, addr in a.route_masters(route)
+            for qid in range(readable.get(name, 0))]
+
+
+def print_msg(args, a: AdminClient) -> dict:
+    """Every message of the topic (between the times, matching the tags),
+    queue by queue, as PrintMessageSubCommand pulls them. Without --json
+    they are printed as they are pulled (``admin_show``'s printMsg lines),
+    not kept: a topic may hold more than fits in memory."""
+    from shmq.client.subscription import SubscriptionData
+
+    from . import admin_show
+    show = None if args.json else admin_show
+    tags = SubscriptionData.build(args.topic, args.subExpression).tags_set
+    queues = readable_queues(a, a.route(args.topic), args.topic)
+    progress = Progress("printMsg", len(queues), "queues")
+    out, total = [], 0
+    for i, (name, addr, qid) in enumerate(queues):
+        lo = a.min_offset(addr, args.topic, qid)
+        hi = a.max_offset(addr, args.topic, qid)
+        if args.beginTimestamp is not None:
+            lo = a.search_offset(addr, args.topic, qid, args.beginTimestamp)
+        if args.endTimestamp is not None:
+            hi = a.search_offset(addr, args.topic, qid, args.endTimestamp)
+        q = {"brokerName": name, "queueId": qid, "minOffset": lo, "maxOffset": hi,
+             "status": None, "messageCount": 0}
+        if show:
+            show.print_msg_queue_start(args.topic, q)
+        else:
+            q["messages"] = []
+        offset = lo
+        while offset < hi:
+            code, msgs, nxt = a.pull(addr, args.topic, qid, offset, PULL_BATCH, TOOLS_CONSUMER,
+                                     args.subExpression)
+            found = [message_dict(m, name, args.charsetName) for m in msgs
+                     if m.queue_offset < hi and (not tags or m.properties.get("TAGS") in tags)]
+            q["status"] = "FOUND" if found else _PULL_STATUS.get(code, "NO_MATCHED_MSG")
+            if not args.printBody:
+                for d in found:
+                    d.pop("body")
+                    d.pop("bodyBase64", None)
+            q["messageCount"] += len(found)
+            if show:
+                show.print_msg_pulled(args.topic, q, found, nxt)
+            else:
+                q["messages"] += found
+            if code in (R.PULL_NOT_FOUND, R.PULL_OFFSET_MOVED) or nxt <= offset:
+                break
+            offset = nxt
+            progress.update(i, f"{total + q['messageCount']} messages")
+        total += q["messageCount"]
+        if show:
+            show.print_msg_queue_end()
+        out.append(q)
+        progress.update(i + 1, f"{total} messages")
+    return {"topic": args.topic, "subExpression": args.subExpression, "messageCount": total,
+            "queues": out}
+
+
+# PullResult's status, as the Java client maps a pull's response code
+_PULL_STATUS = {R.PULL_NOT_FOUND: "NO_NEW_MSG", R.PULL_RETRY_IMMEDIATELY: "NO_MATCHED_MSG",
+                R.PULL_OFFSET_MOVED: "OFFSET_ILLEGAL"}
+
+
+def _store_targets(args, a: AdminClient) -> list[str]:
+    """-b's broker, else every broker (masters and slaves) of -c's cluster,
+    else of every cluster (cleanExpiredConsumerQueue, deleteExpiredCommitLog)."""
+    if args.brokerAddr:
+        return [args.brokerAddr]
+    if args.cluster:
+        addrs = [addr for _, _, addr in a.cluster_brokers(args.cluster, masters_only=False)]
+    else:
+        info = a.cluster_info()
+        addrs = [addr for c in sorted(info["clusterAddrTable"])
+                 for _, _, addr in a.cluster_brokers(c, masters_only=False)]
+    if not addrs:
+        raise AdminError(f"cluster {args.cluster} has no broker" if args.cluster
+                         else "the NameServer knows no broker")
+    return addrs
+
+
+def clean_expired_cq(args, a: AdminClient) -> dict:
+    return _store_cleanup(args, a, "cleanExpiredCQ", a.clean_expired_cq)
+
+
+def delete_expired_commit_log(args, a: AdminClient) -> dict:
+    return _store_cleanup(args, a, "deleteExpiredCommitLog", a.delete_expired_commitlog)
+
+
+def _store_cleanup(args, a: AdminClient, command: str, request) -> dict:
+    addrs = _store_targets(args, a)
+    progress = Progress(command, len(addrs), "brokers")
+    rows = []
+    for i, addr in enumerate(addrs):
+        rows.append({"brokerAddr": addr, **request(addr)})
+        progress.update(i + 1, addr)
+    return {"result": True, "brokers": rows}

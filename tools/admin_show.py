@@ -37,9 +37,11 @@ def version_desc(v: int) -> str:
     return str(v)
 
 
-def print_message(d: dict) -> None:
-    """QueryMsgByIdSubCommand.printMsg's lines (the body inline, not in a file)."""
-    rows = [("OffsetID:", d["offsetMsgId"]), ("MsgId:", d["msgId"]), ("Topic:", d["topic"]),
+def print_message(d: dict, ids: bool = True) -> None:
+    """QueryMsgByIdSubCommand.printMsg's lines (the body inline, not in a
+    file); without ``ids``, queryMsgByUniqueKey's (no OffsetID, MsgId)."""
+    rows = [("OffsetID:", d["offsetMsgId"]), ("MsgId:", d["msgId"])] if ids else []
+    rows += [("Topic:", d["topic"]),
             ("Tags:", f"[{_java(d['tags'])}]"), ("Keys:", f"[{_java(d['keys'])}]"),
             ("Queue ID:", d["queueId"]),
             ("Queue Offset:", d["queueOffset"]), ("CommitLog Offset:", d["commitLogOffset"]),
@@ -66,6 +68,27 @@ def _java(v) -> str:
     return str(v)
 
 
+def message_ext_line(m: dict) -> str:
+    """A pulled message as consumeMessage and printMsg print it: MSGID,
+    MessageExt's fields, BODY."""
+    if "body" not in m:
+        body = "NOT PRINT BODY"
+    else:
+        body = m["body"] if m["body"] is not None else f"<{m['bodyLength']} bytes, not text>"
+    return (f"MSGID: {m['msgId']} MessageExt [brokerName={m['brokerName']}, "
+            f"queueId={m['queueId']}, queueOffset={m['queueOffset']}, "
+            f"storeTimestamp={m['storeTimestamp']}, tags={_java(m['tags'])}, "
+            f"keys={_java(m['keys'])}, properties={_java(m['properties'])}] BODY: {body}")
+
+
+def topic_config_line(tc: dict) -> str:
+    """TopicConfig.toString."""
+    return (f"TopicConfig [topicName={tc['topicName']}, readQueueNums={tc['readQueueNums']}, "
+            f"writeQueueNums={tc['writeQueueNums']}, perm={perm_string(tc['perm'])}, "
+            f"topicFilterType={tc['topicFilterType']}, topicSysFlag={tc['topicSysFlag']}, "
+            f"order={_java(tc['order'])}]")
+
+
 def _rule(n: int = 158) -> None:
     print("-" * n)
 
@@ -75,11 +98,7 @@ def update_topic(d: dict, args) -> None:
         print(f"create topic to {addr} success.")
     if d["orderConf"]:
         print(f"set orderConf. isOrder=true, orderConf=[{d['orderConf']}]")
-    tc = d["topicConfig"]
-    print(f"TopicConfig [topicName={tc['topicName']}, readQueueNums={tc['readQueueNums']}, "
-          f"writeQueueNums={tc['writeQueueNums']}, perm={perm_string(tc['perm'])}, "
-          f"topicFilterType={tc['topicFilterType']}, topicSysFlag={tc['topicSysFlag']}, "
-          f"order={_java(tc['order'])}]")
+    print(topic_config_line(d["topicConfig"]))
 
 
 def delete_topic(d: dict, args) -> None:
@@ -243,9 +262,7 @@ def consumer_connection(d: dict, args) -> None:
 def reset_offset_by_time(d: dict, args) -> None:
     print(f"rollback consumer offset by specified group[{d['group']}], topic[{d['topic']}], "
           f"force[{_java(d['force'])}], timestamp(long)[{d['timestamp']}]")
-    print(f"{'#brokerName':<40}  {'#queueId':<40}  {'#offset':<40}")
-    for r in d["offsets"]:
-        print(f"{r['brokerName']:<40}  {r['queueId']:<40}  {r['offset']:<40}")
+    _offset_table(d["offsets"])
 
 
 def query_msg_by_id(d: dict, args) -> None:
@@ -268,12 +285,116 @@ def send_message(d: dict, args) -> None:
 
 def consume_message(d: dict, args) -> None:
     for m in d["messages"]:
-        body = m["body"] if m["body"] is not None else f"<{m['bodyLength']} bytes, not UTF-8>"
-        print(f"MSGID: {m['msgId']} MessageExt [brokerName={m['brokerName']}, "
-              f"queueId={m['queueId']}, queueOffset={m['queueOffset']}, "
-              f"storeTimestamp={m['storeTimestamp']}, tags={_java(m['tags'])}, "
-              f"keys={_java(m['keys'])}, properties={_java(m['properties'])}] BODY: {body}")
+        print(message_ext_line(m))
     print(f"Consumed {len(d['messages'])} message(s) of topic {d['topic']}")
 
 
 query_msg_by_offset = query_msg_by_id
+
+
+def _offset_table(rows: list[dict]) -> None:
+    print(f"{'#brokerName':<40}  {'#queueId':<40}  {'#offset':<40}")
+    for r in rows:
+        print(f"{r['brokerName']:<40}  {r['queueId']:<40}  {r['offset']:<40}")
+
+
+def skip_accumulated_message(d: dict, args) -> None:
+    if not d["consumerOffline"]:
+        _offset_table(d["offsets"])
+        return
+    cols = ("#brokerName", "#queueId", "#brokerOffset", "#consumerOffset", "#timestampOffset",
+            "#rollbackOffset")
+    print("  ".join(f"{c:<20}" for c in cols))
+    for r in d["offsets"]:
+        print("  ".join(f"{v:<20}" for v in (r["brokerName"], r["queueId"], r["brokerOffset"],
+                                             r["consumerOffset"], r["timestampOffset"], r["offset"])))
+
+
+def clone_group_offset(d: dict, args) -> None:
+    print(f"clone group offset success. srcGroup[{d['srcGroup']}], destGroup=[{d['destGroup']}], "
+          f"topic[{d['topic']}]")
+
+
+def update_sub_group(d: dict, args) -> None:
+    for addr in d["brokers"]:
+        print(f"create subscription group to {addr} success.")
+    c = d["subscriptionGroupConfig"]
+    print("SubscriptionGroupConfig [" + ", ".join(f"{k}={_java(v)}" for k, v in c.items()) + "]")
+
+
+def delete_sub_group(d: dict, args) -> None:
+    for addr in d["brokers"]:
+        if d["cluster"]:
+            print(f"delete subscription group [{d['group']}] from broker [{addr}] in cluster "
+                  f"[{d['cluster']}] success.")
+        else:
+            print(f"delete subscription group [{d['group']}] from broker [{addr}] success.")
+    for topic in d["deletedTopics"]:
+        print(f"delete topic [{topic}] from cluster [{d['cluster']}] success.")
+        print(f"delete topic [{topic}] from NameServer success.")
+
+
+def update_topic_perm(d: dict, args) -> None:
+    for r in d["brokers"]:
+        if not r["changed"]:
+            print(f"new perm equals to the old one! ({r['addr']})")
+            continue
+        print(f"update topic perm from {r['oldPerm']} to {r['perm']} in {r['addr']} success.")
+        print(f"{topic_config_line(r['topicConfig'])}.")
+
+
+def topic_cluster_list(d: dict, args) -> None:
+    for c in d["clusters"]:
+        print(c)
+
+
+def query_msg_by_unique_key(d: dict, args) -> None:
+    for i, m in enumerate(d["messages"]):
+        if i:
+            print()
+        print_message(m, ids=False)
+
+
+def get_namesrv_config(d: dict, args) -> None:
+    for ns, props in d["namesrvs"].items():
+        print(f"============{ns}============")
+        for k, v in props.items():
+            print(f"{k:<50}=  {v}")
+
+
+def update_namesrv_config(d: dict, args) -> None:
+    print(f"update name server config success![{', '.join(d['namesrvs'])}]")
+    print(f"{d['key']} : {d['value']}")
+
+
+def print_msg_queue_start(topic: str, q: dict) -> None:
+    print(f"minOffset={q['minOffset']}, maxOffset={q['maxOffset']}, MessageQueue "
+          f"[topic={topic}, brokerName={q['brokerName']}, queueId={q['queueId']}]")
+
+
+def print_msg_pulled(topic: str, q: dict, found: list[dict], next_offset: int) -> None:
+    """One pull's messages, or mqadmin's line for a pull that found none."""
+    for m in found:
+        print(message_ext_line(m))
+    if found:
+        return
+    mq = f"MessageQueue [topic={topic}, brokerName={q['brokerName']}, queueId={q['queueId']}]"
+    if q["status"] == "NO_MATCHED_MSG":
+        print(f"{mq} no matched msg. status={q['status']}, offset={next_offset}")
+    else:
+        print(f"{mq} print msg finished. status={q['status']}, offset={next_offset}")
+
+
+def print_msg_queue_end() -> None:
+    print("--------------------------------------------------------")
+
+
+def print_msg(d: dict, args) -> None:
+    """Nothing left: the messages were printed as they were pulled."""
+
+
+def _store_cleanup(d: dict, args) -> None:
+    print("success" if d["result"] else "false")
+
+
+clean_expired_cq = delete_expired_commit_log = _store_cleanup

@@ -84,6 +84,8 @@ HANDLERS: dict[int, Callable] = {
     RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: admin.update_group,
     RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: admin.all_groups,
     RC.DELETE_SUBSCRIPTIONGROUP: admin.delete_group,
+    RC.DELETE_EXPIRED_COMMITLOG: admin.delete_expired_commitlog,
+    RC.CLEAN_EXPIRED_CONSUMEQUEUE: admin.clean_expired_cq,
     RC.GET_BROKER_CONFIG: admin.get_broker_config,
     RC.GET_TOPIC_STATS_INFO: admin.topic_stats,
     RC.GET_CONSUME_STATS: admin.consume_stats,

@@ -1,6 +1,7 @@
 """Admin requests (mqadmin's): topics and subscription groups, the broker's
 configuration and runtime info, the views of topics, groups and their
-consumers, and message lookups by commit-log offset or key."""
+consumers, message lookups by commit-log offset or key, and the store
+cleanups an admin asks of the flusher."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ import orjson
 from shmq.core.index import IndexService
 from shmq.core.layout import java_string_hash
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.control import FLUSHER_SLOT
 from shmq.ipc.fastjson import mq_map
 from shmq.ipc.headers import BadRequest, Header
 from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
@@ -105,8 +107,39 @@ def all_groups(b: Broker, peer: Peer, cmd: RemotingCommand):
 
 
 def delete_group(b: Broker, peer: Peer, cmd: RemotingCommand):
-    b.tables.groups.update({Header(cmd.ext).str("groupName"): None})
+    """DELETE_SUBSCRIPTIONGROUP: the group's config; with removeOffset its
+    committed offsets too (ConsumerOffsetManager.removeOffset)."""
+    h = Header(cmd.ext)
+    group = h.str("groupName")
+    b.tables.groups.update({group: None})
+    if h.bool("removeOffset"):
+        n = b.registry.remove_offsets(group)
+        log.info("subscription group %s deleted with its %d queue offsets", group, n)
     return cmd.reply(R.SUCCESS)
+
+
+# ------------------------------------------------------------------ store cleanup (the flusher's)
+def delete_expired_commitlog(b: Broker, peer: Peer, cmd: RemotingCommand):
+    """DELETE_EXPIRED_COMMITLOG (executeDeleteFilesManually): the flusher
+    runs retention at once and on its next passes whatever the deleteWhen
+    hour (broker/flusher.py); segments older than fileReservedTime go."""
+    _ask_flusher(b, "delete_cl_seq")
+    return cmd.reply(R.SUCCESS)
+
+
+def clean_expired_cq(b: Broker, peer: Peer, cmd: RemotingCommand):
+    """CLEAN_EXPIRED_CONSUMEQUEUE: the flusher trims the ConsumeQueues to
+    the CommitLog kept (core/retention.py clean_consume_queues)."""
+    _ask_flusher(b, "clean_cq_seq")
+    return cmd.reply(R.SUCCESS)
+
+
+def _ask_flusher(b: Broker, request: str) -> None:
+    """One more request in the shared state (a lost increment between two
+    workers still moves it), and the flusher woken to serve it."""
+    st = b.store.state
+    st.set(request, st.get(request) + 1)
+    b.cb.wake(FLUSHER_SLOT)
 
 
 def all_topic_config(b: Broker, peer: Peer, cmd: RemotingCommand):

@@ -16,6 +16,13 @@ The route tables (RocketMQ's RouteInfoManager, reference §3.10, §4.1)::
     filters   brokerAddr -> [filter server addr]   (kept only to echo in routes)
     kv        namespace -> {key -> value}          (PUT/GET_KV_CONFIG; in memory only)
 
+Settings (GET_NAMESRV_CONFIG, UPDATE_NAMESRV_CONFIG; a properties body):
+``listenPort`` and ``aclEnable`` are the process's, fixed at start;
+``orderMessageEnable`` (NamesrvConfig's) changes at runtime: whether routes
+carry ``orderTopicConf`` from the KV table (shmq's default true, RocketMQ's
+false). An update names every key it cannot apply and applies none; like
+the KV table, an update lasts as long as the process.
+
 Registration (REGISTER_BROKER) adds the broker name to its cluster, its
 address under its id (an address that changes id, a slave promoted to master,
 loses its old id), and refreshes ``live``. A master's topic table replaces
@@ -61,6 +68,7 @@ from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import FLAG_ONEWAY, JSON, ROCKETMQ, RemotingCommand
 
 from ..acl import Acl, denied
+from ..config import parse_conf
 from .bodies import (QueueData, RegisterBody, bad, data_version,
                      decode_register_body, dumps, loads, version_key)
 
@@ -71,6 +79,7 @@ PERM_WRITE = 0x2
 TOPIC_SYS_FLAG_UNIT = 0x1
 TOPIC_SYS_FLAG_UNIT_SUB = 0x2
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"  # KV namespace of orderTopicConf
+RUNTIME_SETTINGS = frozenset({"orderMessageEnable"})   # UPDATE_NAMESRV_CONFIG may change
 BROKER_EXPIRE_MS = 120_000                 # RouteInfoManager.BROKER_CHANNEL_EXPIRED_TIME
 
 # With ACL on, only an admin account of plain_acl.yml (a broker signing with
@@ -80,7 +89,8 @@ BROKER_EXPIRE_MS = 120_000                 # RouteInfoManager.BROKER_CHANNEL_EXP
 GUARDED = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
                      RequestCode.QUERY_DATA_VERSION, RequestCode.WIPE_WRITE_PERM_OF_BROKER,
                      RequestCode.ADD_WRITE_PERM_OF_BROKER, RequestCode.DELETE_TOPIC_IN_NAMESRV,
-                     RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG})
+                     RequestCode.PUT_KV_CONFIG, RequestCode.DELETE_KV_CONFIG,
+                     RequestCode.UPDATE_NAMESRV_CONFIG})
 
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
 
@@ -110,6 +120,9 @@ class NameServer:
                  broker_expire_ms: int = BROKER_EXPIRE_MS, acl: Acl | None = None):
         self.clock_ms = clock_ms
         self.acl = acl
+        # listenPort: set by the process that listens (server.serve)
+        self.settings = {"listenPort": 0, "aclEnable": acl is not None,
+                         "orderMessageEnable": True}
         self.broker_expire_ms = broker_expire_ms
         self.topics: dict[str, dict[str, QueueData]] = {}
         self.brokers: dict[str, BrokerData] = {}
@@ -137,6 +150,8 @@ class NameServer:
             R.GET_UNIT_TOPIC_LIST: self._unit_topics,
             R.GET_HAS_UNIT_SUB_TOPIC_LIST: self._unit_sub_topics,
             R.GET_HAS_UNIT_SUB_UNUNIT_TOPIC_LIST: self._unit_sub_ununit_topics,
+            R.GET_NAMESRV_CONFIG: self._get_config,
+            R.UPDATE_NAMESRV_CONFIG: self._update_config,
         }
 
     # -------------------------------------------------------------- entry points
@@ -194,7 +209,7 @@ class NameServer:
                                        if self.filters.get(a)},
                  "queueDatas": [per_broker[n].to_json() for n in names]}
         order_conf = self.kv.get(ORDER_TOPIC_CONFIG, {}).get(topic)
-        if order_conf is not None:
+        if order_conf is not None and self.settings["orderMessageEnable"]:
             route["orderTopicConf"] = order_conf
         return route
 
@@ -374,6 +389,35 @@ class NameServer:
                 n += 1
         return n
 
+    # -------------------------------------------------------------- settings
+    def _get_config(self, cmd: RemotingCommand, peer: str) -> RemotingCommand:
+        text = "".join(f"{k}={_setting_text(v)}\n" for k, v in self.settings.items())
+        return _reply(cmd, ResponseCode.SUCCESS, body=text.encode())
+
+    def _update_config(self, cmd: RemotingCommand, peer: str) -> RemotingCommand:
+        try:
+            values = parse_conf(bytes(cmd.body).decode("utf-8"), "the request body")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise bad(f"update name server config failed: {e}") from None
+        unknown = sorted(set(values) - set(self.settings))
+        if unknown:
+            raise bad(f"update name server config failed: unknown settings {', '.join(unknown)} "
+                      f"(the settings: {', '.join(self.settings)})")
+        fixed = sorted(k for k, v in values.items()
+                       if k not in RUNTIME_SETTINGS and v != _setting_text(self.settings[k]))
+        if fixed:
+            raise BadRequest(ResponseCode.NO_PERMISSION, f"{', '.join(fixed)} "
+                             f"{'needs' if len(fixed) == 1 else 'need'} a restart (at runtime only "
+                             f"{', '.join(sorted(RUNTIME_SETTINGS))} can change); nothing was updated")
+        for k, v in values.items():
+            if k in RUNTIME_SETTINGS and v.lower() not in ("true", "false"):
+                raise bad(f"update name server config failed: {k}={v!r}: want true or false")
+        for k, v in values.items():
+            if k in RUNTIME_SETTINGS:
+                self.settings[k] = v.lower() == "true"
+        log.info("namesrv: config updated from %s: %s", peer, values)
+        return _reply(cmd, ResponseCode.SUCCESS)
+
     # -------------------------------------------------------------- KV config
     def _put_kv(self, cmd: RemotingCommand, peer: str) -> RemotingCommand:
         ns, key, value = _need(cmd, "namespace"), _need(cmd, "key"), _need(cmd, "value")
@@ -413,6 +457,10 @@ def _reply(cmd: RemotingCommand, code: int, remark: str | None = None, ext: dict
     if reply.serialize_type not in (JSON, ROCKETMQ):
         reply.serialize_type = JSON
     return reply
+
+
+def _setting_text(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _error(cmd: RemotingCommand, code: int, remark: str) -> RemotingCommand:

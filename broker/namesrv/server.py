@@ -49,6 +49,7 @@ def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, ls
     if lsock is None:
         lsock = listen(host, port)
     lsock.setblocking(False)
+    ns.settings["listenPort"] = lsock.getsockname()[1]
 
     def on_command(conn, cmd):
         reply = ns.process(cmd, conn.peer)
