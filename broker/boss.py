@@ -54,6 +54,7 @@ from .reactor import SignalWakeup
 from .registry import Registry, registry_bytes
 from .services import services_main
 from .shared_store import StoreOwner, extra_region
+from .stats import lay_out, stats_bytes
 from .topics import Tables, check_config_files
 from .worker import boss_address, worker_main
 
@@ -116,10 +117,12 @@ class Restarts:
     started_at: float = 0.0
     failures: int = 0             # consecutive quick deaths of its own failure
     due_at: float | None = None   # when a dead child is to be started again
+    deaths: int = 0               # every death (the metrics' shmq_restarts_total)
 
     def died(self, exitcode: int | None, now: float, name: str) -> float:
         """Record a death; returns the delay before the restart."""
         ran_s = now - self.started_at
+        self.deaths += 1
         if exitcode == -signal.SIGKILL or ran_s >= STABLE_S:
             self.failures = 0
             delay = 0.0
@@ -143,7 +146,8 @@ class Boss:
         # kernels, and nothing else (broker/preload.py).
         self.ctx = multiprocessing.get_context("forkserver")
         self.ctx.set_forkserver_preload(["shmq.broker.preload"])
-        self.owner = StoreOwner(config.store, extra_bytes=registry_bytes(),
+        self.owner = StoreOwner(config.store, extra_bytes=registry_bytes()
+                                + stats_bytes(config.store.maxProcessSlots),
                                 tags_code_rules=tags_code_rules(config.delay_levels_ms),
                                 mp_context=self.ctx, dedup_window=config.sendDedupWindowSize)
         self.workers: dict[int, multiprocessing.Process] = {}
@@ -162,6 +166,7 @@ class Boss:
         self.listeners: list[socket.socket] = []
         self.namesrv_sock: socket.socket | None = None
         self.restarts: dict[str, Restarts] = {}
+        self.stats = None                 # the boss's tally of the counters (broker/stats.py)
         self.next_index = 0
         self.fd_failures = 0                  # accepts failed (EMFILE/ENFILE) since the last line
         self.fd_logged_at = float("-inf")
@@ -183,6 +188,7 @@ class Boss:
             log.info("store %s: %s", c.store.storePathRootDir, report.summary())
             self.registry = Registry(extra_region(self.owner.cb, self.owner.store),
                                      c.store.storePathRootDir, create=True)
+            self.stats = lay_out(self.owner.cb, self.owner.store, c.store.maxProcessSlots)
             n = self.registry.load_offsets()
             log.info("loaded %d consumer offsets", n)
             Tables(c, self.owner.store.state).ensure_system_topics()
@@ -465,6 +471,8 @@ class Boss:
         if self.owner.flusher is None and self._due("flusher", now):
             self.owner.start_flusher()
             self._started("flusher")
+        if self.stats is not None:
+            self.stats.set_gauge("restarts", sum(r.deaths for r in self.restarts.values()))
 
     def _due(self, name: str, now: float) -> bool:
         r = self.restarts.get(name)

@@ -168,6 +168,10 @@ class BrokerConfig:
     # so the OS enforces who can). Asked over the Unix socket; never offered
     # with aclEnable (an account's permissions are the broker's to check)
     directAppendEnable: bool = True
+    # shmq: the Prometheus endpoint (/metrics, RocketMQ exporter's metric names;
+    # broker/metrics.py) on bindAddress:metricsPort, served by the services
+    # process; 0 = off
+    metricsPort: int = 0
     # --- replication (broker/ha/; RocketMQ's MessageStoreConfig names and defaults)
     # ASYNC_MASTER, SYNC_MASTER (a send waits for a slave's ack) or SLAVE
     brokerRole: str = ASYNC_MASTER
@@ -192,7 +196,7 @@ class BrokerConfig:
 
     def __post_init__(self):
         errors = []
-        for name in ("listenPort", "namesrvListenPort"):
+        for name in ("listenPort", "namesrvListenPort", "metricsPort"):
             if not 0 <= getattr(self, name) <= 65535:
                 errors.append(f"{name}={getattr(self, name)}: not a port")
         if self.workerProcessNums < 0:

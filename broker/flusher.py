@@ -80,6 +80,8 @@ class Flusher:
         # the broker's live consumer offsets (broker/registry.py), where the
         # owner gave this store a registry; None: config/consumerOffset.json only
         self.live_offsets = None
+        # called with each flush round's nanoseconds (broker/stats.py: FlushMeter)
+        self.on_flush = None
         # admins' requests (broker/handlers/admin.py): those seen, passes left
         self.delete_cl_seen = store.state.get("delete_cl_seq")
         self.clean_cq_seen = store.state.get("clean_cq_seq")
@@ -187,6 +189,7 @@ class Flusher:
     def flush_commitlog(self) -> None:
         st = self.store.state
         before = st.flushed_pos
+        t0 = time.perf_counter_ns()
         target = self.store.flush_commitlog()
         # What sync sends wait on (flushed_pos >= their end): it may only grow,
         # and only to a published position (bytes below it are all written).
@@ -196,6 +199,8 @@ class Flusher:
             f"{st.write_pos}); it never goes backwards nor past what is published")
         if target > before:
             self.flushes += 1
+            if self.on_flush is not None:
+                self.on_flush(time.perf_counter_ns() - t0)
             if self.cb is not None:
                 self.cb.wake_flagged(WANT_FLUSH)
 
@@ -286,6 +291,7 @@ def flusher_main(config, owner_pid: int) -> None:
     """Entry point of the flush process (spawned by the store owner; it dies
     with the owner)."""
     from shmq.broker.shared_store import attach
+    from shmq.broker.stats import FlushMeter
 
     die_with_parent(owner_pid)
     set_process_name("shmq-flusher")
@@ -295,6 +301,7 @@ def flusher_main(config, owner_pid: int) -> None:
     jit.freeze()                      # no compile on a request path (core/jit.py)
     f = Flusher(store, cb)
     f.live_offsets = live_offsets(store, cb)
+    f.on_flush = FlushMeter(store, cb)
 
     def on_term(signum, frame):
         f.stopping = True

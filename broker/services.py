@@ -9,7 +9,9 @@
 - re-posts delayed messages when due (``schedule``) and asks producers about
   unresolved transactions (``transactions``), exactly once across its own
   ``kill -9`` (``delivery.Reposter``);
-- builds the IndexFile (query by key and by unique id).
+- builds the IndexFile (query by key and by unique id);
+- snapshots the statistics (broker/stats.py) and serves ``/metrics`` on
+  ``metricsPort`` (broker/metrics.py).
 
 On a SLAVE (``brokerRole``) nothing here appends to the store — no delay,
 timer or transaction check-back: the master's records arrive by
@@ -37,6 +39,7 @@ from shmq.ipc.control import (
     set_process_name,
 )
 
+from . import metrics
 from .config import SLAVE, BrokerConfig
 from .delivery import Progress, Reposter
 from .ha.slave import load_learned, save_learned
@@ -233,6 +236,7 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
     registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
     svc = Services(config, Tables(config, store.state), registry,
                    lambda: cb.wake_flagged(WANT_CLIENTS), store, cb.wake)
+    metrics.start(config, svc, store, cb)   # stats snapshots; /metrics with metricsPort
     stopping = []
 
     def on_term(signum, frame):

@@ -122,6 +122,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
 
     def every_second():
         cb.heartbeat()
+        handlers.stats.note_worker(len(reactor.conns), handlers.parking)
         handlers.reload_damage()
         driver.on_wake()     # a wake-up missed is a second late, not a hold late
         ticks[0] += 1

@@ -144,6 +144,14 @@ class DirectStore:
         self.appended = 0
         self.conn = None           # the broker's Unix-socket connection (the client instance's)
         self.reads = DirectReads(self, info)      # consumers' pulls answered here (below)
+        # the broker's per-topic and per-group counters (broker/stats.py), where it
+        # says they are: this process counts what it appends and reads there
+        self.tally = None
+        if info.get("statsOffset") is not None:
+            from shmq.ipc.counters import Counters, Tally
+            counters = Counters.over(cb.region()[int(info["statsOffset"]):], root)
+            self.tally = None if counters is None else Tally(counters, cb.slot)
+        self._put_key = {}                        # topic → its counters' key
 
     @classmethod
     def attach(cls, info: dict) -> "DirectStore":
@@ -213,6 +221,8 @@ class DirectStore:
             queue_id = r.queue_id
         else:
             self.appended += 1
+            if self.tally is not None:
+                self.count_put(topic, 1, batch.buf.shape[0])
         return f"{self.msgid_prefix}{r.phy_offset:016X}", queue_id, r.queue_offset, r.end
 
     def append_many(self, topic: str, queue_id: int, bodies, props: str, flag: int = 0):
@@ -238,6 +248,8 @@ class DirectStore:
         if r is None:
             return None
         self.appended += len(bodies)
+        if self.tally is not None:
+            self.count_put(topic, len(bodies), batch.buf.shape[0])
         return r.phy_offset, r.rec_pos, r.queue_offset, r.end
 
     def _append(self, batch, dh: int, topic: str):
@@ -260,6 +272,12 @@ class DirectStore:
             if main:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return None
+
+    def count_put(self, topic: str, msgs: int, nbytes: int) -> None:
+        key = self._put_key.get(topic)
+        if key is None:
+            key = self._put_key[topic] = b"P\0" + topic.encode()   # ipc.counters.PUT
+        self.tally.add_now(key, msgs, nbytes)
 
     def flushed(self, end: int) -> bool:
         return self.state.flushed_pos >= end
@@ -490,6 +508,8 @@ class DirectReads:
             cb = ds.cb                        # the broker's msgGetTotal and getTransferedTps
             if cb is not None and cb.slot >= 0:     # sum every slot's count (broker/stats.py)
                 cb.procs["msgs_got"][cb.slot] += n
+            if ds.tally is not None:              # GROUP_GET_NUMS / SIZE
+                ds.tally.add_now(f"G\0{topic}@{group}".encode(), n, len(body))
         return body is not None, r.next_offset, r.min_offset, r.max_offset, body
 
     def _look_at_damage(self, now: float) -> None:

@@ -31,6 +31,8 @@ One module per idea, each over ``base``:
     retry         CONSUMER_SEND_MSG_BACK (%RETRY% / %DLQ%)
     transactions  END_TRANSACTION
     direct        SHMQ_DIRECT_INFO (a local client appends to the store itself)
+    stats         the figures of broker/stats.py: stats views, consume stats of every
+                  group, producer connections, consume time spans
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ from ..config import BrokerConfig
 from ..parking import Parking
 from ..registry import Registry
 from ..topics import Tables
-from . import admin, clients, direct, offsets, pull, retry, send, transactions
+from . import admin, clients, direct, offsets, pull, retry, send, stats, transactions
 from .base import PARKED, Broker, Peer, Reply, born_host
 from .subscription import Subscription, parse_subscription
 
@@ -94,6 +96,9 @@ HANDLERS: dict[int, Callable] = {
     RC.CONSUMER_SEND_MSG_BACK: retry.send_back,
     RC.END_TRANSACTION: transactions.end_transaction,
     RC.SHMQ_DIRECT_INFO: direct.direct_info,
+    RC.VIEW_BROKER_STATS_DATA: stats.view_stats, RC.GET_BROKER_CONSUME_STATS: stats.broker_consume_stats,
+    RC.GET_PRODUCER_CONNECTION_LIST: stats.producer_connection,
+    RC.QUERY_CONSUME_TIME_SPAN: stats.consume_time_span,
 }
 
 

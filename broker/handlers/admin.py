@@ -18,6 +18,7 @@ from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
 from ..config import RUNTIME_SETTINGS, SECRET_SETTINGS, BrokerConfig, conf_text, parse_conf
 from ..delivery import stored
 from ..topics import GroupConfig, topic_config, topic_error
+from . import stats as stats_handlers
 from .base import Broker, Peer, Reply, json_body, json_reply
 
 log = logging.getLogger("shmq.broker")
@@ -240,7 +241,8 @@ def consume_stats(b: Broker, peer: Peer, cmd: RemotingCommand):
     """GET_CONSUME_STATS: ConsumeStats of a group, per read queue of the
     topic (or of every topic it has offsets in, skipping those its live
     consumers do not subscribe): max offset, committed offset, store time
-    of the last consumed message. consumeTps is 0: shmq keeps no per-group rates."""
+    of the last consumed message; consumeTps the group's GROUP_GET_NUMS rate
+    over the last minute, summed over the topics (broker/stats.py)."""
     h = Header(cmd.ext)
     group = h.str("consumerGroup")
     topic = h.str("topic", required=False)
@@ -251,13 +253,9 @@ def consume_stats(b: Broker, peer: Peer, cmd: RemotingCommand):
         tc = b.tables.topics.get(t)
         if tc is None or (subscribed and t not in subscribed):
             continue
-        for qid in range(tc.read_queue_nums):
-            broker_off = max(0, b.store.max_offset(t, qid))
-            consumer_off = max(0, b.registry.get_offset(t, group, qid))
-            last = (b.store.store_time(t, qid, consumer_off - 1) or 0) if consumer_off > 0 else 0
-            items.append((t, b.config.brokerName, qid, {
-                "brokerOffset": broker_off, "consumerOffset": consumer_off, "lastTimestamp": last}))
-    body = f'{{"consumeTps":0.0,"offsetTable":{mq_map(items)}}}'
+        items.extend(stats_handlers.offset_entries(b, t, group, tc.read_queue_nums))
+    tps = sum(stats_handlers.group_tps(b, t, group) for t in {i[0] for i in items})
+    body = f'{{"consumeTps":{tps!r},"offsetTable":{mq_map(items)}}}'
     return cmd.reply(R.SUCCESS, body=body.encode())
 
 
@@ -268,13 +266,7 @@ def consumer_connection(b: Broker, peer: Peer, cmd: RemotingCommand):
     members = b.registry.group_clients(group)
     if not members:
         raise BadRequest(R.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
-    connections = []
-    for cid, _, info in members:
-        addr = info["clientAddr"]
-        if addr == "unix":         # a client on this host, over the broker's Unix socket
-            addr = f"unix:{b.config.unix_path}"
-        connections.append({"clientAddr": addr, "clientId": cid, "language": info["language"],
-                            "version": info["version"]})
+    connections = [stats_handlers.connection_json(b, cid, info) for cid, _, info in members]
     subs = {}
     for topic, sd in b.registry.group_subscriptions(group).items():
         tags = [] if sd["expressionType"] == "SQL92" or sd["subString"].strip() in ("", "*") \

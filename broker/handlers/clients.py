@@ -44,7 +44,8 @@ def heartbeat(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
         g = p.get("groupName") if isinstance(p, dict) else None
         if isinstance(g, str) and g and g != "CLIENT_INNER_PRODUCER":
             t = b.registry.producers
-            row = t.upsert(consumer_key(g, cid))
+            row = t.upsert(consumer_key(g, cid), client_payload(peer.addr, cmd.language,
+                                                                cmd.version, "", ""))
             t.v[row, 0], t.v[row, 1], t.v[row, 2] = b.cb.slot, now, peer.id
             b.producer_peers[peer.id] = peer
             attrs.setdefault("producer_groups", set()).add(g)

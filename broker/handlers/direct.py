@@ -21,6 +21,7 @@ from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import RemotingCommand
 
 from ..config import ASYNC_MASTER
+from ..stats import stats_offset
 from .base import Broker, Peer, json_reply
 
 
@@ -41,6 +42,9 @@ def direct_info(b: Broker, peer: Peer, cmd: RemotingCommand):
         "brokerName": c.brokerName, "brokerAddr": c.addr, "clusterName": c.brokerClusterName,
         "storeHost": c.addr, "msgIdPrefix": b.msgid_prefix,
         "sendDedup": b.store.dedup_on,
+        # where the broker's per-topic counters are in the control block's region
+        # (broker/stats.py): the client counts its appends and reads there
+        "statsOffset": stats_offset(b.store),
         # broker.conf's; brokerConfig.json's runtime value, when set, overrides it
         "brokerPermission": c.brokerPermission,
         # what one pull returns at most, as the broker's own pulls (direct reads)

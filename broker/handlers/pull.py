@@ -101,6 +101,8 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
         return reply
     b.stats.got += len(r.sizes)
     parts, nbytes = b.store.pull_body(r.phys, r.sizes, c.transferSendfileMinBytes)
+    if b.stats.tally is not None:                # GROUP_GET_NUMS / SIZE (broker/stats.py)
+        b.stats.tally.get(topic, group, len(r.sizes), nbytes)
     return Reply(reply, parts, nbytes)
 
 

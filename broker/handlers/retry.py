@@ -9,6 +9,7 @@ import time
 
 from shmq.core.layout import properties_to_string, string_to_properties
 from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.counters import SNDBCK
 from shmq.ipc.headers import BadRequest, Header
 from shmq.ipc.remoting import RemotingCommand
 
@@ -87,4 +88,6 @@ def send_back(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
                    store_timestamp=now)
     b.store.append(batch)
     b.put_count += 1
+    if b.stats.tally is not None:                # SNDBCK_PUT_NUMS, by the original topic
+        b.stats.tally.get(d[RETRY_TOPIC], group, 1, 0, SNDBCK)
     return cmd.reply(R.SUCCESS)

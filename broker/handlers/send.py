@@ -171,6 +171,8 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
             qid = r.queue_id                   # where the first send's message is
     else:
         b.put_count += batch.count
+        if b.stats.tally is not None:            # TOPIC_PUT_NUMS / SIZE (broker/stats.py)
+            b.stats.tally.put(topic, batch.count, batch.buf.shape[0])
         if parking.pulls and (store_topic, store_qid) in parking.pulls:
             parking.arrived.add((store_topic, store_qid))  # a pull parked here: answer it now
     pre = b.msgid_prefix
