@@ -4,8 +4,9 @@ One pair for the module, built up in the order a user meets it: a
 SYNC_MASTER alone (its sends are stored and answered SLAVE_NOT_AVAILABLE),
 then its slave, started late, which learns the master's HA address from
 the NameServer, catches up and from then on acks every send before its
-SEND_OK; the slave refuses sends and serves pulls and queries by key; the
-two CommitLogs are the same bytes. The HA stream itself is checked as a
+SEND_OK; the slave refuses sends and serves pulls and queries by key,
+survives a kill -9 and resumes where its store ends; the two CommitLogs are
+the same bytes. The HA stream itself is checked as a
 RocketMQ slave sees it (a raw socket on haListenPort) and against the
 frame layout of the reference (§1.2).
 """
@@ -134,6 +135,18 @@ def test_the_slave_refuses_sends_and_serves_queries_by_key(pair):
             lambda q: q.code == R.SUCCESS and decode_records(q.body))(
                 c.invoke(RemotingCommand(RC.QUERY_MESSAGE, ext=ext))))
     assert [m.body for m in found] == [b"sync 7"]
+
+
+def test_a_slave_killed_and_restarted_resumes_where_its_store_ends(pair):
+    conf = pair.slave.conf
+    pair.slave.kill9()
+    until("the master saw its slave go", lambda: send(
+        pair.master.addr, b"slave down").code == R.SLAVE_NOT_AVAILABLE)
+    pair.slave = BrokerProc(pair.tmp, conf).start()
+    until("the slave is back", lambda: send(pair.master.addr, b"back").code == R.SUCCESS)
+    bodies = [m.body for m in pull_all(pair.slave.addr, 0)]
+    assert bodies[-1] == b"back" and b"slave down" in bodies and b"sync 19" in bodies
+    assert bodies == [m.body for m in pull_all(pair.master.addr, 0)]   # each once, in order
 
 
 def test_master_and_slave_commitlogs_are_the_same_bytes(pair):

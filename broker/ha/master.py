@@ -15,7 +15,8 @@ wait (the listener, every slave socket, the store's wake-up socket; at most
               of header + view: no copy), several per call, never blocking:
               what the socket does not take waits for it to be writable
 
-A slave that reports past the master's end, or says nothing for
+A slave that reports past the master's end, needs bytes retention deleted,
+or says nothing for
 ``haHousekeepingInterval``, or sends garbage, is dropped; ``ha_slaves``
 counts the live connections (published at once, so a SYNC_MASTER send
 answers SLAVE_NOT_AVAILABLE as soon as the last slave is gone).
@@ -65,6 +66,7 @@ class HAService:
         st = store.state
         st.set("ha_slaves", 0)       # a restarted service: whatever its predecessor counted is gone
         self.acked = st.get("confirm_pos")
+        self.cl_min = st.get("cl_min_offset")
 
     # ------------------------------------------------------------------ loop
     def step(self) -> None:
@@ -167,6 +169,14 @@ class HAService:
                             "it is sent from there", c.peer, c.request, start)
             c.next = start
         if not c.pending:
+            cl_min = st.get("cl_min_offset")
+            if c.next < cl_min:      # retention deleted what this slave still needs
+                self._drop(c, f"it needs offset {c.next}, below the first byte kept here "
+                              f"({cl_min}): copy a newer store to it")
+                return
+            if cl_min != self.cl_min:
+                self.store.release_deleted()
+                self.cl_min = cl_min
             self._cut(c, st.write_pos)
             if not c.pending and now - c.last_write > self.config.haSendHeartbeatInterval / 1000:
                 c.pending.append(memoryview(header(c.next, 0)))
