@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from shmq.core.config import StoreConfig, _convert
+from shmq.broker.logs import LogSettings
 from shmq.ipc.signing import Credentials
 
 _UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -168,6 +169,18 @@ class BrokerConfig:
     # so the OS enforces who can). Asked over the Unix socket; never offered
     # with aclEnable (an account's permissions are the broker's to check)
     directAppendEnable: bool = True
+    # --- log files (broker/logs.py; named after RocketMQ's client logging
+    # properties, rocketmq.client.logRoot …: its broker sets these in
+    # logback_broker.xml). Each is overridden by its environment variable
+    # (SHMQ_LOG_DIR, SHMQ_LOG_LEVEL, SHMQ_LOG_FILE_MAX_SIZE, SHMQ_LOG_FILE_MAX_INDEX)
+    # the directory of broker.log, store.log, remoting.log, namesrv.log
+    logRoot: str = LogSettings.logRoot
+    # TRACE (= DEBUG), DEBUG, INFO, WARN, ERROR or OFF: for stderr and the files
+    logLevel: str = LogSettings.logLevel
+    # bytes: a log file past this is rotated (RocketMQ's 128MB)
+    logFileMaxSize: int = LogSettings.logFileMaxSize
+    # rotated files kept of each log (<name>.log.1 … .N; RocketMQ's maxIndex 10)
+    logFileMaxIndex: int = LogSettings.logFileMaxIndex
     # shmq: the Prometheus endpoint (/metrics, RocketMQ exporter's metric names;
     # broker/metrics.py) on bindAddress:metricsPort, served by the services
     # process; 0 = off
@@ -229,6 +242,8 @@ class BrokerConfig:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
         if bool(self.accessKey) != bool(self.secretKey):
             errors.append("accessKey and secretKey go together: set both or neither")
+        errors += LogSettings(self.logRoot, self.logLevel, self.logFileMaxSize,
+                              self.logFileMaxIndex).problems()
         if self.brokerRole not in (ASYNC_MASTER, SYNC_MASTER, SLAVE):
             errors.append(f"brokerRole={self.brokerRole!r}: must be ASYNC_MASTER, SYNC_MASTER "
                           f"or SLAVE")

@@ -37,7 +37,6 @@ The clock is injectable; ``step`` runs one pass, so tests drive it directly.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -47,6 +46,8 @@ from shmq.core.retention import (CleanReport, ConsumerOffsets, clean_consume_que
                                  offsets_from_file, publish_disk_full)
 from shmq.core.store import MessageStore
 from shmq.ipc.control import WANT_FLUSH, ControlBlock, die_with_parent, set_process_name
+
+from .logs import setup as setup_logs
 
 PAGE_BYTES = 4096
 PREPARE_WHEN_LEFT = 0.5   # create the next segment when half of this one is left
@@ -295,8 +296,7 @@ def flusher_main(config, owner_pid: int) -> None:
 
     die_with_parent(owner_pid)
     set_process_name("shmq-flusher")
-    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s flusher %(levelname)s %(name)s %(message)s")
+    setup_logs("flusher")
     store, cb = attach(config, role="flusher")
     jit.freeze()                      # no compile on a request path (core/jit.py)
     f = Flusher(store, cb)

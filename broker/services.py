@@ -21,7 +21,6 @@ NameServer answers its registration with are kept for the HA process.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 
@@ -42,6 +41,7 @@ from shmq.ipc.control import (
 from . import metrics
 from .config import SLAVE, BrokerConfig
 from .delivery import Progress, Reposter
+from .logs import setup as setup_logs
 from .ha.slave import load_learned, save_learned
 from .ha.sync import SlaveSync
 from .namesrv import register_broker_request, unregister_broker_request
@@ -228,8 +228,7 @@ class Services:
 def services_main(config: BrokerConfig, boss_pid: int) -> None:
     die_with_parent(boss_pid)
     set_process_name("shmq-services")
-    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s services %(levelname)s %(name)s %(message)s")
+    setup_logs("services")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     store, cb = attach(config.store, "other")
     jit.freeze()                      # no compile on a request path (core/jit.py)

@@ -35,6 +35,7 @@ from shmq.ipc.remoting import RemotingCommand, encode_head
 
 from .config import BrokerConfig
 from .handlers import PARKED, Handlers, Peer
+from .logs import setup as setup_logs
 from .reactor import Connection, Reactor
 from .registry import Registry
 from .shared_store import attach, extra_region
@@ -70,8 +71,7 @@ def worker_main(config: BrokerConfig, index: int, boss_pid: int) -> None:
     die_with_parent(boss_pid)
     set_process_name(f"shmq-worker-{index}")
     fixed_mmap_threshold()
-    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s worker-{index} %(levelname)s %(name)s %(message)s")
+    setup_logs(f"worker-{index}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     store, cb = attach(config.store, "worker")
     jit.freeze()                      # no compile on a request path (core/jit.py)

@@ -4,7 +4,8 @@
         RemotingClient(b.addr) ... ; b.kill9() ; b.stop()
 
 Everything listens on 127.0.0.1 (and the store's Unix socket). The broker's
-stderr goes to ``<tmp>/broker.log`` (printed when start-up fails).
+stderr goes to ``<tmp>/broker.log`` (printed when start-up fails), its log
+files (broker/logs.py) to ``<tmp>/logs/`` (SHMQ_LOG_DIR).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class BrokerProc:
         with open(self.conf_path, "w") as f:
             f.writelines(f"{k}={v}\n" for k, v in conf.items())
         self.log_path = os.path.join(self.tmp, "broker.log")
+        self.log_dir = os.path.join(self.tmp, "logs")
         self.proc: subprocess.Popen | None = None
         self.addr = self.unix = self.namesrv = self.store = None
 
@@ -44,7 +46,8 @@ class BrokerProc:
         self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
                                      stdout=subprocess.PIPE, stderr=log, text=True,
                                      start_new_session=True,
-                                     env=None if self.env is None else {**os.environ, **self.env})
+                                     env={**os.environ, "SHMQ_LOG_DIR": self.log_dir,
+                                          **(self.env or {})})
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -25,6 +25,17 @@ def _kernels_loaded():
     warm_up()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _logs_in_tmp(tmp_path_factory):
+    """Every broker process a test starts (they inherit the environment)
+    writes its log files here, never into ~/logs/shmqlogs; brokerproc's
+    brokers write into their own test's directory instead."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHMQ_LOG_DIR", str(tmp_path_factory.mktemp("shmqlogs")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture
 def store_dir(tmp_path):
     d = tmp_path / "store"

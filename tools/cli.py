@@ -51,14 +51,28 @@ def _broker(args) -> int:
                   f"registration ({why}): set accessKey and secretKey to an admin account of "
                   f"{config.acl_file}", file=sys.stderr)
             return 2
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s boss %(levelname)s %(name)s %(message)s")
+    if not _setup_logs("broker", "boss", config):   # the children's too (their environment)
+        return 2
     try:
         return run_broker(config)
     except Exception as e:   # a clear line, not a traceback, for start-up failures
         logging.getLogger("shmq").debug("start-up failed", exc_info=True)
         print(f"shmq broker: {e}", file=sys.stderr)
         return 1
+
+
+def _setup_logs(command: str, role: str, config=None) -> bool:
+    """broker/logs.py's setup; a bad setting or log directory is one line."""
+    from shmq.broker.logs import setup
+    try:
+        setup(role, config)
+        return True
+    except ValueError as e:
+        print(f"shmq {command}: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"shmq {command}: logRoot: cannot make the log directory {e.filename}: "
+              f"{e.strerror}", file=sys.stderr)
+    return False
 
 
 def _namesrv(args) -> int:
@@ -74,6 +88,8 @@ def _namesrv(args) -> int:
         except ValueError as e:
             print(f"shmq namesrv: --acl: {e}", file=sys.stderr)
             return 2
+    if not _setup_logs("namesrv", "namesrv"):
+        return 2
     try:
         serve(args.bind, args.port, on_ready=ready, acl_file=args.acl)
     except OSError as e:

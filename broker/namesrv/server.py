@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 
 from ..acl import Acl
+from ..logs import setup as setup_logs
 from .routes import NameServer
+
+log = logging.getLogger("shmq.broker.namesrv")
 
 
 def listen(host: str, port: int):
@@ -39,11 +42,10 @@ def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, ls
     from shmq.ipc.control import die_with_parent, set_process_name
     from shmq.ipc.remoting import encode
 
-    if parent_pid is not None:
+    if parent_pid is not None:        # the broker's: its logs as the boss set them
         die_with_parent(parent_pid)
         set_process_name("shmq-namesrv")
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s namesrv %(levelname)s %(name)s %(message)s")
+        setup_logs("namesrv")
     ns = NameServer(acl=Acl(acl_file) if acl_file else None)
     reactor = Reactor()
     if lsock is None:
@@ -75,6 +77,7 @@ def serve(host: str, port: int, parent_pid: int | None = None, on_ready=None, ls
     reactor.wake_on_signals()
     if parent_pid is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log.info("namesrv: serving on %s:%d", *lsock.getsockname()[:2])   # RocketMQ: "boot success"
     if on_ready is not None:
         on_ready(lsock.getsockname())
     try:
