@@ -41,8 +41,8 @@ import tempfile
 import time
 
 from perf import (Skipped, append, backlog, broker, client, features, local_ipc, machine, net_limits,
-                  pull_transfer, recovery, redis_peer, report, spark, sync_flush, table, worker_cpu,
-                  write_path)
+                  pull_transfer, recovery, redis_peer, replication, report, spark, sync_flush, table,
+                  worker_cpu, write_path)
 from perf.limits import fdatasync_rate, memcpy_into_mmap, sequential_write
 
 
@@ -161,6 +161,7 @@ BENCHES = {
     "client_consume": client.run_consume,
     "local_ipc": local_ipc.run,
     "backlog": backlog.run,
+    "ha": replication.run,
 }
 
 

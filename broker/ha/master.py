@@ -191,7 +191,8 @@ class HAService:
             return
         c.last_write = now
         self._consume(c, n)
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.pending else 0)
+        more = c.pending or c.next < st.write_pos     # a backlog: send on as the socket drains
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if more else 0)
         self.sel.modify(c.sock, events, c)
 
     def _cut(self, c: Connection, end: int) -> None:

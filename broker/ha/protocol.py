@@ -50,25 +50,28 @@ class Reports:
 
 class Frames:
     """A master's frames as they arrive: ``feed`` returns the (offset,
-    body) of every frame completed, in order (a heartbeat's body is empty)."""
+    body) of every frame completed, in order (a heartbeat's body is empty).
+    Bodies are views of the bytes fed, valid until the next ``feed``: one
+    copy joins what is left over to what arrives, nothing else is copied."""
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX):
-        self.buf = bytearray()
+        self.rest = b""
         self.max = frame_bytes_max
 
-    def feed(self, data) -> list[tuple[int, bytes]]:
-        self.buf += data
+    def feed(self, data) -> list[tuple[int, memoryview]]:
+        buf = self.rest + data if self.rest else bytes(data)
+        mv = memoryview(buf)
         out = []
         pos = 0
-        buf = self.buf
-        while len(buf) - pos >= HEADER_BYTES:
+        n = len(buf)
+        while n - pos >= HEADER_BYTES:
             offset, size = HEADER.unpack_from(buf, pos)
             if size < 0 or size > self.max or offset < 0:
                 raise ProtocolError(f"HA frame header: offset {offset}, size {size}")
-            if len(buf) - pos - HEADER_BYTES < size:
+            if n - pos - HEADER_BYTES < size:
                 break
             start = pos + HEADER_BYTES
-            out.append((offset, bytes(buf[start:start + size])))
+            out.append((offset, mv[start:start + size]))
             pos = start + size
-        del buf[:pos]
+        self.rest = buf[pos:]
         return out

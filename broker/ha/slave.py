@@ -8,7 +8,8 @@ One connection at a time, in the ``shmq-ha`` process of a SLAVE:
     connect   blocking, CONNECT_TIMEOUT_S; then non-blocking, TCP_NODELAY;
               report the store's offset at once
     follow    frames in (``protocol.Frames``) → ``Replica.append`` (the
-              store, ConsumeQueues, published positions); after each read
+              store, ConsumeQueues, published positions; the contiguous
+              frames of one read as one append); after each read
               that applied bytes, and every haSendHeartbeatInterval, report
               the offset received
     drop      on a frame that does not continue the store, garbage, EOF, or
@@ -146,9 +147,19 @@ class HAClient:
             return
         self.last_read = self.clock()
         try:
-            for offset, body in self.frames.feed(data):
-                if body or offset != self.replica.received:
-                    self.replica.append(offset, body)
+            frames = self.frames.feed(data)
+            # contiguous frames (a backlog's) are applied as one write and one dispatch
+            run, at = [], -1
+            for offset, body in frames:
+                if run and offset == at:
+                    run.append(body)
+                else:
+                    if run:
+                        self.replica.append(start, b"".join(run))
+                    run, start = [body], offset
+                at = offset + len(body)
+            if run and (len(run) > 1 or run[0] or start != self.replica.received):
+                self.replica.append(start, b"".join(run))
         except (ProtocolError, ReplicaError) as e:
             self.drop(str(e))
 

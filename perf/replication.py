@@ -1,0 +1,144 @@
+"""Replication (broker/ha) over TCP loopback: a master and its slave, two real
+``shmq broker`` processes, each figure beside its limit measured in the same run.
+
+- ha_catchup: the master holds a backlog of 1 KiB messages (QUEUES queues;
+  1 GiB of CommitLog full size, 128 MiB ``--quick``) before its slave
+  starts, empty; the slave's CommitLog bytes/s from its HA connection to
+  the end of the master's CommitLog — against raw one-way TCP loopback
+  bandwidth (perf.net_limits.bulk; target ratio ≥ 0.5). Checked: the
+  slave's CommitLog segments are the master's bytes.
+- ha_lag: with the slave following, one producer connection sends batches
+  of 1 KiB messages at full rate for a while (WINDOW in flight); a sampler
+  reads both stores' published ``write_pos`` from their shared memory every
+  SAMPLE_S and reports, for each master position, the time until the
+  slave's reached it: p50 / p99 (resolution: SAMPLE_S plus the sampler's
+  own scheduling). Target p99 ≤ 100 ms; the limit printed is the raw TCP
+  round trip p99 (what no replication can beat).
+
+The brokers are ASYNC_MASTER and SLAVE (haMasterAddress given, no
+NameServer); ``--broker`` has nothing to measure here (skipped).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from perf import Skipped
+from perf.broker import QUEUES, Broker, produce_backlog
+from shmq.core.state import StoreState
+from shmq.ipc.control import ControlBlock
+
+SAMPLE_S = 0.002
+LAG_SECONDS = 3.0
+
+
+def _state(store: str) -> tuple[ControlBlock, StoreState]:
+    cb = ControlBlock.attach(store)
+    return cb, StoreState.over(cb.region(), cb.lock)
+
+
+def _master(ctx, seg: int) -> Broker:
+    master = Broker(ctx, "ASYNC_FLUSH", "ha-master", brokerRole="ASYNC_MASTER",
+                    mappedFileSizeCommitLog=seg)
+    ctx.on_close(master.stop)
+    return master
+
+
+def _slave(ctx, master: Broker, seg: int) -> Broker:
+    host, port = master.tcp.rsplit(":", 1)
+    slave = Broker(ctx, "ASYNC_FLUSH", "ha-slave", brokerRole="SLAVE", brokerId=1,
+                   haMasterAddress=f"{host}:{int(port) + 1}", mappedFileSizeCommitLog=seg,
+                   haSendHeartbeatInterval=1000)
+    ctx.on_close(slave.stop)
+    return slave
+
+
+def _same_bytes(master: str, slave: str, end: int) -> None:
+    """The slave's CommitLog below ``end`` is the master's, segment by segment."""
+    d_m, d_s = os.path.join(master, "commitlog"), os.path.join(slave, "commitlog")
+    for name in sorted(os.listdir(d_m)):
+        start = int(name)
+        if start >= end:
+            break
+        with open(os.path.join(d_m, name), "rb") as a, open(os.path.join(d_s, name), "rb") as b:
+            n = end - start
+            while n > 0:
+                k = min(n, 64 << 20)
+                if a.read(k) != b.read(k):
+                    raise AssertionError(f"the slave's segment {name} differs from the master's")
+                n -= k
+
+
+def run(ctx, result):
+    if getattr(ctx, "named_broker", None) is not None:
+        raise Skipped("replication starts its own master and slave")
+    seg = (256 if ctx.quick else 1024) << 20
+    backlog = (128 if ctx.quick else 1024) << 20
+    master = _master(ctx, seg)
+    per_queue = backlog // (QUEUES * 1100)
+    produce_backlog(master.tcp, "HaBench", per_queue, 1024)
+    cb_m, st_m = _state(master.store)
+    end = st_m.write_pos
+    t0 = time.monotonic()
+    slave = _slave(ctx, master, seg)
+    cb_s, st_s = _state(slave.store)
+    deadline = time.monotonic() + 600
+    started = None
+    while st_s.write_pos < end:
+        if started is None and st_s.write_pos > 0:
+            started = time.monotonic()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the slave reached {st_s.write_pos} of {end} in 600 s")
+        time.sleep(0.001)
+    done = time.monotonic()
+    started = started or t0
+    _same_bytes(master.store, slave.store, end)
+    bulk = ctx.net_bulk("tcp")["bps"]
+    yield result("ha_catchup", end / (done - started), "B/s", bulk, "raw TCP loopback one-way B/s",
+           backlog_bytes=end, seconds=round(done - started, 3),
+           slave_start_s=round(started - t0, 3))
+
+    # lag: produce at full rate while sampling both published ends
+    samples_m: list[tuple[float, int]] = []
+    samples_s: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def sampler():
+        while not stop.is_set():
+            now = time.monotonic()
+            samples_m.append((now, st_m.write_pos))
+            samples_s.append((now, st_s.write_pos))
+            time.sleep(SAMPLE_S)
+
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    t_start = time.monotonic()
+    n = 0
+    while time.monotonic() - t_start < LAG_SECONDS:
+        produce_backlog(master.tcp, f"HaLag{n}", 2000, 1024)
+        n += 1
+    end = st_m.write_pos
+    while st_s.write_pos < end and time.monotonic() - t_start < LAG_SECONDS + 60:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    stop.set()
+    th.join()
+    sent = time.monotonic() - t_start
+    ts = np.array([t for t, _ in samples_s])
+    pos = np.array([p for _, p in samples_s])
+    lags = []
+    for t, m in samples_m:
+        i = int(np.searchsorted(pos, m, side="left"))       # slave positions only grow
+        if i < len(ts):
+            lags.append(max(0.0, ts[i] - t))
+    lags_ms = np.array(lags) * 1000
+    rtt = ctx.net_rtt("tcp")
+    rate = (end - samples_m[0][1]) / sent
+    yield result("ha_lag", float(np.percentile(lags_ms, 99)), "ms p99", rtt["p99_us"] / 1000,
+           "raw TCP round trip p99 ms", p50_ms=round(float(np.percentile(lags_ms, 50)), 3),
+           produce_bps=round(rate), samples=len(lags), sample_ms=SAMPLE_S * 1000)
+    for cb in (cb_m, cb_s):
+        cb.close()
