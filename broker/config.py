@@ -13,7 +13,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from shmq.core.config import StoreConfig, _convert
+from shmq.core.config import OLD_NAMES, StoreConfig, _convert
 from shmq.broker.logs import LogSettings
 from shmq.ipc.signing import Credentials
 
@@ -169,6 +169,10 @@ class BrokerConfig:
     # so the OS enforces who can). Asked over the Unix socket; never offered
     # with aclEnable (an account's permissions are the broker's to check)
     directAppendEnable: bool = True
+    # shmq: the Prometheus endpoint (/metrics, RocketMQ exporter's metric names;
+    # broker/metrics.py) on bindAddress:metricsPort, served by the services
+    # process; 0 = off
+    metricsPort: int = 0
     # --- log files (broker/logs.py; named after RocketMQ's client logging
     # properties, rocketmq.client.logRoot …: its broker sets these in
     # logback_broker.xml). Each is overridden by its environment variable
@@ -181,10 +185,6 @@ class BrokerConfig:
     logFileMaxSize: int = LogSettings.logFileMaxSize
     # rotated files kept of each log (<name>.log.1 … .N; RocketMQ's maxIndex 10)
     logFileMaxIndex: int = LogSettings.logFileMaxIndex
-    # shmq: the Prometheus endpoint (/metrics, RocketMQ exporter's metric names;
-    # broker/metrics.py) on bindAddress:metricsPort, served by the services
-    # process; 0 = off
-    metricsPort: int = 0
     # --- replication (broker/ha/; RocketMQ's MessageStoreConfig names and defaults)
     # ASYNC_MASTER, SYNC_MASTER (a send waits for a slave's ack) or SLAVE
     brokerRole: str = ASYNC_MASTER
@@ -242,8 +242,6 @@ class BrokerConfig:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
         if bool(self.accessKey) != bool(self.secretKey):
             errors.append("accessKey and secretKey go together: set both or neither")
-        errors += LogSettings(self.logRoot, self.logLevel, self.logFileMaxSize,
-                              self.logFileMaxIndex).problems()
         if self.brokerRole not in (ASYNC_MASTER, SYNC_MASTER, SLAVE):
             errors.append(f"brokerRole={self.brokerRole!r}: must be ASYNC_MASTER, SYNC_MASTER "
                           f"or SLAVE")
@@ -259,6 +257,8 @@ class BrokerConfig:
                      "haSlaveFallbehindMax", "slaveTimeout"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
+        errors += LogSettings(self.logRoot, self.logLevel, self.logFileMaxSize,
+                              self.logFileMaxIndex).problems()
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -312,7 +312,7 @@ class BrokerConfig:
     @classmethod
     def from_strings(cls, values: dict[str, str]) -> tuple["BrokerConfig", list[str]]:
         """Build from broker.conf strings; returns (config, unknown keys)."""
-        store_names = {f.name for f in dataclasses.fields(StoreConfig)}
+        store_names = {f.name for f in dataclasses.fields(StoreConfig)} | set(OLD_NAMES)
         kwargs = {}
         own = {f.name: f for f in dataclasses.fields(cls) if f.name != "store"}
         unknown = []

@@ -135,7 +135,7 @@ class Flusher:
         """Measure the disk under the store; publish ``disk_full`` (read by
         every send) when it crosses diskSpaceWarningLevelRatio."""
         try:
-            ratio = self.store.files.disk_usage_ratio(self.store.root)
+            ratio = self.store.disk_usage_ratio()
         except OSError as e:
             log.warning("cannot measure the disk under %s: %s", self.store.root, e)
             return
@@ -234,7 +234,7 @@ class Flusher:
             self.store.cl.files.create_preallocated(path, size)
         except OSError as e:
             try:
-                used = f"{self.store.files.disk_usage_ratio(self.store.root):.1%} used"
+                used = f"{self.store.disk_usage_ratio():.1%} used"
             except OSError:
                 used = "use unknown"
             log.warning("cannot create the next CommitLog segment %s (%d bytes) on the disk "

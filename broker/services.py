@@ -41,9 +41,9 @@ from shmq.ipc.control import (
 from . import metrics
 from .config import SLAVE, BrokerConfig
 from .delivery import Progress, Reposter
-from .logs import setup as setup_logs
 from .ha.slave import load_learned, save_learned
 from .ha.sync import SlaveSync
+from .logs import setup as setup_logs
 from .namesrv import register_broker_request, unregister_broker_request
 from .registry import Registry
 from .schedule import DelayService, TimerService

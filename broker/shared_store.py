@@ -151,7 +151,7 @@ class StoreOwner:
         """Publish ``disk_full`` once before any writer attaches; the flusher
         keeps it current from then on (a full disk refuses the first send too)."""
         try:
-            ratio = self.store.files.disk_usage_ratio(self.root)
+            ratio = self.store.disk_usage_ratio()
         except OSError as e:
             log.warning("cannot measure the disk under %s: %s", self.root, e)
             return

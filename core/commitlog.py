@@ -1,8 +1,9 @@
 """CommitLog segment files: naming, creation, the per-process open-file cache.
 
-The CommitLog is ``<root>/commitlog/<20-digit start offset>`` files of
-``segment_bytes`` each, records back to back, a BLANK record at the end of
-each full segment. It is the only source of truth of the store.
+The CommitLog is ``<storePathCommitLog>/<20-digit start offset>`` files
+(the directory defaults to ``<root>/commitlog``) of ``segment_bytes`` each,
+records back to back, a BLANK record at the end of each full segment. It is
+the only source of truth of the store.
 
 This class knows positions and files only: it never decides where the end is
 (``StoreState.write_pos`` does) and never takes a lock. Writers use
@@ -48,11 +49,13 @@ class FileRange:
 
 
 class CommitLog:
-    def __init__(self, files: FileLayer, root: str, segment_bytes: int, read_only: bool = False):
-        """``read_only``: open segments O_RDONLY and map them PROT_READ (tools
-        and readers beside a live broker: they cannot write a byte)."""
+    def __init__(self, files: FileLayer, directory: str, segment_bytes: int,
+                 read_only: bool = False):
+        """``directory``: StoreConfig.commitlog_dir. ``read_only``: open
+        segments O_RDONLY and map them PROT_READ (tools and readers beside a
+        live broker: they cannot write a byte)."""
         self.files = files
-        self.dir = os.path.join(root, "commitlog")
+        self.dir = directory
         self.segment_bytes = segment_bytes
         self.read_only = read_only
         self._open: dict[int, Handle] = {}

@@ -20,11 +20,32 @@ RECORD_BYTES_MAX_OVERHEAD = (RECORD_FIXED_BYTES + 2 * (HOST_V6_BYTES - HOST_V4_B
                              + TOPIC_BYTES_MAX + PROPERTIES_BYTES_MAX + END_FILE_MIN_BLANK_BYTES)
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
+# broker.conf spellings of older RocketMQ versions -> the field they set
+OLD_NAMES = {"mapedFileSizeCommitLog": "mappedFileSizeCommitLog",
+             "mapedFileSizeConsumeQueue": "mappedFileSizeConsumeQueue"}
+# the directories that may lie outside storePathRootDir -> their default name in it
+DATA_DIRS = {"storePathCommitLog": "commitlog", "storePathConsumeQueue": "consumequeue",
+             "storePathIndex": "index"}
+# where a store records the directories it was opened with, when not the defaults
+# (<storePathRootDir>/config/storePath.json): tools opening the root find them there
+PATHS_TABLE = "storePath.json"
+
+
+class StorePathMoved(ValueError):
+    """A data directory is configured elsewhere than where this store's data is."""
 
 
 @dataclass(frozen=True)
 class StoreConfig:
     storePathRootDir: str = os.path.join(os.path.expanduser("~"), "store")
+    # the CommitLog's directory, e.g. on a disk of its own (RocketMQ 4.x's
+    # name; one directory: 4.9's several, comma-separated, are refused);
+    # empty: <storePathRootDir>/commitlog
+    storePathCommitLog: str = ""
+    # the ConsumeQueues' and the IndexFiles' directories (RocketMQ 3.x's
+    # names, still in old broker.conf files); empty: <storePathRootDir>/consumequeue, /index
+    storePathConsumeQueue: str = ""
+    storePathIndex: str = ""
     # bytes per CommitLog segment file
     mappedFileSizeCommitLog: int = 1 << 30
     # bytes per ConsumeQueue file (300,000 units of 20 bytes)
@@ -141,12 +162,40 @@ class StoreConfig:
             self.delete_hours()
         except ValueError as e:
             errors.append(str(e))
-        bad = store_root_problem(self.storePathRootDir)
-        if bad:
-            errors.append(f"storePathRootDir={self.storePathRootDir}"
-                          f"{' ' if bad.startswith('is ') else ': '}{bad}")
+        for name in ("storePathRootDir", *DATA_DIRS):
+            value = getattr(self, name)
+            if name != "storePathRootDir" and ("," in value or ";" in value):
+                errors.append(f"{name}={value}: one directory, not a list (RocketMQ 4.9's "
+                              f"several CommitLog directories are not supported)")
+                continue
+            bad = store_root_problem(value) if value else None
+            if bad:
+                errors.append(f"{name}={value}{' ' if bad.startswith('is ') else ': '}{bad}")
+        dirs = [self.data_dir(name) for name in DATA_DIRS]
+        if len(set(dirs)) < len(dirs):
+            errors.append(f"storePathCommitLog, storePathConsumeQueue and storePathIndex must be "
+                          f"different directories: {', '.join(dirs)}")
         if errors:
             raise ValueError("; ".join(errors))
+
+    def data_dir(self, name: str) -> str:
+        """The absolute directory of ``name`` (one of DATA_DIRS): its setting,
+        or its default under storePathRootDir. Every reader and writer of the
+        store's files finds them through here (and the three properties)."""
+        return os.path.abspath(os.path.expanduser(
+            getattr(self, name) or os.path.join(self.storePathRootDir, DATA_DIRS[name])))
+
+    @property
+    def commitlog_dir(self) -> str:
+        return self.data_dir("storePathCommitLog")
+
+    @property
+    def consumequeue_dir(self) -> str:
+        return self.data_dir("storePathConsumeQueue")
+
+    @property
+    def index_dir(self) -> str:
+        return self.data_dir("storePathIndex")
 
     @property
     def cq_units_per_file(self) -> int:
@@ -170,11 +219,51 @@ class StoreConfig:
         """Build from ``broker.conf``-style strings; keys that are not store
         settings are ignored (the broker's own config takes them)."""
         kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name in values:
-                kwargs[f.name] = _convert(f.name, f.type, values[f.name])
+        for old, name in OLD_NAMES.items():
+            if old in values and name in values and values[old].strip() != values[name].strip():
+                raise ValueError(f"{old}={values[old]} and {name}={values[name]}: one setting "
+                                 f"(the first is its old spelling), given twice")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, raw in values.items():
+            name = OLD_NAMES.get(key, key)
+            if name in fields:
+                kwargs[name] = _convert(key, fields[name].type, raw)
         kwargs.update(overrides)
         return cls(**kwargs)
+
+    @classmethod
+    def of_store(cls, root: str, files) -> "StoreConfig":
+        """Settings to read the store at ``root`` by (tools, no broker.conf):
+        the directories it recorded (``record_paths``), the defaults else."""
+        return cls(storePathRootDir=os.path.abspath(os.path.expanduser(root)),
+                   **recorded_paths(files, root))
+
+
+def recorded_paths(files, root: str) -> dict[str, str]:
+    """The data directories the store at ``root`` was last opened with, those
+    not at their default (``record_paths``)."""
+    from .checkpoint import load_table
+    table = load_table(files, root, PATHS_TABLE)
+    return {k: v for k, v in table.items() if k in DATA_DIRS and isinstance(v, str) and v}
+
+
+def record_paths(config: StoreConfig, files) -> None:
+    """At the store's opening (recovery): refuse to start on a data directory
+    other than the one holding this store's data (StorePathMoved: the CQs
+    would be cut to an empty CommitLog), and record the configured ones in
+    <root>/config/storePath.json, so tools given only the root find them."""
+    from .checkpoint import config_path, save_table
+    root = config.storePathRootDir
+    before = StoreConfig(storePathRootDir=root, **recorded_paths(files, root))
+    for name in DATA_DIRS:
+        was, now = before.data_dir(name), config.data_dir(name)
+        if was != now and files.listdir(was):
+            raise StorePathMoved(
+                f"{name}={now}: this store's data is in {was} (recorded in "
+                f"{config_path(root, PATHS_TABLE)}); set {name}={was}, or move the files there")
+    want = {name: config.data_dir(name) for name in DATA_DIRS if getattr(config, name)}
+    if want != recorded_paths(files, root):
+        save_table(files, root, PATHS_TABLE, want)
 
 
 def store_root_problem(path: str) -> str | None:

@@ -1,6 +1,7 @@
 """ConsumeQueues: per (topic, queueId) arrays of 20-byte units in fixed files.
 
-``<root>/consumequeue/<topic>/<queueId>/<20-digit byte offset>``, each file
+``<storePathConsumeQueue>/<topic>/<queueId>/<20-digit byte offset>`` (the
+directory defaults to ``<root>/consumequeue``), each file
 ``units_per_file`` × 20 bytes (6,000,000 by default); unit n of a queue lives
 in file ``n // units_per_file`` at byte ``(n % units_per_file) * 20``. Layout in
 ``layout.CQ_UNIT_DTYPE``.
@@ -33,10 +34,12 @@ ALL_TAGS = np.zeros(0, dtype=np.int64)
 
 
 class ConsumeQueues:
-    def __init__(self, files: FileLayer, root: str, units_per_file: int, read_only: bool = False):
-        """``read_only``: files opened O_RDONLY, mapped PROT_READ, never created."""
+    def __init__(self, files: FileLayer, directory: str, units_per_file: int,
+                 read_only: bool = False):
+        """``directory``: StoreConfig.consumequeue_dir. ``read_only``: files
+        opened O_RDONLY, mapped PROT_READ, never created."""
         self.files = files
-        self.dir = os.path.join(root, "consumequeue")
+        self.dir = directory
         self.units_per_file = units_per_file
         self.file_bytes = units_per_file * CQ_UNIT_BYTES
         self.read_only = read_only

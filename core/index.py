@@ -34,7 +34,6 @@ from .store import MessageStore
 if sys.byteorder != "little":
     raise ImportError("the IndexFile kernels store big-endian words on a little-endian host")
 
-INDEX_DIR = "index"
 NAME_DIGITS = 17
 # MessageStoreConfig.maxMsgsNumBatch: IndexService.queryOffset caps maxNum at it.
 MAX_MSGS_NUM_BATCH = 64
@@ -170,7 +169,7 @@ class IndexService:
         self.config = config
         self.files = files
         self.read_only = read_only
-        self.dir = os.path.join(config.storePathRootDir, INDEX_DIR)
+        self.dir = config.index_dir
         self.slot_num = config.maxHashSlotNum
         self.index_num = config.maxIndexNum
         self._files: list[IndexFile] = []

@@ -94,7 +94,7 @@ from . import _kernels as K
 from . import layout as L
 from .checkpoint import Checkpoint, abort_path
 from .commitlog import CommitLog
-from .config import StoreConfig
+from .config import StoreConfig, record_paths
 from .consumequeue import ConsumeQueues
 from .files import FileLayer
 from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, PROPERTY_TAGS, SYSFLAG_TRANSACTION_MASK, \
@@ -245,8 +245,9 @@ def recover(config: StoreConfig, files: FileLayer,
     root = config.storePathRootDir
     seg = config.mappedFileSizeCommitLog
     files.makedirs(root)
-    cl = CommitLog(files, root, seg)
-    cqs = ConsumeQueues(files, root, config.cq_units_per_file)
+    record_paths(config, files)          # StorePathMoved: configured away from the data
+    cl = CommitLog(files, config.commitlog_dir, seg)
+    cqs = ConsumeQueues(files, config.consumequeue_dir, config.cq_units_per_file)
     try:
         rep = RecoveryReport(mode="abnormal" if files.exists(abort_path(root)) else "normal")
         rep.temp_files_removed = cl.remove_temporaries()

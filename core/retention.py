@@ -152,7 +152,7 @@ def clean_expired(store: MessageStore, now_ms: int | None = None, *, manual: boo
     is to be deleted."""
     cfg = store.config
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    ratio = store.files.disk_usage_ratio(store.root) if disk_ratio is None else disk_ratio
+    ratio = store.disk_usage_ratio() if disk_ratio is None else disk_ratio
     hour = time.localtime(now_ms / 1000).tm_hour
     rep = CleanReport(cl_min_offset=store.state.get("cl_min_offset"))
     forcibly = ratio * 100 > cfg.diskSpaceCleanForciblyRatio

@@ -162,8 +162,8 @@ class MessageStore:
         self.state = state
         self.files = files
         self.root = config.storePathRootDir
-        self.cl = CommitLog(files, self.root, config.mappedFileSizeCommitLog)
-        self.cqs = ConsumeQueues(files, self.root, config.cq_units_per_file)
+        self.cl = CommitLog(files, config.commitlog_dir, config.mappedFileSizeCommitLog)
+        self.cqs = ConsumeQueues(files, config.consumequeue_dir, config.cq_units_per_file)
         self.on_published = on_published
         self.on_flush_request = on_flush_request
         self._seg = config.mappedFileSizeCommitLog
@@ -829,7 +829,7 @@ class MessageStore:
                 thorough = True   # syncfs below covers every queue anyway
         nxt_of = dict(zip(used.tolist(), nxt.tolist()))
         if thorough and dirty.shape[0] > CQ_SYNC_EACH_MAX:
-            self.files.sync_filesystem(self.root)   # data and directory entries, one call
+            self.files.sync_filesystem(self.cqs.dir)   # data and directory entries, one call
         else:
             upf = self.config.cq_units_per_file
             for slot in dirty.tolist():
@@ -867,6 +867,13 @@ class MessageStore:
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
+
+    def disk_usage_ratio(self) -> float:
+        """Use (0..1) of the fullest disk the store writes: the root's, the
+        CommitLog's and the ConsumeQueues' (storePathCommitLog may put the
+        CommitLog on a disk of its own). Retention and the full-disk refusal
+        go by it. OSError: a disk cannot be measured."""
+        return max(self.files.disk_usage_ratio(d) for d in {self.root, self.cl.dir, self.cqs.dir})
 
 
 def init_state(state: StoreState, rec: Recovered) -> None:

@@ -20,7 +20,9 @@ readable:
 
 Files are opened O_RDONLY and mapped PROT_READ: a tool or a Spark task cannot
 write a byte of the store. Segment and ConsumeQueue file sizes are read from
-the files themselves, so no broker.conf is needed. Retention may delete a
+the files themselves, and the directories a broker put elsewhere than the
+root (storePathCommitLog …) from the root's record of them
+(``StoreConfig.of_store``), so no broker.conf is needed. Retention may delete a
 segment after the snapshot; readers see ``SegmentMissing`` then. Reading
 records below the view's positions is ``core.reader``'s.
 """
@@ -32,6 +34,7 @@ from typing import NamedTuple
 
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
+from .config import StoreConfig
 from .consumequeue import ConsumeQueues
 from .files import REAL_FILES, FileLayer
 from .layout import CQ_UNIT_BYTES, CQ_UNITS_PER_FILE
@@ -81,6 +84,7 @@ class StoreView:
     live: bool                     # a broker owned the store when the view was taken
     queues: dict[tuple[str, int], QueueExtent] = field(default_factory=dict)
     files: FileLayer = REAL_FILES
+    config: StoreConfig | None = None    # where its directories are (StoreConfig.of_store)
 
     # ---------------------------------------------------------------- open
     @classmethod
@@ -89,13 +93,18 @@ class StoreView:
         """Snapshot the store at ``root``: below a running broker's
         ``published`` positions, or (None) from the files alone."""
         root = os.path.abspath(os.path.expanduser(root))
-        if not files.exists(os.path.join(root, "commitlog")):
-            raise NotAStore(f"{root}: no commitlog/ directory (not a store)")
-        cl = CommitLog(files, root, 1, read_only=True)
+        try:
+            config = StoreConfig.of_store(root, files)
+        except ValueError as e:        # an unreadable record: not a store we can read
+            raise NotAStore(f"{root}: {e}") from None
+        if not files.exists(config.commitlog_dir):
+            raise NotAStore(f"{root}: no CommitLog directory {config.commitlog_dir} (not a store)")
+        cl = CommitLog(files, config.commitlog_dir, 1, read_only=True)
         segs = cl.list_segments()
         segment_bytes = _segment_bytes(files, cl, segs)
-        upf = _units_per_file(files, root)
-        view = cls(root, segment_bytes, upf, segs, segs[0] if segs else 0, 0, published is not None, files=files)
+        upf = _units_per_file(files, config.consumequeue_dir)
+        view = cls(root, segment_bytes, upf, segs, segs[0] if segs else 0, 0, published is not None,
+                   files=files, config=config)
         if published is not None:
             cl_min, write_pos, queues = published
             # Retention advances cl_min before it unlinks; a segment listed
@@ -111,10 +120,11 @@ class StoreView:
 
     # ------------------------------------------------------------- readers
     def commitlog(self) -> CommitLog:
-        return CommitLog(self.files, self.root, self.segment_bytes, read_only=True)
+        return CommitLog(self.files, self.config.commitlog_dir, self.segment_bytes, read_only=True)
 
     def consumequeues(self) -> ConsumeQueues:
-        return ConsumeQueues(self.files, self.root, self.units_per_file, read_only=True)
+        return ConsumeQueues(self.files, self.config.consumequeue_dir, self.units_per_file,
+                             read_only=True)
 
     def topics(self) -> list[str]:
         return sorted({t for t, _ in self.queues})
@@ -196,8 +206,7 @@ def _segment_bytes(files: FileLayer, cl: CommitLog, segs: list[int]) -> int:
     return min(steps) if steps else max(sizes)
 
 
-def _units_per_file(files: FileLayer, root: str) -> int:
-    base = os.path.join(root, "consumequeue")
+def _units_per_file(files: FileLayer, base: str) -> int:
     for topic in files.listdir(base):
         for qid in files.listdir(os.path.join(base, topic)):
             for name in files.listdir(os.path.join(base, topic, qid)):

@@ -113,7 +113,8 @@ class ShmqSourceError(ValueError):
 @dataclass(frozen=True)
 class ReadOptions:
     """What ``read()`` needs: small and picklable (it travels in every partition)."""
-    root: str
+    commitlog_dir: str                # the store's StoreConfig.commitlog_dir
+    consumequeue_dir: str             # ... and consumequeue_dir
     segment_bytes: int
     units_per_file: int
     include_properties: bool
@@ -219,7 +220,8 @@ def _columns(schema: StructType | None, include_properties: bool) -> tuple[str, 
 
 
 def _read_options(view: StoreView, o: dict, columns: tuple[str, ...]) -> ReadOptions:
-    return ReadOptions(view.root, view.segment_bytes, view.units_per_file,
+    return ReadOptions(view.config.commitlog_dir, view.config.consumequeue_dir,
+                       view.segment_bytes, view.units_per_file,
                        _bool(o, "includeProperties", False), _bool(o, "failOnDataLoss", True),
                        _int(o, "batchRows", DEFAULT_BATCH_ROWS), columns)
 
@@ -362,8 +364,8 @@ def read_queue_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
     segment by segment, each checked to be its unit's)."""
     opts = part.opts
     schema = _arrow_schema(opts)
-    cl = CommitLog(_FILES, opts.root, opts.segment_bytes, read_only=True)
-    cqs = ConsumeQueues(_FILES, opts.root, opts.units_per_file, read_only=True)
+    cl = CommitLog(_FILES, opts.commitlog_dir, opts.segment_bytes, read_only=True)
+    cqs = ConsumeQueues(_FILES, opts.consumequeue_dir, opts.units_per_file, read_only=True)
     where = f"{part.topic}/{part.queue_id}"
     try:
         for first, units, n in reader.unit_chunks(cqs, part.topic, part.queue_id, part.start,
@@ -394,7 +396,7 @@ def read_segment(part: SegmentRange) -> Iterator[pa.RecordBatch]:
         else pa.schema([pa.field("topic", pa.string()), *schema])
     wanted = set(part.topics) if part.topics is not None else None
     rx = re.compile(part.pattern) if part.pattern is not None else None
-    cl = CommitLog(_FILES, opts.root, opts.segment_bytes, read_only=True)
+    cl = CommitLog(_FILES, opts.commitlog_dir, opts.segment_bytes, read_only=True)
     try:
         try:
             buf = cl.map(part.base)

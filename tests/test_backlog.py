@@ -235,10 +235,10 @@ def test_what_lies_past_the_end_is_found_without_reading_a_preallocated_segment(
     never-written extents — and holds one window: the preallocated next
     segment of 1 GiB was 1 GiB of zero pages in the boss's RSS."""
     from shmq.core.commitlog import CommitLog
-    cl = CommitLog(REAL_FILES, store_dir, 8 * SEGMENT)
+    commitlog = os.path.join(store_dir, "commitlog")
+    cl = CommitLog(REAL_FILES, commitlog, 8 * SEGMENT)
     try:
         cl.ensure_segment(0)                             # fallocate'd: 8 MiB never written
-        commitlog = os.path.join(store_dir, "commitlog")
         assert cl.last_nonzero(0, 8 * SEGMENT) == -1
         assert mapped_rss(commitlog) <= SLACK
         cl.write(5 * SEGMENT + 7, b"\x01\x02")          # in the page cache, not yet written back
@@ -248,7 +248,7 @@ def test_what_lies_past_the_end_is_found_without_reading_a_preallocated_segment(
     finally:
         cl.close()
     files = SimFileLayer()                               # no holes known: every byte is read
-    sim = CommitLog(files, "/sim/store", SEGMENT)
+    sim = CommitLog(files, "/sim/store/commitlog", SEGMENT)
     sim.ensure_segment(0)
     sim.write(SEGMENT - 1, b"\x09")
     assert sim.last_nonzero(0, SEGMENT) == SEGMENT - 1

@@ -314,7 +314,7 @@ def test_recovery_gives_delayed_and_timer_units_their_delivery_time_again(tmp_pa
     delay_units = store.max_offset(SCHEDULE_TOPIC, 0) + store.max_offset(SCHEDULE_TOPIC, 1)
     assert delay_units and store.max_offset(SCHEDULE_TOPIC, 2) and store.max_offset(TIMER_TOPIC, 0)
     store.close()                                    # no clean shutdown: abort stays
-    cqs = ConsumeQueues(store.files, str(root), cfg.cq_units_per_file)
+    cqs = ConsumeQueues(store.files, cfg.consumequeue_dir, cfg.cq_units_per_file)
     if crash == "units_zeroed":                      # the page cache never reached the disk
         for topic, qid in cqs.list_queues():
             cqs.mapped(topic, qid, 0, create=False)[:] = 0

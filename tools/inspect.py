@@ -163,7 +163,8 @@ def summary(view, scan_max: int) -> dict:
     abort = os.path.exists(abort_path(view.root))
     holder = lock_holder(view.root)
     return {
-        "store": view.root, "live": view.live, "lock_holder_pid": holder, "abort": abort,
+        "store": view.root, "commitlog_dir": view.config.commitlog_dir,
+        "live": view.live, "lock_holder_pid": holder, "abort": abort,
         "unclean_shutdown": abort and not view.live and holder is None,
         "segment_bytes": view.segment_bytes, "min_offset": view.cl_min, "max_offset": view.cl_end,
         "segments": segments,
@@ -174,7 +175,7 @@ def summary(view, scan_max: int) -> dict:
             "index_msg_timestamp": ckpt.index_ts, "commitlog_flushed": ckpt.cl_flushed,
             "consumequeue_flushed": ckpt.cq_flushed},
         "queues": [_queue_row(e) for _, e in sorted(view.queues.items())],
-        "index_files": index_files(view.root),
+        "index_files": index_files(view.config.index_dir),
     }
 
 
@@ -260,12 +261,11 @@ def lock_holder(root: str) -> int | None:
     return None
 
 
-def index_files(root: str) -> list[dict]:
-    """Header of each IndexFile (``index/<yyyyMMddHHmmssSSS>``)."""
+def index_files(d: str) -> list[dict]:
+    """Header of each IndexFile (``<storePathIndex>/<yyyyMMddHHmmssSSS>``)."""
     import numpy as np
-    from shmq.core.index import HEADER_DTYPE, INDEX_DIR, NAME_DIGITS
+    from shmq.core.index import HEADER_DTYPE, NAME_DIGITS
 
-    d = os.path.join(root, INDEX_DIR)
     out = []
     for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         if len(name) != NAME_DIGITS or not name.isdigit():

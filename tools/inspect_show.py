@@ -6,6 +6,7 @@ outputs never disagree. It reads nothing and decides nothing.
 """
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -54,9 +55,12 @@ _SUMMARY_QUEUES_MAX = 40
 def summary(doc: dict) -> str:
     segs = doc["segments"]
     data = doc["max_offset"] - doc["min_offset"]
-    lines = [f"store       {doc['store']}", f"state       {_state(doc)}",
-             (f"CommitLog   offsets {doc['min_offset']} .. {doc['max_offset']} ({_size(data)} of "
-             f"records), {_n(len(segs), 'segment')} of {_size(doc['segment_bytes'])}")]
+    lines = [f"store       {doc['store']}"]
+    if doc["commitlog_dir"] != os.path.join(doc["store"], "commitlog"):
+        lines.append(f"CommitLog   in {doc['commitlog_dir']} (storePathCommitLog)")
+    lines += [f"state       {_state(doc)}",
+              (f"CommitLog   offsets {doc['min_offset']} .. {doc['max_offset']} ({_size(data)} of "
+               f"records), {_n(len(segs), 'segment')} of {_size(doc['segment_bytes'])}")]
     lines += _table(["segment", "size", "first", "last", "end", "records", "first store time",
                      "last store time"],
                     [[s["file"], _size(s["size"]), s["first_offset"], s["last_offset"],
