@@ -155,11 +155,13 @@ class Collector:
 
     def _runtime(self, base):
         st = self.store.state
-        disk = self.store.files.disk_usage_ratio(self.store.root)
+        ratio = self.store.files.disk_usage_ratio
         put, got = self.stats.broker_totals()
         for name, help_, value in (
-                ("commitlog_disk_ratio", "brokerRuntimeCommitLogDiskRatio", disk),
-                ("consumequeue_disk_ratio", "brokerRuntimeConsumeQueueDiskRatio", disk),
+                ("commitlog_disk_ratio", "brokerRuntimeCommitLogDiskRatio",
+                 ratio(self.store.cl.dir)),
+                ("consumequeue_disk_ratio", "brokerRuntimeConsumeQueueDiskRatio",
+                 ratio(self.store.cqs.dir)),
                 ("msg_put_total_today_now", "brokerRuntimeMsgPutTotalTodayNow", put),
                 ("msg_gettotal_today_now", "brokerRuntimeMsgGetTotalTodayNow", got),
                 ("commitlog_maxoffset", "brokerRuntimeCommitLogMaxOffset", st.write_pos),

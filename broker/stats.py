@@ -303,16 +303,16 @@ class RuntimeStats:
     def runtime_info(self) -> dict[str, str]:
         """The runtime-info entries, as RocketMQ names and formats them."""
         now = (time.monotonic(), self.put_total(), self.got_total())
-        root = self.store.root
-        disk = self.store.files.disk_usage_ratio(root)
+        ratio = self.store.files.disk_usage_ratio
         out = {"putTps": self._rates(now, 1), "getTransferedTps": self._rates(now, 2),
                # shmq: the totals the rates are taken from (messages put since the store
                # was made, got since the broker started)
                "msgPutTotal": str(now[1]), "msgGetTotal": str(now[2]),
                # shmq: damaged records pulls refused to serve (checkCRCOnRead)
                "corruptSkipped": str(int(self.cb.procs["corrupt_skipped"].sum())),
-               "commitLogDiskRatio": str(disk),
-               "consumeQueueDiskRatio": str(disk)}     # one store root: the same disk
+               # each on its own disk when storePathCommitLog / storePathConsumeQueue say so
+               "commitLogDiskRatio": str(ratio(self.store.cl.dir)),
+               "consumeQueueDiskRatio": str(ratio(self.store.cqs.dir))}
         if self.figures is not None:
             c = self.figures.c
             h = c.header[0]
@@ -340,7 +340,7 @@ class RuntimeStats:
             "runtime": f"[ {boot_s // 86400} days, {boot_s // 3600 % 24} hours, "
                        f"{boot_s // 60 % 60} minutes, {boot_s % 60} seconds ]"})
         try:
-            u = shutil.disk_usage(root)
+            u = shutil.disk_usage(self.store.cl.dir)   # storePathCommitLog's disk
             out["commitLogDirCapacity"] = (f"Total : {human_bytes(u.total)}, "
                                            f"Free : {human_bytes(u.free)}.")
         except OSError:
