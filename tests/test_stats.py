@@ -249,6 +249,39 @@ def test_metrics_endpoint(traffic):
     until(lambda: scrape(port).get(("shmq_restarts_total", ())) == 1, "the restart counted")
 
 
+def test_requests_relayed_to_a_consumer_on_any_worker(traffic):
+    """GET_CONSUMER_RUNNING_INFO and CONSUME_MESSAGE_DIRECTLY reach the
+    consumer whichever worker the admin's connection lands on (each call is
+    a new connection: the boss spreads them over both workers), and its
+    answer comes back."""
+    b, topic = traffic["broker"], traffic["tcp"]
+    c = PushConsumer("cg-stats-relay", namesrv_addr=b.namesrv, **FAST, **tcp())
+    c.subscribe(topic)
+    c.register_message_listener(lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+    c.start()
+    try:
+        r = until(lambda: (lambda r: r if r.code == R.SUCCESS else None)(
+            call(b, RC.GET_CONSUMER_LIST_BY_GROUP, consumerGroup="cg-stats-relay")), "registered")
+        [cid] = orjson.loads(r.body)["consumerIdList"]
+        for _ in range(4):
+            r = call(b, RC.GET_CONSUMER_RUNNING_INFO, consumerGroup="cg-stats-relay", clientId=cid,
+                     jstackEnable="false")
+            assert r.code == R.SUCCESS, r.remark
+            info = orjson.loads(r.body)
+            assert {s["topic"] for s in info["subscriptionSet"]} == {topic, "%RETRY%cg-stats-relay"}
+            assert info["properties"]["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+        msg_id = traffic["got_tcp"][0].offset_msg_id
+        r = call(b, RC.CONSUME_MESSAGE_DIRECTLY, consumerGroup="cg-stats-relay", clientId=cid,
+                 msgId=msg_id)
+        # shmq's Python client does not consume directly: its own answer comes back
+        assert (r.code, r.remark) == (R.REQUEST_CODE_NOT_SUPPORTED, "request 309 is not "
+                                      "supported by the shmq Python client")
+    finally:
+        c.shutdown()
+    r = call(b, RC.GET_CONSUMER_RUNNING_INFO, consumerGroup="cg-stats-relay", clientId="nobody")
+    assert (r.code, r.remark) == (R.SYSTEM_ERROR, "The Consumer <cg-stats-relay> <nobody> not online")
+
+
 def test_metrics_port_is_checked():
     with pytest.raises(ValueError, match="metricsPort=70000: not a port"):
         BrokerConfig(metricsPort=70000)

@@ -33,6 +33,8 @@ One module per idea, each over ``base``:
     direct        SHMQ_DIRECT_INFO (a local client appends to the store itself)
     stats         the figures of broker/stats.py: stats views, consume stats of every
                   group, producer connections, consume time spans
+    relay         GET_CONSUMER_RUNNING_INFO, CONSUME_MESSAGE_DIRECTLY (to a consumer client
+                  on whichever worker holds it, and its answer back)
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ from ..config import BrokerConfig
 from ..parking import Parking
 from ..registry import Registry
 from ..topics import Tables
-from . import admin, clients, direct, offsets, pull, retry, send, stats, transactions
+from . import admin, clients, direct, offsets, pull, relay, retry, send, stats, transactions
 from .base import PARKED, Broker, Peer, Reply, born_host
 from .subscription import Subscription, parse_subscription
 
@@ -99,6 +101,8 @@ HANDLERS: dict[int, Callable] = {
     RC.VIEW_BROKER_STATS_DATA: stats.view_stats, RC.GET_BROKER_CONSUME_STATS: stats.broker_consume_stats,
     RC.GET_PRODUCER_CONNECTION_LIST: stats.producer_connection,
     RC.QUERY_CONSUME_TIME_SPAN: stats.consume_time_span,
+    RC.GET_CONSUMER_RUNNING_INFO: relay.call_consumer,
+    RC.CONSUME_MESSAGE_DIRECTLY: relay.call_consumer,
 }
 
 
@@ -107,6 +111,7 @@ class Handlers(Broker):
                  tables: Tables, registry: Registry, clock: Callable[[], float] = time.monotonic):
         super().__init__(config, store, cb, tables, registry)
         self.parking = Parking(store, cb.set_flag, self.answer_parked_pull, clock)
+        self.relays = relay.Relays()      # requests passed on to a consumer client
         # None unless aclEnable: then every request is checked before it runs
         self.acl = Acl(config.acl_file) if config.aclEnable else None
 
@@ -115,7 +120,8 @@ class Handlers(Broker):
         their bytes), a whole encoded frame (``bytes``), ``PARKED``, or None (no answer: a oneway request, a
         client's response, END_TRANSACTION "unknown")."""
         if cmd.is_response:
-            return None    # a client acknowledging one of our notifications
+            # a client acknowledging one of our notifications, or answering a relayed request
+            return relay.answered(self, peer, cmd)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: request %d %s body %d bytes", peer.addr, cmd.code, cmd.ext, len(cmd.body))
         if self.acl is not None:
@@ -174,4 +180,4 @@ class Handlers(Broker):
         """Notices due to this worker's clients, as ``(peer, Reply)``: group
         membership changes, transaction check-backs, offset resets."""
         self.due = False
-        return clients.check_clients(self) + clients.deliver_notices(self)
+        return clients.check_clients(self) + clients.deliver_notices(self) + relay.deliver(self)
