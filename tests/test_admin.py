@@ -586,6 +586,52 @@ def test_print_msg_prints_each_queue_with_progress_on_stderr(broker):
     assert rc == 2 and "-c/--charsetName" in err and "not a charset" in err
 
 
+def test_producer_connection_trace_stats_all_and_broker_consume_stats(broker):
+    topic, pg, group = "AdmStats", "AdmStatsProducer", "AdmStatsGroup"
+    create(broker, topic, 1)
+    with Producer(pg, namesrv_addr=broker.namesrv, enable_msg_trace=True) as p:
+        sent = [p.send(Message(topic, b"s%d" % i, tags="T")) for i in range(3)]
+        rc, d, err = until(broker, "producerConnection", "-g", pg, "-t", topic)
+        assert rc == 0, err
+        [conn] = d["connectionSet"]
+        assert "@" in conn["clientId"] and conn["version"] > 0
+        rc, text, _ = admin(broker, "producerConnection", "-g", pg, "-t", topic, json_out=False)
+        assert rc == 0 and text.startswith(f"0001  {conn['clientId']}")
+        rc, d, err = until(broker, "queryMsgTraceById", "-i", sent[0].msg_id)
+        assert rc == 0, err
+        [pub] = [t for t in d["traces"] if t["traceType"] == "Pub"]
+        assert (pub["groupName"], pub["topic"], pub["status"]) == (pg, topic, "success")
+        rc, text, _ = admin(broker, "queryMsgTraceById", "-i", sent[0].msg_id, json_out=False)
+        assert rc == 0 and "#ProducerGroup" in text and re.search(rf"^Pub +{pg} ", text, re.M), text
+    rc, _, err = admin(broker, "producerConnection", "-g", "NoSuchProducer", "-t", topic)
+    assert rc == 1 and "NoSuchProducer" in err
+    rc, _, err = admin(broker, "queryMsgTraceById", "-i", "0" * 32)
+    assert rc == 1 and "no trace of message" in err
+
+    ok(broker, "updateSubGroup", "-b", broker.addr, "-g", group)    # brokerConsumeStats lists configured groups
+    with RemotingClient(broker.addr) as c:
+        commit(c, group, topic, 0, 1)
+
+    def row():
+        rows = [r for r in ok(broker, "statsAll", "-t", topic)["stats"] if r["group"] == group]
+        return rows and rows[0]["inMsg24Hour"] == 3 and rows[0]
+    r = eventually(row)
+    assert r and r["accumulation"] == 2 and r["inTps"] > 0, r
+    rc, text, err = admin(broker, "statsAll", "-t", topic, json_out=False)
+    assert rc == 0 and re.search(rf"^{topic} +{group} +2 ", text, re.M), text
+    assert "statsAll: 1/1 topics" in err
+
+    d = ok(broker, "brokerConsumeStats", "-b", broker.addr)
+    [q] = [q for q in d["queues"] if q["group"] == group]
+    assert (q["topic"], q["brokerOffset"], q["consumerOffset"], q["diff"]) == (topic, 3, 1, 2)
+    assert d["totalDiff"] >= 2
+    assert not [q for q in ok(broker, "brokerConsumeStats", "-b", broker.addr, "-l", "3")["queues"]
+                if q["group"] == group]
+    rc, text, _ = admin(broker, "brokerConsumeStats", "-b", broker.addr, json_out=False)
+    assert rc == 0 and re.search(rf"^{topic} +{group} +{BROKER} +0 +3 +1 +2 ", text, re.M), text
+    assert f"Diff Total: {d['totalDiff']}" in text
+
+
 # ------------------------------------------------------------------ NameServer settings
 def test_get_and_update_namesrv_config(broker):
     ns = broker.namesrv

@@ -50,6 +50,7 @@ DEFAULT_NAMESRV = "127.0.0.1:9876"
 TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")   # TopicValidator
 TOOLS_CONSUMER = "TOOLS_CONSUMER"                      # MixAll.TOOLS_CONSUMER_GROUP
 CONSUME_MESSAGE_COUNT = 128                            # ConsumeMessageCommand's messageCount
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"                    # TopicValidator.RMQ_SYS_TRACE_TOPIC
 
 
 # ------------------------------------------------------------------ flag types
@@ -361,6 +362,31 @@ def _flags_broker_or_cluster_or_all(p):
                    help="every broker of this cluster (default: every broker the NameServer knows)")
 
 
+def _flags_producer_connection(p):
+    p.add_argument("-g", "--producerGroup", type=_name, required=True, help="producer group name")
+    p.add_argument("-t", "--topic", type=_topic, required=True, help="a topic the group sends to")
+
+
+def _flags_broker_consume_stats(p):
+    p.add_argument("-b", "--brokerAddr", type=_addr, required=True, help="broker address (host:port)")
+    p.add_argument("-t", "--timeoutMillis", type=_positive, help="request timeout in milliseconds")
+    p.add_argument("-l", "--level", type=_non_negative, default=0,
+                   help="only queues whose diff is at least this (0)")
+    p.add_argument("-o", "--order", type=_bool, default=False, help="ordered topics only: true|false")
+
+
+def _flags_stats_all(p):
+    p.add_argument("-a", "--activeTopic", action="store_true",
+                   help="only topics with messages in or out in the last 24 hours")
+    p.add_argument("-t", "--topic", type=_topic, help="only this topic")
+
+
+def _flags_query_msg_trace_by_id(p):
+    p.add_argument("-i", "--msgId", type=_name, required=True, help="the client msgId (UNIQ_KEY)")
+    p.add_argument("-t", "--traceTopic", type=_topic, default=TRACE_TOPIC,
+                   help=f"the trace topic ({TRACE_TOPIC})")
+
+
 def _check_print_msg(p, args) -> None:
     if args.beginTimestamp is not None and args.endTimestamp is not None \
             and args.beginTimestamp > args.endTimestamp:
@@ -424,6 +450,11 @@ COMMANDS = [
     ("printMsg", "Print Message Detail", _flags_print_msg, _check_print_msg),
     ("cleanExpiredCQ", "Clean expired ConsumeQueue on broker.", _flags_broker_or_cluster_or_all, None),
     ("deleteExpiredCommitLog", "Delete expired CommitLog files", _flags_broker_or_cluster_or_all, None),
+    ("producerConnection", "Query producer's socket connection and client version",
+     _flags_producer_connection, None),
+    ("brokerConsumeStats", "Fetch broker consume stats data", _flags_broker_consume_stats, None),
+    ("statsAll", "Topic and Consumer tps stats", _flags_stats_all, None),
+    ("queryMsgTraceById", "query a message trace", _flags_query_msg_trace_by_id, None),
 ]
 
 

@@ -327,6 +327,42 @@ class AdminClient:
         self.expect(r, f"connections of group {group}", f"the broker at {addr}")
         return self._json(r, "consumer connection")
 
+    def view_stats(self, addr: str, name: str, key: str) -> dict | None:
+        """VIEW_BROKER_STATS_DATA: BrokerStatsData ({statsMinute, statsHour,
+        statsDay: {sum, tps, avgpt}}) of one stats item; None if the broker
+        never counted it (SYSTEM_ERROR "The stats ... not exist")."""
+        r = self.call(addr, RemotingCommand(RC.VIEW_BROKER_STATS_DATA,
+                                            ext={"statsName": name, "statsKey": key}))
+        if r.code == R.SYSTEM_ERROR and "not exist" in (r.remark or ""):
+            return None
+        self.expect(r, f"stats {name} {key}", f"the broker at {addr}")
+        return self._json(r, f"stats {name} {key}")
+
+    def broker_consume_stats(self, addr: str, is_order: bool) -> dict:
+        """GET_BROKER_CONSUME_STATS: {brokerAddr, totalDiff, groups: {group:
+        [rows as consume_stats gives them]}}."""
+        r = self.broker_call(addr, RemotingCommand(RC.GET_BROKER_CONSUME_STATS,
+                                                   ext={"isOrder": str(is_order).lower()}),
+                             "broker consume stats")
+        data = self._json(r, "broker consume stats")
+        groups: dict[str, list[dict]] = {}
+        for entry in data.get("consumeStatsList") or []:
+            for group, stats in entry.items():
+                for cs in stats:
+                    groups.setdefault(group, []).extend(mq_rows(cs.get("offsetTable") or {}))
+        return {"brokerAddr": data.get("brokerAddr", addr), "totalDiff": int(data.get("totalDiff") or 0),
+                "groups": groups}
+
+    def producer_connection(self, addr: str, group: str) -> list[dict]:
+        """GET_PRODUCER_CONNECTION_LIST: the group's connections on ``addr``
+        ([] where the broker does not know the group)."""
+        r = self.call(addr, RemotingCommand(RC.GET_PRODUCER_CONNECTION_LIST,
+                                            ext={"producerGroup": group}))
+        if r.code == R.SYSTEM_ERROR and "not exist" in (r.remark or ""):
+            return []
+        self.expect(r, f"connections of producer group {group}", f"the broker at {addr}")
+        return list(self._json(r, "producer connection").get("connectionSet") or [])
+
     def topic_consumed_by(self, addr: str, topic: str) -> list[str]:
         r = self.broker_call(addr, RemotingCommand(RC.QUERY_TOPIC_CONSUME_BY_WHO,
                                                    ext={"topic": topic}), f"groups of topic {topic}")

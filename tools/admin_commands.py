@@ -672,3 +672,86 @@ def _store_cleanup(args, a: AdminClient, command: str, request) -> dict:
         rows.append({"brokerAddr": addr, **request(addr)})
         progress.update(i + 1, addr)
     return {"result": True, "brokers": rows}
+
+
+def producer_connection(args, a: AdminClient) -> dict:
+    """The group's producers as the topic's brokers see them
+    (examineProducerConnectionInfo), each client once."""
+    seen: dict[str, dict] = {}
+    for _, addr in a.route_masters(a.route(args.topic)):
+        for c in a.producer_connection(addr, args.producerGroup):
+            seen.setdefault(c["clientId"], c)
+    if not seen:
+        raise AdminError(f"producer group {args.producerGroup} not found: no broker of topic "
+                         f"{args.topic} has a connection of it")
+    return {"group": args.producerGroup, "topic": args.topic, "connectionSet": list(seen.values())}
+
+
+def broker_consume_stats(args, a: AdminClient) -> dict:
+    """Every group's lag on one broker (fetchConsumeStatsInBroker); the
+    rows under ``-l`` are left out."""
+    if args.timeoutMillis is not None:
+        a.timeout = args.timeoutMillis / 1000
+    d = a.broker_consume_stats(args.brokerAddr, args.order)
+    rows = []
+    for group, queues in d["groups"].items():
+        for r in queues:
+            r["diff"] = r["brokerOffset"] - r["consumerOffset"]
+            if r["diff"] >= args.level:
+                rows.append({"group": group, **r})
+    return {"brokerAddr": d["brokerAddr"], "totalDiff": d["totalDiff"], "queues": rows}
+
+
+def stats_all(args, a: AdminClient) -> dict:
+    """Each topic's put rate and messages of the last 24 hours, and per
+    consumer group its get rate, messages and lag (StatsAllSubCommand).
+    A figure a broker never counted is 0, as in mqadmin."""
+    topics = [t for t in a.topic_list() if not t.startswith((RETRY_PREFIX, DLQ_PREFIX))
+              and (not args.topic or t == args.topic)]
+    if args.topic and not topics:
+        raise AdminError(f"topic {args.topic} does not exist: the NameServer does not list it")
+    progress = Progress("statsAll", len(topics), "topics")
+    rows = []
+    for i, topic in enumerate(topics):
+        route = a.route_or_none(topic)
+        masters = [addr for _, addr in a.route_masters(route)] if route else []
+        in_tps, in_24h = _stats_sum(a, masters, "TOPIC_PUT_NUMS", topic)
+        groups = a.topic_consumed_by(masters[0], topic) if masters else []
+        for group in groups:
+            out_tps, out_24h = _stats_sum(a, masters, "GROUP_GET_NUMS", f"{topic}@{group}")
+            lag = 0
+            for addr in masters:
+                stats, _ = a.consume_stats(addr, group, topic)
+                lag += sum(r["brokerOffset"] - r["consumerOffset"] for r in stats if r["topic"] == topic)
+            if not args.activeTopic or in_24h > 0 or out_24h > 0:
+                rows.append({"topic": topic, "group": group, "accumulation": max(0, lag),
+                             "inTps": in_tps, "outTps": out_tps, "inMsg24Hour": in_24h,
+                             "outMsg24Hour": out_24h})
+        if not groups and (not args.activeTopic or in_24h > 0):
+            rows.append({"topic": topic, "group": None, "accumulation": 0, "inTps": in_tps,
+                         "outTps": None, "inMsg24Hour": in_24h, "outMsg24Hour": None})
+        progress.update(i + 1, topic)
+    return {"stats": rows}
+
+
+def _stats_sum(a: AdminClient, addrs: list[str], name: str, key: str) -> tuple[float, int]:
+    """(tps over the last minute, messages in the last 24 hours) of one
+    stats item over the brokers: compute24HourSum takes the day's sum, else
+    the hour's, else the minute's."""
+    tps, total = 0.0, 0
+    for addr in addrs:
+        d = a.view_stats(addr, name, key)
+        if d is None:
+            continue
+        tps += float(d["statsMinute"]["tps"])
+        total += next((int(d[k]["sum"]) for k in ("statsDay", "statsHour", "statsMinute")
+                       if int(d[k]["sum"])), 0)
+    return tps, total
+
+
+def query_msg_trace_by_id(args, a: AdminClient) -> dict:
+    from .msg_trace import query_msg_trace
+    views = query_msg_trace(a, args.msgId, args.traceTopic)
+    if not views:
+        raise AdminError(f"no trace of message {args.msgId} in trace topic {args.traceTopic}")
+    return {"msgId": args.msgId, "traceTopic": args.traceTopic, "traces": views}

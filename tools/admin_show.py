@@ -398,3 +398,53 @@ def _store_cleanup(d: dict, args) -> None:
 
 
 clean_expired_cq = delete_expired_commit_log = _store_cleanup
+
+
+def producer_connection(d: dict, args) -> None:
+    for i, c in enumerate(d["connectionSet"], 1):
+        print(f"{i:04d}  {c['clientId']:<32} {c['clientAddr']:<22} {c['language']:<8} "
+              f"{version_desc(c['version'])}")
+
+
+def broker_consume_stats(d: dict, args) -> None:
+    print(f"{'#Topic':<64}  {'#Group':<64}  {'#Broker Name':<32}  {'#QID':<4}  {'#Broker Offset':<20}  "
+          f"{'#Consumer Offset':<20}  {'#Diff':<20}  #LastTime")
+    for r in d["queues"]:
+        if r["lastTimestamp"] > 0:          # mqadmin prints the queues consumed from only
+            print(f"{r['topic']:<64}  {r['group']:<64}  {r['brokerName']:<32}  {r['queueId']:<4}  "
+                  f"{r['brokerOffset']:<20}  {r['consumerOffset']:<20}  {r['diff']:<20}  "
+                  f"{human_date(r['lastTimestamp'])}")
+    print(f"\nDiff Total: {d['totalDiff']}")
+
+
+def stats_all(d: dict, args) -> None:
+    print(f"{'#Topic':<64}  {'#Consumer Group':<64} {'#Accumulation':>12} {'#InTPS':>11} "
+          f"{'#OutTPS':>11} {'#InMsg24Hour':>14} {'#OutMsg24Hour':>14}")
+    for r in d["stats"]:
+        if r["group"] is None:
+            print(f"{r['topic']:<64}  {'':<64} {0:>12} {r['inTps']:>11.2f} {'':>11} "
+                  f"{r['inMsg24Hour']:>14} {'NO_CONSUMER':>14}")
+        else:
+            print(f"{r['topic']:<64}  {r['group']:<64} {r['accumulation']:>12} {r['inTps']:>11.2f} "
+                  f"{r['outTps']:>11.2f} {r['inMsg24Hour']:>14} {r['outMsg24Hour']:>14}")
+
+
+def query_msg_trace_by_id(d: dict, args) -> None:
+    """QueryMsgTraceByIdSubCommand.printMessageTrace: each Pub record, then
+    the SubAfter records grouped by consumer group."""
+    fmt = "{:<10} {:<20} {:<20} {:<20} {:<10} {:<10}"
+    consumed: dict[str, list[dict]] = {}
+    for t in d["traces"]:
+        if t["traceType"] == "Pub":
+            print(fmt.format("#Type", "#ProducerGroup", "#ClientHost", "#SendTime", "#CostTimes", "#Status"))
+            print(fmt.format("Pub", t["groupName"], t["clientHost"], human_date(t["timeStamp"]),
+                             f"{t['costTime']}ms", t["status"]))
+            print()
+        elif t["traceType"] == "SubAfter":
+            consumed.setdefault(t["groupName"], []).append(t)
+    for views in consumed.values():
+        print(fmt.format("#Type", "#ConsumerGroup", "#ClientHost", "#ConsumerTime", "#CostTimes", "#Status"))
+        for t in views:
+            print(fmt.format("Sub", t["groupName"], t["clientHost"], human_date(t["timeStamp"]),
+                             f"{t['costTime']}ms", t["status"]))
+        print()
