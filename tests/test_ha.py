@@ -18,6 +18,7 @@ import socket
 import struct
 import time
 
+import orjson
 import pytest
 
 from brokerproc import broker_conf, BrokerProc
@@ -123,6 +124,9 @@ def test_sync_master_answers_send_ok_once_the_slave_has_the_message(pair):
             # acked means on the slave: pullable there at once, at the same offset
             p = s.invoke(pull_message(TOPIC, 0, int(r.ext["queueOffset"]), max_msgs=1))
             assert p.code == R.SUCCESS and decode_records(p.body)[0].body == f"sync {i}".encode()
+        info = orjson.loads(m.invoke(RemotingCommand(RC.GET_BROKER_RUNTIME_INFO)).body)["table"]
+    assert (info["brokerRole"], info["haSlaveCount"]) == ("SYNC_MASTER", "1")
+    assert info["haSlaveAckOffset"] == info["commitLogMaxOffset"]    # the operator's lag: 0
 
 
 def test_the_slave_refuses_sends_and_serves_queries_by_key(pair):

@@ -210,6 +210,12 @@ def runtime_info(b: Broker, peer: Peer, cmd: RemotingCommand):
              "msgPutTotalThisWorker": str(b.put_count),
              "queueCount": str(int(st.get("queue_slots_used"))),
              "flushDiskType": b.config.store.flushDiskType,
+             # replication (broker/ha; shmq's names, RocketMQ 4 shows none): a
+             # master's connected slaves and the highest offset one acked
+             # (the lag in bytes: commitLogMaxOffset - haSlaveAckOffset)
+             "brokerRole": b.config.brokerRole,
+             "haSlaveCount": str(st.get("ha_slaves")),
+             "haSlaveAckOffset": str(st.get("confirm_pos")),
              # shmq: clients on this host may use the Unix socket instead of TCP
              "unixSocketPath": b.config.unix_path,
              **b.stats.runtime_info()}
