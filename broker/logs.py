@@ -256,5 +256,8 @@ def setup(role: str, config=None, stream=None) -> LogSettings:
         _installed.append(h)
     for h in _installed:
         root.addHandler(h)
-    root.setLevel(settings.level)
+    # the level is shmq's loggers'; other libraries' (numba's compiler logs
+    # at DEBUG) stay at WARNING or above, so DEBUG means shmq's own lines
+    logging.getLogger("shmq").setLevel(settings.level)
+    root.setLevel(max(settings.level, logging.WARNING))
     return settings
