@@ -104,6 +104,26 @@ def test_SHMQ_LOG_LEVEL_sets_the_level_and_a_bad_one_is_refused_naming_it(tmp_pa
         2, "shmq namesrv: logLevel='LOUD': must be one of TRACE, DEBUG, INFO, WARN, ERROR, OFF")
 
 
+def test_old_store_spellings_are_read_and_bad_store_paths_are_refused_naming_the_keys(tmp_path):
+    from shmq.broker.config import BrokerConfig
+    c, unknown = BrokerConfig.from_strings({"mapedFileSizeCommitLog": str(16 << 20),
+                                            "mapedFileSizeConsumeQueue": "6000",
+                                            "storePathRootDir": str(tmp_path / "root"),
+                                            "storePathIndex": str(tmp_path / "idx")})
+    assert unknown == []
+    assert (c.store.mappedFileSizeCommitLog, c.store.mappedFileSizeConsumeQueue) == (16 << 20, 6000)
+    assert (c.store.commitlog_dir, c.store.index_dir) == (str(tmp_path / "root" / "commitlog"),
+                                                          str(tmp_path / "idx"))
+    for values, says in (
+            ({"mapedFileSizeCommitLog": str(16 << 20), "mappedFileSizeCommitLog": str(32 << 20)},
+             "mapedFileSizeCommitLog=16777216 and mappedFileSizeCommitLog=33554432: one setting"),
+            ({"storePathCommitLog": "/a,/b"}, "storePathCommitLog=/a,/b: one directory, not a list"),
+            ({"storePathConsumeQueue": "/q", "storePathIndex": "/q"},
+             "storePathCommitLog, storePathConsumeQueue and storePathIndex must be different")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            BrokerConfig.from_strings(values)
+
+
 # ------------------------------------------------------------ one broker
 
 
