@@ -117,7 +117,8 @@ def test_old_store_spellings_are_read_and_bad_store_paths_are_refused_naming_the
     for values, says in (
             ({"mapedFileSizeCommitLog": str(16 << 20), "mappedFileSizeCommitLog": str(32 << 20)},
              "mapedFileSizeCommitLog=16777216 and mappedFileSizeCommitLog=33554432: one setting"),
-            ({"storePathCommitLog": "/a,/b"}, "storePathCommitLog=/a,/b: one directory, not a list"),
+            ({"storePathCommitLog": "/a,/b"},
+             "storePathCommitLog=/a,/b: one directory, not a list"),
             ({"storePathConsumeQueue": "/q", "storePathIndex": "/q"},
              "storePathCommitLog, storePathConsumeQueue and storePathIndex must be different")):
         with pytest.raises(ValueError, match=re.escape(says)):
