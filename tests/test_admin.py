@@ -447,6 +447,37 @@ def test_consumer_connection_lists_a_live_push_consumer(broker):
 
 
 
+def test_consumer_status_shows_each_members_running_info(broker):
+    topic, group = "AdmStatus2", "AdmStatusGroup"
+    create(broker, topic, 2)
+    consumer = PushConsumer(group, namesrv_addr=broker.namesrv)
+    consumer.subscribe(topic, "TagA")
+    consumer.register_message_listener(lambda msgs, context: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+    consumer.start()
+    try:
+        cid = consumer._p.instance.client_id
+        rc, d, err = until(broker, "consumerStatus", "-g", group)
+        assert rc == 0, err
+        [c] = d["clients"]
+        assert c["clientId"] == cid and "error" not in c
+        info = c["runningInfo"]
+        assert info["properties"]["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+        assert [(s["topic"], s["subString"]) for s in info["subscriptionSet"]
+                if s["topic"] == topic] == [(topic, "TagA")]
+        assert (d["subscriptionSame"], d["rebalanceOK"]) == (True, True)
+        rc, text, _ = admin(broker, "consumerStatus", "-g", group, json_out=False)
+        assert rc == 0 and re.search(rf"^1 +{re.escape(cid)} +V4_9_7 +ok$", text, re.M), text
+        assert "Same subscription in the same group of consumer" in text and "Rebalance OK" in text
+        rc, text, _ = admin(broker, "consumerStatus", "-g", group, "-i", cid, json_out=False)
+        assert rc == 0 and text.startswith("#Consumer Properties#\n")
+        assert re.search(r"^PROP_CONSUME_TYPE +: CONSUME_PASSIVELY$", text, re.M), text
+        assert re.search(rf"^\d{{3}} Topic: {topic} +ClassFilter: false +SubExpression: TagA$", text, re.M)
+        rc, _, err = admin(broker, "consumerStatus", "-g", group, "-i", "no-such-client")
+        assert rc == 1 and "no-such-client is not a member" in err
+    finally:
+        consumer.shutdown()
+
+
 # ------------------------------------------------------------------ groups, perms, offsets
 def subscription_groups(broker) -> dict:
     with RemotingClient(broker.addr) as c:

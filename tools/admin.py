@@ -35,6 +35,9 @@ Not here (they need the broker to relay a request to a consumer, or repeat
 forever): consumerProgress ``-s`` (client IP per queue), queryMsgById and
 queryMsgByUniqueKey ``-g -d`` (consume directly), queryMsgById ``-s``
 (resend), the message track in message printouts, clusterList ``-i``.
+consumerStatus asks each member through the broker (which relays
+GET_CONSUMER_RUNNING_INFO) and, unlike mqadmin, writes no file per member:
+``-i`` prints one member's running info, ``--json`` all of them.
 """
 from __future__ import annotations
 
@@ -219,6 +222,14 @@ def _flags_consumer_progress(p):
 def _flags_consumer_connection(p):
     p.add_argument("-g", "--consumerGroup", type=_name, required=True, help="consumer group name")
     p.add_argument("-b", "--brokerAddr", type=_addr, help="ask this broker (default: the group's)")
+
+
+def _flags_consumer_status(p):
+    p.add_argument("-g", "--consumerGroup", type=_name, required=True, help="consumer group name")
+    p.add_argument("-i", "--clientId", type=_name, help="only this member: its whole running info")
+    p.add_argument("-b", "--brokerAddr", type=_addr, help="ask this broker (default: the group's)")
+    p.add_argument("-s", "--jstack", action="store_true",
+                   help="ask for the consumer's thread stacks (a Java client's jstack)")
 
 
 def _flags_query_msg_by_id(p):
@@ -430,6 +441,7 @@ COMMANDS = [
     ("consumerProgress", "Query consumers's progress, speed", _flags_consumer_progress, None),
     ("consumerConnection", "Query consumer's socket connection, client version and subscription",
      _flags_consumer_connection, None),
+    ("consumerStatus", "Query consumer's internal data structure", _flags_consumer_status, None),
     ("queryMsgById", "Query Message by Id", _flags_query_msg_by_id, None),
     ("queryMsgByKey", "Query Message by Key", _flags_query_msg_by_key, None),
     ("queryMsgByOffset", "Query Message by offset", _flags_query_msg_by_offset, None),

@@ -363,6 +363,19 @@ class AdminClient:
         self.expect(r, f"connections of producer group {group}", f"the broker at {addr}")
         return list(self._json(r, "producer connection").get("connectionSet") or [])
 
+    def consumer_running_info(self, addr: str, group: str, client_id: str, jstack: bool) -> dict:
+        """GET_CONSUMER_RUNNING_INFO, which the broker passes on to the
+        client: its ConsumerRunningInfo (properties, subscriptionSet, and
+        from Java clients mqTable as rows, statusTable, jstack)."""
+        r = self.broker_call(addr, RemotingCommand(RC.GET_CONSUMER_RUNNING_INFO, ext={
+            "consumerGroup": group, "clientId": client_id, "jstackEnable": str(jstack).lower()}),
+            f"running info of consumer {client_id}")
+        info = self._json(r, f"running info of consumer {client_id}")
+        if not isinstance(info, dict):
+            raise AdminError(f"running info of consumer {client_id}: not a ConsumerRunningInfo")
+        info["mqTable"] = mq_rows(info.get("mqTable") or {})
+        return info
+
     def topic_consumed_by(self, addr: str, topic: str) -> list[str]:
         r = self.broker_call(addr, RemotingCommand(RC.QUERY_TOPIC_CONSUME_BY_WHO,
                                                    ext={"topic": topic}), f"groups of topic {topic}")

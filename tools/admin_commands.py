@@ -250,6 +250,73 @@ def consumer_connection(args, a: AdminClient) -> dict:
     return {"group": args.consumerGroup, **cc}
 
 
+def consumer_status(args, a: AdminClient) -> dict:
+    """Each member's ConsumerRunningInfo, asked through a broker of the group
+    (the broker relays it to the client), and mqadmin's checks over them:
+    the same subscriptions on every member of a push group running for over
+    2 minutes (analyzeSubscription), and per member the queues it holds
+    that look stuck (analyzeProcessQueue)."""
+    group = args.consumerGroup
+    cc = examine_connection(a, group, args.brokerAddr)
+    members = sorted(cc["connectionSet"], key=lambda c: c["clientId"])
+    if args.clientId:
+        members = [c for c in members if c["clientId"] == args.clientId]
+        if not members:
+            raise AdminError(f"consumer {args.clientId} is not a member of group {group} (its "
+                             f"members: {', '.join(c['clientId'] for c in cc['connectionSet'])})")
+    addr = args.brokerAddr or _group_masters(a, group)[0][1]
+    clients = []
+    for c in members:
+        row = {"clientId": c["clientId"], "version": c["version"]}
+        try:
+            row["runningInfo"] = a.consumer_running_info(addr, group, c["clientId"], args.jstack)
+        except AdminError as e:
+            if args.clientId:
+                raise
+            row["error"] = str(e)           # mqadmin goes on with the other members
+        clients.append(row)
+    infos = {c["clientId"]: c["runningInfo"] for c in clients if "runningInfo" in c}
+    same = _same_subscription(infos)
+    return {"group": group, "clients": clients, "subscriptionSame": same if infos else None,
+            "rebalanceOK": same if infos else None,       # analyzeRebalance: always true in 4.x
+            "warnings": [w for cid, info in infos.items() for w in _stuck_queues(cid, info)]}
+
+
+def _same_subscription(infos: dict[str, dict]) -> bool:
+    """ConsumerRunningInfo.analyzeSubscription."""
+    if not infos:
+        return True
+    props = next(iter(infos.values())).get("properties") or {}
+    push = props.get("PROP_CONSUME_TYPE") == "CONSUME_PASSIVELY"
+    started = int(props.get("PROP_CONSUMER_START_TIMESTAMP") or 0)
+    if not push or time.time() * 1000 - started <= 120_000:
+        return True
+    subs = [sorted((s.get("topic"), s.get("subString")) for s in i.get("subscriptionSet") or [])
+            for i in infos.values()]
+    return all(s == subs[0] for s in subs) and bool(subs[-1])
+
+
+def _stuck_queues(client_id: str, info: dict) -> list[str]:
+    """ConsumerRunningInfo.analyzeProcessQueue's lines for one member."""
+    props = info.get("properties") or {}
+    if props.get("PROP_CONSUME_TYPE") != "CONSUME_PASSIVELY":
+        return []
+    orderly = str(props.get("PROP_CONSUME_ORDERLY", "false")).lower() == "true"
+    now = int(time.time() * 1000)
+    out = []
+    for q in info.get("mqTable") or []:
+        mq = f"MessageQueue [topic={q['topic']}, brokerName={q['brokerName']}, queueId={q['queueId']}]"
+        if orderly and not q.get("locked"):
+            out.append(f"{client_id} {mq} can't lock for a while, {now - q.get('lastLockTimestamp', 0)}ms")
+        elif orderly and q.get("droped") and q.get("tryUnlockTimes", 0) > 0:
+            out.append(f"{client_id} {mq} unlock {q['tryUnlockTimes']} times, still failed")
+        elif not orderly:
+            idle = now - q.get("lastConsumeTimestamp", now)
+            if idle > 60_000 and q.get("cachedMsgCount", 0) > 0:
+                out.append(f"{client_id} {mq} can't consume for a while, maybe blocked, {idle}ms")
+    return out
+
+
 def reset_offset_by_time(args, a: AdminClient) -> dict:
     return reset_offsets(a, args.group, args.topic, args.timestamp, args.force, args.cplus)
 

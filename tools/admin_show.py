@@ -448,3 +448,59 @@ def query_msg_trace_by_id(d: dict, args) -> None:
             print(fmt.format("Sub", t["groupName"], t["clientHost"], human_date(t["timeStamp"]),
                              f"{t['costTime']}ms", t["status"]))
         print()
+
+
+def consumer_status(d: dict, args) -> None:
+    """mqadmin's consumerStatus: with -i the member's ConsumerRunningInfo
+    (formatString); without, a line per member (the running infos are in
+    --json: no file is written, as mqadmin writes one per member) and the
+    checks over them."""
+    if args.clientId:
+        [c] = d["clients"]
+        print(running_info_text(c["runningInfo"]), end="")
+        return
+    print(f"{'#Index':<10} {'#ClientId':<40} {'#Version':<20} #Status")
+    for i, c in enumerate(d["clients"], 1):
+        print(f"{i:<10} {c['clientId']:<40} {version_desc(c['version']):<20} "
+              f"{c.get('error') or 'ok'}")
+    if d["subscriptionSame"] is None:
+        return
+    if not d["subscriptionSame"]:
+        print("\n\nWARN: Different subscription in the same group of consumer!!!")
+        return
+    print("\n\nSame subscription in the same group of consumer")
+    print(f"\n\nRebalance {'OK' if d['rebalanceOK'] else 'Failed'}")
+    for w in d["warnings"]:
+        print(w)
+
+
+def running_info_text(info: dict) -> str:
+    """ConsumerRunningInfo.formatString."""
+    out = ["#Consumer Properties#\n"]
+    out += [f"{k:<40}: {_java(v)}\n" for k, v in (info.get("properties") or {}).items()]
+    out.append("\n\n#Consumer Subscription#\n")
+    for i, sd in enumerate(info.get("subscriptionSet") or [], 1):
+        out.append(f"{i:03d} Topic: {sd.get('topic'):<40} ClassFilter: "
+                   f"{_java(bool(sd.get('classFilterMode'))):<8} SubExpression: {sd.get('subString')}\n")
+    out.append("\n\n#Consumer Offset#\n")
+    out.append(f"{'#Topic':<64}  {'#Broker Name':<32}  {'#QID':<4}  {'#Consumer Offset':<20}\n")
+    mqs = info.get("mqTable") or []
+    out += [f"{q['topic']:<32}  {q['brokerName']:<32}  {q['queueId']:<4}  {q.get('commitOffset', 0):<20}\n"
+            for q in mqs]
+    out.append("\n\n#Consumer MQ Detail#\n")
+    out.append(f"{'#Topic':<64}  {'#Broker Name':<32}  {'#QID':<4}  {'#ProcessQueueInfo':<20}\n")
+    for q in mqs:
+        detail = ", ".join(f"{k}={_java(v)}" for k, v in q.items()
+                           if k not in ("topic", "brokerName", "queueId"))
+        out.append(f"{q['topic']:<64}  {q['brokerName']:<32}  {q['queueId']:<4}  "
+                   f"ProcessQueueInfo [{detail}]\n")
+    out.append("\n\n#Consumer RT&TPS#\n")
+    out.append(f"{'#Topic':<64}  {'#Pull RT':>14} {'#Pull TPS':>14} {'#Consume RT':>14} "
+               f"{'#ConsumeOK TPS':>14} {'#ConsumeFailed TPS':>18} {'#ConsumeFailedMsgsInHour':>25}\n")
+    for topic, st in (info.get("statusTable") or {}).items():
+        out.append(f"{topic:<32}  {st.get('pullRT', 0):>14.2f} {st.get('pullTPS', 0):>14.2f} "
+                   f"{st.get('consumeRT', 0):>14.2f} {st.get('consumeOKTPS', 0):>14.2f} "
+                   f"{st.get('consumeFailedTPS', 0):>18.2f} {st.get('consumeFailedMsgs', 0):>25}\n")
+    if info.get("jstack") is not None:
+        out.append("\n\n#Consumer jstack#\n" + str(info["jstack"]))
+    return "".join(out)
