@@ -5,7 +5,7 @@ process (boss, workers, flusher, services, NameServer) and in ``shmq
 namesrv``: each line goes to stderr, as before, and to the file of its
 area, as RocketMQ writes ``~/logs/rocketmqlogs/broker.log``, ``store.log``,
 ``remoting.log`` and ``namesrv.log``. A logger's area is the longest prefix
-of its name in ``AREAS`` (``shmq.store`` and ``shmq.flusher`` → store.log,
+of its name in ``AREAS`` (``shmq.store``, ``shmq.flusher``, ``shmq.ha`` → store.log,
 ``shmq.reactor`` → remoting.log, ``shmq.broker.namesrv`` → namesrv.log);
 every other ``shmq`` logger writes broker.log. Each line names the process
 that wrote it (``worker-0``, ``flusher`` ...).
@@ -58,6 +58,7 @@ from dataclasses import dataclass
 # logger name prefix -> file (the longest matching prefix wins; else broker)
 AREAS = {
     "shmq.store": "store", "shmq.flusher": "store",
+    "shmq.ha": "store",                  # replication: RocketMQ's HAService logs to store.log
     "shmq.reactor": "remoting", "shmq.remoting": "remoting",
     "shmq.broker.namesrv": "namesrv", "shmq.namesrv": "namesrv",
 }
