@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from shmq.core import jit
 from shmq.ipc.control import REGISTERED, WANT_CLIENTS, set_process_name
 
-from .config import SLAVE, BrokerConfig
+from .config import SLAVE, SYNC_MASTER, BrokerConfig
 from .delivery import tags_code_rules
 from .ha.process import ha_main
 from .kernels import Interrupted, compile_cold
@@ -249,7 +249,13 @@ class Boss:
                                f"{e.strerror}; is another broker running there?") from None
         tcp.listen(4096)
         if c.brokerRole != SLAVE:
-            self.ha_sock = _bind(c.bindAddress, c.ha_port, "haListenPort", tcp)
+            try:
+                self.ha_sock = _bind(c.bindAddress, c.ha_port, "haListenPort")
+            except RuntimeError as e:
+                if c.brokerRole == SYNC_MASTER:     # it cannot answer a send without a slave
+                    tcp.close()
+                    raise
+                log.error("%s: no slave can connect to this ASYNC_MASTER", e)
         path = c.unix_path
         if os.path.exists(path):
             os.unlink(path)    # left by a previous run: we hold the store lock
@@ -284,6 +290,8 @@ class Boss:
         self._started("services")
 
     def _start_ha(self) -> None:
+        if self.ha_sock is None and self.config.brokerRole != SLAVE:
+            return                    # a master whose HA port was taken: no slave to serve
         p = self.ctx.Process(target=ha_main, name="shmq-ha",
                              args=(self.config, os.getpid(), self.ha_sock))
         p.start()
@@ -518,16 +526,14 @@ class Boss:
             os.unlink(path)
 
 
-def _bind(host: str, port: int, setting: str, also: socket.socket) -> socket.socket:
-    """A listening TCP socket, or one clear error naming ``setting``
-    (``also``, bound already, is closed then)."""
+def _bind(host: str, port: int, setting: str) -> socket.socket:
+    """A listening TCP socket, or one clear error naming ``setting``."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((host, port))
     except OSError as e:
         s.close()
-        also.close()
         raise RuntimeError(f"cannot listen on {host}:{port} ({setting}): {e.strerror}; is "
                            f"another broker running there?") from None
     s.listen(64)

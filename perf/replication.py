@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from perf import Skipped
-from perf.broker import QUEUES, Broker, produce_backlog
+from perf.broker import QUEUES, Broker, free_port, produce_backlog
 from shmq.core.state import StoreState
 from shmq.ipc.control import ControlBlock
 
@@ -41,16 +41,17 @@ def _state(store: str) -> tuple[ControlBlock, StoreState]:
 
 
 def _master(ctx, seg: int) -> Broker:
+    port = free_port()     # not listenPort + 1: that one may be a connection's local port
     master = Broker(ctx, "ASYNC_FLUSH", "ha-master", brokerRole="ASYNC_MASTER",
-                    mappedFileSizeCommitLog=seg)
+                    mappedFileSizeCommitLog=seg, haListenPort=port)
     ctx.on_close(master.stop)
+    master.ha_addr = f"{master.tcp.rsplit(':', 1)[0]}:{port}"
     return master
 
 
 def _slave(ctx, master: Broker, seg: int) -> Broker:
-    host, port = master.tcp.rsplit(":", 1)
     slave = Broker(ctx, "ASYNC_FLUSH", "ha-slave", brokerRole="SLAVE", brokerId=1,
-                   haMasterAddress=f"{host}:{int(port) + 1}", mappedFileSizeCommitLog=seg,
+                   haMasterAddress=master.ha_addr, mappedFileSizeCommitLog=seg,
                    haSendHeartbeatInterval=1000)
     ctx.on_close(slave.stop)
     return slave

@@ -21,7 +21,7 @@ import time
 import orjson
 import pytest
 
-from brokerproc import broker_conf, BrokerProc
+from brokerproc import broker_conf, free_port, BrokerProc
 from shmq.broker.config import BrokerConfig
 from shmq.broker.ha.protocol import Frames, ProtocolError, Reports, header, report
 from shmq.client.remoting import RemotingClient
@@ -62,8 +62,10 @@ class Pair:
 def pair(tmp_path_factory):
     p = Pair()
     tmp = tmp_path_factory.mktemp("master")
+    # its own HA port, not listenPort + 1: that one may be some connection's
+    # local port on a busy machine
     p.master = BrokerProc(tmp, broker_conf(tmp, brokerRole="SYNC_MASTER", slaveTimeout=700,
-                                           **SMALL)).start()
+                                           haListenPort=free_port(), **SMALL)).start()
     p.tmp = tmp_path_factory.mktemp("slave")
     try:
         with RemotingClient(p.master.addr) as c:
@@ -179,9 +181,9 @@ def test_a_stalled_slave_means_flush_slave_timeout_then_send_ok_again(pair):
 def test_the_ha_port_speaks_rocketmq_4_to_a_raw_slave(pair):
     """What a Java slave sees: report offset 0 (empty), get 12-byte headers
     [int64 offset][int32 size] and the master's CommitLog bytes."""
-    host, port = pair.master.addr.split(":")
+    host = pair.master.addr.split(":")[0]
     seg0 = open(os.path.join(pair.master.store, "commitlog", "0" * 20), "rb").read()
-    with socket.create_connection((host, int(port) + 1), timeout=5) as s:
+    with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
         s.sendall(struct.pack(">q", 0))
         got = b""
         while len(got) < 12 + 32768 + 12:

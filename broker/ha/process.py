@@ -8,8 +8,6 @@ closes its connection. It attaches to the store as any process does.
 """
 from __future__ import annotations
 
-import logging
-import os
 import signal
 import socket
 
@@ -19,18 +17,16 @@ from shmq.ipc.control import die_with_parent, set_process_name
 
 from ..config import SLAVE, BrokerConfig
 from ..delivery import tags_code_rules
+from ..logs import setup as setup_logs
 from ..shared_store import attach
 from .master import HAService
 from .slave import HAClient
-
-log = logging.getLogger("shmq.ha")
 
 
 def ha_main(config: BrokerConfig, boss_pid: int, listener: socket.socket | None) -> None:
     die_with_parent(boss_pid)
     set_process_name("shmq-ha")
-    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s ha %(levelname)s %(name)s %(message)s")
+    setup_logs("ha")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     store, cb = attach(config.store, "other")
     jit.freeze()

@@ -149,7 +149,7 @@ class HAClient:
         try:
             frames = self.frames.feed(data)
             # contiguous frames (a backlog's) are applied as one write and one dispatch
-            run, at = [], -1
+            run, start, at = [], -1, -1
             for offset, body in frames:
                 if run and offset == at:
                     run.append(body)
