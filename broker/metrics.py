@@ -46,7 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from shmq.core.store import MessageStore
 from shmq.ipc.control import ControlBlock
-from shmq.ipc.counters import FLUSH_BUCKETS_S, G, GET, NUMS, PUT, SIZE, Counters
+from shmq.ipc.counters import FLUSH_BUCKETS_S, G, GET, NUMS, PUT, SIZE
 
 from .config import BrokerConfig
 from .registry import Registry
@@ -70,7 +70,7 @@ def start(config: BrokerConfig, services, store: MessageStore, cb: ControlBlock)
     if not config.metricsPort:
         return None
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(Collector(config, cb, counters))
+    reg.register(Collector(config, cb))
     try:
         server, _ = start_http_server(config.metricsPort, addr=config.bindAddress, registry=reg)
     except OSError as e:
@@ -82,12 +82,12 @@ def start(config: BrokerConfig, services, store: MessageStore, cb: ControlBlock)
 
 
 class Collector:
-    def __init__(self, config: BrokerConfig, cb: ControlBlock, counters: Counters):
+    def __init__(self, config: BrokerConfig, cb: ControlBlock):
         self.config = config
         self.cb = cb
-        self.counters = counters
-        self.stats = Stats(counters)
         self.store = _store(config.store, cb)
+        self.counters = counters_of(cb, self.store)
+        self.stats = Stats(self.counters)
         self.registry = Registry(extra_region(cb, self.store), config.store.storePathRootDir)
         self.tables = Tables(config, self.store.state)
 

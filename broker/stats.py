@@ -190,7 +190,8 @@ class Sampler:
             taken = f"taken_{name}"
             i = int(h[taken][0]) % kept
             ts[i] = 0                       # readers skip it while it is written
-            data[i] = totals
+            used = self.c.keys.used()       # rows are never freed: the others stay 0
+            data[i, used] = totals[used]
             ts[i] = now_ms
             h[taken] += 1
             self.due[name] = now_ms + every_s * 1000

@@ -122,6 +122,7 @@ class Counters:
             at += ts_bytes + data_bytes
         if slots is not None:
             h["magic"] = MAGIC
+        self._items_epoch, self._items = -1, {}
 
     @classmethod
     def over(cls, buf, root: str) -> "Counters | None":
@@ -148,16 +149,27 @@ class Counters:
             return -1
 
     def totals(self) -> np.ndarray:
-        """[ITEM_ROWS, 3]: every slot's counts summed."""
-        return self.counts.sum(axis=0)
+        """[ITEM_ROWS, 3]: every slot's counts summed (the rows in use: the
+        others are zero, and summing them would touch all the pages)."""
+        out = np.zeros((ITEM_ROWS, 3), np.int64)
+        used = self.keys.used()
+        if used.shape[0]:
+            out[used] = self.counts[:, used, :].sum(axis=0)
+        return out
 
     def row_totals(self, row: int) -> np.ndarray:
         return self.counts[:, row, :].sum(axis=0)
 
     def items(self, kind: bytes) -> list[tuple[str, int]]:
-        """(stats key, row) of every item of ``kind`` (PUT, GET, SNDBCK)."""
-        return [(k[2:].decode("utf-8", "replace"), r) for r, k in self.keys.items()
-                if k[:2] == kind]
+        """(stats key, row) of every item of ``kind`` (PUT, GET, SNDBCK),
+        remembered until a key is added."""
+        if self._items_epoch != self.keys.epoch:
+            self._items_epoch, self._items = self.keys.epoch, {}
+        hit = self._items.get(kind)
+        if hit is None:
+            hit = self._items[kind] = [(k[2:].decode("utf-8", "replace"), r)
+                                       for r, k in self.keys.items() if k[:2] == kind]
+        return hit
 
     def gauge(self, name: str) -> int:
         """A gauge summed over the slots."""

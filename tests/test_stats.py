@@ -92,7 +92,7 @@ def traffic(tmp_path_factory):
     by another (on this host: direct reads where the client can)."""
     port = free_port()
     b = start_broker(tmp_path_factory.mktemp("stats"), flushDiskType="SYNC_FLUSH",
-                     metricsPort=port)
+                     metricsPort=port, haListenPort=free_port())   # not listenPort + 1: taken at times
     try:
         t_tcp, t_direct = routed_topic(b, "StatsTcp", 2), routed_topic(b, "StatsDirect", 2)
         t0 = time.monotonic()

@@ -19,7 +19,6 @@ consumer not registered: SYSTEM_ERROR "The Consumer <g> <c> not online".
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import struct
 import time
@@ -34,7 +33,6 @@ from ..delivery import stored
 from ..registry import CLIENT_EXPIRED_MS, consumer_key, post_notice
 from .base import PARKED, Broker, Peer, Reply
 
-log = logging.getLogger("shmq.broker")
 RELAY_TIMEOUT_S = 10.0
 OPAQUE_BASE = 1 << 30            # the relayed requests' opaques, apart from a client's own
 _LEN = struct.Struct(">I")
