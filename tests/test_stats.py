@@ -285,3 +285,35 @@ def test_requests_relayed_to_a_consumer_on_any_worker(traffic):
 def test_metrics_port_is_checked():
     with pytest.raises(ValueError, match="metricsPort=70000: not a port"):
         BrokerConfig(metricsPort=70000)
+
+
+def test_windows_count_from_the_snapshot_a_window_old_or_from_the_start(tmp_path):
+    """RocketMQ's StatsItem windows over the shared counters, with the clock
+    given: a minute's figure starts at the newest snapshot at least a minute
+    old (the broker's start while none is), the day marks move at the first
+    snapshot of a new day."""
+    from shmq.broker.stats import Sampler, Stats
+    from shmq.ipc.counters import NUMS, PUT, SIZE, Counters, Tally, counters_bytes
+    c = Counters(memoryview(bytearray(counters_bytes(4))), str(tmp_path), slots=4)
+    t0 = c.boot_ms
+    workers = [Tally(c, 1), Tally(c, 2)]
+    workers[0].put("T", 10, 1000)
+    workers[1].put("T", 2, 200)
+    for w in workers:
+        w.publish()
+    sampler, f = Sampler(c), Stats(c)
+    sampler.step(t0 + 1000)                       # the first snapshot of every ring
+    workers[1].put("T", 5, 500)
+    workers[1].publish()
+    row = [c.row(PUT + b"T")]
+    young = f.window(row, NUMS, 60, now_ms=t0 + 30_000)
+    assert young == {"sum": 17, "tps": 17 / 30, "avgpt": 17 / 3}
+    old = f.window(row, NUMS, 60, now_ms=t0 + 61_000)          # from the snapshot at t0 + 1 s
+    assert old == {"sum": 5, "tps": 5 / 60, "avgpt": 5.0}
+    assert f.window(row, SIZE, 3600, now_ms=t0 + 61_000)["sum"] == 1700   # the hour: from the start
+    assert f.view("TOPIC_PUT_NUMS", "T", "C")["statsDay"]["sum"] == 17
+    assert f.view("BROKER_PUT_NUMS", "C", "C")["statsMinute"]["avgpt"] == 0.0   # no times, as RocketMQ
+    assert f.view("TOPIC_PUT_NUMS", "U", "C") is None and f.view("BROKER_PUT_NUMS", "X", "C") is None
+    h = c.header[0]
+    sampler.step(t0 + 86_400_000)                 # the next day: today's morning is now
+    assert (int(h["put_today_morning"]), int(h["put_yesterday_morning"])) == (17, 0)
