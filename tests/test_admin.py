@@ -474,6 +474,17 @@ def test_consumer_status_shows_each_members_running_info(broker):
         assert re.search(rf"^\d{{3}} Topic: {topic} +ClassFilter: false +SubExpression: TagA$", text, re.M)
         rc, _, err = admin(broker, "consumerStatus", "-g", group, "-i", "no-such-client")
         assert rc == 1 and "no-such-client is not a member" in err
+        # consume directly: the broker hands the message to the client, whose answer comes
+        # back (shmq's Python client does not consume directly, and says so)
+        sent = ok(broker, "sendMessage", "-t", topic, "-p", "direct", "-c", "TagA")
+        def found_and_refused():                # once the index has the message
+            r = admin(broker, "queryMsgByUniqueKey", "-i", sent["msgId"], "-t", topic,
+                      "-g", group, "-d", cid)
+            return r[0] == 1 and "no message" not in r[2] and r
+        rc, _, err = eventually(found_and_refused)
+        assert "REQUEST_CODE_NOT_SUPPORTED (3)" in err and "Python client" in err, err
+        rc, _, err = admin(broker, "queryMsgById", "-i", sent["offsetMsgId"], "-g", group)
+        assert rc == 2 and "-g/--consumerGroup and -d/--clientId go together" in err
     finally:
         consumer.shutdown()
 

@@ -22,22 +22,25 @@ $SHMQ_ACCESS_KEY/$SHMQ_SECRET_KEY, which keep the secret out of ``ps``), else
 with the accessKey/secretKey of ``$ROCKETMQ_HOME/conf/tools.yml``, the file
 mqadmin reads.
 
-Long commands (printMsg over a topic, cleanExpiredCQ and
-deleteExpiredCommitLog over a cluster) show their progress on stderr, a
-line rewritten in place on a terminal, else a line per queue or broker.
+Long commands (printMsg over a topic, statsAll over every topic,
+cleanExpiredCQ and deleteExpiredCommitLog over a cluster) show their
+progress on stderr, a line rewritten in place on a terminal, else a line
+per queue, topic or broker.
+
+Through the broker to one consumer client (the broker relays
+GET_CONSUMER_RUNNING_INFO and CONSUME_MESSAGE_DIRECTLY): consumerStatus,
+and queryMsgById / queryMsgByUniqueKey ``-g -d`` (consume directly).
 
 Where shmq differs from mqadmin: updateTopicPerm ``-c`` changes the topic
 on the cluster's brokers that serve it (mqadmin's creates it on every
-master); a command that cannot act (an address that is not a master of the
-topic) fails with exit 1 where mqadmin prints a line and exits 0.
+master); consumerStatus writes no file per member (``-i`` prints one
+member's running info, ``--json`` all of them); a command that cannot act
+(an address that is not a master of the topic) fails with exit 1 where
+mqadmin prints a line and exits 0.
 
-Not here (they need the broker to relay a request to a consumer, or repeat
-forever): consumerProgress ``-s`` (client IP per queue), queryMsgById and
-queryMsgByUniqueKey ``-g -d`` (consume directly), queryMsgById ``-s``
-(resend), the message track in message printouts, clusterList ``-i``.
-consumerStatus asks each member through the broker (which relays
-GET_CONSUMER_RUNNING_INFO) and, unlike mqadmin, writes no file per member:
-``-i`` prints one member's running info, ``--json`` all of them.
+Not here: consumerProgress ``-s`` (client IP per queue), queryMsgById
+``-s`` (resend), the message track in message printouts, clusterList ``-i``
+(repeat forever).
 """
 from __future__ import annotations
 
@@ -237,6 +240,18 @@ def _flags_query_msg_by_id(p):
                    help="message id(s), comma-separated: offset msgIds, or client msgIds with -t")
     p.add_argument("-t", "--topic", type=_topic,
                    help="topic, to find a client-generated msgId (UNIQ_KEY) through the index")
+    _flags_consume_directly(p)
+
+
+def _flags_consume_directly(p):
+    p.add_argument("-g", "--consumerGroup", type=_name,
+                   help="with -d: hand the message to this group's consumer (consume directly)")
+    p.add_argument("-d", "--clientId", type=_name, help="with -g: the consumer's client id")
+
+
+def _check_consume_directly(p, args) -> None:
+    if bool(args.consumerGroup) != bool(args.clientId):
+        p.error("-g/--consumerGroup and -d/--clientId go together (consume the message directly)")
 
 
 def _flags_query_msg_by_key(p):
@@ -339,6 +354,7 @@ def _flags_query_msg_by_unique_key(p):
     p.add_argument("-t", "--topic", type=_topic, required=True, help="topic of the message")
     p.add_argument("-a", "--showAll", action="store_true",
                    help="print every message stored under it (at most 32), not only the first")
+    _flags_consume_directly(p)
 
 
 def _flags_update_namesrv_config(p):
@@ -442,7 +458,7 @@ COMMANDS = [
     ("consumerConnection", "Query consumer's socket connection, client version and subscription",
      _flags_consumer_connection, None),
     ("consumerStatus", "Query consumer's internal data structure", _flags_consumer_status, None),
-    ("queryMsgById", "Query Message by Id", _flags_query_msg_by_id, None),
+    ("queryMsgById", "Query Message by Id", _flags_query_msg_by_id, _check_consume_directly),
     ("queryMsgByKey", "Query Message by Key", _flags_query_msg_by_key, None),
     ("queryMsgByOffset", "Query Message by offset", _flags_query_msg_by_offset, None),
     ("resetOffsetByTime", "Reset consumer offset by timestamp(without client restart)",
@@ -456,7 +472,8 @@ COMMANDS = [
     ("cloneGroupOffset", "clone offset from other group.", _flags_clone_group_offset, None),
     ("skipAccumulatedMessage", "Skip all messages that are accumulated (not consumed) currently",
      _flags_skip_accumulated, None),
-    ("queryMsgByUniqueKey", "Query Message by Unique key", _flags_query_msg_by_unique_key, None),
+    ("queryMsgByUniqueKey", "Query Message by Unique key", _flags_query_msg_by_unique_key,
+     _check_consume_directly),
     ("getNamesrvConfig", "Get configs of name server.", lambda p: None, None),
     ("updateNamesrvConfig", "Update configs of name server.", _flags_update_namesrv_config, None),
     ("printMsg", "Print Message Detail", _flags_print_msg, _check_print_msg),

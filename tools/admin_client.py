@@ -111,17 +111,20 @@ class AdminClient:
         self.close()
 
     # ------------------------------------------------------------ transport
-    def call(self, addr: str, cmd: RemotingCommand, role: str = "broker") -> RemotingCommand:
+    def call(self, addr: str, cmd: RemotingCommand, role: str = "broker",
+             timeout: float | None = None) -> RemotingCommand:
         """``cmd`` to ``addr``; its reply, whatever its code. AdminError if
-        ``addr`` cannot be reached or does not answer within the timeout."""
+        ``addr`` cannot be reached or does not answer within the timeout
+        (``timeout``, else the client's)."""
         conn = self._conns.get(addr)
+        wait = timeout or self.timeout
         try:
             if conn is None:
                 conn = self._conns[addr] = RemotingClient(addr, self.timeout, self.credentials)
-            return conn.invoke(cmd, self.timeout)
+            return conn.invoke(cmd, wait)
         except RemotingTimeout:
             self._drop(addr)
-            raise AdminError(f"the {role} at {addr} did not answer within {self.timeout:g} s") from None
+            raise AdminError(f"the {role} at {addr} did not answer within {wait:g} s") from None
         except (OSError, RemoteProtocolError) as e:   # refused, reset, unreachable, not RocketMQ
             self._drop(addr)
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
@@ -375,6 +378,17 @@ class AdminClient:
             raise AdminError(f"running info of consumer {client_id}: not a ConsumerRunningInfo")
         info["mqTable"] = mq_rows(info.get("mqTable") or {})
         return info
+
+    def consume_directly(self, addr: str, group: str, client_id: str, offset_msg_id: str) -> dict:
+        """CONSUME_MESSAGE_DIRECTLY, which the broker passes on to the client
+        with the message: its ConsumeMessageDirectlyResult. Waits three
+        timeouts, as mqadmin: the client runs its listener first."""
+        r = self.call(addr, RemotingCommand(RC.CONSUME_MESSAGE_DIRECTLY, ext={
+            "consumerGroup": group, "clientId": client_id, "msgId": offset_msg_id}),
+            timeout=self.timeout * 3)
+        self.expect(r, f"consume message {offset_msg_id} directly by {client_id}",
+                    f"the broker at {addr}")
+        return self._json(r, "consume message directly")
 
     def topic_consumed_by(self, addr: str, topic: str) -> list[str]:
         r = self.broker_call(addr, RemotingCommand(RC.QUERY_TOPIC_CONSUME_BY_WHO,

@@ -428,7 +428,15 @@ def query_msg_by_id(args, a: AdminClient) -> dict:
     out = []
     for msg_id in [m.strip() for m in args.msgId.split(",") if m.strip()]:
         out.append(_find_by_id(a, msg_id, args.topic))
+    if args.consumerGroup:
+        return {"messages": out, "consumeResults": [_consume_directly(a, m, args) for m in out]}
     return {"messages": out}
+
+
+def _consume_directly(a: AdminClient, m: dict, args) -> dict:
+    """-g -d: the message handed to one consumer's listener, through the
+    broker that stores it (consumeMessageDirectly)."""
+    return a.consume_directly(m["storeHost"], args.consumerGroup, args.clientId, m["offsetMsgId"])
 
 
 def _find_by_id(a: AdminClient, msg_id: str, topic: str | None) -> dict:
@@ -597,6 +605,8 @@ def query_msg_by_unique_key(args, a: AdminClient) -> dict:
     if not found:
         raise AdminError(f"no message with unique key {args.msgId} in topic {args.topic}")
     found.sort(key=lambda d: d["storeTimestamp"])
+    if args.consumerGroup:
+        return {"messages": found[:1], "consumeResults": [_consume_directly(a, found[0], args)]}
     return {"messages": found if args.showAll else found[:1]}
 
 

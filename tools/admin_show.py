@@ -265,7 +265,18 @@ def reset_offset_by_time(d: dict, args) -> None:
     _offset_table(d["offsets"])
 
 
+def _consume_results(d: dict) -> bool:
+    """ConsumeMessageDirectlyResult.toString of each -g -d result, if asked."""
+    for r in d.get("consumeResults") or []:
+        print(f"ConsumeMessageDirectlyResult [order={_java(r.get('order'))}, "
+              f"autoCommit={_java(r.get('autoCommit'))}, consumeResult={_java(r.get('consumeResult'))}, "
+              f"remark={_java(r.get('remark'))}, spentTimeMills={_java(r.get('spentTimeMills'))}]")
+    return "consumeResults" in d
+
+
 def query_msg_by_id(d: dict, args) -> None:
+    if _consume_results(d):
+        return
     for i, m in enumerate(d["messages"]):
         if i:
             print()
@@ -349,6 +360,8 @@ def topic_cluster_list(d: dict, args) -> None:
 
 
 def query_msg_by_unique_key(d: dict, args) -> None:
+    if _consume_results(d):
+        return
     for i, m in enumerate(d["messages"]):
         if i:
             print()
