@@ -106,8 +106,8 @@ class Services:
         self.registered = False      # a NameServer took the routes since start
         self.next_offsets = 0.0
         self.next_expire = 0.0
-        # a slave's copy of the master's topics and groups (broker/ha/sync.py)
-        self.slave_sync = (SlaveSync(config, tables, time.monotonic())
+        # a slave's copy of the master's topics, groups, offsets (broker/ha/sync.py)
+        self.slave_sync = (SlaveSync(config, tables, registry, time.monotonic())
                            if config.brokerRole == SLAVE else None)
         self.saved_offsets: dict | None = None
         # One lasting connection per NameServer: a NameServer drops a broker

@@ -4,7 +4,7 @@ One pair for the module, built up in the order a user meets it: a
 SYNC_MASTER alone (its sends are stored and answered SLAVE_NOT_AVAILABLE),
 then its slave, started late, which learns the master's HA address from
 the NameServer, catches up and from then on acks every send before its
-SEND_OK; the slave refuses sends and serves pulls and queries by key,
+SEND_OK (its topics and consumer offsets copied too); the slave refuses sends and serves pulls and queries by key,
 survives a kill -9 and resumes where its store ends; the two CommitLogs are
 the same bytes. The HA stream itself is checked as a
 RocketMQ slave sees it (a raw socket on haListenPort) and against the
@@ -106,6 +106,10 @@ def test_a_sync_master_alone_stores_the_send_and_answers_slave_not_available(pai
             r = c.invoke(send_message(TOPIC, bytes([i]) * 100_000, queue_id=1))
             assert r.code == R.SLAVE_NOT_AVAILABLE
     assert [m.body for m in pull_all(pair.master.addr, 0)] == [b"before any slave"]
+    with RemotingClient(pair.master.addr) as c:      # a consumer's progress, on the master
+        r = c.invoke(RemotingCommand(RC.UPDATE_CONSUMER_OFFSET, ext={
+            "consumerGroup": "haGroup", "topic": TOPIC, "queueId": "1", "commitOffset": "7"}))
+        assert r.code == R.SUCCESS
 
 
 def test_a_slave_started_late_learns_its_master_and_catches_up(pair):
@@ -115,6 +119,12 @@ def test_a_slave_started_late_learns_its_master_and_catches_up(pair):
     assert [m.body for m in early] == [b"before any slave"]
     assert [m.body[:1] for m in pull_all(slave.addr, 1)] == [bytes([i]) for i in range(80)]
     assert "HA: connected to the master" in slave.log()
+    # the master's topics, groups and consumer offsets are copied (RocketMQ's SlaveSynchronize)
+    query = RemotingCommand(RC.QUERY_CONSUMER_OFFSET, ext={
+        "consumerGroup": "haGroup", "topic": TOPIC, "queueId": "1"})
+    with RemotingClient(slave.addr) as c:
+        until("the group's offset on the slave", lambda: (
+            lambda r: r.code == R.SUCCESS and r.ext["offset"] == "7")(c.invoke(query)))
 
 
 def test_sync_master_answers_send_ok_once_the_slave_has_the_message(pair):

@@ -1,15 +1,18 @@
-"""A slave's copy of its master's topics and subscription groups
-(RocketMQ's ``SlaveSynchronize``, run by the services process of a SLAVE).
+"""A slave's copy of its master's topics, subscription groups and consumer
+offsets (RocketMQ's ``SlaveSynchronize``, run by the services process of a SLAVE).
 
 As soon as the master is known (RocketMQ waits 3 s), then every
 SYNC_EVERY_S: ask the master (the
 ``masterAddr`` its registration reply named, ``slave.learned``) for
-GET_ALL_TOPIC_CONFIG (21) and GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201), plain
-requests with no header; when a table's ``dataVersion`` differs from the one
-last taken, the local table becomes the master's (entries added, changed
-and removed), so pulls and queries on the slave know every topic the
-master has. Consumer offsets (43) and delay offsets (45) are not synced
-yet. A master that does not answer is tried again at the next round.
+GET_ALL_TOPIC_CONFIG (21), GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) and
+GET_ALL_CONSUMER_OFFSET (43), plain requests with no header. When a table's
+``dataVersion`` differs from the one last taken, the local table becomes
+the master's (entries added, changed and removed), so pulls and queries on
+the slave know every topic the master has; the master's consumer offsets
+are put over the slave's (added and overwritten, never removed: RocketMQ's
+putAll), so a consumer that moves to the slave goes on from where it
+committed on the master. Delay offsets (45) are not copied (a slave runs no
+delay service). A master that does not answer is tried again next round.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
 
 from ..config import BrokerConfig
+from ..registry import Registry
 from ..topics import Tables
 from .slave import load_learned
 
@@ -33,8 +37,8 @@ TIMEOUT_S = 3.0
 
 
 class SlaveSync:
-    def __init__(self, config: BrokerConfig, tables: Tables, now: float):
-        self.config, self.tables = config, tables
+    def __init__(self, config: BrokerConfig, tables: Tables, registry: Registry, now: float):
+        self.config, self.tables, self.registry = config, tables, registry
         self.next = now
         self.versions: dict[str, object] = {}
         self.client: RemotingClient | None = None
@@ -54,22 +58,45 @@ class SlaveSync:
                                      (RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, t.groups,
                                       "subscriptionGroupTable")):
                 self._sync(master, code, table, key)
+            self._offsets(master)
         except OSError as e:
             log.warning("syncing from the master %s: %s", master, e)
             self.close()
 
-    def _sync(self, master: str, code: int, table, key: str) -> None:
+    def _ask(self, master: str, code: int) -> dict:
+        """The master's JSON answer to ``code`` ({} unless SUCCESS with an object)."""
         if self.client is None or self.addr != master:
             self.close()
             self.client, self.addr = RemotingClient(master, timeout=TIMEOUT_S), master
         r = self.client.invoke(RemotingCommand(code), timeout=TIMEOUT_S)
         if r.code != R.SUCCESS:
-            return                  # e.g. SYSTEM_ERROR "No topic in this broker"
+            return {}               # e.g. SYSTEM_ERROR "No topic in this broker"
         try:
             body = orjson.loads(r.body)
-        except orjson.JSONDecodeError:
+        except orjson.JSONDecodeError:     # a Java master: fastjson's unquoted keys
             body = parse_json_lenient(bytes(r.body).decode("utf-8", "replace"))
-        remote = body.get(key) if isinstance(body, dict) else None
+        return body if isinstance(body, dict) else {}
+
+    def _offsets(self, master: str) -> None:
+        table = self._ask(master, RC.GET_ALL_CONSUMER_OFFSET).get("offsetTable")
+        if not isinstance(table, dict):
+            return
+        reg = self.registry
+        for tg, queues in table.items():
+            topic, _, group = str(tg).partition("@")
+            if not group or not isinstance(queues, dict):
+                continue
+            for qid, off in queues.items():
+                try:
+                    qid, off = int(qid), int(off)
+                except (TypeError, ValueError):
+                    continue
+                if reg.get_offset(topic, group, qid) != off:
+                    reg.commit_offset(topic, group, qid, off)
+
+    def _sync(self, master: str, code: int, table, key: str) -> None:
+        body = self._ask(master, code)
+        remote = body.get(key)
         if not isinstance(remote, dict) or body.get("dataVersion") == self.versions.get(key):
             return
         local = table.current()

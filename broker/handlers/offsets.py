@@ -11,7 +11,7 @@ from shmq.ipc.remoting import RemotingCommand
 
 from ..delivery import reset_body
 from ..registry import post_notice
-from .base import Broker, Peer
+from .base import Broker, Peer, json_reply
 
 
 def query_consumer_offset(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
@@ -32,6 +32,12 @@ def update_consumer_offset(b: Broker, peer: Peer, cmd: RemotingCommand) -> Remot
     b.registry.commit_offset(h.str("topic"), h.str("consumerGroup"), h.int("queueId"),
                              h.int("commitOffset"))
     return cmd.reply(R.SUCCESS)
+
+
+def all_consumer_offsets(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
+    """GET_ALL_CONSUMER_OFFSET: every committed offset, in consumerOffset.json's
+    shape (what a slave copies from its master: broker/ha/sync.py)."""
+    return json_reply(cmd, {"offsetTable": b.registry.offset_table()})
 
 
 def _queue(cmd: RemotingCommand) -> tuple[str, int]:
