@@ -205,6 +205,9 @@ class BrokerConfig:
     haSlaveFallbehindMax: int = 256 * 1024 * 1024
     # ms a SYNC_MASTER send waits for the slave's ack before FLUSH_SLAVE_TIMEOUT
     slaveTimeout: int = 3000
+    # pull replies may suggest a slave (a group's whichBrokerWhenConsumeSlowly)
+    # to a consumer reading cold data (RocketMQ's BrokerConfig)
+    slaveReadEnable: bool = False
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self):

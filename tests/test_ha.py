@@ -64,8 +64,11 @@ def pair(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("master")
     # its own HA port, not listenPort + 1: that one may be some connection's
     # local port on a busy machine
+    # every read is "cold" (outside a page-cache window of 0): with slaveReadEnable
+    # the master's pull replies suggest the slave
     p.master = BrokerProc(tmp, broker_conf(tmp, brokerRole="SYNC_MASTER", slaveTimeout=700,
-                                           haListenPort=free_port(), **SMALL)).start()
+                                           haListenPort=free_port(), slaveReadEnable="true",
+                                           accessMessageInMemoryMaxRatio=0, **SMALL)).start()
     p.tmp = tmp_path_factory.mktemp("slave")
     try:
         with RemotingClient(p.master.addr) as c:
@@ -139,6 +142,13 @@ def test_sync_master_answers_send_ok_once_the_slave_has_the_message(pair):
         info = orjson.loads(m.invoke(RemotingCommand(RC.GET_BROKER_RUNTIME_INFO)).body)["table"]
     assert (info["brokerRole"], info["haSlaveCount"]) == ("SYNC_MASTER", "1")
     assert info["haSlaveAckOffset"] == info["commitLogMaxOffset"]    # the operator's lag: 0
+
+
+def test_a_master_with_slave_read_enable_suggests_the_slave_to_a_consumer_far_behind(pair):
+    for b, suggest in ((pair.master, "1"), (pair.slave, "0")):
+        with RemotingClient(b.addr) as c:
+            r = c.invoke(pull_message(TOPIC, 1, 0, max_msgs=1))
+        assert r.code == R.SUCCESS and r.ext["suggestWhichBrokerId"] == suggest, b
 
 
 def test_the_slave_refuses_sends_and_serves_queries_by_key(pair):

@@ -6,6 +6,13 @@ Nothing there yet and PULL_SUSPEND set: the pull parks (long polling, for
 suspendTimeoutMillis; shortPollingTimeMills with longPollingEnable=false)
 and is run again by the parking module, suspension off, when its queue
 grows or its hold ends; that answer goes out in JSON, as RocketMQ's does.
+
+Replication (broker/ha): the reply's suggestWhichBrokerId is the master (0)
+unless ``slaveReadEnable``; then, as PullMessageProcessor answers, the
+group's ``whichBrokerWhenConsumeSlowly`` (1) for a consumer reading further
+behind than the page-cache window (``accessMessageInMemoryMaxRatio``), else
+the group's ``brokerId`` (0). A slave serves pulls but never stores the
+commit offset a pull carries (the master's are copied to it).
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 from shmq.ipc.remoting import JSON, RemotingCommand
 
 from ..sql92 import Sql92Filter
-from ..topics import PERM_READ, RETRY_GROUP_TOPIC_PREFIX
+from ..config import SLAVE
+from ..topics import PERM_READ, RETRY_GROUP_TOPIC_PREFIX, GroupConfig
 from .base import PARKED, Broker, Peer, Reply
 from .subscription import parse_subscription
 
@@ -69,7 +77,7 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
             sub = parse_subscription(topic, "*")
     if sub.error is not None:
         raise sub.error
-    if allow_suspend and sysflag & PULL_COMMIT_OFFSET:
+    if allow_suspend and sysflag & PULL_COMMIT_OFFSET and c.brokerRole != SLAVE:
         b.registry.commit_offset(topic, group, qid, h.int("commitOffset"))
     r = b.store.get_message(topic, qid, offset,
                             max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
@@ -77,6 +85,7 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     if sub.sql is not None and (c.filterSupportRetry
                                 or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
         r = _sql_filtered(b, r, sub.sql, topic, qid, max_msgs)
+    cold = False
     if r.phys.shape[0]:
         cold = int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes
         if cold:
@@ -92,7 +101,8 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
         hold = h.int("suspendTimeoutMillis", 15000) if c.longPollingEnable else c.shortPollingTimeMills
         b.parking.park_pull(peer, cmd, topic, qid, offset, max(0, hold) / 1000)
         return PARKED
-    ext = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(r.next_offset),
+    ext = {"suggestWhichBrokerId": _suggest(b, group, cold) if c.slaveReadEnable else "0",
+           "nextBeginOffset": str(r.next_offset),
            "minOffset": str(r.min_offset), "maxOffset": str(r.max_offset)}
     reply = cmd.reply(code, st.value, ext)
     if not allow_suspend:
@@ -185,6 +195,12 @@ def _queue_offset_of(b: Broker, topic: str, qid: int, offset: int, phy: int) -> 
         if hit.shape[0]:
             return offset + int(hit[0])
         offset += units.shape[0]
+
+
+def _suggest(b: Broker, group: str, cold: bool) -> str:
+    """The broker id a consumer should pull from next (slaveReadEnable on)."""
+    g = b.tables.groups.get(group) or GroupConfig(group)
+    return str(g.which_broker_when_consume_slowly if cold else g.broker_id)
 
 
 def _topic_for_pull(b: Broker, group: str, topic: str) -> dict:
