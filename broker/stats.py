@@ -82,6 +82,12 @@ def counters_of(cb: ControlBlock, store: MessageStore) -> Counters | None:
     return Counters.over(cb.region()[stats_offset(store):], store.root)
 
 
+def put_total(store: MessageStore) -> int:
+    """Messages the store holds ever put: every queue's next offset, summed."""
+    st = store.state
+    return int(st.queue_next[st.used_slots()].sum())
+
+
 def stats_bytes(slots: int) -> int:
     """The shared memory the counters take (the boss asks for it after the registry's)."""
     return counters_bytes(slots)
@@ -222,7 +228,7 @@ class FlushMeter:
     def __init__(self, store: MessageStore, cb: ControlBlock):
         self.store, self.cb = store, cb
         self.tally: Tally | None = None
-        self.last_put = -1
+        self.last_put = put_total(store)     # what is stored already was flushed before
 
     def __call__(self, ns: int) -> None:
         t = self.tally
@@ -231,15 +237,12 @@ class FlushMeter:
             if c is None:
                 return
             t = self.tally = Tally(c, self.cb.slot)
-        st = self.store.state
-        put = int(st.queue_next[st.used_slots()].sum())
-        if self.last_put >= 0:
-            t.add_gauge("flushed_msgs", put - self.last_put)
+        put = put_total(self.store)
+        t.add_gauge("flushed_msgs", put - self.last_put)
         self.last_put = put
         t.add_gauge("fdatasyncs", 1)
         t.add_gauge("flush_ns", ns)
         t.add_gauge(f"flush_le_{bisect.bisect_left(FLUSH_BUCKETS_S, ns / 1e9)}", 1)
-
 
 class RuntimeStats:
     def __init__(self, store: MessageStore, cb: ControlBlock):
@@ -266,8 +269,7 @@ class RuntimeStats:
             t.set_gauge("parked_sends", len(parking.sends))
 
     def put_total(self) -> int:
-        st = self.store.state
-        return int(st.queue_next[st.used_slots()].sum())
+        return put_total(self.store)
 
     def got_total(self) -> int:
         self.publish()
