@@ -113,15 +113,13 @@ class Stats:
     def __init__(self, counters: Counters):
         self.c = counters
 
-    def _base(self, span_s: int, now_ms: int) -> int:
-        """Index of the newest snapshot at least ``span_s`` old in the ring
-        for that span, or -1: count from the broker's start."""
+    def _base(self, span_s: int, now_ms: int) -> tuple[str, int]:
+        """The ring for that span, and the index in it of the newest snapshot
+        at least ``span_s`` old, or -1: count from the broker's start."""
         ring = "minute" if span_s <= 60 else "hour" if span_s <= 3600 else "day"
         ts = self.c.rings[ring][0]
         old = np.flatnonzero((ts > 0) & (ts <= now_ms - span_s * 1000))
-        if not old.shape[0]:
-            return -1
-        return int(old[np.argmax(ts[old])])
+        return ring, int(old[np.argmax(ts[old])]) if old.shape[0] else -1
 
     def window(self, rows, col: int, span_s: int, with_times: bool = True,
                now_ms: int | None = None) -> dict:
@@ -132,8 +130,7 @@ class Stats:
         if not rows:
             return {"sum": 0, "tps": 0.0, "avgpt": 0.0}
         counts = self.c.counts[:, rows, :].sum(axis=(0, 1))
-        i = self._base(span_s, now_ms)
-        ring = "minute" if span_s <= 60 else "hour" if span_s <= 3600 else "day"
+        ring, i = self._base(span_s, now_ms)
         if i < 0:
             t0, base = self.c.boot_ms, np.zeros(3, np.int64)
         else:
@@ -244,6 +241,7 @@ class FlushMeter:
         t.add_gauge("flush_ns", ns)
         t.add_gauge(f"flush_le_{bisect.bisect_left(FLUSH_BUCKETS_S, ns / 1e9)}", 1)
 
+
 class RuntimeStats:
     def __init__(self, store: MessageStore, cb: ControlBlock):
         self.store = store
@@ -253,11 +251,13 @@ class RuntimeStats:
         self._corrupt_published = 0
         self._published = 0        # of those, already in this process's slot
         self.samples: deque[tuple[float, int, int]] = deque(maxlen=KEEP)
-        self.boot = time.time()
+        self.boot_ms = int(time.time() * 1000)     # the broker's start, where counters say it
         # per topic and group (None without the broker's shared counters)
         counters = counters_of(cb, store)
         self.figures = Stats(counters) if counters is not None else None
         self.tally = Tally(counters, cb.slot) if counters is not None else None
+        if counters is not None:
+            self.boot_ms = counters.boot_ms
         self.sample()
 
     def note_worker(self, connections: int, parking) -> None:
@@ -333,7 +333,7 @@ class RuntimeStats:
                 "putMessageAverageSize": str(size / put if put else 0.0)})
         st = self.store.state
         first = stored(self.store, st.get("cl_min_offset"))
-        boot_s = int(time.time() - self.boot)
+        boot_s = (int(time.time() * 1000) - self.boot_ms) // 1000
         out.update({
             # the store's (DefaultMessageStore.getRuntimeInfo, prepareRuntimeInfo)
             "earliestMessageTimeStamp": str(first.store_timestamp if first else 0),
