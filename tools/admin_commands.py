@@ -623,12 +623,14 @@ def update_namesrv_config(args, a: AdminClient) -> dict:
 
 class Progress:
     """A long command's progress on stderr (stdout keeps its table or JSON):
-    on a terminal one line rewritten in place, at most 5 times a second;
-    otherwise a line per finished step (a queue, a broker)."""
+    one line rewritten in place, at most 5 times a second, where stderr is
+    a terminal and stdout is not (``printMsg > file``); otherwise a line per
+    finished step (a queue, a topic, a broker), which output to the same
+    terminal cannot run into."""
 
     def __init__(self, command: str, total: int, unit: str):
         self.command, self.total, self.unit = command, total, unit
-        self.tty = sys.stderr.isatty()
+        self.tty = sys.stderr.isatty() and not sys.stdout.isatty()
         self.shown_at = 0.0       # a terminal: when the line was last rewritten
         self.shown_done = 0       # otherwise: the steps already reported
 

@@ -351,7 +351,8 @@ def update_topic_perm(d: dict, args) -> None:
             print(f"new perm equals to the old one! ({r['addr']})")
             continue
         print(f"update topic perm from {r['oldPerm']} to {r['perm']} in {r['addr']} success.")
-        print(f"{topic_config_line(r['topicConfig'])}.")
+        if args.brokerAddr:
+            print(f"{topic_config_line(r['topicConfig'])}.")
 
 
 def topic_cluster_list(d: dict, args) -> None:
