@@ -8,7 +8,7 @@ from conftest import SMALL_CQ_UNITS, SMALL_SEGMENT, small_config
 from shmq.core.checkpoint import save_table
 from shmq.core.files import REAL_FILES
 from shmq.core.records import encode
-from shmq.core.retention import clean_expired
+from shmq.core.retention import clean_consume_queues, clean_expired
 from shmq.core.store import GetMessageStatus, close_clean, open_local
 
 
@@ -154,3 +154,21 @@ def test_expired_segments_go_whatever_groups_have_read_and_the_loss_is_reported(
                         consumer_offsets=lambda: {("Ret", 1): {"G": 0}})
     assert len(rep.segments_deleted) == 4 and not rep.forced
     assert rep.lost == {"G": {("Ret", 1): store.min_offset("Ret", 1)}}
+
+
+def test_clean_consume_queues_finishes_a_pass_cut_short_after_the_commitlog_min_moved(store_dir):
+    """admin's cleanExpiredCQ: a pass that published the CommitLog's new first
+    byte and stopped there left each queue's first offset and files behind."""
+    store, _ = filled(store_dir)
+    writing = store.cl.segment_start(store.state.write_pos)
+    store.state.set("cl_min_offset", writing)
+    cq_dir = os.path.join(store_dir, "consumequeue", "Ret", "0")
+    before = len(os.listdir(cq_dir))
+    assert store.min_offset("Ret", 0) == 0
+    deleted = clean_consume_queues(store)
+    mn = store.min_offset("Ret", 0)
+    assert mn > 0 and store.read_message(int(store.get_message("Ret", 0, mn, 1).phys[0])).phy_offset >= writing
+    left = os.listdir(cq_dir)
+    assert deleted > 0 and len(left) < before
+    assert all(int(f) // 20 + SMALL_CQ_UNITS > mn for f in left)       # none wholly below min
+    assert clean_consume_queues(store) == 0                            # nothing left to do
