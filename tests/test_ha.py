@@ -13,6 +13,7 @@ frame layout of the reference (§1.2).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import struct
@@ -243,3 +244,64 @@ def test_roles_and_settings_with_rocketmq_names_and_defaults():
                        (dict(haMasterAddress="nohost"), "haMasterAddress")):
         with pytest.raises(ValueError, match=words):
             BrokerConfig(**bad)
+
+
+# ------------------------------------------------------------ the slave's store
+def _master_store(root):
+    from conftest import small_config
+    from shmq.core.records import encode, properties_bytes
+    from shmq.core.store import open_local
+    rng = random.Random(5)
+    m, _ = open_local(small_config(root))
+    for i in range(300):
+        m.append(encode("T", [bytes([i % 251]) * rng.randrange(1, 900)] * rng.randrange(1, 4),
+                        queue_ids=i % 3, properties=properties_bytes({}, tags="a", keys=str(i))))
+    return m
+
+
+def _stream(m, replica, start: int, rng) -> None:
+    """The master's CommitLog from ``start`` in pieces of any size (never
+    across a segment's end, as a master's frames)."""
+    pos, end, seg = start, m.state.write_pos, m.config.mappedFileSizeCommitLog
+    while pos < end:
+        n = min(rng.randrange(1, 5000), end - pos, seg - pos % seg)
+        replica.append(pos, m.cl.read(pos, n))
+        pos += n
+
+
+def test_a_replica_cut_anywhere_has_the_masters_queues(tmp_path):
+    from conftest import small_config
+    from shmq.core.replica import Replica, ReplicaError
+    from shmq.core.store import close_clean, open_local
+    m = _master_store(str(tmp_path / "m"))
+    s, _ = open_local(small_config(str(tmp_path / "s")))
+    r = Replica(s)
+    _stream(m, r, 0, random.Random(1))
+    assert s.state.write_pos == r.received == m.state.write_pos
+    for q in range(3):
+        assert [x.body for x in s.read_queue("T", q)] == [x.body for x in m.read_queue("T", q)]
+    with pytest.raises(ReplicaError):          # bytes that do not continue this store
+        r.append(r.received - 10, b"x" * 10)
+    close_clean(s)
+    s, rep = open_local(small_config(str(tmp_path / "s")))     # and it recovers as any store
+    assert rep.end == m.state.write_pos and rep.units_rebuilt == 0
+    close_clean(s)
+    close_clean(m)
+
+
+def test_an_empty_replica_starts_at_the_masters_first_segment_kept(tmp_path):
+    from conftest import small_config
+    from shmq.core.replica import Replica
+    from shmq.core.store import close_clean, open_local
+    m = _master_store(str(tmp_path / "m"))
+    first = m.cl.list_segments()[2]              # as if retention deleted the first two
+    s, _ = open_local(small_config(str(tmp_path / "s")))
+    _stream(m, Replica(s), first, random.Random(2))
+    assert s.state.get("cl_min_offset") == first and s.cl.list_segments()[0] == first
+    for q in range(3):
+        lo = s.min_offset("T", q)
+        assert lo > 0 and s.max_offset("T", q) == m.max_offset("T", q)
+        assert [x.body for x in s.read_queue("T", q, lo)] == [x.body for x in m.read_queue("T", q, lo)]
+    close_clean(s)
+    close_clean(m)
+
