@@ -16,7 +16,8 @@ writer never invalidates a line another process polls)::
        2  flushed_pos           flusher             CommitLog durable up to here
        3  flush_request_pos     publisher           highest end a SYNC send waits for
        4  confirm_pos,          HA service          the highest CommitLog offset a slave
-          ha_slaves                                 acked; slaves connected (broker/ha/)
+          ha_slaves, ha_acks                        acked; slaves connected; acks that
+                                                    moved confirm_pos (broker/ha/)
        5  claim_seq, claim_pos  claim (locked)      the next claim's sequence number
                                                     and first byte
        6  config_epoch          admin               topics changed: reload
@@ -117,8 +118,8 @@ for _i, _f in enumerate(_HEADER_FIELDS, start=1):
         _names.append("claim_pos")
         _offsets.append(_i * LINE + 8)
     if _f == "confirm_pos":  # written together, by the HA service
-        _names.append("ha_slaves")
-        _offsets.append(_i * LINE + 8)
+        _names += ["ha_slaves", "ha_acks"]
+        _offsets += [_i * LINE + 8, _i * LINE + 16]
     if _f == "cl_min_offset":  # requests to retention, rare (broker/handlers/admin.py)
         _names += ["delete_cl_seq", "clean_cq_seq"]
         _offsets += [_i * LINE + 8, _i * LINE + 16]

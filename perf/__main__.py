@@ -162,6 +162,7 @@ BENCHES = {
     "local_ipc": local_ipc.run,
     "backlog": backlog.run,
     "ha": replication.run,
+    "ha_sync_master": replication.run_sync_master,
 }
 
 

@@ -15,8 +15,15 @@
   own scheduling). Target p99 ≤ 100 ms; the limit printed is the raw TCP
   round trip p99 (what no replication can beat).
 
-The brokers are ASYNC_MASTER and SLAVE (haMasterAddress given, no
-NameServer); ``--broker`` has nothing to measure here (skipped).
+- ha_sync_master: SYNC_CONNS producer processes, each its own connection
+  and queue, sending one 100-byte message at a time to a SYNC_MASTER
+  (ASYNC_FLUSH) whose slave follows — msg/s against the same load on a
+  SYNC_FLUSH broker measured in the same run (target ratio ≥ 0.5); with the
+  sends each slave ack released (group commit: ``ha_acks``, the acks that
+  moved the master's confirm_pos).
+
+The brokers are ASYNC_MASTER or SYNC_MASTER and SLAVE (haMasterAddress
+given, no NameServer); ``--broker`` has nothing to measure here (skipped).
 """
 from __future__ import annotations
 
@@ -27,7 +34,10 @@ import time
 import numpy as np
 
 from perf import Skipped
-from perf.broker import QUEUES, Broker, free_port, produce_backlog
+from perf.broker import (FORK, QUEUES, SUCCESS, SYNC_CONNS, TIMEOUT_S, Broker, _child,
+                         _warm_then_wait, body_of, broker, create_topic, free_port, gather,
+                         produce_backlog, send_cmd, spawn)
+from shmq.client.remoting import RemotingClient
 from shmq.core.state import StoreState
 from shmq.ipc.control import ControlBlock
 
@@ -40,17 +50,17 @@ def _state(store: str) -> tuple[ControlBlock, StoreState]:
     return cb, StoreState.over(cb.region(), cb.lock)
 
 
-def _master(ctx, seg: int) -> Broker:
+def _master(ctx, seg: int, role: str = "ASYNC_MASTER") -> Broker:
     port = free_port()     # not listenPort + 1: that one may be a connection's local port
-    master = Broker(ctx, "ASYNC_FLUSH", "ha-master", brokerRole="ASYNC_MASTER",
+    master = Broker(ctx, "ASYNC_FLUSH", f"ha-{role}", brokerRole=role,
                     mappedFileSizeCommitLog=seg, haListenPort=port)
     ctx.on_close(master.stop)
     master.ha_addr = f"{master.tcp.rsplit(':', 1)[0]}:{port}"
     return master
 
 
-def _slave(ctx, master: Broker, seg: int) -> Broker:
-    slave = Broker(ctx, "ASYNC_FLUSH", "ha-slave", brokerRole="SLAVE", brokerId=1,
+def _slave(ctx, master: Broker, seg: int, name: str = "ha-slave") -> Broker:
+    slave = Broker(ctx, "ASYNC_FLUSH", name, brokerRole="SLAVE", brokerId=1,
                    haMasterAddress=master.ha_addr, mappedFileSizeCommitLog=seg,
                    haSendHeartbeatInterval=1000)
     ctx.on_close(slave.stop)
@@ -143,3 +153,54 @@ def run(ctx, result):
            produce_bps=round(rate), samples=len(lags), sample_ms=SAMPLE_S * 1000)
     for cb in (cb_m, cb_s):
         cb.close()
+
+
+@_child
+def _sync_producer(addr, topic, qid, seconds, go, pipe):
+    """One message at a time; every answer must be SEND_OK (a slave follows)."""
+    with RemotingClient(addr) as c:
+        _warm_then_wait(c, topic, qid, go, pipe)
+        acked = 0
+        t0 = time.monotonic()
+        while time.monotonic() < t0 + seconds:
+            r = c.invoke(send_cmd(topic, qid, body_of(qid, acked + 1)), timeout=TIMEOUT_S)
+            if r.code != SUCCESS:
+                raise RuntimeError(f"sync send: code {r.code} ({r.remark})")
+            acked += 1
+        pipe.send((t0, time.monotonic(), acked))
+
+
+def _sync_rate(addr: str, topic: str, conns: int, seconds: float, on_go=None) -> tuple[float, int]:
+    with RemotingClient(addr) as c:
+        create_topic(c, topic, conns)
+    go = FORK.Event()
+    kids, pipes = zip(*(spawn(_sync_producer, (addr, topic, q, seconds, go))
+                        for q in range(conns)))
+    got = gather(list(kids), list(pipes), go, "sync producer", on_go=on_go)
+    acked = sum(g[2] for g in got)
+    return acked / (max(g[1] for g in got) - min(g[0] for g in got)), acked
+
+
+def run_sync_master(ctx, result):
+    if getattr(ctx, "named_broker", None) is not None:
+        raise Skipped("replication starts its own master and slave")
+    seconds = 0.8 if ctx.quick else 3.0
+    conns = max(SYNC_CONNS)
+    flush_rate, _ = _sync_rate(broker(ctx, "SYNC_FLUSH").tcp, "HaSyncFlush", conns, seconds)
+    seg = (256 if ctx.quick else 1024) << 20
+    master = _master(ctx, seg, "SYNC_MASTER")
+    slave = _slave(ctx, master, seg, "ha-sync-slave")
+    cb, st = _state(master.store)
+    deadline = time.monotonic() + 30
+    while st.get("ha_slaves") < 1:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the slave {slave.tcp} did not connect in 30 s")
+        time.sleep(0.01)
+    acks = []
+    rate, acked = _sync_rate(master.tcp, "HaSyncMaster", conns, seconds,
+                             on_go=lambda: acks.append(st.get("ha_acks")))
+    n_acks = st.get("ha_acks") - acks[0]
+    cb.close()
+    yield result("ha_sync_master", rate, "msg/s", flush_rate,
+                 f"SYNC_FLUSH broker msg/s, {conns} connections, same run", connections=conns,
+                 messages=acked, sends_per_slave_ack=round(acked / max(1, n_acks), 2))

@@ -151,6 +151,7 @@ class HAService:
         if offset > self.acked:
             self.acked = offset
             st.set("confirm_pos", offset)
+            st.set("ha_acks", st.get("ha_acks") + 1)
             self.cb.wake_flagged(WANT_FLUSH)
 
     # ------------------------------------------------------------------ send
