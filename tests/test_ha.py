@@ -217,6 +217,16 @@ def test_the_ha_port_speaks_rocketmq_4_to_a_raw_slave(pair):
     assert struct.unpack_from(">qi", got, 12 + size) == (32768, 32768)
 
 
+def test_with_the_master_killed_every_acknowledged_message_is_read_from_the_slave(pair):
+    with RemotingClient(pair.master.addr) as m:
+        acked = [f"last {i}".encode() for i in range(30)
+                 if m.invoke(send_message(TOPIC, f"last {i}".encode(), queue_id=0)).code == R.SUCCESS]
+    assert len(acked) == 30
+    pair.master.kill9()
+    bodies = [m.body for m in pull_all(pair.slave.addr, 0)]
+    assert bodies[-30:] == acked
+
+
 def test_frames_golden_and_split_anywhere():
     # reference §1.2: header = int64 masterPhyOffset + int32 bodySize, big-endian
     assert header(0x0102030405060708, 5) == bytes.fromhex("0102030405060708" "00000005")
