@@ -136,9 +136,13 @@ class StoreOwner:
             self.store = _store(cfg, self.cb, opening=True)
             if self.dedup_window:
                 t0 = time.monotonic()
-                made = dedup.rebuild(self.store)
-                log.info("duplicate-send window: %d of %d entries refilled from the store "
-                         "in %.3f s", made, self.dedup_window, time.monotonic() - t0)
+                if dedup.restore(self.store, self.root, rec.write_pos, clean=rec.report.mode == "normal"):
+                    log.info("duplicate-send window: taken back as the clean stop left it "
+                             "in %.3f s", time.monotonic() - t0)
+                else:
+                    made = dedup.rebuild(self.store)
+                    log.info("duplicate-send window: %d of %d entries refilled from the store "
+                             "in %.3f s", made, self.dedup_window, time.monotonic() - t0)
             self.store.files.touch(abort_path(self.root))
             self._measure_disk()
             self.start_flusher()
@@ -247,6 +251,7 @@ class StoreOwner:
             self.supervise(restart_flusher=False)
             self._take_back_lock()
             flush_all(self.store)
+            dedup.save(self.store, self.root)     # before the abort file goes: a clean stop's
             self.store.files.unlink(abort_path(self.root))
         self._release()
 

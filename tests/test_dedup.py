@@ -123,6 +123,44 @@ def test_the_window_is_bounded_an_older_key_is_stored_again(make_rig):
     assert answer(rig.ok(keyed("DedupTopic", b"old", "K-old"))) == answer(late)
 
 
+def test_a_clean_stop_saves_the_window_and_the_next_start_takes_it_back(make_rig, store_dir):
+    """Issue 20: refilling the window reads its records back one by one
+    (seconds over a big store), so a clean stop saves it and the next start
+    takes it back as it was; a window saved for another end of the store
+    (records appended after, a file copied in) is refilled instead, and
+    the file is read once."""
+    import os
+
+    from shmq.core.dedup import SNAPSHOT
+
+    rig = make_rig()
+    sent = {f"K-{i}": answer(rig.ok(keyed("DedupTopic", b"m%d" % i, f"K-{i}", queue_id=i % 4)))
+            for i in range(2 * WINDOW)}              # the window holds the last WINDOW keys
+    st = rig.store.state
+    before = (bytes(st.words[st.dedup_heads:st.dedup_ents + WINDOW * 3]), st.get("dedup_seq"))
+    rig.close()
+    snapshot = os.path.join(store_dir, SNAPSHOT)
+    assert os.path.exists(snapshot)
+    rig = make_rig()
+    st = rig.store.state
+    assert (bytes(st.words[st.dedup_heads:st.dedup_ents + WINDOW * 3]), st.get("dedup_seq")) == before
+    assert not os.path.exists(snapshot)             # read once
+    for i in range(WINDOW, 2 * WINDOW):             # retries across the restart: the first answers
+        assert answer(rig.ok(keyed("DedupTopic", b"m%d" % i, f"K-{i}", queue_id=0))) == sent[f"K-{i}"]
+    rig.close()
+    saved = open(snapshot, "rb").read()
+    rig = make_rig()                                # takes it back, and appends past its end
+    rig.ok(keyed("DedupTopic", b"later", "K-later", queue_id=1))
+    rig.close()
+    with open(snapshot, "wb") as f:                 # the older window, copied back in
+        f.write(saved)
+    rig = make_rig()
+    assert not os.path.exists(snapshot)
+    # refilled from the store: the last keyed sends, K-later among them, are still caught
+    assert answer(rig.ok(keyed("DedupTopic", b"later", "K-later", queue_id=2)))[1] == "1"
+    assert stored(rig).count(b"later") == 1
+
+
 def test_a_batch_retry_gets_the_first_batch_answer_and_a_different_batch_is_stored(make_rig):
     rig = make_rig()
 
@@ -298,13 +336,14 @@ def test_over_sockets_retries_on_new_connections_and_across_restarts_are_stored_
         for q in (0, 1, 2, 3, 1, 2):
             assert _raw_send(b.addr, topic, b"w-1", "W-1", q) == first
             assert _raw_send("unix:" + b.unix, topic, b"w-1", "W-1", q) == first
-        assert b.stop() == 0                        # clean restart
+        assert b.stop() == 0                        # clean restart: the window as it was
         b = BrokerProc(tmp_path, conf).start()
-        assert "duplicate-send window: 1 of 65536 entries refilled" in b.log()
+        assert "duplicate-send window: taken back as the clean stop left it" in b.log()
         assert _raw_send(b.addr, topic, b"w-1", "W-1", 3) == first
         second = _raw_send(b.addr, topic, b"w-2", "W-2", 2)
-        b.kill9()                                   # crash restart
+        b.kill9()                                   # crash restart: refilled from the store
         b = BrokerProc(tmp_path, conf).start()
+        assert "duplicate-send window: 2 of 65536 entries refilled" in b.log()
         assert _raw_send(b.addr, topic, b"w-2", "W-2", 0) == second
         assert _raw_send(b.addr, topic, b"w-1", "W-1", 0) == first
         got = _bodies(b.addr, topic, 4)
