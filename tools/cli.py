@@ -101,7 +101,7 @@ def _namesrv(args) -> int:
 # Each of these modules in shmq.tools has ``add_parser(subparsers)``, which adds
 # its command and sets ``func`` (args -> exit code). Imports inside each
 # ``func`` stay lazy, so ``shmq --help`` stays fast.
-_COMMAND_MODULES: list[str] = ["admin", "bench", "inspect"]
+_COMMAND_MODULES: list[str] = ["admin", "bench", "console", "inspect"]
 # What the broker extra installs (pyproject.toml): a command needing one of
 # these says so instead of a traceback when shmq was installed without it.
 BROKER_EXTRA = ("numba", "llvmlite", "posix_ipc", "yaml")
