@@ -5,9 +5,9 @@ One selector loop in the ``shmq-ha`` process, phases in order each turn:
 wait (the listener, every slave socket, the store's wake-up socket; at most
 ``TICK_S``), accept, read reports, send, housekeeping. Per connection:
 
-    request   the slave's first report: where its stream starts (0, or
-              below the first segment still kept: the first segment kept)
-    ack       its newest report; the highest over all slaves is published
+    request   the slave's first report: where its stream starts (0: an
+              empty slave, sent from the first segment still kept)
+    acks      every report; the highest over all slaves is published
               as ``confirm_pos`` (only grows) and wakes parked SYNC sends
     next      the next CommitLog byte to send; frames are cut at the
               published ``write_pos``, at a segment's end and at
@@ -15,9 +15,9 @@ wait (the listener, every slave socket, the store's wake-up socket; at most
               of header + view: no copy), several per call, never blocking:
               what the socket does not take waits for it to be writable
 
-A slave that reports past the master's end, needs bytes retention deleted,
-or says nothing for
-``haHousekeepingInterval``, or sends garbage, is dropped; ``ha_slaves``
+A slave that reports past the master's end, needs bytes retention deleted
+(its store must then be emptied or copied anew), or says nothing for
+``haHousekeepingInterval``, is dropped, with a line saying why; ``ha_slaves``
 counts the live connections (published at once, so a SYNC_MASTER send
 answers SLAVE_NOT_AVAILABLE as soon as the last slave is gone).
 """
@@ -45,7 +45,6 @@ class Connection:
         self.sock, self.peer = sock, peer
         self.reports = Reports()
         self.request = -1          # the first report: where to start
-        self.ack = -1              # the newest report
         self.next = -1             # the next CommitLog byte to send
         self.pending: list = []    # what the socket has not taken yet (buffers)
         self.last_read = self.last_write = now
@@ -81,8 +80,7 @@ class HAService:
                 if events & selectors.EVENT_READ:
                     self._read(c, now)
         for c in list(self.conns.values()):
-            if c.sock.fileno() >= 0:
-                self._send(c, now)
+            self._send(c, now)
         hk = self.config.haHousekeepingInterval / 1000
         for c in list(self.conns.values()):
             if now - c.last_read > hk:
@@ -147,7 +145,6 @@ class HAService:
         elif offset > st.write_pos:
             self._drop(c, f"it reports offset {offset}, past this CommitLog's end {st.write_pos}")
             return
-        c.ack = offset
         if offset > self.acked:
             self.acked = offset
             st.set("confirm_pos", offset)
@@ -160,20 +157,17 @@ class HAService:
             return
         st = self.store.state
         if c.next < 0:
-            start = max(c.request, st.get("cl_min_offset"))
             if c.request > st.write_pos:
                 self._drop(c, f"it asks from {c.request}, past this CommitLog's end "
                               f"{st.write_pos}")
                 return
-            if c.request and c.request < start:
-                log.warning("HA: slave %s asks from %d, below the first byte kept here (%d): "
-                            "it is sent from there", c.peer, c.request, start)
-            c.next = start
+            c.next = c.request or st.get("cl_min_offset")
         if not c.pending:
             cl_min = st.get("cl_min_offset")
             if c.next < cl_min:      # retention deleted what this slave still needs
                 self._drop(c, f"it needs offset {c.next}, below the first byte kept here "
-                              f"({cl_min}): copy a newer store to it")
+                              f"({cl_min}): empty its store (it is then sent what is kept) or copy "
+                              f"this one to it")
                 return
             if cl_min != self.cl_min:
                 self.store.release_deleted()
@@ -219,7 +213,3 @@ class HAService:
         del pending[:i]
         if n:
             pending[0] = pending[0][n:]
-
-    def slaves(self) -> list[tuple[str, int]]:
-        """(peer, acked offset) of each connected slave."""
-        return [(c.peer, c.ack) for c in self.conns.values()]
