@@ -177,8 +177,8 @@ def test_topics_create_route_status_send_delete(env):
     assert re.search(r"Sent [0-9A-F]{32} \(SEND_OK\) to broker-a queue \d offset 0", text), text
     text = ok(env, "/topic?topic=ConsoleNew")
     assert re.search(r"broker-a \d 0 1 \d{4}-", text), text    # one queue now holds one message
-    assert "tick 'yes, delete ConsoleNew'" in error_of(
-        env, "/topic/delete", {"topic": "ConsoleNew", "clusterName": "DefaultCluster"})
+    text = error_of(env, "/topic/delete", {"topic": "ConsoleNew", "clusterName": "DefaultCluster"})
+    assert "Topic ConsoleNew" in text and "tick 'yes, delete ConsoleNew'" in text
     text = ok(env, "/topic/delete", {"topic": "ConsoleNew", "clusterName": "DefaultCluster",
                                      "confirm": "true"})
     assert "Topic ConsoleNew deleted from" in text and "ConsoleNew DefaultCluster" not in text
@@ -416,8 +416,8 @@ def test_browser_topic_create_send_delete(env, browser):
     browser.screenshot("04-topic-sent")
     browser.follow('form[action="/topic/delete"] button')                 # not ticked: refused
     assert "tick 'yes, delete ConsoleBrowserT'" in browser.text(".error")
+    assert browser.title() == "Topic ConsoleBrowserT - shmq console"      # the form's page again
     browser.screenshot("05-topic-delete-refused")
-    browser.open(env.url + "/topic?topic=ConsoleBrowserT")
     browser.click('form[action="/topic/delete"] input[name=confirm]')
     browser.follow('form[action="/topic/delete"] button')
     assert "Topic ConsoleBrowserT deleted" in browser.text(".notice")

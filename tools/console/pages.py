@@ -456,5 +456,10 @@ GET = {"/": cluster, "/cluster": cluster, "/broker": broker, "/topics": topics, 
        "/message": message}
 POST = {"/topic/create": topic_create, "/topic/delete": topic_delete, "/topic/send": topic_send,
         "/group/reset": group_reset, "/group/skip": group_skip, "/message/resend": message_resend}
+# where a refused action's error is shown: the page of its form, and the
+# form fields that name that page
+BACK = {"/topic/create": ("/topics", ()), "/topic/delete": ("/topic", ("topic",)),
+        "/topic/send": ("/topic", ("topic",)), "/group/reset": ("/group", ("group",)),
+        "/group/skip": ("/group", ("group",)), "/message/resend": ("/message", ("msgId",))}
 
-__all__ = ["GET", "POST", "BadInput", "Failed", "admin_args"]
+__all__ = ["BACK", "GET", "POST", "BadInput", "Failed", "admin_args"]

@@ -6,7 +6,8 @@ Each request gets its own ``AdminClient`` (closed when the page is
 written), so requests share no connection and need no lock; only the
 sampler's TPS rings are shared. Every answer is a whole HTML page: a
 page function's result (200); its ``BadInput`` or ``AdminError`` as the
-sentence in a red box (400); an unknown path (404) or method (405) said
+sentence in a red box (400), a refused action's on the page of its form
+(``pages.BACK``); an unknown path (404) or method (405) said
 so. A bug is logged with its traceback on the console's stderr and the
 page says only that the request failed and where to look (500): never a
 traceback page. It listens on 127.0.0.1 only: the console has no login,
@@ -114,11 +115,27 @@ class Handler(BaseHTTPRequestHandler):
         except pages.Failed as e:
             self._send(400, page(e.title, e.body, ns, error=str(e)))
         except (pages.BadInput, AdminError) as e:
-            self._send(400, page(_title(path), "", ns, error=str(e)))
+            self._send(400, self._error_page(path, fields, str(e)))
         except Exception:
             log.exception("console: %s %s failed", self.command, self.path)
             self._send(500, page("Error", "", ns, error=f"{self.command} {path} failed: a bug in "
                                  f"the console; its traceback is on the console's stderr"))
+
+    def _error_page(self, path: str, fields: dict, error: str) -> str:
+        """A refused action's error on the page of its form (as it is now),
+        so the user corrects the form there; else on a page of its own."""
+        ns = self.server.namesrv
+        if path in pages.BACK:
+            back, names = pages.BACK[path]
+            try:
+                with self.server.client() as a:
+                    title, body, _ = pages.GET[back](self.server, a,
+                                                     {k: fields.get(k, "") for k in names})
+                return page(title, body, ns, error=error)
+            except (pages.BadInput, pages.Failed, AdminError):
+                pass                  # the form's page is gone too (a deleted topic)
+        return page(path.strip("/").replace("/", " ").capitalize() or "Cluster", "", ns,
+                    error=error)
 
     def _send(self, status: int, text: str) -> None:
         data = text.encode("utf-8")
@@ -132,9 +149,3 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt: str, *args) -> None:
         log.debug("console: " + fmt, *args)
 
-
-def _title(path: str) -> str:
-    return {"/message/resend": "Resend", "/topic/create": "Create topic",
-            "/topic/delete": "Delete topic", "/topic/send": "Send message",
-            "/group/reset": "Reset offset", "/group/skip": "Skip backlog"}.get(
-        path, path.strip("/").capitalize() or "Cluster")
