@@ -25,7 +25,10 @@ import re
 import time
 from types import SimpleNamespace
 
-from shmq.client.requests import send_message
+from shmq.core.layout import properties_to_string
+from shmq.ipc.codes import RequestCode as RC
+from shmq.ipc.headers import send_ext
+from shmq.ipc.remoting import RemotingCommand
 
 from .. import admin
 from .. import admin_commands as cmds
@@ -38,6 +41,10 @@ QUERY_MESSAGES = 64            # messages a time-range query shows at most
 # properties a resent dead letter does not carry over: the pull's range and
 # the retry's delay level (it is resent to be consumed now)
 NOT_RESENT = ("MIN_OFFSET", "MAX_OFFSET", "DELAY", "TRAN_MSG")
+# a resent dead letter's maxReconsumeTimes (a send to a %RETRY% topic must
+# carry one: older 4.x brokers read it without a null check): RocketMQ's
+# default retryMaxTimes, so the group's consumers retry it as any message
+RESEND_MAX_RECONSUME_TIMES = 16
 
 
 class BadInput(Exception):
@@ -420,7 +427,9 @@ def resend_dead_letter(a: AdminClient, m: dict) -> dict:
     serves that topic: every consumer of the group subscribes to its retry
     topic, and restores the original topic from RETRY_TOPIC (which the
     broker set when it gave up). reconsumeTimes starts again at 0, the
-    msgId (UNIQ_KEY), keys and tags stay. Works on any 4.x broker, with
+    msgId (UNIQ_KEY), keys and tags stay; the send is a SEND_MESSAGE_V2
+    as a client's fallback of sendMessageBack makes it (client/retry.py).
+    Works on any 4.x broker, with
     the group's consumers online or not (they get it when they come);
     rocketmq-dashboard instead asks one online consumer to consume it
     directly (CONSUME_MESSAGE_DIRECTLY), which needs one online."""
@@ -434,7 +443,11 @@ def resend_dead_letter(a: AdminClient, m: dict) -> dict:
     addr = dict(masters).get(m["brokerName"], masters[0][1])
     body = m["body"].encode() if m["body"] is not None else base64.b64decode(m["bodyBase64"])
     props = {k: v for k, v in m["properties"].items() if k not in NOT_RESENT}
-    cmd = send_message(retry, body, group=group_name, props=props)
+    cmd = RemotingCommand(RC.SEND_MESSAGE_V2, body=body, ext=send_ext(
+        producerGroup=group_name, topic=retry, defaultTopic="TBW102", defaultTopicQueueNums=4,
+        queueId=-1, sysFlag=0, bornTimestamp=_now_ms(), flag=0,
+        properties=properties_to_string(props), reconsumeTimes=0, unitMode=False,
+        maxReconsumeTimes=RESEND_MAX_RECONSUME_TIMES, batch=False))
     r = a.broker_call(addr, cmd, f"resend to {retry}")
     return {"topic": retry, "brokerAddr": addr, "msgId": r.ext.get("msgId"),
             "queueId": r.ext.get("queueId"), "queueOffset": r.ext.get("queueOffset")}
