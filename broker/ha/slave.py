@@ -74,6 +74,7 @@ class HAClient:
         self.frames = Frames()
         self.master = ""
         self.reported = -1
+        self.unsent = b""            # the rest of a report the socket took part of
         self.last_report = self.last_read = 0.0
         self.next_try = 0.0
 
@@ -120,19 +121,26 @@ class HAClient:
         self.sel.register(sock, selectors.EVENT_READ)
         self.last_read = now
         self.reported = -1
+        self.unsent = b""
         log.info("HA: connected to the master %s; this store ends at %d", addr,
                  self.replica.received)
         self._report(self.replica.received, now)
 
     def _report(self, offset: int, now: float) -> None:
+        """Send ``offset``, or first the rest of a report the socket took
+        only part of (a master that stopped reading): reports stay whole."""
+        fresh = not self.unsent
+        data = self.unsent or report(offset)
         try:
-            self.sock.sendall(report(offset))   # 8 bytes: the socket takes them whole
+            n = self.sock.send(data)
         except BlockingIOError:
-            return                               # the master reads nothing: housekeeping ends it
+            n = 0
         except OSError as e:
             self.drop(f"report failed: {e.strerror or e}")
             return
-        self.reported, self.last_report = offset, now
+        self.unsent = data[n:]
+        if fresh and not self.unsent:
+            self.reported, self.last_report = offset, now
 
     def _read(self) -> None:
         try:
