@@ -581,6 +581,15 @@ def rows_at(buf: np.ndarray, phy_base: int, phys: np.ndarray, sizes: np.ndarray)
     return out[:n]
 
 
+def uniq_hashes(buf: np.ndarray, phy_base: int, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The duplicate-send window's hash of each record at ConsumeQueue
+    positions ``phys`` (all in segment ``buf``; ``K.uniq_hashes``), 0 where
+    there is no key to remember."""
+    out = np.empty(phys.shape[0], dtype=np.int64)
+    K.uniq_hashes(buf, phy_base, phys, sizes, phys.shape[0], K.CRC_TABLES, _UNIQ_KEY, out)
+    return out
+
+
 def decode_columns(buf: np.ndarray, phy_base: int, rows: np.ndarray) -> Columns:
     """Every field of the records ``rows`` describe, as columns (one numba pass)."""
     n = rows.shape[0]
@@ -654,6 +663,8 @@ def warm_up_scan() -> None:
     zeros = jit.readonly(np.zeros(64, np.uint8))
     K.scan_records(zeros, 0, 64, 0, True, K.CRC_TABLES, _TAGS_KEY, np.zeros((1, K.N_SCAN), np.int64))
     K.last_nonzero(zeros, 0)
+    one = jit.readonly(np.zeros(1, np.int64))
+    uniq_hashes(zeros, 0, one, one)
 
 
 def warm_up_queue() -> None:

@@ -457,6 +457,26 @@ def records_at(segment: bytes, phy_base: int, units: list[tuple[int, int]]) -> l
     return rows
 
 
+def uniq_hashes(segment: bytes, phy_base: int, units: list[tuple[int, int]]) -> list[int]:
+    """The duplicate-send window's hash of the record each unit (phy, size)
+    points at: the CRC-32 of the value of its first properties piece named
+    UNIQ_KEY (1 for a CRC of 0); 0 when the unit is not exactly one whole
+    valid message record of its size, the record's RECONSUMETIMES is not 0,
+    or that value is empty or there is no such piece."""
+    out = []
+    for phy, size in units:
+        h = 0
+        if records_at(segment, phy_base, [(phy, size)]):
+            f = parse_record(segment[phy - phy_base:phy - phy_base + size])
+            for piece in f["properties"].split(b"\x02") if f["reconsume_times"] == 0 else []:
+                key, sep, value = piece.partition(b"\x01")
+                if sep and key == b"UNIQ_KEY":
+                    h = (crc32(value) or 1) if value else 0
+                    break
+        out.append(h)
+    return out
+
+
 def host_text(ip: bytes, port: int) -> str:
     """``a.b.c.d:port``, or ``[h:h:h:h:h:h:h:h]:port`` with each group in
     lower-case hex without leading zeros and no ``::`` shortening; a

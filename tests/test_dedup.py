@@ -161,6 +161,43 @@ def test_a_clean_stop_saves_the_window_and_the_next_start_takes_it_back(make_rig
     assert stored(rig).count(b"later") == 1
 
 
+def _window(st) -> list[tuple[int, int]]:
+    """The window's (hash, CommitLog offset) entries, oldest first."""
+    import numpy as np
+
+    n, seq = st.dedup_entries, st.get("dedup_seq")
+    ents = np.asarray(st.words[st.dedup_ents:st.dedup_ents + n * 3]).reshape(n, 3)
+    return [(int(ents[p % n, 0]), int(ents[p % n, 2])) for p in range(max(0, seq - n), seq)]
+
+
+def test_a_start_without_a_saved_window_refills_the_same_entries_from_the_store(
+        make_rig, store_dir):
+    """After an abnormal stop (no saved window) the start refills the window
+    from the store (issue 20: the keys are hashed in a kernel, a stretch of
+    the newest records at a time, not read back one by one): the same
+    entries, oldest first, as the sends made. Sends without a key or with an
+    empty one, between them, take none; retries are still caught."""
+    import os
+
+    from shmq.core.dedup import SNAPSHOT
+
+    rig = make_rig()
+    sent = {}
+    for i in range(2 * WINDOW + 3):
+        sent[i] = answer(rig.ok(keyed("DedupTopic", b"m%d" % i, f"K-{i}", queue_id=i % 4)))
+        rig.ok(send_message("OtherTopic", b"plain", queue_id=i % 4))
+        if i % 5 == 0:
+            rig.ok(keyed("OtherTopic", b"empty key", ""))
+    before = _window(rig.store.state)
+    assert len(before) == WINDOW
+    rig.close()
+    os.unlink(os.path.join(store_dir, SNAPSHOT))    # as after kill -9: nothing saved
+    rig = make_rig()
+    assert _window(rig.store.state) == before
+    last = 2 * WINDOW + 2
+    assert answer(rig.ok(keyed("DedupTopic", b"m%d" % last, f"K-{last}", queue_id=3))) == sent[last]
+
+
 def test_a_batch_retry_gets_the_first_batch_answer_and_a_different_batch_is_stored(make_rig):
     rig = make_rig()
 

@@ -1088,6 +1088,61 @@ def test_records_at_matches_twin(seg, data):
     event(f"{len(want)} of {len(units)} units read")
 
 
+@budget(150)
+@given(seg=segments(pads=True), data=st.data())
+def test_uniq_hashes_match_twin_and_the_appends_lookup(seg, data):
+    """The window's hash of each unit's record (``dedup.rebuild``), as the
+    twin finds it; for every whole record not consumed again, the very hash
+    the append's lookup makes of its properties (``dedup.key_hash``), so a
+    refilled window catches what the live one would."""
+    from shmq.core.dedup import key_hash
+    from shmq.core.records import uniq_hashes
+    units = data.draw(units_into(seg), label="units")
+    phys = np.array([u[0] for u in units], np.int64)
+    sizes = np.array([u[1] for u in units], np.int64)
+    got = uniq_hashes(u8(seg.buf), seg.phy_base, phys, sizes).tolist()
+    assert got == naive.uniq_hashes(seg.buf, seg.phy_base, units)
+    for (phy, size), h in zip(units, got):
+        rows = naive.records_at(seg.buf, seg.phy_base, [(phy, size)])
+        f = rows and naive.parse_record(seg.buf[phy - seg.phy_base:phy - seg.phy_base + size])
+        if f and f["reconsume_times"] == 0:
+            assert h == key_hash(f["properties"])
+    event(f"{sum(1 for h in got if h)} of {len(units)} keyed")
+
+
+KEYED_PROPS = st.lists(PIECE | st.tuples(st.sampled_from(["UNIQ_KEY", "UNIQ_KEX", "XNIQ_KEY"]),
+                                          VALUE).map("\x01".join), max_size=5).map(lambda pieces: "\x02".join(pieces).encode())
+
+
+@budget(100)
+@given(records=st.lists(st.tuples(KEYED_PROPS, st.sampled_from([0, 0, 0, 1, -1]),
+                                  st.sampled_from([0, L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6])),
+                        min_size=1, max_size=6),
+       phy_base=st.integers(0, 2**40))
+def test_uniq_hashes_of_keyed_records_are_the_appends_lookup(records, phy_base):
+    """Records whose properties mostly carry UNIQ_KEY pieces (first, later,
+    twice, empty, near misses of its name), some consumed again, some with IPv6 hosts: the twin's
+    hashes, and for each one not consumed again the append's lookup."""
+    from shmq.core.dedup import key_hash
+    from shmq.core.records import uniq_hashes
+    buf, units = b"", []
+    for props, reconsume, sysflag in records:
+        host = ("::1", 7) if sysflag else ("127.0.0.1", 7)
+        rec = naive.encode_record("T", b"body", props, sysflag=sysflag, born_host=host,
+                                  store_host=host, reconsume_times=reconsume,
+                                  phy_offset=phy_base + len(buf))
+        units.append((phy_base + len(buf), len(rec)))
+        buf += rec
+    got = uniq_hashes(u8(buf), phy_base, np.array([u[0] for u in units], np.int64),
+                      np.array([u[1] for u in units], np.int64)).tolist()
+    assert got == naive.uniq_hashes(buf, phy_base, units)
+    assert [h for h, (_, reconsume, _) in zip(got, records) if reconsume] == \
+        [0 for _, reconsume, _ in records if reconsume]
+    assert [h for h, r in zip(got, records) if not r[1]] == \
+        [key_hash(props) for props, reconsume, _ in records if not reconsume]
+    event(f"{sum(1 for h in got if h)} of {len(units)} keyed")
+
+
 def decoded_columns(seg: Segment, rows: list[tuple]) -> list[dict]:
     """R.decode_columns (arrow_columns in buffers the wrapper sizes) row by row."""
     arr = np.array(rows, np.int64).reshape(len(rows), K.N_SCAN)

@@ -13,7 +13,7 @@ ones above it::
     binary        big-endian integers, CRC-32, Java String.hashCode of UTF-8
     properties    a message's properties string: values, tags code, integers
     batch         into the CommitLog: split a batch body, encode, stamp
-    records       stored records: scan and validate a segment
+    records       stored records: scan and validate a segment, UNIQ_KEY hashes
     consumequeue  ConsumeQueue units: put, scan, valid end, min offset
     index         IndexFile: put, select, check, index a scan
     columns       records as Arrow-shaped columns for readers
@@ -59,7 +59,7 @@ from .consumequeue import (CQ_BAD, CQ_DONE, CQ_FULL, cq_put, cq_put_many, cq_sca
 from .index import (IX_BAD_ENTRY, IX_BAD_SLOT, IX_DONE, IX_FULL, IX_OK, _index_key_hash,
                     index_check, index_put, index_records, index_select)
 from .properties import INT_DIGITS_MAX, find_property, int_properties, tags_codes
-from .records import last_nonzero, scan_records
+from .records import last_nonzero, scan_records, uniq_hashes
 
 MODULES = (binary, properties, batch, records, consumequeue, index, columns)
 

@@ -6,6 +6,7 @@ vocabulary, ``SCAN_*`` statuses and ``S_*`` columns, is in ``layout``). It
 never reads past ``end`` or the record's own TOTALSIZE, so a torn or hostile
 segment stops the scan with SCAN_CORRUPT instead of a wild read.
 ``last_nonzero`` tells recovery what lies past the end of the data.
+``uniq_hashes`` reads the duplicate-send window's keys back (``dedup``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..layout import (MESSAGE_MAGIC_V2_I32, N_SCAN, S_BODY_LEN, S_BODY_POS, S_PH
                       S_SYSFLAG, S_TAGS_CODE, S_TOPIC_HASH, S_TOPIC_LEN, S_TOPIC_POS,
                       SCAN_BLANK, SCAN_CORRUPT, SCAN_END, SCAN_FOREIGN, SCAN_FULL)
 from .binary import JIT, crc32, java_hash_utf8, ld_i16, ld_i32, ld_i64
-from .properties import find_property
+from .properties import _piece, find_property
 
 
 @njit(**JIT)
@@ -175,3 +176,54 @@ def last_nonzero(buf, start):
             return i
         i -= 1
     return -1
+
+
+@njit(**JIT)
+def uniq_hashes(buf, phy_base, phys, sizes, count, t, uniq_key, out):
+    """The duplicate-send window's hash (``dedup.hash_of``: the CRC-32 of the
+    UNIQ_KEY value, 1 for 0) of the record each ConsumeQueue unit (phys[i],
+    sizes[i]), i < count, points at in segment ``buf``, into out[i]; 0 where
+    the unit is not one whole valid message record of its size there (as
+    ``records_at`` decides), the record is a consumer's retry
+    (RECONSUMETIMES != 0), or its first piece named UNIQ_KEY has an empty
+    value or there is none (the key the append's lookup reads,
+    ``dedup.key_of``). Returns how many are nonzero."""
+    seg = buf.shape[0]
+    row = np.empty((1, N_SCAN), dtype=np.int64)
+    no_tags = uniq_key[:0]
+    klen = uniq_key.shape[0]
+    found = 0
+    for i in range(count):
+        out[i] = 0
+        phy = phys[i]
+        size = sizes[i]
+        # (no sum that can wrap: see records_at)
+        if phy < phy_base or size <= 0 or size > seg - (phy - phy_base):
+            continue
+        pos = phy - phy_base
+        n, _, _ = _scan_headers(buf, pos, pos + size, phy_base, no_tags, row)
+        if n != 1 or row[0, S_SIZE] != size:
+            continue
+        sysflag = row[0, S_SYSFLAG]
+        reconsume = (pos + L.OFF_BORNHOST + (20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8) + 8
+                     + (20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8))
+        if ld_i32(buf, reconsume) != 0:
+            continue
+        j = row[0, S_PROPS_POS]
+        end = j + row[0, S_PROPS_LEN]
+        while j < end:
+            sep, e = _piece(buf, j, end)
+            if sep - j == klen:
+                same = True
+                for k in range(klen):
+                    if buf[j + k] != uniq_key[k]:
+                        same = False
+                        break
+                if same:
+                    if e > sep + 1:
+                        h = crc32(buf, sep + 1, e, t)
+                        out[i] = h if h != 0 else 1
+                        found += 1
+                    break
+            j = e + 1
+    return found
