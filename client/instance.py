@@ -119,9 +119,12 @@ class TopicRoute:
         route = cls(qds, addrs, data.get("orderTopicConf"))
         for qd in qds:
             name = qd["brokerName"]
-            if MASTER_ID not in addrs.get(name, {}):
+            here = addrs.get(name)
+            if not here:
                 continue
-            if qd.get("perm", 6) & PERM_WRITE:
+            # sends go to a master; reads to the master or, with the master
+            # gone from the route, to a slave (RocketMQ's topicRouteData2Topic*Info)
+            if MASTER_ID in here and qd.get("perm", 6) & PERM_WRITE:
                 route.publish += [MessageQueue(topic, name, i) for i in range(qd["writeQueueNums"])]
             if qd.get("perm", 6) & PERM_READ:
                 route.subscribe += [MessageQueue(topic, name, i) for i in range(qd["readQueueNums"])]
@@ -207,7 +210,7 @@ class ClientInstance:
         table = self.producers if kind == "producer" else self.consumers
         table.pop(group, None)
         ext = {"clientID": self.client_id, f"{kind}Group": group}
-        for addr in self.broker_addrs():
+        for addr in self.broker_addrs(slaves=True):
             try:
                 conn = await self.connection(addr)
                 await conn.invoke(RemotingCommand(RC.UNREGISTER_CLIENT, ext=dict(ext)),
@@ -282,15 +285,25 @@ class ClientInstance:
                         c.rebalance_soon()
 
     def broker_addr(self, broker_name: str) -> str | None:
+        """The master of ``broker_name``; with no master in any route, its
+        slave of the lowest id (RocketMQ's findBrokerAddressInSubscribe with
+        onlyThisBroker false): consumers go on reading from a slave while the
+        master is down, and back to the master once a route names it again
+        (every route refresh forgets the connections by name)."""
+        slave = None
         for r in self.routes.values():
-            addr = r.broker_addrs.get(broker_name, {}).get(MASTER_ID)
-            if addr:
-                return addr
-        return None
+            a = r.broker_addrs.get(broker_name)
+            if a:
+                if MASTER_ID in a:
+                    return a[MASTER_ID]
+                if slave is None:
+                    slave = a[min(a, key=int)]
+        return slave
 
-    def broker_addrs(self) -> set[str]:
-        return {a[MASTER_ID] for r in self.routes.values() for a in r.broker_addrs.values()
-                if MASTER_ID in a}
+    def broker_addrs(self, slaves: bool = False) -> set[str]:
+        """Every master's address in the routes held; ``slaves``: every slave's too."""
+        return {addr for r in self.routes.values() for a in r.broker_addrs.values()
+                for bid, addr in a.items() if slaves or bid == MASTER_ID}
 
     # ------------------------------------------------------------ connections
     async def connection(self, addr: str, direct: bool = False) -> Connection:
@@ -424,7 +437,8 @@ class ClientInstance:
 
     async def heartbeat(self) -> None:
         body = self.heartbeat_body()
-        for addr in self.broker_addrs():
+        # a consumer's groups to slaves too (it may read there); a producer's to masters
+        for addr in self.broker_addrs(slaves=bool(self.consumers)):
             try:
                 await self._heartbeat_to(addr, await self.connection(addr), body)
             except RemotingError as e:

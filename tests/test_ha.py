@@ -21,10 +21,13 @@ import time
 
 import orjson
 import pytest
+import subprocess
+import sys
 
 from brokerproc import broker_conf, free_port, BrokerProc
 from shmq.broker.config import BrokerConfig
 from shmq.broker.ha.protocol import Frames, ProtocolError, Reports, header, report
+from shmq.client import ConsumeConcurrentlyStatus, PushConsumer
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import create_topic, decode_records, pull_message, send_message
 from shmq.ipc.codes import RequestCode as RC
@@ -62,6 +65,12 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     p = Pair()
+    # a NameServer of its own, which outlives the master (the last test kills it)
+    port = free_port()
+    p.ns_proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(port)],
+                                 stdout=subprocess.PIPE, text=True)
+    assert p.ns_proc.stdout.readline().startswith("shmq namesrv ready")
+    p.ns = f"127.0.0.1:{port}"
     tmp = tmp_path_factory.mktemp("master")
     # its own HA port, not listenPort + 1: that one may be some connection's
     # local port on a busy machine
@@ -69,7 +78,8 @@ def pair(tmp_path_factory):
     # the master's pull replies suggest the slave
     p.master = BrokerProc(tmp, broker_conf(tmp, brokerRole="SYNC_MASTER", slaveTimeout=700,
                                            haListenPort=free_port(), slaveReadEnable="true",
-                                           accessMessageInMemoryMaxRatio=0, **SMALL)).start()
+                                           accessMessageInMemoryMaxRatio=0, namesrvAddr=p.ns,
+                                           **SMALL)).start()
     p.tmp = tmp_path_factory.mktemp("slave")
     try:
         with RemotingClient(p.master.addr) as c:
@@ -82,6 +92,8 @@ def pair(tmp_path_factory):
                     b.stop()
                 finally:
                     b.kill9()
+        p.ns_proc.terminate()
+        p.ns_proc.wait(30)
 
 
 def send(addr: str, body: bytes, qid: int = 0, keys=None) -> RemotingCommand:
@@ -225,6 +237,20 @@ def test_with_the_master_killed_every_acknowledged_message_is_read_from_the_slav
     pair.master.kill9()
     bodies = [m.body for m in pull_all(pair.slave.addr, 0)]
     assert bodies[-30:] == acked
+    # a consumer finds only the slave in the route now, and reads everything there
+    seen = []
+
+    def listener(msgs, context):
+        seen.extend(m.body for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    c = PushConsumer("haReader", namesrv_addr=pair.ns, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+    c.subscribe(TOPIC)
+    c.register_message_listener(listener)
+    c.start()
+    try:
+        until("the acknowledged messages consumed from the slave", lambda: set(acked) <= set(seen))
+    finally:
+        c.shutdown()
 
 
 def test_frames_golden_and_split_anywhere():
