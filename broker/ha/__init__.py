@@ -1,10 +1,11 @@
 """Master/slave replication, speaking RocketMQ 4.x's own HA protocol.
 
 A master streams its CommitLog to its slaves over a plain TCP connection on
-``haListenPort`` (listenPort + 1), with no remoting framing; any RocketMQ
-4.x broker can be either end (RocketMQ: ``HAService``, ``HAConnection``,
-``HAClient``; ``shared/reference/rocketmq-ha-acl-timer-trace.md`` §1). The
-two directions, big-endian (``protocol``)::
+``haListenPort`` (listenPort + 1), with no remoting framing, byte for byte
+as RocketMQ 4.9's ``HAService``, ``HAConnection`` and ``HAClient`` speak it
+(``shared/reference/rocketmq-ha-acl-timer-trace.md`` §1), so that a RocketMQ
+4.x broker can be either end (untried here: no Java broker runs on this
+machine). The two directions, big-endian (``protocol``)::
 
     slave → master, repeated, nothing else ever:
         0          8
