@@ -220,11 +220,12 @@ def rebuild(store) -> int:
     only, before any appender attaches). Returns the entries made.
 
     The candidates are the last ``N`` units of each queue (read ahead, all
-    queues' at once), newest first by CommitLog offset; their keys are hashed in the mapped segments by
-    ``K.uniq_hashes`` (no Python step per record), a stretch at a time, each
-    stretch no longer than the entries still missing, read ahead first
-    (``CommitLog.will_need``: one large read, not a fault a page): the
-    newest ``N`` records are usually all it reads."""
+    queues' at once), newest first by CommitLog offset; their keys are
+    hashed in the mapped segments by ``K.uniq_hashes`` (no Python step per
+    record), a stretch at a time, each stretch no longer than the entries
+    still missing, read ahead first (``CommitLog.will_need``: one large
+    read, not a fault a page): the newest ``N`` records are usually all it
+    reads."""
     st = store.state
     n = st.dedup_entries
     if not n:

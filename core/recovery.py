@@ -21,9 +21,11 @@ the checkpoint.
    (whole records then zeros, or a BLANK ending at its end, at a multiple of
    4096 bytes) is what a store made with another ``mappedFileSizeCommitLog``
    looks like: that is refused, naming both ways out.
-2. Scan from the start of the segment holding min(checkpoint.cl_flushed,
-   checkpoint.cq_flushed) — both record boundaries — or from the first segment
-   without a usable checkpoint (or with the consumequeue directory missing).
+2. Scan from min(checkpoint.cl_flushed, checkpoint.cq_flushed) — both record
+   boundaries — when a valid record starts or ends there (``_record_bound``:
+   records name their own position, so a wrong checkpoint is caught), else
+   from the start of the segment holding it; from the first segment without
+   a usable checkpoint (or with the consumequeue directory missing).
    Validate every record (``_kernels.scan_records``: magic, sizes, topic,
    physical offset, body CRC). Zeros are the end. An invalid record past the
    checkpoint's flushed position is a torn write: it is the end. One below it
@@ -48,8 +50,8 @@ the checkpoint.
 What recovery does not read, and what checks it instead. Start time must
 not grow with the backlog (a hundred million messages stored start in
 seconds), so recovery reads only what the checkpoint does not cover: the
-CommitLog from the segment holding the flushed positions (step 2), and of
-each ConsumeQueue only its last files — those after the last file whose
+CommitLog from the flushed positions (step 2: after a clean stop, nothing),
+and of each ConsumeQueue only its last files — those after the last file whose
 last unit points wholly below the scan start (``ConsumeQueues.valid_extent``:
 such a file, and every file before it, was durable when the checkpoint was
 written, so it is trusted unread, as RocketMQ trusts all but its last three
@@ -58,11 +60,12 @@ the process wrote, and the checkpoint is at most a flush interval old. The
 walks read ahead in large requests (``FileLayer.will_need``) and give back
 each segment they are done with (``FileLayer.drop``). What was durable and
 is damaged later below the scan start — a flipped bit, a bad sector, in a
-segment or a ConsumeQueue unit — is not seen here: the scrub (``core/scrub.py``)
-checks every record of the sealed segments in the background and lists what
-fails, which the next start quarantines; a pull that reads a record from
-disk checks it (``checkCRCOnRead``) and never serves a bad one (a unit that
-points at no valid record included); ``shmq store inspect --verify`` checks
+segment (the one being written included) or a ConsumeQueue unit — is not
+seen here: the scrub (``core/scrub.py``) checks every record below the
+flushed position in the background and lists what fails, which the next
+start quarantines; a pull that reads a record from disk checks it
+(``checkCRCOnRead``) and never serves a bad one (a unit that points at no
+valid record included); ``shmq store inspect --verify`` checks
 every unit. A lost ConsumeQueue file (a hole in a queue's file sequence) is
 still found here, from the file names alone, and re-dispatched.
 
@@ -265,12 +268,16 @@ def recover(config: StoreConfig, files: FileLayer,
         if ckpt is None or ckpt.cl_flushed < 0 or not files.listdir(cqs.dir):
             scan_from = segs[0]
         else:
-            scan_from = min(max(min(ckpt.cl_flushed, ckpt.cq_flushed), segs[0]), segs[-1])
-            scan_from -= scan_from % seg
+            scan_from = max(min(ckpt.cl_flushed, ckpt.cq_flushed), segs[0])
+            if scan_from >= segs[-1] + seg:
+                scan_from = segs[-1]      # past the segments there are: the last one's start
         if repaired_middle or rep.cq_files_rebuilt:
             scan_from = segs[0]   # records lost mid-log, or units lost: re-dispatch everything
             rep.full_redispatch = bool(repaired_middle)
         kept = _kept_extents(cqs, cl_min, scan_from)
+        if scan_from % seg and not _record_bound(cl, cqs, scan_from, kept):
+            scan_from -= scan_from % seg
+            kept = _kept_extents(cqs, cl_min, scan_from)
         dispatch = _Dispatcher(cqs, kept, rep, rules, pad_after=repaired_middle,
                                whole=cl_min == 0)
         flushed = ckpt.cl_flushed if ckpt is not None else -1
@@ -495,11 +502,12 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
     out = np.empty((SCAN_ROWS, K.N_SCAN), dtype=np.int64)
     last_ts = 0
     end = scan_from
-    for s in segs[segs.index(scan_from):]:
-        if s != scan_from:
+    first = scan_from - scan_from % cl.segment_bytes
+    for s in segs[segs.index(first):]:
+        if s != first:
             cl.drop(s - cl.segment_bytes, s)   # done with the one before: out of this RSS
         buf = cl.map(s)
-        pos = held = 0
+        pos = held = start = scan_from - s if s == first else 0
         while True:
             begin = pos
             cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES)   # large reads, not a fault a page
@@ -517,7 +525,7 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
             if status != K.SCAN_FULL:
                 break
         end = s + pos
-        rep.bytes_scanned += pos
+        rep.bytes_scanned += pos - start
         if status == K.SCAN_BLANK or (status == K.SCAN_END and pos == buf.shape[0]):
             end = s + buf.shape[0]         # a BLANK, or a PAD, ends the segment
             continue
@@ -527,6 +535,30 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
         rep.stop_reason = "end" if status == K.SCAN_END else f"corrupt record at {s + pos}"
         break
     return end, last_ts
+
+
+def _record_bound(cl: CommitLog, cqs: ConsumeQueues, at: int,
+                  kept: dict[tuple[str, int], tuple[int, int]]) -> bool:
+    """Whether the checkpoint's position ``at`` (inside a segment) is a record
+    boundary, so the scan may start there and not at its segment's start:
+    a valid record (magic, sizes, PHYSICALOFFSET, body CRC) starts at
+    ``at``, or one ends there — the last record a ``kept`` unit points at,
+    as at the end of the data after a clean stop. Records name their own
+    position, so a checkpoint that is wrong (or from another store) is
+    caught here and the scan starts at the segment's start."""
+    s = at - at % cl.segment_bytes
+    buf = cl.map(s)
+    out = np.empty((1, K.N_SCAN), dtype=np.int64)
+    n, _, _ = K.scan_records(buf, at - s, buf.shape[0], s, True, K.CRC_TABLES, _TAGS_KEY[:0], out)
+    if n and int(out[0, K.S_PHY]) == at:
+        return True
+    units = (cqs.unit(*key, past - 1) for key, (first, past) in kept.items() if past > first)
+    ends = [(phy, size) for phy, size, _ in filter(None, units) if size != K.CQ_PAD_SIZE]
+    phy, size = max(ends, key=sum, default=(0, 0))
+    if phy + size != at or phy < s:
+        return False
+    n, _, _ = K.scan_records(buf, phy - s, at - s, s, True, K.CRC_TABLES, _TAGS_KEY[:0], out)
+    return n == 1 and int(out[0, K.S_PHY]) == phy and int(out[0, K.S_SIZE]) == size
 
 
 def _emit(buf: np.ndarray, base: int, rows: np.ndarray, begin: int, stop: int, on_rows, on_pad,

@@ -1,24 +1,30 @@
-"""Scrub: check the records of sealed CommitLog segments in the background.
+"""Scrub: check the durable records of the CommitLog in the background.
 
-Recovery validates only the segments after the checkpoint, and pulls check
-only what they read from disk (``checkCRCOnRead``), so damage to an older
-record that stays in the page cache, or that nobody reads for a while, would
-go unseen until a consumer met it. The services process runs a ``Scrubber``
-as one of its features: it walks the sealed segments (every one before the
-segment being written) from the oldest, at ``scrubBytesPerSecond``, checking
-each record as recovery does (``_kernels.scan_records`` with the body CRC);
-then each segment as it is sealed; and starts a new pass from the oldest
-``scrubPassIntervalHours`` after the last one began (0: at once). It gives
-back the pages it checked every ``backgroundScanWindowBytes``
+Recovery validates only what the checkpoint does not cover (from its
+flushed position on, ``core/recovery.py``), and pulls check only what they
+read from disk (``checkCRCOnRead``), so damage to an older record that
+stays in the page cache, or that nobody reads for a while, would go unseen
+until a consumer met it. The services process runs a ``Scrubber`` as one of
+its features: it walks the CommitLog from the oldest segment, at
+``scrubBytesPerSecond``, checking each record as recovery does
+(``_kernels.scan_records`` with the body CRC), up to the *checked end*:
+the start of the segment being written, or the flushed position inside it
+when that is further (what a start no longer rescans); then follows that
+end as segments are sealed and records are flushed; and starts a new pass
+from the oldest ``scrubPassIntervalHours`` after the last one began (0: at
+once). The checked end is a record boundary (``flushed_pos`` is a past
+``write_pos``), so a record running past it is damage too. It gives back
+the pages it checked every ``backgroundScanWindowBytes``
 (``CommitLog.drop``): its process's RSS holds one window of the store.
 
 A damaged range it finds — from the bad record to the next valid one
-(``recovery.next_valid_record``) — is an ERROR naming the offset, and goes
-into ``<root>/quarantine/damaged.json`` (``DamageLog``): the workers read
-that file once a second and never serve a record in a listed range (the
-queue moves past it, as for any record failing ``checkCRCOnRead``), and the
-next start's recovery quarantines every listed range below the flushed
-position as it does damage it finds itself, then empties the list.
+(``recovery.next_valid_record``), at most to the checked end — is an ERROR
+naming the offset, and goes into ``<root>/quarantine/damaged.json``
+(``DamageLog``): the workers read that file once a second and never serve
+a record in a listed range (the queue moves past it, as for any record
+failing ``checkCRCOnRead``), and the next start's recovery quarantines
+every listed range below the flushed position as it does damage it finds
+itself, then empties the list.
 """
 from __future__ import annotations
 
@@ -46,7 +52,9 @@ class Scrubber:
         self.rate = config.scrubBytesPerSecond
         self.pass_s = config.scrubPassIntervalHours * 3600
         self.pos = -1                  # next CommitLog offset to check; -1: idle
-        self.resume = 0                # where checking stopped: segments sealed later go on from here
+        self.resume = 0                # where checking stopped: what is sealed or flushed since
+                                       # goes on from here
+        self._new_pass = False         # a pass from the oldest is under way (logged when done)
         self.pass_began = float("-inf")
         self.last = clock()
         self.found = 0                 # damaged ranges found since start
@@ -66,7 +74,8 @@ class Scrubber:
         if self.pos < 0:
             if now - self.pass_began >= self.pass_s:           # a new pass from the oldest
                 self.pass_began, self.pos = now, self.store.state.get("cl_min_offset")
-            elif self._sealed_end() > self.resume:             # segments sealed since
+                self._new_pass = True
+            elif self._checked_end() > self.resume:            # sealed or flushed since
                 self.pos = self.resume
             else:
                 return 0
@@ -82,27 +91,31 @@ class Scrubber:
 
     def _give_back(self) -> None:
         """Unmap what the scrub checked since the last time (``CommitLog.drop``):
-        a pass reads every sealed segment, this process holds one window."""
+        a pass reads the whole CommitLog, this process holds one window."""
         end = self.pos if self.pos >= 0 else self.resume
         if end > self._held:
             self.store.cl.drop(self._held, end)
         self._held = -1
 
-    def _sealed_end(self) -> int:
-        """The start of the segment being written: everything below is sealed."""
-        wp = self.store.state.write_pos
-        return wp - wp % self.config.mappedFileSizeCommitLog
+    def _checked_end(self) -> int:
+        """Where checking stops for now: the start of the segment being
+        written (everything below is sealed), or the flushed position
+        when it is past that (durable records of the segment being written)."""
+        st = self.store.state
+        wp = st.write_pos
+        return max(wp - wp % self.config.mappedFileSizeCommitLog, min(st.flushed_pos, wp))
 
     def _check(self, budget: int) -> int:
         """Check from ``pos``, within its segment; returns the bytes passed."""
         seg_bytes = self.config.mappedFileSizeCommitLog
-        sealed_end = self._sealed_end()
+        limit = self._checked_end()
         pos = max(self.pos, self.store.state.get("cl_min_offset"))
-        if pos >= sealed_end:
-            if pos > self.resume:
-                log.info("scrub: checked the sealed segments up to %d; %d damaged ranges found "
-                         "since start", sealed_end, self.found)
-            self.pos, self.resume = -1, sealed_end
+        if pos >= limit:
+            if self._new_pass:
+                log.info("scrub: checked the CommitLog up to %d; %d damaged ranges found "
+                         "since start", limit, self.found)
+                self._new_pass = False
+            self.pos, self.resume = -1, max(pos, limit)
             return 1
         seg = pos - pos % seg_bytes
         try:
@@ -111,25 +124,26 @@ class Scrubber:
             self.pos = seg + seg_bytes
             return 1
         rel = pos - seg
+        end = min(buf.shape[0], limit - seg)
         rows = max(1, min(ROWS, budget // 256))
-        n, stop, status = K.scan_records(buf, rel, buf.shape[0], seg, True, K.CRC_TABLES,
+        n, stop, status = K.scan_records(buf, rel, end, seg, True, K.CRC_TABLES,
                                          self._empty_key, self._rows[:rows])
-        if status == K.SCAN_BLANK:
-            self.pos = seg + seg_bytes
-        elif status == K.SCAN_FULL:
+        if status == K.SCAN_BLANK or (status == K.SCAN_END and stop == buf.shape[0]):
+            self.pos = seg + seg_bytes                           # a BLANK, or a PAD, ends it
+        elif status == K.SCAN_FULL or (status == K.SCAN_END and stop == end):
             self.pos = seg + stop
-        else:                       # a sealed segment ends in a BLANK: anything else is damage
-            self.pos = self._damaged(buf, seg, stop)
+        else:                       # below the checked end, anything else is damage
+            self.pos = self._damaged(buf, seg, stop, end)
         return max(1, self.pos - pos)
 
-    def _damaged(self, buf: np.ndarray, seg: int, rel: int) -> int:
-        nxt = next_valid_record(buf, seg, rel + 1, buf.shape[0])
-        end = seg + (nxt if nxt is not None else buf.shape[0])
+    def _damaged(self, buf: np.ndarray, seg: int, rel: int, end: int) -> int:
+        nxt = next_valid_record(buf, seg, rel + 1, end)
+        stop = seg + (nxt if nxt is not None else end)
         why = (f"no valid record at CommitLog offset {seg + rel} (segment {offset_to_file_name(seg)}; "
                f"found by the scrub)")
         self.found += 1
-        self.damage.add(seg + rel, end, why)
+        self.damage.add(seg + rel, stop, why)
         log.error("scrub: %s: %d bytes to %d set aside; pulls will not serve them and the next "
                   "start quarantines them (shmq store inspect --offset %d shows it)",
-                  why, end - seg - rel, end, seg + rel)
-        return end
+                  why, stop - seg - rel, stop, seg + rel)
+        return stop

@@ -135,11 +135,17 @@ def test_recovery_trusts_the_consumequeue_files_the_checkpoint_covers_and_checks
     from shmq.tools.cli import main
     cfg = small_config(store_dir)               # 64 KiB segments, 100 units a ConsumeQueue file
     store, _ = open_local(cfg)
-    phys = [int(store.append(encode("T", [b"%03d" % i + b"x" * 300], properties=b"")).phy_offset)
-            for i in range(450)]                # 3 segments; units in 5 files
-    close_clean(store)
-    scan_from = phys[-1] - phys[-1] % SMALL_SEGMENT
-    assert phys[299] < scan_from < phys[399] < phys[430]   # files 0-2 trusted, 3 and 4 read
+
+    def put(i):
+        return int(store.append(encode("T", [b"%03d" % i + b"x" * 300], properties=b"")).phy_offset)
+
+    phys = [put(i) for i in range(420)]         # 3 segments; units in 5 files
+    close_clean(store)                          # the checkpoint: record 420 on is not covered
+    store, _ = open_local(cfg)
+    phys += [put(i) for i in range(420, 450)]
+    store.close()                               # as after kill -9: the checkpoint as it was
+    scan_from = phys[420]                       # where the checkpoint says, not its segment's start
+    assert scan_from % SMALL_SEGMENT and phys[399] < scan_from < phys[430]   # files 0-3 trusted
 
     def point_into_its_record(offset):          # a flipped bit: one byte into its record
         path = os.path.join(store_dir, "consumequeue", "T", "0", f"{offset // 100 * 2000:020d}")
@@ -157,6 +163,32 @@ def test_recovery_trusts_the_consumequeue_files_the_checkpoint_covers_and_checks
     assert main(["store", "inspect", store_dir, "--verify", "--json"]) == 1
     bad = json.loads(capsys.readouterr().out)["consumequeue"]["first_bad"]
     assert (bad["topic"], bad["queue_offset"]) == ("T", 10) and f"is at {phys[10]}" in bad["problem"]
+
+
+def test_a_start_reads_from_the_checkpoints_position_only_when_a_record_bounds_it(store_dir):
+    """Issue 20: a start scans from the checkpoint's position, not its
+    segment's start, when a valid record starts or ends there (records name
+    their own position): after a clean stop nothing is read. A checkpoint
+    pointing inside a record (wrong, or from another store) is caught, and
+    the scan starts at the segment's start as before, keeping every record."""
+    from shmq.core.checkpoint import Checkpoint
+    from shmq.core.files import REAL_FILES
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    recs = _fill(store, 40, size=400)            # one segment
+    close_clean(store)
+    store, report = open_local(cfg)
+    assert (report.scan_from, report.bytes_scanned, report.end) == (recs[-1][1], 0, recs[-1][1])
+    store.close()
+    for at, scan_from in ((recs[25][0], recs[25][0]),          # a record starts there
+                          (recs[25][0] + 7, 0), (recs[-1][1] - 4, 0)):   # inside a record
+        ck = Checkpoint.load(REAL_FILES, store_dir)
+        Checkpoint(ck.physic_ts, ck.logics_ts, 0, at, at).save(REAL_FILES, store_dir)
+        store, report = open_local(cfg)
+        assert (report.scan_from, report.end, report.units_rebuilt) == (scan_from, recs[-1][1], 0)
+        assert [m.body for q in range(3) for m in store.read_queue("Cut", q)] == \
+            [r[4] for q in range(3) for r in recs if r[2] == q]
+        store.close()
 
 
 def test_stale_units_past_the_end_are_dropped(store_dir):
@@ -212,10 +244,33 @@ def _checked_bytes(rec_phy, rec_end, body_len, rng):
             "blen": blen_at + rng.randrange(4), "body": rng.choice(body)}[where]
 
 
+def _scrubbed(cfg) -> int:
+    """A run of the store during which the scrub (``core/scrub.py``, the
+    services process's; here on a clock of its own) makes one pass, then a
+    clean stop; returns the damaged ranges it found. A start reads the
+    CommitLog only from the checkpoint's position on (issue 20), so damage
+    below it, in the segment being written too, is the scrub's to find and
+    the next start's to quarantine."""
+    from shmq.core.scrub import Scrubber
+    store, report = open_local(cfg)
+    assert not report.quarantined
+    clock = [0.0]
+    scrub = Scrubber(store, cfg, clock=lambda: clock[0])
+    for _ in range(100):                          # a bounded pass (32 MiB a step)
+        clock[0] += 1.0
+        scrub.step(0)
+        if scrub.pos < 0 and scrub.checked:
+            break
+    assert scrub.pos < 0 and scrub.resume == store.state.flushed_pos
+    close_clean(store)
+    return scrub.found
+
+
 def test_a_flipped_bit_below_the_flushed_position_loses_exactly_that_record(store_dir, caplog):
-    """Issue 15's repro: one flipped body bit in the segment recovery scans
-    used to truncate there and zero every acknowledged record behind it,
-    whose queue offsets then went to new messages."""
+    """Issue 15's repro: one flipped body bit in the segment being written,
+    below the flushed position, used to truncate there and zero every
+    acknowledged record behind it, whose queue offsets then went to new
+    messages. The scrub finds it; the next start quarantines that record."""
     cfg = small_config(store_dir)
     store, _ = open_local(cfg)
     recs = _fill(store, 50, size=400)
@@ -227,6 +282,7 @@ def test_a_flipped_bit_below_the_flushed_position_loses_exactly_that_record(stor
         original = f.read(bad[1] - bad[0])
     _flip(seg, bad[1] - 50, 3)                    # inside its body
     with caplog.at_level("ERROR", logger="shmq.store"):
+        assert _scrubbed(cfg) == 1
         store, report = open_local(cfg)
     (q,) = report.quarantined
     assert (q.phy, q.size, q.records) == (bad[0], bad[1] - bad[0], [("Cut", bad[2], bad[3])])
@@ -256,9 +312,10 @@ def test_a_flipped_bit_below_the_flushed_position_loses_exactly_that_record(stor
 @pytest.mark.parametrize("seed", range(stress_rounds(12)))
 def test_a_flipped_bit_anywhere_checked_loses_exactly_the_flipped_record(store_dir, seed):
     """Bit flips in the fields recovery checks, at a random record of the
-    segments it scans, of a random segment; the ConsumeQueues are lost too
-    in some trials (the record's queue then comes from its own header, or
-    from the holes after it)."""
+    segment being written, below the flushed position: the scrub finds
+    each; the ConsumeQueues are lost too in some trials before the next
+    start (the record's queue then comes from its own header, or from the
+    holes after it)."""
     rng = random.Random(seed)
     cfg = small_config(store_dir)
     store, _ = open_local(cfg)
@@ -272,6 +329,7 @@ def test_a_flipped_bit_anywhere_checked_loses_exactly_the_flipped_record(store_d
     body_len = len(bad[4])
     _flip(_segment(store_dir, last_seg), _checked_bytes(bad[0], bad[1], body_len, rng) - last_seg
           * SMALL_SEGMENT, rng.randrange(8))
+    assert _scrubbed(cfg) == 1
     if rng.random() < 0.3:
         shutil.rmtree(os.path.join(store_dir, "consumequeue"))
     store, report = open_local(cfg)
