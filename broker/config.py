@@ -279,7 +279,9 @@ class BrokerConfig:
 
     @property
     def ha_port(self) -> int:
-        return self.haListenPort or self.listenPort + 1
+        if self.haListenPort or not self.listenPort:   # listenPort 0 (any port): the HA one too
+            return self.haListenPort
+        return self.listenPort + 1
 
     @property
     def ha_addr(self) -> str:

@@ -98,7 +98,7 @@ class Broker:
     def __init__(self, ctx, flush: str, name: str = "", **extra):
         root = ctx.sub(f"broker-{name or flush}")
         store = os.path.join(root, "store")
-        conf = {"storePathRootDir": store, "listenPort": free_port(),
+        conf = {"storePathRootDir": store, "listenPort": free_port(), "haListenPort": free_port(),
                 "namesrvListenPort": free_port(), "embeddedNamesrv": "false",
                 "flushDiskType": flush, "workerProcessNums": 2,
                 "mappedFileSizeCommitLog": (256 if ctx.quick else 1024) << 20, **extra}

@@ -102,8 +102,11 @@ class BrokerProc:
 
 def broker_conf(tmp, **conf) -> dict:
     """A test broker's settings: a store under ``tmp``, free ports, small files."""
+    # haListenPort too: a master listens there (default listenPort + 1, which
+    # another free port of the run may be by then)
     base = dict(storePathRootDir=os.path.join(str(tmp), "store"), listenPort=str(free_port()),
-                namesrvListenPort=str(free_port()), brokerIP1="127.0.0.1", **SMALL)
+                namesrvListenPort=str(free_port()), haListenPort=str(free_port()),
+                brokerIP1="127.0.0.1", **SMALL)
     base.update({k: str(v) for k, v in conf.items()})
     return base
 

@@ -51,7 +51,8 @@ def test_a_port_in_use_is_one_clear_line_and_an_exit(tmp_path, setting):
         s.listen()
         port = s.getsockname()[1]
         settings = {"storePathRootDir": tmp_path / "store", "listenPort": free_port(),
-                    "namesrvListenPort": free_port(), "workerProcessNums": 1, setting: port}
+                    "namesrvListenPort": free_port(), "haListenPort": free_port(),
+                    "workerProcessNums": 1, setting: port}
         conf = tmp_path / "broker.conf"
         conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         r = shmq("broker", "-c", str(conf), timeout=120)
