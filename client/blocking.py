@@ -13,9 +13,13 @@ import os
 import threading
 from typing import Any, Callable
 
+from .instance import MQClientError
 from .message import Message, MessageQueue, SendResult
-from .producer import (AsyncProducer, AsyncTransactionProducer, Selector, TransactionListener,
-                       TransactionSendResult)
+from .producer import (_ENTRY_BYTES, AsyncProducer, AsyncTransactionProducer, FlushResult,
+                       Selector, TransactionListener, TransactionSendResult, _PutBuffer,
+                       put_properties)
+
+_PUT_CHUNKS = 4            # Producer.put: chunks handed to the loop and not yet stored, at most
 
 
 class LoopThread:
@@ -69,10 +73,99 @@ class _Blocking:
 
 class Producer(_Blocking):
     """DefaultMQProducer: ``start()``, ``send()``, ``send_async()``,
-    ``send_oneway()``, ``send_batch()``, ``shutdown()``."""
+    ``send_oneway()``, ``send_batch()``, ``shutdown()``; and ``put()`` /
+    ``flush()`` (below).
+
+    ``put`` gathers messages in the calling thread (a trip to the client's
+    loop thread would cost ~10 µs a call), one buffer per topic under a
+    lock, and hands each full buffer (``put_batch_bytes``) to the loop,
+    which stores it as ``AsyncProducer.put``'s chunks; a partly filled one
+    is handed over by the loop after ``put_linger_ms``. At most
+    ``_PUT_CHUNKS`` chunks are on their way: a put that fills the next one
+    waits (up to ``send_msg_timeout``) for one to be stored."""
 
     def __init__(self, group: str, **settings):
         self._p = AsyncProducer(group, **settings)
+        self._put_init()
+
+    def _put_init(self) -> None:
+        self._put_lock = threading.Lock()
+        self._put_bufs: dict[str, _PutBuffer] = {}
+        self._put_slots = threading.Semaphore(_PUT_CHUNKS)
+
+    def put(self, topic: str, body: bytes, tags: str | None = None,
+            keys: str | list[str] | None = None) -> None:
+        """``AsyncProducer.put`` from any thread: returns before the message
+        is stored; ``flush()`` is the acknowledgement (RocketMQ's
+        ``sendOneway``, except that ``flush`` tells what became of them)."""
+        p = self._p
+        if p._put_error is not None:
+            raise p._put_failed()
+        if body.__class__ is not bytes or not 0 < len(body) <= p._put_max:
+            raise p._put_refused(body)
+        props = "" if tags is None and keys is None else put_properties(tags, keys)
+        handed = False
+        with self._put_lock:
+            b = self._put_bufs.get(topic)
+            if b is None:
+                p._template(topic)                       # the name checked once
+                b = self._put_bufs[topic] = _PutBuffer(topic)
+            if b.nbytes >= p._put_budget:
+                handed = self._put_hand(b)
+            if b.timer is None:                          # the loop hands it over after the linger
+                b.timer = lt = loop_thread()
+                lt.loop.call_soon_threadsafe(lt.loop.call_later, p._put_linger,
+                                             self._put_lingered, b, b.bodies)
+            b.bodies.append(body)
+            b.props.append(props)
+            if props:
+                b.tagged = True
+            b.nbytes += len(body) + _ENTRY_BYTES + len(props)
+        if handed:
+            self._put_slot()
+
+    def _put_hand(self, b: _PutBuffer, counted: bool = True) -> bool:
+        """Under the lock: ``b``'s messages to the loop as one chunk, ``b``
+        emptied. Chunks reach the loop in the order they were taken (one
+        ready queue, appended under this lock): the order within a queue."""
+        if not b.bodies:
+            return False
+        chunk = (b.bodies, b.props if b.tagged else "", b.nbytes)
+        b.bodies, b.props, b.tagged, b.nbytes, b.timer = [], [], False, 0, None
+        loop_thread().loop.call_soon_threadsafe(self._p._put_handoff, b.topic, *chunk,
+                                                self._put_slots.release if counted else None)
+        return counted
+
+    def _put_slot(self) -> None:
+        """After handing a chunk over: wait while more than ``_PUT_CHUNKS``
+        are on their way (the loop releases a slot per chunk stored)."""
+        if not self._put_slots.acquire(timeout=self._p.config.send_msg_timeout):
+            raise MQClientError(-1, f"put: {_PUT_CHUNKS} chunks not stored after "
+                                f"{self._p.config.send_msg_timeout} s (is the client's loop stuck?)")
+
+    def _put_lingered(self, b: _PutBuffer, bodies: list) -> None:
+        """On the loop: ``b``'s linger is over; hand it over unless it was
+        already (its list is another)."""
+        with self._put_lock:
+            if b.bodies is bodies:
+                self._put_hand(b, counted=False)
+
+    def flush(self) -> FlushResult:
+        """Hand over what ``put`` holds and wait until every earlier put is
+        stored (``AsyncProducer.flush``: the counts, or ``PutFailed``); also
+        sends what the accumulator holds (``linger_ms`` > 0) and waits for it."""
+        self._put_hand_all()
+        return self._run(self._p.flush())
+
+    def shutdown(self) -> None:
+        """``flush()``, then ``AsyncProducer.shutdown`` (``PutFailed`` after it)."""
+        self._put_hand_all()
+        self._run(self._p.shutdown())
+
+    def _put_hand_all(self) -> None:
+        with self._put_lock:
+            for b in self._put_bufs.values():
+                self._put_hand(b, counted=False)
 
     def send(self, msg: Message, queue: MessageQueue | None = None,
              selector: Selector | None = None, arg: Any = None,
@@ -101,12 +194,6 @@ class Producer(_Blocking):
     def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None) -> SendResult:
         return self._run(self._p.send_batch(msgs, queue))
 
-    def flush(self) -> None:
-        """Send what the accumulator holds now (``linger_ms`` > 0)."""
-        async def flush() -> None:
-            self._p.flush()
-        self._run(flush())
-
 
 class TransactionProducer(Producer):
     """TransactionMQProducer: ``send_message_in_transaction(msg, arg)``; the
@@ -114,6 +201,7 @@ class TransactionProducer(Producer):
 
     def __init__(self, group: str, listener: TransactionListener, **settings):
         self._p = AsyncTransactionProducer(group, listener, **settings)
+        self._put_init()
 
     def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
         return self._run(self._p.send_message_in_transaction(msg, arg))

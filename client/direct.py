@@ -225,22 +225,33 @@ class DirectStore:
                 self.count_put(topic, 1, batch.buf.shape[0])
         return f"{self.msgid_prefix}{r.phy_offset:016X}", queue_id, r.queue_offset, r.end
 
-    def append_many(self, topic: str, queue_id: int, bodies, props: str, flag: int = 0):
-        """Append ``bodies`` (one properties string for all) to one queue as
-        one claim: (the first record's CommitLog offset, each record's offset
-        from it, the first queue offset, end), or None as ``append``. What a
-        SEND_BATCH_MESSAGE stores, encoded by the batch kernel in one call."""
+    def append_many(self, topic: str, queue_id: int, bodies, props: str | list[str],
+                    flag: int = 0):
+        """Append ``bodies`` to one queue as one claim: (the first record's
+        CommitLog offset, each record's offset from it, the first queue
+        offset, end), or None as ``append``. What a SEND_BATCH_MESSAGE
+        stores, encoded by the batch kernel in one call. ``props`` is one
+        properties string for all, or one per message (``put``'s tags and
+        keys, "" for none: TAGS and KEYS only, nothing the broker routes);
+        messages with none share one properties value (CLUSTER)."""
         if self.stopped:
             return None
-        extra = self.takes(topic, queue_id, props, 0)
+        one = props.__class__ is str
+        extra = self.takes(topic, queue_id, props if one else "", 0)
         if extra is None:
             return None
         now = int(time.time() * 1000)
         if self.state.get("disk_full") or self.store.busy_ms(now) > self.busy_ms:
             return None
-        if "CLUSTER\x01" not in props:
-            props = f"{props}\x02{self.cluster_prop}" if props else self.cluster_prop
-        batch = self._encode_many(topic, bodies, properties=props.encode(), queue_ids=queue_id,
+        cluster = self.cluster_prop
+        if not one:
+            alone = cluster.encode()
+            pb = [f"{p}\x02{cluster}".encode() if p else alone for p in props]
+        elif "CLUSTER\x01" not in props:
+            pb = (f"{props}\x02{cluster}" if props else cluster).encode()
+        else:
+            pb = props.encode()
+        batch = self._encode_many(topic, bodies, properties=pb, queue_ids=queue_id,
                                   flag=flag, sysflag=extra, born_timestamp=now,
                                   born_host=("127.0.0.1", 0), store_host=self.store_host_pair,
                                   store_timestamp=now, max_message_bytes=self.max_bytes)

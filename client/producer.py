@@ -21,6 +21,33 @@ slot. With ``linger_ms`` > 0 single sends to one queue are gathered into
 SEND_BATCH_MESSAGE requests of up to ``batch_max_bytes`` (``accumulator``),
 each caller still getting its own ``SendResult``.
 
+``put`` and ``flush`` (the hot loop's call, one message a call): ``put(topic,
+body, tags, keys)`` is a plain method that checks the body (``bytes``, 1..
+``max_message_size``), appends it to the topic's buffer and returns — the
+message is NOT stored yet; ``await flush()`` is the acknowledgement. It is
+write-combining, as Kafka's producer does (batch.size, linger.ms): a buffer
+is stored as one chunk once it holds ``put_batch_bytes`` (1 MiB) or
+``put_linger_ms`` (1 ms) after its first message, along ``send_many``'s
+path (``_store_chunk``): on the broker's host one claim appended by this
+process, encoded by the batch kernel — done inside the put that fills the
+buffer, without yielding, so a loop of puts that never awaits still stores
+as it goes; elsewhere one SEND_BATCH_MESSAGE, from one task per topic
+(``_put_drain``: it also takes a chunk whose route must be looked up, and
+every later chunk of its topic, so the order holds). Chunks go round robin
+over the topic's queues; within a queue messages are stored in put order.
+Each message's tags and keys are its own properties (without, the messages
+of a claim share one). ``flush()`` stores what the buffers hold, waits
+until every earlier put is stored (under SYNC_FLUSH: durable, as a send's
+answer) and returns the producer's counts (``FlushResult``: put, stored),
+or raises ``PutFailed``: the first failure since the last flush, with the
+counts; until then every ``put`` raises it too, so a failure never goes
+unseen. ``shutdown()`` flushes. In RocketMQ's terms a put is a
+``sendOneway`` that is batched, and ``flush`` says what became of it. A
+put has no UNIQ_KEY (its msgId is the offset msgId, as ``send_many``'s),
+no retry on another queue and no trace record. Over the socket, at most
+``put_buffer_bytes`` of chunks wait for the loop: past that a put is
+refused (SYSTEM_BUSY, nothing taken) until the loop has had a turn.
+
 ``AsyncTransactionProducer`` sends half messages, runs the local
 transaction, ends it (commit, rollback or unknown) and answers the broker's
 CHECK_TRANSACTION_STATE through ``check_local_transaction``.
@@ -34,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import abc
+import collections
 import enum
 import inspect
 import itertools
@@ -56,7 +84,7 @@ from .accumulator import Accumulator, Window
 from .connection import Connection, RemotingError, next_opaque
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute
 from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
-                      decode_messages, unique_ids)
+                      decode_messages, string_to_properties, unique_ids)
 from .requests import SendTemplate
 from .trace_data import MessageType
 
@@ -113,6 +141,9 @@ class ProducerConfig:
     max_in_flight: int = 64            # sends awaiting their answer at once (the window)
     linger_ms: float = 0               # accumulator: wait up to this for a batch; 0 = off
     batch_max_bytes: int = 16 * 1024   # accumulator: a batch's body at most (Kafka's batch.size)
+    put_linger_ms: float = 1.0         # put: a partly filled buffer is stored after this (linger.ms)
+    put_batch_bytes: int = 1 << 20     # put: a buffer is stored once it holds this (batch.size)
+    put_buffer_bytes: int = 32 << 20   # put: chunks waiting for the loop at most (buffer.memory)
 
 
 _CACHED_MAX = 4096                     # topics whose name and template a producer keeps
@@ -135,6 +166,10 @@ class AsyncProducer:
         self.config = ProducerConfig(**settings)
         if self.config.linger_ms < 0:
             raise ValueError(f"linger_ms {self.config.linger_ms}: 0 (off) or more")
+        if self.config.put_linger_ms < 0:
+            raise ValueError(f"put_linger_ms {self.config.put_linger_ms}: 0 or more")
+        if self.config.put_batch_bytes < 1:
+            raise ValueError(f"put_batch_bytes {self.config.put_batch_bytes}: 1 or more")
         self.instance: ClientInstance | None = None
         self._rr = itertools.count()
         self.failed_broker: str | None = None
@@ -142,6 +177,13 @@ class AsyncProducer:
         self.accumulator = Accumulator(self) if self.config.linger_ms > 0 else None
         self.retry_codes = RETRY_CODES
         self._templates: dict[str, SendTemplate] = {}      # topic → its send frames; names checked
+        self._puts: dict[str, _PutBuffer] = {}             # topic → its puts not handed on yet
+        self._put_budget = self._chunk_budget(self.config.put_batch_bytes)
+        self._put_linger = self.config.put_linger_ms / 1000
+        self._put_max = self.config.max_message_size
+        self._put_error: BaseException | None = None       # the first failure since the last flush
+        self.puts = self.stored = 0                         # messages put / stored, all along
+        self._put_ends: dict[Any, int] = {}                 # direct store → end appended (SYNC_FLUSH)
         self.tracer: trace.TraceDispatcher | None = None
         if self.client_config.enable_msg_trace:   # off: no trace code on the send path at all
             self.tracer = trace.TraceDispatcher(group, "PRODUCE", self.client_config)
@@ -154,20 +196,21 @@ class AsyncProducer:
             await self.tracer.start()
 
     async def shutdown(self) -> None:
-        """Send what the accumulator holds, wait for those answers, unregister
-        (and send the trace records that wait)."""
+        """``flush()`` (what the accumulator and ``put`` hold), unregister
+        (and send the trace records that wait); then raise what ``flush``
+        raised (``PutFailed``)."""
         if self.instance is not None:
-            if self.accumulator is not None:
-                await self.accumulator.drain()
+            failed = None
+            try:
+                await self.flush()
+            except PutFailed as e:
+                failed = e
             await self.instance.unregister("producer", self.group)
             self.instance = None
             if self.tracer is not None:
                 await self.tracer.shutdown()
-
-    def flush(self) -> None:
-        """Send every batch the accumulator holds now (no waiting for linger_ms)."""
-        if self.accumulator is not None:
-            self.accumulator.flush()
+            if failed is not None:
+                raise failed
 
     async def __aenter__(self) -> "AsyncProducer":
         await self.start()
@@ -475,41 +518,244 @@ class AsyncProducer:
                 raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {len(b)} bytes: 1..{limit}")
         props = f"TAGS\x01{tags}" if tags else ""
         q = queue or self.pick(self._queues_now(topic) or await self.publish_queues(topic))
-        inst = self._inst()
-        conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
         out: list[SendManyResult] = []
         # a claim's bodies, as a batch entry counts them (a socket batch's
         # body must stay under the broker's maxMessageSize too)
-        budget = min(_MANY_CHUNK_BYTES, self.config.max_message_size) - 1024
-        entry = 24 + len(props.encode()) + 64       # a batch entry's head, tags, a UNIQ_KEY
+        budget = self._chunk_budget(_MANY_CHUNK_BYTES)
+        entry = _ENTRY_BYTES + len(props.encode())
         i, n = 0, len(bodies)
         while i < n:
             j, size = i, 0
             while j < n and (j == i or size + len(bodies[j]) + entry <= budget):
                 size += len(bodies[j]) + entry
                 j += 1
-            chunk = bodies[i:j]
-            ds = inst.direct_now(q.broker_name) if self.accumulator is None else None
-            try:
-                got = ds.append_many(q.topic, q.queue_id, chunk, props) if ds is not None else None
-            except ValueError as e:             # what the broker answers MESSAGE_ILLEGAL
-                raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
-            if got is not None:
-                first, rec_pos, offset, end = got
-                r = SendManyResult(SendStatus.SEND_OK, q, offset, len(chunk), first, rec_pos,
-                                   ds.msgid_prefix)
-                if ds.sync_flush and not ds.flushed(end) and not await ds.wait_flushed(
-                        end, asyncio.get_running_loop()):
-                    r.status = SendStatus.FLUSH_DISK_TIMEOUT
-            else:
-                if self.accumulator is not None:
-                    self.accumulator.flush_queue(q, conn)
-                sr = await self.send_batch([Message(topic, b, tags=tags) for b in chunk], q, timeout)
-                r = SendManyResult(sr.status, sr.queue, sr.queue_offset, len(chunk),
-                                   ids=sr.offset_msg_id.split(","))
-            out.append(r)
+            out.append(await self._store_chunk(q, bodies[i:j], props, timeout))
             i = j
         return out
+
+    def _chunk_budget(self, most: int) -> int:
+        """The bodies (with their entries) one claim or SEND_BATCH_MESSAGE
+        carries at most: ``most``, within the broker's maxMessageSize."""
+        return min(most, self.config.max_message_size) - 1024
+
+    async def _store_chunk(self, q: MessageQueue, bodies: list, props: str | list[str],
+                           timeout: float | None) -> SendManyResult:
+        """One chunk of ``send_many`` (or of ``put``) stored in ``q``: one
+        direct claim, waiting for the flusher under SYNC_FLUSH, or one
+        SEND_BATCH_MESSAGE. ``props``: one properties string for all or one
+        per message (TAGS and KEYS)."""
+        inst = self._inst()
+        # the first connection to a broker on this host attaches its store
+        conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
+        got = self._append_chunk(q, bodies, props)
+        if got is not None:
+            r, ds, end = got
+            if not await self._durable(ds, end):
+                r.status = SendStatus.FLUSH_DISK_TIMEOUT
+            return r
+        if self.accumulator is not None:
+            self.accumulator.flush_queue(q, conn)
+        topic = q.topic
+        if props.__class__ is str:
+            msgs = [Message(topic, b, properties=string_to_properties(props) if props else {})
+                    for b in bodies]
+        else:
+            msgs = [Message(topic, b, properties=string_to_properties(p) if p else {})
+                    for b, p in zip(bodies, props)]
+        sr = await self.send_batch(msgs, q, timeout)
+        return SendManyResult(sr.status, sr.queue, sr.queue_offset, len(bodies),
+                              ids=sr.offset_msg_id.split(","))
+
+    def _append_chunk(self, q: MessageQueue, bodies: list, props: str | list[str]):
+        """``bodies`` appended to ``q`` as one claim by this process, without
+        yielding: (its ``SendManyResult``, the store, the end a SYNC_FLUSH
+        waits for), or None: it goes over the socket (no direct appends to
+        q's broker, the broker's logic needed, or an accumulator, whose
+        batches for q must leave first)."""
+        if self.accumulator is not None:
+            return None
+        ds = self._inst().direct_now(q.broker_name)
+        if ds is None:
+            return None
+        try:
+            got = ds.append_many(q.topic, q.queue_id, bodies, props)
+        except ValueError as e:             # what the broker answers MESSAGE_ILLEGAL
+            raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
+        if got is None:
+            return None
+        first, rec_pos, offset, end = got
+        return (SendManyResult(SendStatus.SEND_OK, q, offset, len(bodies), first, rec_pos,
+                               ds.msgid_prefix), ds, end)
+
+    @staticmethod
+    async def _durable(ds, end: int) -> bool:
+        """Is the store's CommitLog durable up to ``end`` — at once unless
+        SYNC_FLUSH, else once the flusher got there (False: syncFlushTimeout)?"""
+        return (not ds.sync_flush or ds.flushed(end)
+                or await ds.wait_flushed(end, asyncio.get_running_loop()))
+
+    # ------------------------------------------------------------ put / flush
+    def put(self, topic: str, body: bytes, tags: str | None = None,
+            keys: str | list[str] | None = None) -> None:
+        """Hand one message to the producer and return (a plain call, ~1 µs):
+        it is NOT stored yet. ``await flush()`` is the acknowledgement. See
+        "put and flush" in the module doc: puts to ``topic`` are gathered in
+        one buffer, stored ~1 MiB a claim (``put_batch_bytes``) or after
+        ``put_linger_ms``, in call order within each queue. Raises at once
+        for a bad topic or body (``bytes`` of 1..max_message_size, tags and
+        keys without \\u0001/\\u0002), and ``PutFailed`` while an earlier
+        chunk's failure waits for ``flush()`` to report it."""
+        if self._put_error is not None:
+            raise self._put_failed()
+        b = self._puts.get(topic)
+        if b is None:
+            b = self._put_open(topic)
+        if body.__class__ is not bytes or not 0 < len(body) <= self._put_max:
+            raise self._put_refused(body)
+        if b.nbytes >= self._put_budget:
+            self._put_seal(b, True)
+        if b.timer is None:
+            b.timer = asyncio.get_running_loop().call_later(self._put_linger, self._put_seal, b)
+        if tags is None and keys is None:
+            b.props.append("")
+            b.nbytes += len(body) + _ENTRY_BYTES
+        else:
+            p = put_properties(tags, keys)
+            b.props.append(p)
+            b.tagged = True
+            b.nbytes += len(body) + _ENTRY_BYTES + len(p)
+        b.bodies.append(body)
+
+    def _put_open(self, topic: str) -> "_PutBuffer":
+        self._template(topic)                   # the name checked once
+        b = self._puts[topic] = _PutBuffer(topic)
+        return b
+
+    def _put_handoff(self, topic: str, bodies: list, props, nbytes: int,
+                     release: Callable[[], None] | None) -> None:
+        """A chunk put in another thread (``Producer.put``), stored as ours."""
+        b = self._puts.get(topic) or self._put_open(topic)
+        self._put_seal(b)                       # what was put here first goes first
+        self.puts += len(bodies)
+        self._put_chunk(b, bodies, props, nbytes, release)
+
+    def _put_refused(self, body) -> MQClientError:
+        if body.__class__ is not bytes:
+            return MQClientError(R.MESSAGE_ILLEGAL, f"put takes a body of bytes, not "
+                                 f"{type(body).__name__} (it is stored later: it must not change)")
+        return MQClientError(R.MESSAGE_ILLEGAL, f"a body of {len(body)} bytes: "
+                                                f"1..{self._put_max}")
+
+    def _put_failed(self) -> "PutFailed":
+        e = self._put_error
+        return PutFailed(getattr(e, "code", -1), f"an earlier put was not stored ({e}); "
+                         f"await flush() to see the counts and go on", self.puts, self.stored,
+                         e)
+
+    def _put_seal(self, b: "_PutBuffer", check: bool = False) -> None:
+        """Hand ``b``'s messages on as one chunk (size reached, linger over,
+        flush). ``check``: a put's, which is refused (MQClientError) while
+        ``put_buffer_bytes`` of chunks wait for the loop."""
+        if check and b.waiting_bytes >= self.config.put_buffer_bytes:
+            raise MQClientError(R.SYSTEM_BUSY, f"{b.waiting_bytes} bytes of puts to {b.topic} "
+                                f"wait for the event loop (put_buffer_bytes): await flush()")
+        if b.timer is not None:
+            b.timer.cancel()
+            b.timer = None
+        bodies = b.bodies
+        if not bodies:
+            return
+        props = b.props if b.tagged else ""
+        nbytes = b.nbytes
+        b.bodies, b.props, b.tagged, b.nbytes = [], [], False, 0
+        self.puts += len(bodies)
+        self._put_chunk(b, bodies, props, nbytes)
+
+    def _put_chunk(self, b: "_PutBuffer", bodies: list, props, nbytes: int,
+                   release: Callable[[], None] | None = None) -> None:
+        """Store one chunk of ``b``'s topic: appended here and now, without
+        yielding, when its route is known and its queue's broker is attached
+        (direct) and no earlier chunk of the topic waits; else queued behind
+        those for the topic's one task (``_put_drain``), which awaits what
+        must be awaited (the route, the socket) and keeps the order.
+        ``release`` is called once the chunk is done with (stored or failed)."""
+        q = None
+        if not b.waiting:
+            queues = self._queues_now(b.topic)
+            if queues is not None:
+                q = self.pick(queues)
+                try:
+                    got = self._append_chunk(q, bodies, props)
+                except Exception as e:                  # noqa: BLE001 (flush raises it)
+                    self._put_fail(e)
+                    got = False
+                if got is not None:
+                    if got:
+                        r, ds, end = got
+                        self.stored += r.count
+                        if ds.sync_flush:
+                            self._put_ends[ds] = end
+                    if release is not None:
+                        release()
+                    return
+        b.waiting.append((q, bodies, props, nbytes, release))
+        b.waiting_bytes += nbytes
+        if b.task is None:
+            b.task = asyncio.get_running_loop().create_task(self._put_drain(b))
+
+    async def _put_drain(self, b: "_PutBuffer") -> None:
+        """Store ``b``'s waiting chunks, one after the other (send_many's path)."""
+        try:
+            while b.waiting:
+                q, bodies, props, nbytes, release = b.waiting[0]
+                try:
+                    if q is None:
+                        q = self.pick(self._queues_now(b.topic) or await self.publish_queues(b.topic))
+                    r = await self._store_chunk(q, bodies, props, None)
+                    self.stored += r.count
+                    if r.status is not SendStatus.SEND_OK:
+                        self._put_fail(MQClientError(-1, f"{r.count} messages put to {q} are "
+                                                     f"stored but {r.status.value}"))
+                except Exception as e:                  # noqa: BLE001 (flush raises it)
+                    self._put_fail(e)
+                finally:
+                    b.waiting.popleft()
+                    b.waiting_bytes -= nbytes
+                    if release is not None:
+                        release()
+        finally:
+            b.task = None
+
+    def _put_fail(self, e: BaseException) -> None:
+        log.warning("puts not stored: %s", e)
+        if self._put_error is None:
+            self._put_error = e
+
+    async def flush(self) -> "FlushResult":
+        """Store everything ``put`` before this call (and send what the
+        accumulator holds, waiting for the answers); return once it is
+        stored — under SYNC_FLUSH durable, as a send's answer — with the
+        producer's counts of messages put and stored. ``PutFailed`` if any
+        chunk since the last flush failed (the first error as its
+        ``__cause__``, the counts on it); the next flush starts clean."""
+        if self.accumulator is not None:
+            await self.accumulator.drain()
+        for b in list(self._puts.values()):
+            self._put_seal(b)
+        tasks = [b.task for b in self._puts.values() if b.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)          # a cancelled flush leaves them storing
+        for ds, end in list(self._put_ends.items()):
+            if not await self._durable(ds, end):
+                self._put_fail(MQClientError(R.FLUSH_DISK_TIMEOUT, f"the store is not durable "
+                                             f"up to {end} after syncFlushTimeout"))
+            elif self._put_ends.get(ds) == end:
+                del self._put_ends[ds]
+        if self._put_error is not None:
+            failed = self._put_failed()
+            self._put_error = None
+            raise failed
+        return FlushResult(self.puts, self.stored)
 
     async def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None,
                          timeout: float | None = None) -> SendResult:
@@ -567,7 +813,58 @@ class SendManyResult:
         return [f"{p}{base + int(r):016X}" for r in self.rec_pos]
 
 
+class _PutBuffer:
+    """One topic's puts not handed on yet, and its chunks waiting for the loop."""
+    __slots__ = ("topic", "bodies", "props", "tagged", "nbytes", "timer", "waiting",
+                 "waiting_bytes", "task")
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.bodies: list[bytes] = []
+        self.props: list[str] = []          # each message's TAGS/KEYS properties, "" for none
+        self.tagged = False                 # any not ""
+        self.nbytes = 0                     # as a batch entry counts them
+        self.timer = None                   # the linger's TimerHandle (Producer.put: a mark)
+        self.waiting: collections.deque = collections.deque()
+        self.waiting_bytes = 0
+        self.task: asyncio.Task | None = None
+
+
+def put_properties(tags: str | None, keys: str | list[str] | None) -> str:
+    """A put's properties string: TAGS and KEYS (a list joined by spaces,
+    as ``Message``), in ``Message``'s order."""
+    if keys is not None and not isinstance(keys, str):
+        keys = " ".join(keys)
+    for v in (tags, keys):
+        if v and ("\x01" in v or "\x02" in v):
+            raise MQClientError(R.MESSAGE_ILLEGAL, f"{v!r} contains a reserved separator "
+                                f"\\u0001 or \\u0002")
+    if tags and keys:
+        return f"TAGS\x01{tags}\x02KEYS\x01{keys}"
+    return f"TAGS\x01{tags}" if tags else f"KEYS\x01{keys}" if keys else ""
+
+
+@dataclass
+class FlushResult:
+    """What ``flush()`` found: messages ``put`` and ``stored`` by this
+    producer, since it was made (equal when nothing was lost)."""
+    put: int
+    stored: int
+
+
+class PutFailed(MQClientError):
+    """Puts that were not stored (or not made durable): ``code`` and remark
+    of the first failure (its ``__cause__``), the producer's counts."""
+
+    def __init__(self, code: int, remark: str, put: int, stored: int,
+                 cause: BaseException | None = None):
+        super().__init__(code, remark, "put")
+        self.put, self.stored = put, stored
+        self.__cause__ = cause
+
+
 _MANY_CHUNK_BYTES = 1 << 20            # send_many: bodies appended (or sent) per claim at most
+_ENTRY_BYTES = 24 + 64                 # a batch entry's head and a UNIQ_KEY, beside body and properties
 
 
 # ---------------------------------------------------------------- transactions

@@ -11,6 +11,14 @@
   ``perf.client.peers`` measures (multiprocessing.Queue, pyzmq ipc PUSH/PULL,
   NATS core where installed; none durable or acknowledged). Issue 17's
   target: 500 k msg/s, ahead of every peer.
+- local_ipc_put: ``AsyncProducer.put`` of 100-byte messages, one per call
+  in one tight loop (no await), then one ``await flush()``: msg/s from the
+  first put to flush's return, and the client's CPU per message; every
+  message must have been appended by this process and reported stored by
+  flush. Beside it, in the same run, the same peers (and
+  multiprocessing.Pipe, measured here), and the blocking ``Producer.put``
+  (buffered in the calling thread). Issue 17's target: 500 k msg/s, ahead
+  of every peer.
 - local_ipc_send_many: ``Producer.send_many`` of 4096 bodies a call (one
   claim per ~1 MiB, the batch kernel encoding): direct vs the Unix socket
   (SEND_BATCH_MESSAGE), beside memcpy of the same bytes (the limit).
@@ -35,7 +43,7 @@ import time
 
 from perf.client import (BODY, WINDOW, _LAST_CPU_US, _backlog, _broker, _namesrv, _ready_topic,
                          _shmq_consume, _shmq_send, peers)
-from shmq.client import ClientConfig, Message, Producer, SendStatus
+from shmq.client import AsyncProducer, ClientConfig, Message, Producer, SendStatus
 
 
 def _store_append_rate(scratch: str, seconds: float) -> float:
@@ -84,6 +92,78 @@ def _sync_sends(namesrv: str, topic: str, seconds: float, direct: bool) -> float
         return rate
 
 
+def _direct_appended(p) -> int:
+    ds = [d for d in p.instance.direct.values() if d is not None]
+    return ds[0].appended if ds else 0
+
+
+async def _puts(namesrv: str, topic: str, seconds: float) -> tuple[float, float]:
+    """``AsyncProducer.put`` of BODY in a tight loop for ``seconds``, then one
+    ``flush``: (msg/s, client CPU µs a message)."""
+    cfg = ClientConfig(namesrv_addr=namesrv, instance_name="perf-put")
+    async with AsyncProducer("perf-local-put", client=cfg) as p:
+        p.put(topic, BODY)
+        await p.flush()                                  # the route, the store attached
+        before, puts = _direct_appended(p), p.puts
+        put = p.put
+        n = 0
+        c0, t0 = time.process_time(), time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            for _ in range(10_000):
+                put(topic, BODY)
+            n += 10_000
+        r = await p.flush()
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if r.put - puts != n or r.stored != r.put or _direct_appended(p) - before != n:
+            raise AssertionError(f"put {n}: flush says {r}, {_direct_appended(p) - before} "
+                                 f"appended directly by this process")
+    return n / dt, cpu / n * 1e6
+
+
+def _blocking_puts(namesrv: str, topic: str, seconds: float) -> float:
+    """``Producer.put`` (the blocking facade) in a tight loop, then ``flush``."""
+    cfg = ClientConfig(namesrv_addr=namesrv, instance_name="perf-put-blocking")
+    with Producer("perf-local-put-blocking", client=cfg) as p:
+        p.put(topic, BODY)
+        p.flush()
+        before, puts = _direct_appended(p._p), p._p.puts
+        n, t0 = 0, time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            for _ in range(10_000):
+                p.put(topic, BODY)
+            n += 10_000
+        r = p.flush()
+        rate = n / (time.perf_counter() - t0)
+        if r.put - puts != n or r.stored != r.put or _direct_appended(p._p) - before != n:
+            raise AssertionError(f"blocking put {n}: flush says {r}")
+    return rate
+
+
+def _mp_pipe(n: int) -> float:
+    """multiprocessing.Pipe: a child sends ``n`` BODYs, this process receives them."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    rx, tx = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_pipe_send, args=(tx, n), daemon=True)
+    p.start()
+    rx.recv_bytes()                                       # the sender is running
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if len(rx.recv_bytes()) != len(BODY):
+            raise AssertionError("multiprocessing.Pipe handed back another message")
+    rate = n / (time.perf_counter() - t0)
+    p.join(10)
+    return rate
+
+
+def _pipe_send(tx, n: int) -> None:
+    tx.send_bytes(BODY)
+    for _ in range(n):
+        tx.send_bytes(BODY)
+
+
 MANY = 4096                      # bodies per send_many call
 
 
@@ -124,6 +204,16 @@ def run(ctx, result):
                  client_cpu_us_per_send=round(cpu, 2), unix_socket=round(socket_rate),
                  vs_socket=round(direct / socket_rate, 2), vs_best_peer=round(direct / best_peer, 3)
                  if best_peer else None, window=WINDOW, body_bytes=100, target=500_000, **p)
+    rate, cpu_put = asyncio.run(_puts(ns, topic, seconds))
+    pipe = round(_mp_pipe(p["peer_messages"]))
+    best = max((v for k, v in p.items() if k in ("mp_queue", "pyzmq_ipc", "nats_core") and v),
+               default=0)
+    best = max(best, pipe)
+    yield result("local_ipc_put", rate, "msg/s", ctx.memcpy_bps() / 100,
+                 "memcpy of 100 B per message into a mapping (this host, same run)",
+                 client_cpu_us_per_msg=round(cpu_put, 3), vs_best_peer=round(rate / best, 2),
+                 blocking_producer_put=round(_blocking_puts(ns, topic, seconds)),
+                 mp_pipe=pipe, body_bytes=100, target=500_000, **p)
     many, many_socket = (_many_sends(ns, topic, seconds, d) for d in (True, False))
     yield result("local_ipc_send_many", many, "msg/s", ctx.memcpy_bps() / 100,
                  "memcpy of 100 B per message into a mapping (this host, same run)",
