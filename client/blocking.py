@@ -116,10 +116,12 @@ class Producer(_Blocking):
                 b.timer = lt = loop_thread()
                 lt.loop.call_soon_threadsafe(lt.loop.call_later, p._put_linger,
                                              self._put_lingered, b, b.bodies)
-            b.bodies.append(body)
-            b.props.append(props)
-            if props:
+            if props and not b.tagged:                   # "" for those before (AsyncProducer.put)
+                b.props = [""] * len(b.bodies)
                 b.tagged = True
+            if b.tagged:
+                b.props.append(props)
+            b.bodies.append(body)
             b.nbytes += len(body) + _ENTRY_BYTES + len(props)
         if handed:
             self._put_slot()

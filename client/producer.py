@@ -29,8 +29,8 @@ write-combining, as Kafka's producer does (batch.size, linger.ms): a buffer
 is stored as one chunk once it holds ``put_batch_bytes`` (1 MiB) or
 ``put_linger_ms`` (1 ms) after its first message, along ``send_many``'s
 path (``_store_chunk``): on the broker's host one claim appended by this
-process, encoded by the batch kernel — done inside the put that fills the
-buffer, without yielding, so a loop of puts that never awaits still stores
+process, encoded by the batch kernel — done inside the put that finds the
+buffer full, without yielding, so a loop of puts that never awaits still stores
 as it goes; elsewhere one SEND_BATCH_MESSAGE, from one task per topic
 (``_put_drain``: it also takes a chunk whose route must be looked up, and
 every later chunk of its topic, so the order holds). Chunks go round robin
@@ -617,12 +617,15 @@ class AsyncProducer:
         if b.timer is None:
             b.timer = asyncio.get_running_loop().call_later(self._put_linger, self._put_seal, b)
         if tags is None and keys is None:
-            b.props.append("")
+            if b.tagged:
+                b.props.append("")
             b.nbytes += len(body) + _ENTRY_BYTES
         else:
             p = put_properties(tags, keys)
+            if not b.tagged:                    # the first with properties: "" for those before
+                b.props = [""] * len(b.bodies)
+                b.tagged = True
             b.props.append(p)
-            b.tagged = True
             b.nbytes += len(body) + _ENTRY_BYTES + len(p)
         b.bodies.append(body)
 
@@ -822,7 +825,7 @@ class _PutBuffer:
         self.topic = topic
         self.bodies: list[bytes] = []
         self.props: list[str] = []          # each message's TAGS/KEYS properties, "" for none
-        self.tagged = False                 # any not ""
+        self.tagged = False                 # any not "" (else ``props`` is left empty)
         self.nbytes = 0                     # as a batch entry counts them
         self.timer = None                   # the linger's TimerHandle (Producer.put: a mark)
         self.waiting: collections.deque = collections.deque()
