@@ -13,7 +13,6 @@ import os
 import threading
 from typing import Any, Callable
 
-from .instance import MQClientError
 from .message import Message, MessageQueue, SendResult
 from .producer import (_ENTRY_BYTES, AsyncProducer, AsyncTransactionProducer, FlushResult,
                        Selector, TransactionListener, TransactionSendResult, _PutBuffer,
@@ -81,8 +80,9 @@ class Producer(_Blocking):
     lock, and hands each full buffer (``put_batch_bytes``) to the loop,
     which stores it as ``AsyncProducer.put``'s chunks; a partly filled one
     is handed over by the loop after ``put_linger_ms``. At most
-    ``_PUT_CHUNKS`` chunks are on their way: a put that fills the next one
-    waits (up to ``send_msg_timeout``) for one to be stored."""
+    ``_PUT_CHUNKS`` chunks are on their way: a put that hands over one
+    more waits until one is done with (each is stored or fails within its
+    send timeout)."""
 
     def __init__(self, group: str, **settings):
         self._p = AsyncProducer(group, **settings)
@@ -140,10 +140,9 @@ class Producer(_Blocking):
 
     def _put_slot(self) -> None:
         """After handing a chunk over: wait while more than ``_PUT_CHUNKS``
-        are on their way (the loop releases a slot per chunk stored)."""
-        if not self._put_slots.acquire(timeout=self._p.config.send_msg_timeout):
-            raise MQClientError(-1, f"put: {_PUT_CHUNKS} chunks not stored after "
-                                f"{self._p.config.send_msg_timeout} s (is the client's loop stuck?)")
+        are on their way (the loop releases a slot per chunk done with:
+        stored, or failed within its send or flush timeout)."""
+        self._put_slots.acquire()
 
     def _put_lingered(self, b: _PutBuffer, bodies: list) -> None:
         """On the loop: ``b``'s linger is over; hand it over unless it was
