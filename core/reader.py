@@ -14,7 +14,9 @@ source, the inspector and the verifier. What it owns:
 - **Positions → a pull body** (``body_pieces``): the records as few pieces
   as possible (adjacent records joined): a ``FileRange`` of the segment
   file (sendfile) for a big run, a slice of the mapping for a small one.
-  All segment arithmetic of a read is here, never in the broker.
+  All segment arithmetic of a read is here, never in the broker. Records
+  read from disk are checked first (``records_valid``: run by run in the
+  scan kernel, with the body CRC).
 - **A queue range → records** (``unit_chunks``, ``unit_records``): every
   unit of [start, end), file by file (a missing file said, not raised), and
   the records the real units point at, segment by segment, described by the
@@ -174,6 +176,30 @@ def body_pieces(cl: CommitLog, phys: np.ndarray, sizes: np.ndarray,
             i += 1
         parts.append(_piece(cl, start, end - start, sendfile_min))
     return parts, total
+
+
+def records_valid(cl: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> bool:
+    """Whether every record at ``phys``/``sizes`` (published) passes the
+    check recovery makes (``scan_records`` with the body CRC) and is
+    exactly its unit's record: records back to back in one segment are one
+    kernel call (a pull's usually all are), so a pull reading from disk
+    checks them without a Python step per record. False says only that
+    one does not: the caller finds which, and why, record by record."""
+    n = phys.shape[0]
+    if not n:
+        return True
+    seg = cl.segment_bytes
+    ends = phys + sizes
+    cut = np.flatnonzero((phys[1:] != ends[:-1]) | (phys[1:] // seg != phys[:-1] // seg)) + 1
+    out = np.empty((n, K.N_SCAN), dtype=np.int64)
+    edges = [0, *cut.tolist(), n]
+    for a, z in zip(edges, edges[1:]):
+        base = int(phys[a]) - int(phys[a]) % seg
+        lo, hi = int(phys[a]) - base, int(ends[z - 1]) - base
+        k, pos, _ = K.scan_records(cl.map(base), lo, hi, base, True, K.CRC_TABLES, _NO_KEY, out)
+        if k != z - a or pos != hi or not np.array_equal(out[:k, K.S_PHY], phys[a:z]):
+            return False
+    return True
 
 
 def _piece(cl: CommitLog, start: int, n: int, sendfile_min: int):
