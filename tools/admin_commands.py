@@ -517,6 +517,15 @@ def send_message(args, a: AdminClient) -> dict:
             "queueOffset": r.queue_offset}
 
 
+def queue_range(a: AdminClient, addr: str, topic: str, qid: int, begin: int | None,
+                end: int | None) -> tuple[int, int]:
+    """A queue's [lo, hi) offsets, narrowed to store times [begin, end) when given
+    (SEARCH_OFFSET_BY_TIMESTAMP), as consumeMessage and printMsg read it."""
+    lo = a.min_offset(addr, topic, qid) if begin is None else a.search_offset(addr, topic, qid, begin)
+    hi = a.max_offset(addr, topic, qid) if end is None else a.search_offset(addr, topic, qid, end)
+    return lo, hi
+
+
 def consume_message(args, a: AdminClient) -> dict:
     route = a.route(args.topic)
     if args.brokerName:
@@ -532,12 +541,7 @@ def consume_message(args, a: AdminClient) -> dict:
     for name, addr, qid in queues:
         if left <= 0:
             break
-        lo = a.min_offset(addr, args.topic, qid)
-        hi = a.max_offset(addr, args.topic, qid)
-        if args.beginTimestamp is not None:
-            lo = a.search_offset(addr, args.topic, qid, args.beginTimestamp)
-        if args.endTimestamp is not None:
-            hi = a.search_offset(addr, args.topic, qid, args.endTimestamp)
+        lo, hi = queue_range(a, addr, args.topic, qid, args.beginTimestamp, args.endTimestamp)
         if args.offset is not None:
             lo = max(lo, args.offset)
         offset = lo
@@ -670,12 +674,7 @@ def print_msg(args, a: AdminClient) -> dict:
     progress = Progress("printMsg", len(queues), "queues")
     out, total = [], 0
     for i, (name, addr, qid) in enumerate(queues):
-        lo = a.min_offset(addr, args.topic, qid)
-        hi = a.max_offset(addr, args.topic, qid)
-        if args.beginTimestamp is not None:
-            lo = a.search_offset(addr, args.topic, qid, args.beginTimestamp)
-        if args.endTimestamp is not None:
-            hi = a.search_offset(addr, args.topic, qid, args.endTimestamp)
+        lo, hi = queue_range(a, addr, args.topic, qid, args.beginTimestamp, args.endTimestamp)
         q = {"brokerName": name, "queueId": qid, "minOffset": lo, "maxOffset": hi,
              "status": None, "messageCount": 0}
         if show:
