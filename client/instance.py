@@ -12,6 +12,15 @@ advertises one (``unixSocketPath`` in its runtime info) and ``use_unix_socket``
 is on. A fork gets its own instance: an instance is tied to the pid and
 the event loop that made it.
 
+Broker groups: sends go to a group's master; pulls to the broker id the
+last pull reply suggested (``pull_from``, ``find_broker``: RocketMQ's
+findBrokerAddressInSubscribe), else the master, else a slave. A request
+whose broker connection breaks or will not open asks the NameServers for
+every route at once and again every ``REROUTE_EVERY_S`` until the routes no
+longer name that broker (``broker_unreachable``, a bounded retry), so a
+consumer whose master dies reads from its slave within a second or so, not
+at the next periodic refresh; it goes back when a refresh names the master.
+
 Its two loops follow background.py: a NameServer or broker that is down is
 a warning and the next period tries again; a bug stops the loop, is logged
 at ERROR and becomes ``failure``, which every consumer on the instance
@@ -42,6 +51,7 @@ from .message import MessageQueue
 log = logging.getLogger("shmq.client")
 PERM_READ, PERM_WRITE = 4, 2
 MASTER_ID = "0"
+REROUTE_EVERY_S, REROUTE_TRIES = 0.5, 10     # routes asked again after a broker is lost
 PID = os.getpid()          # this process's pid, kept current by a fork hook (no syscall per send)
 
 
@@ -164,6 +174,10 @@ class ClientInstance:
         # possible, asked once); broker name → the same, for the send path
         self.direct: dict[str, object | None] = {}
         self._direct_by_name: dict[str, object] = {}
+        # (consumer group, queue) → the broker id its next pull goes to: the
+        # last pull reply's suggestWhichBrokerId (RocketMQ's pullFromWhichNodeTable)
+        self.pull_from: dict[tuple[str, MessageQueue], str] = {}
+        self._rerouting: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -222,7 +236,7 @@ class ClientInstance:
 
     async def close(self) -> None:
         self.stopped = True
-        for t in self.tasks:
+        for t in self.tasks + [self._rerouting] * (self._rerouting is not None):
             t.cancel()
         for ds in self.direct.values():
             if ds is not None:
@@ -286,19 +300,52 @@ class ClientInstance:
 
     def broker_addr(self, broker_name: str) -> str | None:
         """The master of ``broker_name``; with no master in any route, its
-        slave of the lowest id (RocketMQ's findBrokerAddressInSubscribe with
-        onlyThisBroker false): consumers go on reading from a slave while the
+        slave of the lowest id: consumers go on reading from a slave while the
         master is down, and back to the master once a route names it again
         (every route refresh forgets the connections by name)."""
-        slave = None
+        return self.find_broker(broker_name, MASTER_ID)[0]
+
+    def find_broker(self, broker_name: str, broker_id: str) -> tuple[str | None, bool]:
+        """RocketMQ's findBrokerAddressInSubscribe (onlyThisBroker false):
+        the address of ``broker_id`` in the group ``broker_name``, else for a
+        slave id the next id's, else the master's, else the slave of the
+        lowest id; and whether it is a slave. (None, False): no route names
+        the group."""
+        group: dict[str, str] = {}
         for r in self.routes.values():
             a = r.broker_addrs.get(broker_name)
             if a:
-                if MASTER_ID in a:
-                    return a[MASTER_ID]
-                if slave is None:
-                    slave = a[min(a, key=int)]
-        return slave
+                if MASTER_ID in a and MASTER_ID not in group:
+                    group[MASTER_ID] = a[MASTER_ID]      # a master in any route wins
+                group.update((k, v) for k, v in a.items() if k != MASTER_ID)
+        for bid in (broker_id, str(int(broker_id) + 1) if broker_id != MASTER_ID else None,
+                    MASTER_ID, min(group, key=int, default=None)):
+            if bid is not None and bid in group:
+                return group[bid], bid != MASTER_ID
+        return None, False
+
+    def broker_unreachable(self, addr: str | None) -> None:
+        """A request to ``addr`` found no broker there (its connection broke,
+        or would not open): ask the NameServers for every route at once, and
+        again every REROUTE_EVERY_S while a route still names ``addr``, at most
+        REROUTE_TRIES times, so that a consumer whose master was killed reads
+        from the slave within seconds, not at the next periodic refresh
+        (the NameServer drops a broker as soon as its connection closes)."""
+        if addr is not None and (self._rerouting is None or self._rerouting.done()):
+            self._rerouting = background.spawn(self._reroute(addr), f"the route refresh of "
+                                               f"{self.client_id} after {addr} went", self._bug)
+
+    async def rerouted(self) -> None:
+        """Until the route refresh ``broker_unreachable`` started has ended."""
+        if self._rerouting is not None and not self._rerouting.done():
+            await asyncio.wait([self._rerouting])
+
+    async def _reroute(self, addr: str) -> None:
+        for _ in range(REROUTE_TRIES):
+            await self.refresh_routes()
+            if addr not in self.broker_addrs(slaves=True):
+                return
+            await asyncio.sleep(REROUTE_EVERY_S)
 
     def broker_addrs(self, slaves: bool = False) -> set[str]:
         """Every master's address in the routes held; ``slaves``: every slave's too."""
@@ -425,8 +472,27 @@ class ClientInstance:
 
     async def invoke(self, broker_name: str, cmd: RemotingCommand,
                      timeout: float | None = None) -> RemotingCommand:
-        conn = await self.broker(broker_name)
-        return await conn.invoke(cmd, timeout or self.config.request_timeout)
+        conn = None
+        try:
+            conn = await self.broker(broker_name)
+            return await conn.invoke(cmd, timeout or self.config.request_timeout)
+        except RemotingError:
+            if conn is None or conn.closed:
+                self.broker_unreachable(self.broker_addr(broker_name))
+            raise
+
+    async def invoke_at(self, addr: str, cmd: RemotingCommand,
+                        timeout: float | None = None) -> RemotingCommand:
+        """``cmd`` to the broker at ``addr`` (a route's address); as ``invoke``,
+        a connection that breaks or will not open sends for the routes again."""
+        conn = None
+        try:
+            conn = await self.connection(addr)
+            return await conn.invoke(cmd, timeout or self.config.request_timeout)
+        except RemotingError:
+            if conn is None or conn.closed:
+                self.broker_unreachable(addr)
+            raise
 
     # ------------------------------------------------------------ heartbeats
     def heartbeat_body(self) -> bytes:

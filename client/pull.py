@@ -17,6 +17,14 @@ subscription, a queue the broker has not yet served this group under the
 current tables (its refusals stay its own), a stopped store or a read that
 failed. ``DirectReads`` says why each one goes where.
 
+Which broker of the queue's group (RocketMQ's PullAPIWrapper
+recalculatePullFromWhichNode / updatePullFromWhichNode): the id the last
+reply's ``suggestWhichBrokerId`` named for this group and queue, falling
+back to the master and then a slave when that id is not in the routes; a
+pull to a slave never carries a commit offset. A pull whose broker is gone
+waits for the routes to be asked again (``ClientInstance.broker_unreachable``)
+and goes once to the group's other broker if they name one.
+
 Callers: the push consumer's pull loop (a ``PullRequest`` per held queue)
 and the lite pull consumer's. Neither's flow control is here, only the
 delay both use when it says wait.
@@ -33,8 +41,8 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, pull_ext
 from shmq.ipc.remoting import RemotingCommand
 
-from .errors import MQClientError
-from .instance import ClientInstance
+from .errors import MQClientError, RemotingError
+from .instance import MASTER_ID, ClientInstance
 from .message import MessageExt, MessageQueue, decode_messages
 from .process_queue import ProcessQueue
 from .subscription import SubscriptionData
@@ -80,7 +88,9 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
     subscribed tags, note the queue's min/max offsets on each message.
     Raises MQClientError (a broker refusal) or RemotingError."""
     reads = None
-    if instance.direct and sub.expression_type == "TAG":
+    # recalculatePullFromWhichNode: where the last reply said to pull next
+    which = instance.pull_from.get((group, mq), MASTER_ID)
+    if instance.direct and sub.expression_type == "TAG" and which == MASTER_ID:
         ds = instance.direct_now(mq.broker_name)
         if ds is not None:
             reads = ds.reads
@@ -98,15 +108,39 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
                 await asyncio.sleep(0)
                 return result
             asked_at = reads.epoch()
-    if instance.broker_addr(mq.broker_name) is None:
+    addr, slave = instance.find_broker(mq.broker_name, which)
+    if addr is None:
         await instance.route(mq.topic, refresh=True)
-    ext = pull_ext(consumerGroup=group, topic=mq.topic, queueId=mq.queue_id, queueOffset=offset,
-                   maxMsgNums=max_nums, sysFlag=sysflag, commitOffset=commit_offset,
-                   suspendTimeoutMillis=suspend_ms, subVersion=sub.sub_version,
-                   expressionType=sub.expression_type, bname=mq.broker_name,
-                   subscription=sub.sub_string if sysflag & PULL_SUBSCRIPTION else None)
-    r = await instance.invoke(mq.broker_name, RemotingCommand(RC.PULL_MESSAGE, ext=ext), timeout)
+        addr, slave = instance.find_broker(mq.broker_name, which)
+        if addr is None:
+            raise MQClientError(R.SYSTEM_ERROR, f"the broker {mq.broker_name} is not in any route")
+    while True:
+        ext = pull_ext(consumerGroup=group, topic=mq.topic, queueId=mq.queue_id,
+                       queueOffset=offset, maxMsgNums=max_nums, commitOffset=commit_offset,
+                       # a slave never stores the offset a pull carries
+                       sysFlag=sysflag & ~PULL_COMMIT_OFFSET if slave else sysflag,
+                       suspendTimeoutMillis=suspend_ms, subVersion=sub.sub_version,
+                       expressionType=sub.expression_type, bname=mq.broker_name,
+                       subscription=sub.sub_string if sysflag & PULL_SUBSCRIPTION else None)
+        try:
+            r = await instance.invoke_at(addr, RemotingCommand(RC.PULL_MESSAGE, ext=ext), timeout)
+            break
+        except RemotingError:
+            # the broker is gone: once the routes are asked again, a queue whose
+            # group has another broker left (the slave) is pulled there at once
+            await instance.rerouted()
+            other, slave = instance.find_broker(mq.broker_name, which)
+            if other is None or other == addr:
+                raise
+            addr = other
     status = PULL_STATUS.get(r.code)
+    # updatePullFromWhichNode: the broker's word on where this queue's next pull goes
+    suggested = r.ext.get("suggestWhichBrokerId")
+    if suggested is not None and status is not None:
+        if suggested == MASTER_ID:
+            instance.pull_from.pop((group, mq), None)
+        elif suggested.isdigit():
+            instance.pull_from[(group, mq)] = suggested
     if status is None:
         raise MQClientError(r.code, r.remark, f"pull {mq} at {offset}")
     if reads is not None:                 # the broker may be asked no more for this queue

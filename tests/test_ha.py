@@ -6,7 +6,10 @@ then its slave, started late, which learns the master's HA address from
 the NameServer, catches up and from then on acks every send before its
 SEND_OK (its topics and consumer offsets copied too); the slave refuses sends and serves pulls and queries by key,
 survives a kill -9 and resumes where its store ends; the two CommitLogs are
-the same bytes. The HA stream itself is checked as a
+the same bytes. Consumers: one follows the master's suggestion to read
+from the slave; one running when the master is killed reads the
+acknowledged rest from the slave (the client asks for routes at once);
+one goes back to the master when it returns. The HA stream itself is checked as a
 RocketMQ slave sees it (a raw socket on haListenPort) and against the
 frame layout of the reference (§1.2).
 """
@@ -23,6 +26,7 @@ import orjson
 import pytest
 import subprocess
 import sys
+import threading
 
 from brokerproc import broker_conf, free_port, BrokerProc
 from shmq.broker.config import BrokerConfig
@@ -229,28 +233,108 @@ def test_the_ha_port_speaks_rocketmq_4_to_a_raw_slave(pair):
     assert struct.unpack_from(">qi", got, 12 + size) == (32768, 32768)
 
 
-def test_with_the_master_killed_every_acknowledged_message_is_read_from_the_slave(pair):
-    with RemotingClient(pair.master.addr) as m:
-        acked = [f"last {i}".encode() for i in range(30)
-                 if m.invoke(send_message(TOPIC, f"last {i}".encode(), queue_id=0)).code == R.SUCCESS]
-    assert len(acked) == 30
-    pair.master.kill9()
-    bodies = [m.body for m in pull_all(pair.slave.addr, 0)]
-    assert bodies[-30:] == acked
-    # a consumer finds only the slave in the route now, and reads everything there
-    seen = []
+def _gets(b: BrokerProc) -> int:
+    """Messages the broker served to pulls since it started (mqadmin brokerStatus)."""
+    with RemotingClient(b.addr) as c:
+        info = orjson.loads(c.invoke(RemotingCommand(RC.GET_BROKER_RUNTIME_INFO)).body)["table"]
+    return int(info["msgGetTotalTodayNow"])
 
-    def listener(msgs, context):
-        seen.extend(m.body for m in msgs)
+
+class Reader:
+    """A push consumer on TOPIC that records what its listener got; with
+    ``held`` cleared the listener waits (and flow control holds the queue).
+    No Unix socket: a consumer on another host, whose pulls all go to a
+    broker (none read the store's files here)."""
+
+    def __init__(self, ns: str, group: str, **settings):
+        self.seen: list[bytes] = []
+        self.held = threading.Event()
+        self.held.set()
+        self.c = PushConsumer(group, namesrv_addr=ns, use_unix_socket=False, **settings)
+        self.c.subscribe(TOPIC)
+        self.c.register_message_listener(self._listen)
+        self.c.start()
+
+    def _listen(self, msgs, context):
+        self.held.wait(DEADLINE_S)
+        self.seen.extend(m.body for m in msgs)
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-    c = PushConsumer("haReader", namesrv_addr=pair.ns, consume_from_where="CONSUME_FROM_FIRST_OFFSET")
-    c.subscribe(TOPIC)
-    c.register_message_listener(listener)
-    c.start()
+
+    def got(self, bodies) -> bool:
+        return set(bodies) <= set(self.seen)
+
+    def shutdown(self) -> None:
+        self.held.set()
+        self.c.shutdown()
+
+
+def test_a_consumer_pulls_from_the_broker_the_last_pull_reply_suggested(pair):
+    """RocketMQ's updatePullFromWhichNode: every read is cold on this master,
+    so its replies suggest the slave (whichBrokerWhenConsumeSlowly) and the
+    consumer's next pulls go there."""
+    before = _gets(pair.slave)
+    wanted = [m.body for m in pull_all(pair.master.addr, 0)]
+    r = Reader(pair.ns, "haSlowReader", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+               pull_batch_size=4)
     try:
-        until("the acknowledged messages consumed from the slave", lambda: set(acked) <= set(seen))
+        until("queue 0 consumed", lambda: r.got(wanted))
     finally:
-        c.shutdown()
+        r.shutdown()
+    assert _gets(pair.slave) > before
+
+
+# groups that read from the master however far behind (the slave is for a master gone)
+MASTER_READERS = ("haFailover", "haBack")
+
+
+def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed(pair):
+    """Acknowledged sends the consumer has not pulled when the master dies
+    are consumed from the slave: its pull fails, the client asks the
+    NameServer at once (not at its 1-hour periodic refresh here), finds only
+    the slave, and reads there."""
+    with RemotingClient(pair.master.addr) as m:
+        for g in MASTER_READERS:
+            body = orjson.dumps({"groupName": g, "whichBrokerWhenConsumeSlowly": 0})
+            assert m.invoke(RemotingCommand(RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                                            body=body)).code == R.SUCCESS
+    # one message at a time, one waiting at most: the rest stay on the brokers
+    r = Reader(pair.ns, "haFailover", poll_name_server_interval=3600, pull_batch_size=1,
+               pull_threshold_for_queue=1)
+    try:
+        until("the consumer reads the queue's end", lambda: (
+            send(pair.master.addr, b"probe").code == R.SUCCESS and r.got([b"probe"])), 30)
+        r.held.clear()
+        with RemotingClient(pair.master.addr) as m:
+            acked = [f"last {i}".encode() for i in range(30) if m.invoke(
+                send_message(TOPIC, f"last {i}".encode(), queue_id=0)).code == R.SUCCESS]
+        assert len(acked) == 30 and not r.got(acked)
+        pair.master.kill9()
+        killed = time.monotonic()
+        assert [m.body for m in pull_all(pair.slave.addr, 0)][-30:] == acked
+        r.held.set()
+        until("the acknowledged messages consumed from the slave", lambda: r.got(acked))
+        print(f"consumed from the slave {time.monotonic() - killed:.2f} s after the kill")
+    finally:
+        r.shutdown()
+
+
+def test_a_consumer_goes_back_to_the_master_when_it_returns(pair):
+    r = Reader(pair.ns, "haBack", poll_name_server_interval=1)     # starts on the slave
+    try:
+        pair.master = BrokerProc(pair.master.tmp, pair.master.conf).start()
+        until("the slave follows again", lambda: send(pair.master.addr, b"back").code == R.SUCCESS)
+        sent = []
+
+        def one_more() -> bool:
+            """A message consumed: was it pulled from the master?"""
+            sent.append(f"again {len(sent)}".encode())
+            assert send(pair.master.addr, sent[-1]).code == R.SUCCESS
+            until("consumed", lambda: r.got(sent))
+            return _gets(pair.master) > 0
+        # its pulls go to the master again: a periodic route names it, the group reads there
+        until("pulled from the master", one_more)
+    finally:
+        r.shutdown()
 
 
 def test_frames_golden_and_split_anywhere():
