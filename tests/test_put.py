@@ -10,7 +10,8 @@ keys are stored (a tag-filtered pull and QUERY_MESSAGE by key find them);
 ``flush`` returns once the records are durable, ``shutdown`` flushes; a chunk the store refuses
 makes the next put and ``flush`` raise, with the counts, and the producer
 goes on; a tight loop of puts that never yields to the event loop still
-stores as it goes (direct appends need no loop turn).
+stores as it goes (direct appends need no loop turn), and over the socket
+is refused, nothing taken, once ``put_buffer_bytes`` wait for the loop.
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_every_put_is_stored_once_in_order_per_queue_and_durable_at_flush(broker
         assert (m.tags, m.keys) == (("Seven", [f"k{i}", "sevens"]) if i % 7 == 0 else (None, []))
     if direct:
         assert appended == 3000                             # none went over the socket
-        assert flushed > max(int(m.offset_msg_id()[16:], 16) for m in stored)   # durable
+        assert flushed >= max(m.phy_offset + m.total_size for m in stored)   # durable
 
 
 def test_the_blocking_producer_puts_from_threads(broker, request):
@@ -197,3 +198,29 @@ def test_a_tight_loop_of_puts_stores_without_the_event_loop(broker, request):
     assert appended == 30_001
     stored = stored_records(broker, topic, 2)
     assert_stored_in_order(stored, [b"warm"] + [b"%d" % i for i in range(30_000)])
+
+
+def test_over_the_socket_a_loop_that_never_yields_is_refused_at_put_buffer_bytes(broker, request):
+    topic = routed_topic(broker, topic_for(request, "P_"), queues=1)
+
+    async def main():
+        cfg = ClientConfig(namesrv_addr=broker.namesrv, direct_append=False,
+                           instance_name="put-busy")
+        async with AsyncProducer("put-busy", client=cfg, put_batch_bytes=4 << 10,
+                                 put_buffer_bytes=32 << 10) as p:
+            taken = []
+            for i in range(10_000):                   # bounded; refused long before
+                try:
+                    p.put(topic, b"b%d" % i)
+                except MQClientError as e:
+                    assert e.code == R.SYSTEM_BUSY and "put_buffer_bytes" in str(e)
+                    break
+                taken.append(b"b%d" % i)
+            r = await p.flush()                       # the loop's turn: the chunks leave
+            p.put(topic, b"then")
+            return taken, r, await p.flush()
+
+    taken, r, after = asyncio.run(main())
+    assert 0 < len(taken) < 10_000 and r == FlushResult(put=len(taken), stored=len(taken))
+    assert after.stored == len(taken) + 1
+    assert [m.body for m in stored_records(broker, topic, 1)] == taken + [b"then"]
