@@ -163,7 +163,9 @@ def test_a_refused_chunk_is_raised_by_the_next_put_and_by_flush(broker, request)
                 p.put(topic, b"")                      # refused at once, nothing taken
             with pytest.raises(MQClientError, match="bytes"):
                 p.put(topic, bytearray(b"mutable"))
-            await asyncio.sleep(0.05)                  # the linger hands the big one on
+            deadline = time.monotonic() + 10           # the linger hands the big one on
+            while p._put_error is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
             with pytest.raises(PutFailed) as put_raised:
                 p.put(topic, b"lost?")
             with pytest.raises(PutFailed) as flush_raised:
