@@ -29,7 +29,11 @@ segments and several ConsumeQueue files per queue. Then, on that store:
   cold, 1 MiB reads (not a segment: pages a broker maps stay cached
   whatever drop_caches does). Target ratio ≥ 0.5. ``warm_msg_per_s``: the
   same read again from the page cache, what the pull path's CPU allows
-  (the rest is I/O); ``cache_in_per_byte``: the page cache the read brought
+  (the rest is I/O); ``share_of_log``: the read's record bytes over the
+  CommitLog bytes it spanned (8 queues interleave: about 1/8), so reading
+  the span sequentially at the raw rate gives the queue's records at raw
+  × share_of_log, the most a read that cannot skip the other queues'
+  bytes for free reaches; ``cache_in_per_byte``: the page cache the read brought
   in (/proc/meminfo Cached) per byte it returned (8 queues interleave in
   the CommitLog: whole pages of all of them cost up to 8×; the scrub's
   first pass, 32 MiB/s, reads meanwhile and counts too). The quick run
@@ -50,6 +54,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -79,6 +84,7 @@ BODY = 100
 GET_BROKER_RUNTIME_INFO = 28
 SYSTEM_BUSY = 2
 RSS_LIMIT_MIB = 1024
+PHY_AT = struct.Struct(">q")    # a record's PHYSICALOFFSET, at byte 28
 
 
 # ------------------------------------------------------------------ the page cache
@@ -300,11 +306,14 @@ def fill(addr: str, n: int) -> tuple[float, int]:
 
 
 # ------------------------------------------------------------------ reads
-def catch_up(addr: str, qid: int, count: int) -> tuple[float, int, int]:
+def catch_up(addr: str, qid: int, count: int) -> tuple[float, int, int, int]:
     """Read queue ``qid`` from 0 to ``count``, PULLS_IN_FLIGHT pulls of
-    PULL_MSGS; (seconds, messages, record bytes), every pull checked (a pull
-    stops at a ConsumeQueue file's end: the rest is asked again)."""
+    PULL_MSGS; (seconds, messages, record bytes, CommitLog bytes the read
+    spanned: from its first record to the end of the last reply's first
+    run), every pull checked (a pull stops at a ConsumeQueue file's end:
+    the rest is asked again)."""
     todo = deque((off, min(PULL_MSGS, count - off)) for off in range(0, count, PULL_MSGS))
+    lo, hi = 1 << 62, 0
     with RemotingClient(addr) as c:
         pending = {}
         got = nbytes = replies = 0
@@ -329,10 +338,12 @@ def catch_up(addr: str, qid: int, count: int) -> tuple[float, int, int]:
             got += k
             nbytes += len(r.body)
             replies += 1
+            phy = PHY_AT.unpack_from(r.body, 28)[0]
+            lo, hi = min(lo, phy), max(hi, phy + len(r.body))
         t1 = time.monotonic()
     if got != count:
         raise AssertionError(f"queue {qid}: read {got} of {count}")
-    return t1 - t0, got, nbytes
+    return t1 - t0, got, nbytes, hi - lo
 
 
 def raw_read_bps(path: str, nbytes: int, store: str) -> float:
@@ -452,9 +463,9 @@ def run(ctx, result):
     # the reads: a queue from its start, as far as a read of a minute or
     # so goes (full size: 2 M of its 12.5 M; with producers 1 M, their
     # writes meanwhile must fit the disk)
-    s1, m1, by1 = catch_up(b.addr("unix"), 0, min(per_queue, 2_000_000))
+    s1, m1, by1, span1 = catch_up(b.addr("unix"), 0, min(per_queue, 2_000_000))
     amp1 = (cached_bytes() - c0) / by1
-    sw, mw, _ = catch_up(b.addr("unix"), 0, min(per_queue, 250_000))   # warm: the CPU's ceiling
+    sw, mw, _, _ = catch_up(b.addr("unix"), 0, min(per_queue, 250_000))   # warm: the CPU's ceiling
     b.sample_rss()
     with RemotingClient(b.addr("unix")) as c:
         create_topic(c, LIVE_TOPIC, PRODUCERS)
@@ -466,7 +477,7 @@ def run(ctx, result):
             raise RuntimeError("a live producer did not get ready")
     go.set()
     c0 = cached_bytes()
-    s2, m2, by2 = catch_up(b.addr("unix"), 1, min(per_queue, 1_000_000))
+    s2, m2, by2, span2 = catch_up(b.addr("unix"), 1, min(per_queue, 1_000_000))
     cached2 = cached_bytes() - c0
     stop.set()
     live = [a.recv() for a in pipes]
@@ -484,13 +495,14 @@ def run(ctx, result):
                  "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
                  msg_per_s=round(m1 / s1), read_messages=m1, pulls_in_flight=PULLS_IN_FLIGHT,
                  max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp1, 2), target_ratio=0.5,
-                 warm_msg_per_s=round(mw / sw), **common)
+                 warm_msg_per_s=round(mw / sw), share_of_log=round(by1 / span1, 3), **common)
     yield result("backlog_catchup_cold_producing", by2 / s2, "B/s", raw,
                  "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
                  msg_per_s=round(m2 / s2), read_messages=m2, pulls_in_flight=PULLS_IN_FLIGHT,
                  max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp2, 2), target_ratio=0.25,
                  producers=PRODUCERS, producers_msg_per_s=round(live_rate),
-                 producers_busy_replies=sum(x[3] for x in live), **common)
+                 producers_busy_replies=sum(x[3] for x in live), share_of_log=round(by2 / span2, 3),
+                 **common)
     b.sample_rss()
     b.kill9()
 
