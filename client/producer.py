@@ -30,10 +30,12 @@ is stored as one chunk once it holds ``put_batch_bytes`` (1 MiB) or
 ``put_linger_ms`` (1 ms) after its first message, along ``send_many``'s
 path (``_store_chunk``): on the broker's host one claim appended by this
 process, encoded by the batch kernel — done inside the put that finds the
-buffer full, without yielding, so a loop of puts that never awaits still stores
-as it goes; elsewhere one SEND_BATCH_MESSAGE, from one task per topic
-(``_put_drain``: it also takes a chunk whose route must be looked up, and
-every later chunk of its topic, so the order holds). Chunks go round robin
+buffer full, without yielding, so a loop of puts that never awaits still
+stores as it goes; elsewhere one SEND_BATCH_MESSAGE, from one task per
+topic (``_put_drain``: it also takes a chunk whose route must be looked
+up, and every later chunk of its topic, so the order holds — in a new
+producer, ``await flush()`` after the first put, before a loop that never
+awaits). Chunks go round robin
 over the topic's queues; within a queue messages are stored in put order.
 Each message's tags and keys are its own properties (without, the messages
 of a claim share one). ``flush()`` stores what the buffers hold, waits
