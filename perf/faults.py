@@ -12,8 +12,9 @@ runs every campaign with a few trials (tests/test_faults.py);
 
 - ``bitflip``: one bit of a checked field (TOTALSIZE, MAGIC, BODYCRC,
   PHYSICALOFFSET, the body length, the body) of a random record of a random
-  segment of a flushed store. The scrub finds it in a sealed segment,
-  recovery in the segments it rescans; the next start quarantines it.
+  segment of a flushed store. The scrub finds it (every record below the
+  flushed position, the segment being written included; a start rescans
+  only past the checkpoint); the next start quarantines it.
   Expected: exactly the flipped record lost, no offset reused.
 - ``torn_tail``: the unflushed tail of a store cut or overwritten with
   garbage at a random point (a power loss). Expected: nothing flushed lost.
@@ -127,7 +128,7 @@ def trial_bitflip(rng, root: str) -> dict:
         return {"acked": len(recs), "destroyed": 1, "lost": len(recs) - len(got), "reused": 0,
                 "found_by": found_by,
                 "seen": "ERROR naming the offset and the copy in <store>/quarantine/ (from the "
-                        "scrub in a sealed segment, else from recovery), and the report"}
+                        "scrub, or from recovery past the checkpoint), and the report"}
     finally:
         store.close()
 
