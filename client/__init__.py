@@ -20,15 +20,15 @@ from .errors import BackgroundFailure
 from .instance import ClientConfig, MQClientError
 from .lite_pull import AsyncLitePullConsumer
 from .message import Message, MessageExt, MessageQueue, SendResult, SendStatus
-from .producer import (AsyncProducer, AsyncTransactionProducer, LocalTransactionState,
-                       TransactionListener, select_by_hash)
+from .producer import (AsyncProducer, AsyncTransactionProducer, FlushResult, LocalTransactionState,
+                       PutFailed, TransactionListener, select_by_hash)
 from .rebalance import averagely, averagely_by_circle, by_config, consistent_hash
 
 __all__ = ["AsyncLitePullConsumer", "AsyncProducer", "AsyncPushConsumer",
            "AsyncTransactionProducer", "BackgroundFailure", "ClientConfig", "ConsumeConcurrentlyContext",
-           "ConsumeConcurrentlyStatus", "ConsumeOrderlyContext", "ConsumeOrderlyStatus",
+           "ConsumeConcurrentlyStatus", "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "FlushResult",
            "LitePullConsumer", "LocalTransactionState", "MQClientError", "Message",
            "MessageExt", "MessageListenerConcurrently", "MessageListenerOrderly",
-           "MessageQueue", "Producer", "PushConsumer", "SendResult", "SendStatus",
+           "MessageQueue", "Producer", "PutFailed", "PushConsumer", "SendResult", "SendStatus",
            "TransactionListener", "TransactionProducer", "averagely", "averagely_by_circle",
            "by_config", "consistent_hash", "select_by_hash"]

@@ -21,8 +21,7 @@ import time
 
 import pytest
 from brokerproc import routed_topic, start_broker, stored_records, topic_for
-from shmq.client import AsyncProducer, ClientConfig, MQClientError, Producer
-from shmq.client.producer import FlushResult, PutFailed
+from shmq.client import AsyncProducer, ClientConfig, FlushResult, MQClientError, Producer, PutFailed
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import decode_records, pull_message
 from shmq.ipc.codes import RequestCode as RC
