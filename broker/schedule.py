@@ -70,6 +70,13 @@ def repost_run(store: MessageStore, reposter: Reposter, store_host, phys, cursor
     return done
 
 
+def delay_offset_table(store: MessageStore, cursors, levels: int) -> dict[str, int]:
+    """delayOffset.json's offsetTable (what GET_ALL_DELAY_OFFSET answers): the
+    next offset of each level's queue that has ever held a message."""
+    return {str(level): int(cursors[DELAY_CURSOR + level]) for level in range(1, levels + 1)
+            if store.max_offset(SCHEDULE_TOPIC, level - 1) > 0}
+
+
 class DelayService:
     def __init__(self, store: MessageStore, progress: Progress, reposter: Reposter,
                  levels_ms: tuple[int, ...], store_host: tuple[str, int], root: str):
@@ -91,8 +98,7 @@ class DelayService:
                 self.p[DELAY_CURSOR + int(level)] = int(off)
 
     def save(self) -> None:
-        table = {str(level): self.p[DELAY_CURSOR + level] for level in range(1, len(self.levels) + 1)
-                 if self.store.max_offset(SCHEDULE_TOPIC, level - 1) > 0}
+        table = delay_offset_table(self.store, self.p, len(self.levels))
         if table != self.saved:
             save_table(REAL_FILES, self.root, "delayOffset.json", {"offsetTable": table})
             self.saved = table

@@ -107,7 +107,8 @@ class Services:
         self.next_offsets = 0.0
         self.next_expire = 0.0
         # a slave's copy of the master's topics, groups, offsets (broker/ha/sync.py)
-        self.slave_sync = (SlaveSync(config, tables, registry, time.monotonic())
+        self.slave_sync = (SlaveSync(config, tables, registry, time.monotonic(),
+                                     self.progress if store is not None else None)
                            if config.brokerRole == SLAVE else None)
         self.saved_offsets: dict | None = None
         # One lasting connection per NameServer: a NameServer drops a broker

@@ -4,7 +4,7 @@ One pair for the module, built up in the order a user meets it: a
 SYNC_MASTER alone (its sends are stored and answered SLAVE_NOT_AVAILABLE),
 then its slave, started late, which learns the master's HA address from
 the NameServer, catches up and from then on acks every send before its
-SEND_OK (its topics and consumer offsets copied too); the slave refuses sends and serves pulls and queries by key,
+SEND_OK (its topics, consumer and delay offsets copied too); the slave refuses sends and serves pulls and queries by key,
 survives a kill -9 and resumes where its store ends; the two CommitLogs are
 the same bytes. Consumers: one follows the master's suggestion to read
 from the slave; one running when the master is killed reads the
@@ -27,6 +27,7 @@ import pytest
 import subprocess
 import sys
 import threading
+import types
 
 from brokerproc import broker_conf, free_port, BrokerProc
 from shmq.broker.config import BrokerConfig
@@ -39,6 +40,8 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
 
 TOPIC = "HaTopic"
+COMPAT_TOPIC = "HaCompat"         # the real clients' (made at the start: the slave copies it)
+DELAYED = "HaDelayed"
 SEGMENT = 2 << 20       # small segments: the slave's catch-up crosses several
 SMALL = dict(mappedFileSizeCommitLog=SEGMENT, maxMessageSize=256 << 10, workerProcessNums=1,
              haSendHeartbeatInterval=1000)
@@ -88,6 +91,7 @@ def pair(tmp_path_factory):
     try:
         with RemotingClient(p.master.addr) as c:
             assert c.invoke(create_topic(TOPIC, 2)).code == R.SUCCESS
+            assert c.invoke(create_topic(COMPAT_TOPIC, 4)).code == R.SUCCESS
         yield p
     finally:
         for b in (p.slave, p.master):
@@ -130,6 +134,12 @@ def test_a_sync_master_alone_stores_the_send_and_answers_slave_not_available(pai
         r = c.invoke(RemotingCommand(RC.UPDATE_CONSUMER_OFFSET, ext={
             "consumerGroup": "haGroup", "topic": TOPIC, "queueId": "1", "commitOffset": "7"}))
         assert r.code == R.SUCCESS
+        # and the delay service's: level 1 (1 s) re-posts this one
+        assert c.invoke(create_topic(DELAYED, 1)).code == R.SUCCESS
+        r = c.invoke(send_message(DELAYED, b"a second later", queue_id=0, props={"DELAY": "1"}))
+        assert r.code == R.SLAVE_NOT_AVAILABLE
+        until("re-posted", lambda: (lambda t: t.code == R.SUCCESS and orjson.loads(t.body)[
+            "offsetTable"] == {"1": 1})(c.invoke(RemotingCommand(RC.GET_ALL_DELAY_OFFSET))))
 
 
 def test_a_slave_started_late_learns_its_master_and_catches_up(pair):
@@ -145,6 +155,9 @@ def test_a_slave_started_late_learns_its_master_and_catches_up(pair):
     with RemotingClient(slave.addr) as c:
         until("the group's offset on the slave", lambda: (
             lambda r: r.code == R.SUCCESS and r.ext["offset"] == "7")(c.invoke(query)))
+        # and the delay progress (RocketMQ's syncDelayOffset): the slave's table is the master's
+        until("the delay offsets on the slave", lambda: orjson.loads(c.invoke(
+            RemotingCommand(RC.GET_ALL_DELAY_OFFSET)).body)["offsetTable"] == {"1": 1})
 
 
 def test_sync_master_answers_send_ok_once_the_slave_has_the_message(pair):
@@ -159,6 +172,46 @@ def test_sync_master_answers_send_ok_once_the_slave_has_the_message(pair):
         info = orjson.loads(m.invoke(RemotingCommand(RC.GET_BROKER_RUNTIME_INFO)).body)["table"]
     assert (info["brokerRole"], info["haSlaveCount"]) == ("SYNC_MASTER", "1")
     assert info["haSlaveAckOffset"] == info["commitLogMaxOffset"]    # the operator's lag: 0
+
+
+def admin(ns: str, *argv: str, json_out: bool = True):
+    """``shmq admin <argv> -n <ns> [--json]`` in this process: (exit status, output)."""
+    import argparse
+    import contextlib
+    import io
+    import json
+
+    from shmq.tools import admin as admin_cli
+    ap = argparse.ArgumentParser(prog="shmq")
+    admin_cli.add_parser(ap.add_subparsers(dest="command", required=True))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            args = ap.parse_args(["admin", *argv, "-n", ns] + ["--json"] * json_out)
+            rc = args.func(args)
+        except SystemExit as e:
+            rc = e.code
+    return rc, (json.loads(out.getvalue()) if json_out and rc == 0 else out.getvalue())
+
+
+def test_ha_status_and_cluster_list_show_the_group_and_its_lag(pair):
+    rc, d = admin(pair.ns, "haStatus", "-c", "DefaultCluster")
+    assert rc == 0, d
+    [group] = d["groups"]
+    m, s = group["brokers"]
+    assert (m["brokerId"], m["addr"], m["brokerRole"], m["haSlaveCount"]) == (
+        0, pair.master.addr, "SYNC_MASTER", 1)
+    assert (s["brokerId"], s["addr"], s["brokerRole"]) == (1, pair.slave.addr, "SLAVE")
+    # nothing sent meanwhile: the slave acked the master's end, 0 bytes behind
+    assert m["haSlaveAckOffset"] == m["commitLogMaxOffset"] == s["commitLogMaxOffset"]
+    assert m["diff"] == s["diff"] == 0
+    rc, text = admin(pair.ns, "haStatus", "-b", pair.slave.addr, json_out=False)
+    assert rc == 0 and "#SlaveAckOffset" in text and "SLAVE" in text and "SYNC_MASTER" in text
+    rc, text = admin(pair.ns, "haStatus", "-b", "127.0.0.1:1", json_out=False)
+    assert rc == 1 and "no broker group on the NameServer has 127.0.0.1:1" in text
+    rc, d = admin(pair.ns, "clusterList")
+    assert rc == 0 and [(b["brokerName"], b["brokerId"], b["addr"]) for b in d["brokers"]] == [
+        ("broker-a", 0, pair.master.addr), ("broker-a", 1, pair.slave.addr)]
 
 
 def test_a_master_with_slave_read_enable_suggests_the_slave_to_a_consumer_far_behind(pair):
@@ -193,12 +246,9 @@ def test_a_slave_killed_and_restarted_resumes_where_its_store_ends(pair):
 
 
 def test_master_and_slave_commitlogs_are_the_same_bytes(pair):
-    def files(b):
-        d = os.path.join(b.store, "commitlog")
-        return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
-    m = files(pair.master)
+    m = _commitlog(pair.master)
     assert len(m) >= 4
-    until("the slave's CommitLog equals the master's", lambda: files(pair.slave) == m)
+    until("the slave's CommitLog equals the master's", lambda: _commitlog(pair.slave) == m)
 
 
 def test_a_stalled_slave_means_flush_slave_timeout_then_send_ok_again(pair):
@@ -335,6 +385,97 @@ def test_a_consumer_goes_back_to_the_master_when_it_returns(pair):
         until("pulled from the master", one_more)
     finally:
         r.shutdown()
+
+
+def _info(b: BrokerProc) -> dict:
+    with RemotingClient(b.addr) as c:
+        return orjson.loads(c.invoke(RemotingCommand(RC.GET_BROKER_RUNTIME_INFO)).body)["table"]
+
+
+def _commitlog(b: BrokerProc) -> dict[str, bytes]:
+    d = os.path.join(b.store, "commitlog")
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+
+
+def _killed_under_load(pair, trial: int) -> list[bytes]:
+    """Four producers send to the SYNC_MASTER until it is killed -9, some
+    way into the load; what it answered SEND_OK."""
+    acked: list[bytes] = []
+    at = 40 + random.Random(trial).randrange(120)
+
+    def produce(n: int) -> None:
+        try:
+            with RemotingClient(pair.master.addr) as c:
+                for i in range(10_000):
+                    body = f"trial {trial} producer {n} #{i}".encode()
+                    if c.invoke(send_message(TOPIC, body, queue_id=0)).code == R.SUCCESS:
+                        acked.append(body)
+        except (ConnectionError, TimeoutError):
+            return                         # the master is gone
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        until("sends acknowledged", lambda: len(acked) >= at)
+    finally:
+        pair.master.kill9()
+        for t in threads:
+            t.join(DEADLINE_S)
+    return acked
+
+
+def test_kill_9_of_a_sync_master_under_load_then_its_return(pair):
+    """SHMQ_STRESS_ROUNDS trials (3 by default): every send a SYNC_MASTER
+    answered SEND_OK before its kill -9 is on the slave; the master
+    restarted on its store, the slave follows it again and both CommitLogs
+    end at the same offset with the same bytes, and both stores verify."""
+    from conftest import stress_rounds
+    for trial in range(stress_rounds(3)):
+        acked = _killed_under_load(pair, trial)
+        on_slave = {m.body for m in pull_all(pair.slave.addr, 0)}
+        assert set(acked) <= on_slave, f"trial {trial}: acknowledged, not on the slave"
+        pair.master = BrokerProc(pair.master.tmp, pair.master.conf).start()
+        until("the slave follows again", lambda: send(pair.master.addr, b"probe").code == R.SUCCESS)
+        end = _info(pair.master)["commitLogMaxOffset"]
+        until("the slave ends where the master does", lambda: (
+            _info(pair.slave)["commitLogMaxOffset"] == end))
+        assert _commitlog(pair.slave) == _commitlog(pair.master), f"trial {trial}"
+    ends = set()
+    inspect = [subprocess.Popen([sys.executable, "-m", "shmq.tools", "store", "inspect", b.store,
+                                 "--verify", "--json"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+               for b in (pair.master, pair.slave)]
+    for p in inspect:
+        out, err = p.communicate(timeout=60)
+        doc = orjson.loads(out)
+        assert p.returncode == 0 and doc["ok"], (out[-2000:], err[-2000:])
+        ends.add(doc["commitlog"]["end"])
+    assert len(ends) == 1
+
+
+def test_real_rocketmq_clients_produce_to_the_master_and_consume_from_the_slave(pair, tmp_path):
+    """RocketMQ's own clients, the C++ core and ali-ons (as
+    tests/test_compat_clients.py drives them), send to the SYNC_MASTER
+    (SEND_OK: on the slave too); with the master killed, each one's
+    consumer, started then, finds only the slave in the route and reads
+    every message from it."""
+    from test_compat_clients import MISSING, Clients
+    kinds = [k for k in ("cpp", "ons") if not MISSING[k]]
+    if not kinds:
+        pytest.skip("; ".join(MISSING.values()))
+    clients = Clients(types.SimpleNamespace(namesrv=pair.ns), tmp_path)
+    try:
+        bodies = {k: [f"{k} {i}" for i in range(8)] for k in kinds}
+        for k in kinds:
+            sent = clients.produce(k, COMPAT_TOPIC, [{"mode": "sync", "body": b} for b in bodies[k]])
+            assert all(a["status"] in ("OK", "SEND_OK") for a in sent), sent   # cpp's, ons'
+        pair.master.kill9()
+        for k in kinds:
+            c = clients.consumer(k, COMPAT_TOPIC, f"haReal_{k}")
+            c.started()
+            assert c.wait(lambda: set(bodies[k]) <= {e["body"] for e in c.of("recv")}), c.diag()
+    finally:
+        clients.close()
 
 
 def test_frames_golden_and_split_anywhere():

@@ -11,8 +11,12 @@ the master's (entries added, changed and removed), so pulls and queries on
 the slave know every topic the master has; the master's consumer offsets
 are put over the slave's (added and overwritten, never removed: RocketMQ's
 putAll), so a consumer that moves to the slave goes on from where it
-committed on the master. Delay offsets (45) are not copied (a slave runs no
-delay service). A master that does not answer is tried again next round.
+committed on the master. GET_ALL_DELAY_OFFSET (45): each delay level's
+progress becomes the slave's cursor (``delivery.Progress``; a slave runs no
+delay service, so nothing else moves them), saved to the slave's
+``config/delayOffset.json`` as a master's is: a slave restarted as the
+master re-posts from where its master had got to, not from the start. A
+master that does not answer is tried again next round.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemotingCommand
 
 from ..config import BrokerConfig
+from ..delivery import DELAY_CURSOR, Progress
 from ..registry import Registry
 from ..topics import Tables
 from .slave import load_learned
@@ -37,8 +42,10 @@ TIMEOUT_S = 3.0
 
 
 class SlaveSync:
-    def __init__(self, config: BrokerConfig, tables: Tables, registry: Registry, now: float):
+    def __init__(self, config: BrokerConfig, tables: Tables, registry: Registry, now: float,
+                 cursors: Progress | None = None):
         self.config, self.tables, self.registry = config, tables, registry
+        self.cursors = cursors             # the services process's, None without a store
         self.next = now
         self.versions: dict[str, object] = {}
         self.client: RemotingClient | None = None
@@ -59,6 +66,7 @@ class SlaveSync:
                                       "subscriptionGroupTable")):
                 self._sync(master, code, table, key)
             self._offsets(master)
+            self._delay_offsets(master)
         except OSError as e:
             log.warning("syncing from the master %s: %s", master, e)
             self.close()
@@ -93,6 +101,19 @@ class SlaveSync:
                     continue
                 if reg.get_offset(topic, group, qid) != off:
                     reg.commit_offset(topic, group, qid, off)
+
+    def _delay_offsets(self, master: str) -> None:
+        table = self._ask(master, RC.GET_ALL_DELAY_OFFSET).get("offsetTable")
+        if not isinstance(table, dict) or self.cursors is None:
+            return
+        levels = len(self.config.delay_levels_ms)
+        for level, off in table.items():
+            try:
+                level, off = int(level), int(off)
+            except (TypeError, ValueError):
+                continue
+            if 1 <= level <= levels:
+                self.cursors[DELAY_CURSOR + level] = off
 
     def _sync(self, master: str, code: int, table, key: str) -> None:
         body = self._ask(master, code)

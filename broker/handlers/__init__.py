@@ -72,6 +72,7 @@ HANDLERS: dict[int, Callable] = {
     RC.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
     RC.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
     RC.GET_ALL_CONSUMER_OFFSET: offsets.all_consumer_offsets,
+    RC.GET_ALL_DELAY_OFFSET: offsets.all_delay_offsets,
     RC.GET_MAX_OFFSET: offsets.get_max_offset, RC.GET_MIN_OFFSET: offsets.get_min_offset,
     RC.SEARCH_OFFSET_BY_TIMESTAMP: offsets.search_offset,
     RC.GET_EARLIEST_MSG_STORETIME: offsets.earliest_store_time,

@@ -1,7 +1,8 @@
 """Offsets: a group's committed offsets (shared by every worker, in the
 registry), a queue's min and max offset, offset by store time, and
 INVOKE_BROKER_TO_RESET_OFFSET, which moves a group's offsets and tells its
-consumers (a notice the driver sends once the handler has posted it)."""
+consumers (a notice the driver sends once the handler has posted it), and
+the tables a slave copies: every committed offset, every delay level's progress."""
 from __future__ import annotations
 
 from shmq.ipc.codes import ResponseCode as R
@@ -9,8 +10,9 @@ from shmq.ipc.control import WANT_CLIENTS
 from shmq.ipc.headers import BadRequest, Header
 from shmq.ipc.remoting import RemotingCommand
 
-from ..delivery import reset_body
+from ..delivery import Progress, reset_body
 from ..registry import post_notice
+from ..schedule import delay_offset_table
 from .base import Broker, Peer, json_reply
 
 
@@ -38,6 +40,16 @@ def all_consumer_offsets(b: Broker, peer: Peer, cmd: RemotingCommand) -> Remotin
     """GET_ALL_CONSUMER_OFFSET: every committed offset, in consumerOffset.json's
     shape (what a slave copies from its master: broker/ha/sync.py)."""
     return json_reply(cmd, {"offsetTable": b.registry.offset_table()})
+
+
+def all_delay_offsets(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
+    """GET_ALL_DELAY_OFFSET: each delay level's progress, in delayOffset.json's
+    shape, read from the services process's cursors as they are now (what a
+    slave copies from its master: broker/ha/sync.py)."""
+    c = b.config
+    table = delay_offset_table(b.store, Progress.peek(c.store.storePathRootDir),
+                               len(c.delay_levels_ms))
+    return json_reply(cmd, {"offsetTable": table})
 
 
 def _queue(cmd: RemotingCommand) -> tuple[str, int]:
