@@ -448,6 +448,7 @@ COMMANDS = [
     ("topicStatus", "Examine topic Status info", _flags_topic, None),
     ("clusterList", "List all of clusters", _flags_cluster_list, None),
     ("brokerStatus", "Fetch broker runtime status data", _flags_broker_or_cluster, None),
+    ("haStatus", "Fetch ha runtime status data", _flags_broker_or_cluster, None),
     ("getBrokerConfig", "Get broker config by cluster or special broker", _flags_broker_or_cluster, None),
     ("updateBrokerConfig", "Update broker's config", _flags_update_broker_config, None),
     ("wipeWritePerm", "Wipe write perm of broker in all name server you defined in the -n param",

@@ -21,6 +21,7 @@ from shmq.ipc.codes import ResponseCode as R
 
 from .admin_client import (
     DLQ_PREFIX,
+    MASTER_ID,
     ORDER_TOPIC_CONFIG,
     PERM_READ,
     PERM_WRITE,
@@ -157,6 +158,54 @@ def cluster_list(args, a: AdminClient) -> dict:
                     row["runtime"], row["error"] = {}, str(e)
                 rows.append(row)
     return {"brokers": rows}
+
+
+def ha_status(args, a: AdminClient) -> dict:
+    """Each broker group's roles and replication (RocketMQ 5's haStatus,
+    from the runtime info a 4.x broker gives): the master's CommitLog end,
+    its slaves and the highest offset one acked; each slave's end and how
+    many bytes it is behind its master (``diff``). ``-c``: every group of
+    the cluster; ``-b``: the group the broker is in."""
+    info = a.cluster_info()
+    table = info["brokerAddrTable"]
+    if args.clusterName:
+        names = info["clusterAddrTable"].get(args.clusterName)
+        if names is None:
+            known = ", ".join(sorted(info["clusterAddrTable"])) or "none"
+            raise AdminError(f"cluster {args.clusterName} not found on the NameServer "
+                             f"(clusters: {known})")
+    else:
+        names = [n for n, d in table.items()
+                 if args.brokerAddr in ((d or {}).get("brokerAddrs") or {}).values()]
+        if not names:
+            raise AdminError(f"no broker group on the NameServer has {args.brokerAddr}")
+    groups = []
+    for name in sorted(names):
+        addrs = (table.get(name) or {}).get("brokerAddrs") or {}
+        rows = []
+        for bid, addr in sorted(addrs.items(), key=lambda kv: int(kv[0])):
+            row = {"brokerId": int(bid), "addr": addr}
+            try:
+                t = a.runtime_info(addr)
+            except AdminError as e:           # a broker that is down is shown, not fatal
+                row["error"] = str(e)
+                rows.append(row)
+                continue
+            row["brokerRole"] = t.get("brokerRole") or ("ASYNC_MASTER" if str(bid) == MASTER_ID
+                                                         else "SLAVE")
+            row["commitLogMaxOffset"] = int(t.get("commitLogMaxOffset") or 0)
+            if str(bid) == MASTER_ID and "haSlaveCount" in t:
+                row["haSlaveCount"] = int(t["haSlaveCount"])
+                row["haSlaveAckOffset"] = int(t.get("haSlaveAckOffset") or 0)
+                if row["haSlaveCount"]:
+                    row["diff"] = row["commitLogMaxOffset"] - row["haSlaveAckOffset"]
+            rows.append(row)
+        master = next((r for r in rows if r["brokerId"] == 0 and "error" not in r), None)
+        for r in rows:
+            if r["brokerId"] and master is not None and "error" not in r:
+                r["diff"] = master["commitLogMaxOffset"] - r["commitLogMaxOffset"]
+        groups.append({"brokerName": name, "brokers": rows})
+    return {"groups": groups}
 
 
 def broker_status(args, a: AdminClient) -> dict:

@@ -187,6 +187,19 @@ def cluster_list(d: dict, args) -> None:
               f"{hour:>7.2f} {space:>6.4f}")
 
 
+def ha_status(d: dict, args) -> None:
+    print(f"{'#Broker Name':<22}  {'#BID':<4}  {'#Addr':<22} {'#Role':<13} {'#CommitLogMaxOffset':>20} "
+          f"{'#Slaves':>7} {'#SlaveAckOffset':>16} {'#Diff':>12}")
+    for g in d["groups"]:
+        for r in g["brokers"]:
+            if "error" in r:
+                print(f"{g['brokerName']:<22}  {r['brokerId']:<4}  {r['addr']:<22} ERROR: {r['error']}")
+                continue
+            print(f"{g['brokerName']:<22}  {r['brokerId']:<4}  {r['addr']:<22} {r['brokerRole']:<13} "
+                  f"{r['commitLogMaxOffset']:>20} {r.get('haSlaveCount', '-'):>7} "
+                  f"{r.get('haSlaveAckOffset', '-'):>16} {r.get('diff', '-'):>12}")
+
+
 def broker_status(d: dict, args) -> None:
     for addr, table in d["brokers"].items():
         for k in sorted(table):
