@@ -487,6 +487,15 @@ def test_frames_golden_and_split_anywhere():
     assert whole == [(4096, b"abc"), (4099, b""), (4099, b"de")]
     f = Frames()
     assert [x for i in range(len(stream)) for x in f.feed(stream[i:i + 1])] == whole
+    # as the slave reads: into one buffer, overwritten by the next read once
+    # the frames were applied; a frame cut by a read's end is its own copy
+    f, buf, got = Frames(), bytearray(5), []
+    for i in range(0, len(stream), 5):
+        n = len(stream[i:i + 5])
+        buf[:n] = stream[i:i + 5]
+        got += [(o, bytes(b)) for o, b in f.feed(memoryview(buf)[:n])]
+        buf[:] = b"\xff" * 5
+    assert got == whole
     with pytest.raises(ProtocolError):
         Frames().feed(header(0, -1))
     r = Reports()

@@ -7,9 +7,10 @@ One connection at a time, in the ``shmq-ha`` process of a SLAVE:
               RETRY_S
     connect   blocking, CONNECT_TIMEOUT_S; then non-blocking, TCP_NODELAY;
               report the store's offset at once
-    follow    frames in (``protocol.Frames``) → ``Replica.append`` (the
-              store, ConsumeQueues, published positions; the contiguous
-              frames of one read as one append); after each read
+    follow    reads into one buffer, frames in (``protocol.Frames``: views
+              of it) → ``Replica.append`` (the store, ConsumeQueues,
+              published positions; the contiguous frames of one read as
+              one append); after each read
               that applied bytes, and every haSendHeartbeatInterval, report
               the offset received
     drop      on a frame that does not continue the store, garbage, EOF, or
@@ -72,6 +73,7 @@ class HAClient:
         self.sock: socket.socket | None = None
         self.sel = selectors.DefaultSelector()
         self.frames = Frames()
+        self.buf = memoryview(bytearray(RECV_BYTES))     # every read lands here
         self.master = ""
         self.reported = -1
         self.unsent = b""            # the rest of a report the socket took part of
@@ -144,15 +146,16 @@ class HAClient:
 
     def _read(self) -> None:
         try:
-            data = self.sock.recv(RECV_BYTES)
+            got = self.sock.recv_into(self.buf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
             self.drop(e.strerror or str(e))
             return
-        if not data:
+        if not got:
             self.drop("closed by the master")
             return
+        data = self.buf[:got]      # applied before the next read reuses the buffer
         self.last_read = self.clock()
         try:
             frames = self.frames.feed(data)
