@@ -533,6 +533,16 @@ class ClientInstance:
             if c is not None:
                 await c.reset_offsets(ext.get("topic", ""), cmd.body)
             return cmd.reply(R.SUCCESS)
+        if cmd.code == RC.CONSUME_MESSAGE_DIRECTLY:
+            c = self.consumers.get(ext.get("consumerGroup", ""))
+            if c is None or not hasattr(c, "consume_directly"):
+                return cmd.reply(R.SYSTEM_ERROR, f"The Consumer Group <{ext.get('consumerGroup')}> "
+                                                 f"not exist in this consumer")
+            try:
+                result = await c.consume_directly(cmd.body or b"", ext.get("brokerName", ""))
+            except ValueError as e:           # a body that is not a stored message
+                return cmd.reply(R.SYSTEM_ERROR, f"cannot decode the message: {e}")
+            return cmd.reply(R.SUCCESS, body=orjson.dumps(result))
         if cmd.code == RC.GET_CONSUMER_RUNNING_INFO:
             c = self.consumers.get(ext.get("consumerGroup", ""))
             info = c.running_info() if c is not None else {}

@@ -439,6 +439,38 @@ class AsyncPushConsumer(ConsumerBase):
         self.rebalance_soon()
 
     # ------------------------------------------------------------ consuming
+    async def consume_directly(self, body: bytes, broker_name: str) -> dict:
+        """CONSUME_MESSAGE_DIRECTLY (an operator's ``queryMsgById -g -d``, the
+        console's "consume directly"): the listener on the one stored message
+        of ``body``, outside the queues, nothing sent back and no offset
+        moved; ConsumeMessageDirectlyResult, as the Java client's consume
+        services build it."""
+        from .listeners import (ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
+                                ConsumeOrderlyContext, ConsumeOrderlyStatus)
+        from .message import decode_messages
+        from .retry import restore_retry_topic
+
+        msgs = decode_messages(body, broker_name)
+        restore_retry_topic(msgs, self.group)
+        mq = MessageQueue(msgs[0].topic, broker_name, msgs[0].queue_id) if msgs else None
+        context = (ConsumeOrderlyContext(mq) if self.orderly else ConsumeConcurrentlyContext(mq))
+        t0 = time.monotonic()
+        try:
+            if self._listener_is_async:
+                status = await self.listener.consume_message(msgs, context)
+            else:
+                status = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self.listener.consume_message, msgs, context)
+            result, remark = {ConsumeConcurrentlyStatus.CONSUME_SUCCESS: "CR_SUCCESS",
+                              ConsumeConcurrentlyStatus.RECONSUME_LATER: "CR_LATER",
+                              ConsumeOrderlyStatus.SUCCESS: "CR_SUCCESS",
+                              ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT: "CR_LATER",
+                              None: "CR_RETURN_NULL"}.get(status, "CR_RETURN_NULL"), None
+        except Exception as e:       # the application's code: its error is the answer
+            result, remark = "CR_THROW_EXCEPTION", f"{type(e).__name__}: {e}"
+        return {"order": self.orderly, "autoCommit": True, "consumeResult": result,
+                "remark": remark, "spentTimeMills": int((time.monotonic() - t0) * 1000)}
+
     async def _call_listener(self, msgs: list[MessageExt], context) -> Any:
         """What both consume services call: the listener, on the loop or in
         the consume thread pool (listeners.call_listener)."""

@@ -452,7 +452,11 @@ def test_consumer_status_shows_each_members_running_info(broker):
     create(broker, topic, 2)
     consumer = PushConsumer(group, namesrv_addr=broker.namesrv)
     consumer.subscribe(topic, "TagA")
-    consumer.register_message_listener(lambda msgs, context: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+    def listener(msgs, context):            # raises on the message consumed directly
+        if any(m.body == b"direct" for m in msgs):
+            raise RuntimeError(f"refused {msgs[0].topic}/{msgs[0].tags}")
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    consumer.register_message_listener(listener)
     consumer.start()
     try:
         cid = consumer._p.instance.client_id
@@ -474,15 +478,18 @@ def test_consumer_status_shows_each_members_running_info(broker):
         assert re.search(rf"^\d{{3}} Topic: {topic} +ClassFilter: false +SubExpression: TagA$", text, re.M)
         rc, _, err = admin(broker, "consumerStatus", "-g", group, "-i", "no-such-client")
         assert rc == 1 and "no-such-client is not a member" in err
-        # consume directly: the broker hands the message to the client, whose answer comes
-        # back (shmq's Python client does not consume directly, and says so)
+        # consume directly: the broker hands the message to the client, whose
+        # listener runs on it and whose ConsumeMessageDirectlyResult comes back
         sent = ok(broker, "sendMessage", "-t", topic, "-p", "direct", "-c", "TagA")
-        def found_and_refused():                # once the index has the message
+        def consumed_directly():                # once the index has the message
             r = admin(broker, "queryMsgByUniqueKey", "-i", sent["msgId"], "-t", topic,
                       "-g", group, "-d", cid)
-            return r[0] == 1 and "no message" not in r[2] and r
-        rc, _, err = eventually(found_and_refused)
-        assert "REQUEST_CODE_NOT_SUPPORTED (3)" in err and "Python client" in err, err
+            return r[0] == 0 and r
+        rc, d, err = eventually(consumed_directly)
+        [res] = d["consumeResults"]      # the listener's exception, named, is the answer
+        assert (res["consumeResult"], res["order"], res["autoCommit"]) == \
+            ("CR_THROW_EXCEPTION", False, True), res
+        assert res["remark"] == f"RuntimeError: refused {topic}/TagA"
         rc, _, err = admin(broker, "queryMsgById", "-i", sent["offsetMsgId"], "-g", group)
         assert rc == 2 and "-g/--consumerGroup and -d/--clientId go together" in err
     finally:
