@@ -100,6 +100,19 @@ class BrokerProc:
             self.kill9()
 
 
+def until(fn, what: str, timeout: float = 15.0, step: float = 0.05):
+    """``fn()`` again until it is truthy (its value is returned), polling
+    every ``step`` seconds; after ``timeout`` the test fails naming ``what``
+    and the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"never within {timeout:g} s: {what}; last {got!r}"
+        time.sleep(step)
+
+
 def broker_conf(tmp, **conf) -> dict:
     """A test broker's settings: a store under ``tmp``, free ports, small files."""
     # haListenPort too: a master listens there (default listenPort + 1, which

@@ -31,22 +31,11 @@ import pytest
 
 from shmq.client import ConsumeConcurrentlyStatus, Message, Producer, PushConsumer
 
-from brokerproc import free_port, routed_topic, start_broker
+from brokerproc import free_port, routed_topic, start_broker, until
 
 TOPIC, GROUP, PGROUP = "ConsoleT", "console-cg", "console-pg"
 FAST = dict(pull_time_delay_millis_when_exception=100, persist_consumer_offset_interval=0.5)
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-def until(fn, what: str, timeout: float = 10.0):
-    """fn() until it is truthy (its value), polling; fails naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import urllib.request
 
 import orjson
 import pytest
-from brokerproc import free_port, routed_topic, start_broker
+from brokerproc import free_port, routed_topic, start_broker, until
 from prometheus_client.parser import text_string_to_metric_families
 from shmq.broker.config import BrokerConfig
 from shmq.client import ClientConfig, ConsumeConcurrentlyStatus, Message, Producer, PushConsumer
@@ -36,17 +36,6 @@ def tcp() -> dict:
 FAST = dict(pull_time_delay_millis_when_exception=300, persist_consumer_offset_interval=0.5,
             consume_from_where="CONSUME_FROM_FIRST_OFFSET")
 SENT_TCP, SENT_DIRECT = 12, 5
-
-
-def until(fn, what: str, timeout: float = 15.0):
-    """Poll ``fn`` until it returns something truthy (returned), or fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"never: {what}; last {got!r}"
-        time.sleep(0.1)
 
 
 def consume(broker, group: str, topic: str, n: int, **kw) -> list:
