@@ -283,6 +283,29 @@ def test_the_ha_port_speaks_rocketmq_4_to_a_raw_slave(pair):
     assert struct.unpack_from(">qi", got, 12 + size) == (32768, 32768)
 
 
+def test_a_slave_reporting_past_the_masters_end_is_dropped_and_never_counted_as_an_ack(pair):
+    """A master that lost its unflushed tail, a store restored from a backup,
+    another master's slave: a report past this CommitLog's end, first or
+    later, is no acknowledgement (counted, it would answer SEND_OK to SYNC_MASTER
+    sends no slave holds); the connection is dropped."""
+    host = pair.master.addr.split(":")[0]
+    end = int(_info(pair.master)["commitLogMaxOffset"])
+    for first in (True, False):
+        with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
+            if not first:
+                s.sendall(struct.pack(">q", end))      # a fair first report, then a bad one
+            s.sendall(struct.pack(">q", end + (64 << 20)))
+            s.settimeout(5)
+            try:
+                while s.recv(65536):                   # until the master closes it
+                    pass
+            except ConnectionResetError:
+                pass
+        info = _info(pair.master)
+        assert int(info["haSlaveAckOffset"]) <= int(info["commitLogMaxOffset"]), (first, info)
+    assert send(pair.master.addr, b"after the liar").code == R.SUCCESS   # the real slave acks
+
+
 def _gets(b: BrokerProc) -> int:
     """Messages the broker served to pulls since it started (mqadmin brokerStatus)."""
     with RemotingClient(b.addr) as c:

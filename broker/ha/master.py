@@ -138,13 +138,16 @@ class HAService:
         if offset is None:
             return
         st = self.store.state
+        if offset > st.write_pos:        # never an ack: the bytes past the end are not ours
+            # (a master that lost its unflushed tail, a store from a backup, another
+            # master's slave): counted, it would answer SEND_OK for sends no slave has
+            self._drop(c, f"it {'asks from' if c.request < 0 else 'reports'} offset {offset}, "
+                          f"past this CommitLog's end {st.write_pos}")
+            return
         if c.request < 0:
             c.request = offset
             log.info("HA: slave %s asks from offset %d (this CommitLog: %d..%d)", c.peer,
                      offset, st.get("cl_min_offset"), st.write_pos)
-        elif offset > st.write_pos:
-            self._drop(c, f"it reports offset {offset}, past this CommitLog's end {st.write_pos}")
-            return
         if offset > self.acked:
             self.acked = offset
             st.set("confirm_pos", offset)
@@ -157,10 +160,6 @@ class HAService:
             return
         st = self.store.state
         if c.next < 0:
-            if c.request > st.write_pos:
-                self._drop(c, f"it asks from {c.request}, past this CommitLog's end "
-                              f"{st.write_pos}")
-                return
             c.next = c.request or st.get("cl_min_offset")
         if not c.pending:
             cl_min = st.get("cl_min_offset")
