@@ -149,7 +149,11 @@ class Boss:
         self.owner = StoreOwner(config.store, extra_bytes=registry_bytes()
                                 + stats_bytes(config.store.maxProcessSlots),
                                 tags_code_rules=tags_code_rules(config.delay_levels_ms),
-                                mp_context=self.ctx, dedup_window=config.sendDedupWindowSize)
+                                mp_context=self.ctx, dedup_window=0 if config.brokerRole == SLAVE
+                                else config.sendDedupWindowSize)
+        # (a slave takes no sends and its replica appends add no keys: a window
+        # kept there, saved at its stop, would lack everything it replicated
+        # when it restarts as a master; that start refills one from the store)
         self.workers: dict[int, multiprocessing.Process] = {}
         self.chans: dict[int, socket.socket] = {}         # worker index → channel
         self.handed: dict[int, int] = {}                  # worker index → connections handed

@@ -239,6 +239,7 @@ def test_a_slave_killed_and_restarted_resumes_where_its_store_ends(pair):
     until("the master saw its slave go", lambda: send(
         pair.master.addr, b"slave down").code == R.SLAVE_NOT_AVAILABLE)
     pair.slave = BrokerProc(pair.tmp, conf).start()
+    assert "duplicate-send window" not in pair.slave.log()   # a slave keeps none (it takes no sends)
     until("the slave is back", lambda: send(pair.master.addr, b"back").code == R.SUCCESS)
     bodies = [m.body for m in pull_all(pair.slave.addr, 0)]
     assert bodies[-1] == b"back" and b"slave down" in bodies and b"sync 19" in bodies
