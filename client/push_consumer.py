@@ -451,6 +451,8 @@ class AsyncPushConsumer(ConsumerBase):
         from .retry import restore_retry_topic
 
         msgs = decode_messages(body, broker_name)
+        if not msgs:                  # the broker found no such message: nothing to consume
+            raise ValueError("the request carries no message")
         restore_retry_topic(msgs, self.group)
         mq = MessageQueue(msgs[0].topic, broker_name, msgs[0].queue_id) if msgs else None
         context = (ConsumeOrderlyContext(mq) if self.orderly else ConsumeConcurrentlyContext(mq))

@@ -265,6 +265,11 @@ def test_requests_relayed_to_a_consumer_on_any_worker(traffic):
         # the client's listener ran on the message, and its result comes back
         assert r.code == R.SUCCESS, r.remark
         assert orjson.loads(r.body)["consumeResult"] == "CR_SUCCESS"
+        # no message at that offset: the client says so and runs no listener
+        r = call(b, RC.CONSUME_MESSAGE_DIRECTLY, consumerGroup="cg-stats-relay", clientId=cid,
+                 msgId=msg_id[:16] + "%016X" % (1 << 40))
+        assert (r.code, r.remark) == (R.SYSTEM_ERROR, "cannot decode the message: the request "
+                                                      "carries no message")
     finally:
         c.shutdown()
     r = call(b, RC.GET_CONSUMER_RUNNING_INFO, consumerGroup="cg-stats-relay", clientId="nobody")

@@ -61,6 +61,7 @@ def _fields(text: str) -> dict[str, str]:
 class Handler(BaseHTTPRequestHandler):
     server: Console
     server_version = "shmq-console"
+    timeout = 30          # a connection that never sends its request does not keep a thread
 
     def _own(self) -> set[str]:
         port = self.server.server_address[1]
