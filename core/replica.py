@@ -79,12 +79,6 @@ class Replica:
         """Write ``data`` (the master's bytes at ``phy``), dispatch and
         publish what is whole; returns the new published end. ``ReplicaError``
         when ``phy`` is not where this store ends."""
-        self.receive(phy, data)
-        return self.dispatch()
-
-    def receive(self, phy: int, data) -> None:
-        """Only write ``data`` at ``phy`` (``append`` without the dispatch:
-        several reads' bytes, then one ``dispatch``)."""
         if phy != self.received:
             if not (self.empty and phy % self.seg == 0 and phy >= self.received):
                 raise ReplicaError(f"the master sent offset {phy}; this store ends at "
@@ -100,6 +94,7 @@ class Replica:
             cl.write(pos, data[pos - phy:pos - phy + n])
             pos += n
         self.received = end
+        return self._dispatch()
 
     def _start_at(self, phy: int) -> None:
         """An empty store begins at ``phy`` (a segment start): the empty
@@ -116,8 +111,7 @@ class Replica:
         log.info("replica: an empty store starts at the master's offset %d", phy)
         self.received = self.dispatched = phy
 
-    def dispatch(self) -> int:
-        """Dispatch and publish every record now whole; the published end."""
+    def _dispatch(self) -> int:
         cl, out, replay = self.store.cl, self.out, self.replay
         pos, last_ts = self.dispatched, 0
         while pos < self.received:

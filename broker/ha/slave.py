@@ -8,12 +8,11 @@ One connection at a time, in the ``shmq-ha`` process of a SLAVE:
     connect   blocking, CONNECT_TIMEOUT_S; then non-blocking, TCP_NODELAY;
               report the store's offset at once
     follow    reads into one buffer, frames in (``protocol.Frames``: views
-              of it) → ``Replica.receive`` (the contiguous frames of one
-              read as one write into the store); after the reads one
-              readiness brings (up to READS_PER_REPORT full ones: a
-              backlog), one ``Replica.dispatch`` (ConsumeQueues, published
-              positions) and, when bytes arrived, and every
-              haSendHeartbeatInterval, a report of the offset received
+              of it) → ``Replica.append`` (the store, ConsumeQueues,
+              published positions; the contiguous frames of one read as
+              one append); after the reads one readiness brings (up to
+              READS_PER_REPORT full ones: a backlog) that applied bytes,
+              and every haSendHeartbeatInterval, report the offset received
     drop      on a frame that does not continue the store, garbage, EOF, or
               haHousekeepingInterval without a byte from the master; then
               connect again after RETRY_S
@@ -103,12 +102,6 @@ class HAClient:
                     break
         if self.sock is None:
             return
-        if self.replica.received > self.replica.dispatched:
-            try:
-                self.replica.dispatch()
-            except ReplicaError as e:
-                self.drop(str(e))
-                return
         now = self.clock()
         if now - self.last_read > self.config.haHousekeepingInterval / 1000:
             self.drop("nothing from the master for haHousekeepingInterval")
@@ -173,18 +166,18 @@ class HAClient:
         self.last_read = self.clock()
         try:
             frames = self.frames.feed(data)
-            # contiguous frames (a backlog's) as one write; one dispatch after the reads
+            # contiguous frames (a backlog's) are applied as one write and one dispatch
             run, start, at = [], -1, -1
             for offset, body in frames:
                 if run and offset == at:
                     run.append(body)
                 else:
                     if run:
-                        self.replica.receive(start, b"".join(run))
+                        self.replica.append(start, b"".join(run))
                     run, start = [body], offset
                 at = offset + len(body)
             if run and (len(run) > 1 or run[0] or start != self.replica.received):
-                self.replica.receive(start, b"".join(run))
+                self.replica.append(start, b"".join(run))
         except (ProtocolError, ReplicaError) as e:
             self.drop(str(e))
             return False
