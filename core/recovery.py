@@ -322,6 +322,11 @@ def recover(config: StoreConfig, files: FileLayer,
         assert all(0 <= q.min_offset <= q.max_offset for q in queues), (
             "recovery: every queue's min offset is at or below its max")
         rep.seconds = time.perf_counter() - t0
+        if not last_ts and ckpt is not None:
+            # nothing read past the checkpoint (a clean stop): the newest record
+            # is the one it names; 0 would checkpoint "no timestamp" until the
+            # next append (and a Java broker recovers from the first file on that)
+            last_ts = ckpt.physic_ts
         return Recovered(rep, end, cl_min, last_ts, queues)
     finally:
         cl.close()

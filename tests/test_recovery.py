@@ -191,6 +191,24 @@ def test_a_start_reads_from_the_checkpoints_position_only_when_a_record_bounds_i
         store.close()
 
 
+def test_a_clean_start_reads_nothing_and_keeps_the_newest_store_timestamp(store_dir):
+    """After a clean stop the scan starts at the end (issue 20), so the newest
+    record's store time comes from the checkpoint, not from a record read:
+    the state and the next checkpoint carry it, never 0."""
+    from shmq.core.checkpoint import Checkpoint
+    from shmq.core.files import REAL_FILES
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    last = [store.append(encode("Ts", [b"m%d" % i], properties=b"")) for i in range(5)][-1]
+    close_clean(store)
+    store, report = open_local(cfg)
+    assert report.bytes_scanned == 0
+    assert store.state.get("last_store_ts") == last.store_timestamp > 0
+    flush_all(store)
+    assert Checkpoint.load(REAL_FILES, store_dir).physic_ts == last.store_timestamp
+    close_clean(store)
+
+
 def test_stale_units_past_the_end_are_dropped(store_dir):
     cfg = small_config(store_dir)
     store, _ = open_local(cfg)
