@@ -178,6 +178,8 @@ class ClientInstance:
         # last pull reply's suggestWhichBrokerId (RocketMQ's pullFromWhichNodeTable)
         self.pull_from: dict[tuple[str, MessageQueue], str] = {}
         self._rerouting: asyncio.Task | None = None
+        self._rerouted = asyncio.Event()       # its first round done
+        self._gave_up: dict[str, float] = {}   # broker address → when a reroute last gave up
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -278,9 +280,11 @@ class ClientInstance:
         self._by_name.clear()                    # an address may have changed
         return r
 
-    async def refresh_routes(self) -> None:
+    async def refresh_routes(self, forget: bool = True) -> None:
         """Every topic in use; a consumer re-balances when its topic's queues change
-        (or its topic appears). One failing topic does not stop the others."""
+        (or its topic appears). One failing topic does not stop the others.
+        ``forget`` false: a topic the NameServers no longer know keeps the
+        route held (its only broker may be restarting)."""
         topics = set(self.routes)
         for c in self.consumers.values():
             topics |= set(c.topics())
@@ -292,6 +296,10 @@ class ClientInstance:
                 log.warning("route of %s: %s", topic, e)
                 continue
             if new is None:
+                if not forget:
+                    if old is not None:
+                        self.routes[topic] = old
+                    continue
                 self.routes.pop(topic, None)
             if (new.subscribe if new else None) != (old.subscribe if old else None):
                 for c in self.consumers.values():
@@ -328,24 +336,38 @@ class ClientInstance:
         """A request to ``addr`` found no broker there (its connection broke,
         or would not open): ask the NameServers for every route at once, and
         again every REROUTE_EVERY_S while a route still names ``addr``, at most
-        REROUTE_TRIES times, so that a consumer whose master was killed reads
+        REROUTE_TRIES times (then not again for that broker within a periodic
+        refresh interval), so that a consumer whose master was killed reads
         from the slave within seconds, not at the next periodic refresh
         (the NameServer drops a broker as soon as its connection closes)."""
-        if addr is not None and (self._rerouting is None or self._rerouting.done()):
-            self._rerouting = background.spawn(self._reroute(addr), f"the route refresh of "
-                                               f"{self.client_id} after {addr} went", self._bug)
+        if addr is None or self._rerouting is not None and not self._rerouting.done():
+            return
+        if self.loop.time() - self._gave_up.get(addr, -1e9) < self.config.poll_name_server_interval:
+            return                 # tried lately: the periodic refresh will see it go
+        self._rerouted.clear()
+        self._rerouting = background.spawn(self._reroute(addr), f"the route refresh of "
+                                           f"{self.client_id} after {addr} went", self._bug)
 
     async def rerouted(self) -> None:
-        """Until the route refresh ``broker_unreachable`` started has ended."""
+        """Until the first round of the route refresh ``broker_unreachable``
+        started has ended (at once when none runs)."""
         if self._rerouting is not None and not self._rerouting.done():
-            await asyncio.wait([self._rerouting])
+            await self._rerouted.wait()
 
     async def _reroute(self, addr: str) -> None:
-        for _ in range(REROUTE_TRIES):
-            await self.refresh_routes()
-            if addr not in self.broker_addrs(slaves=True):
-                return
-            await asyncio.sleep(REROUTE_EVERY_S)
+        """A group whose master is gone from the NameServers gets the route
+        naming its slave; a broker gone with no other one keeps its route
+        (pulls go on trying it, as before the break)."""
+        try:
+            for _ in range(REROUTE_TRIES):
+                await self.refresh_routes(forget=False)
+                self._rerouted.set()
+                if addr not in self.broker_addrs(slaves=True):
+                    return
+                await asyncio.sleep(REROUTE_EVERY_S)
+            self._gave_up[addr] = self.loop.time()
+        finally:
+            self._rerouted.set()
 
     def broker_addrs(self, slaves: bool = False) -> set[str]:
         """Every master's address in the routes held; ``slaves``: every slave's too."""
