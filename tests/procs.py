@@ -1,6 +1,8 @@
-"""Bodies of the processes that tests spawn (importable by name, so spawn works)."""
+"""Bodies of the processes that tests start (importable by name, so a fork
+server or spawn can run them), and the context they start in."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
@@ -8,6 +10,14 @@ import time
 from shmq.broker.shared_store import attach, wait_flushed
 from shmq.core.records import encode, properties_bytes
 from shmq.ipc.control import LOCKING, WANT_PUBLISH, ControlBlock
+
+
+def context():
+    """The tests' multiprocessing context: children forked from one server
+    that has the modules and kernels loaded (tests/forkserver_preload.py)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["forkserver_preload"])
+    return ctx
 
 
 def die():

@@ -12,7 +12,6 @@ holding the lock leaves nothing behind.
 from __future__ import annotations
 
 import errno
-import multiprocessing
 import os
 import shutil
 import threading
@@ -30,13 +29,13 @@ from shmq.core.state import (E_END, E_PHY, E_Q0, E_START, I_CLAIM_POS, I_CLAIM_S
                              I_PUBLISH_SEQ, RING_ENTRIES)
 from shmq.core.store import GetMessageStatus, close_clean, open_local
 
-CTX = multiprocessing.get_context("spawn")
+CTX = procs.context()
 WAIT_S = 120
 
 
 @pytest.fixture
 def owner(store_dir):
-    o = StoreOwner(small_config(store_dir))
+    o = StoreOwner(small_config(store_dir), mp_context=CTX)
     o.open()
     yield o
     if o.cb is not None:

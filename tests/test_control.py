@@ -2,7 +2,6 @@
 repair of a holder that died, wake-ups."""
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 
@@ -17,7 +16,7 @@ from shmq.core.store import open_local
 from shmq.core.files import StoreInUse, StoreLock
 from shmq.ipc.control import ControlBlock, NotRunning, names
 
-CTX = multiprocessing.get_context("spawn")
+CTX = procs.context()
 
 
 def run(target, *args):
@@ -30,7 +29,7 @@ def run(target, *args):
 
 @pytest.fixture
 def owner(store_dir):
-    o = StoreOwner(small_config(store_dir))
+    o = StoreOwner(small_config(store_dir), mp_context=CTX)
     o.open()
     yield o
     o.close()
@@ -69,14 +68,14 @@ def test_a_block_left_by_a_dead_owner_is_stale_and_replaced(store_dir):
     assert run(_owner_dies, cfg) == -9
     with pytest.raises(NotRunning, match="stale"):
         ControlBlock.attach(store_dir)
-    with StoreOwner(cfg) as o:   # recovers and makes a new block
+    with StoreOwner(cfg, mp_context=CTX) as o:   # recovers and makes a new block
         assert o.report.mode == "abnormal"
         assert o.store.read_queue("Stale", 0)[0].body == b"before death"
         ControlBlock.attach(store_dir).close()
 
 
 def _owner_dies(cfg):
-    o = StoreOwner(cfg)
+    o = StoreOwner(cfg, mp_context=CTX)
     o.open()
     o.store.append(encode("Stale", [b"before death"], properties=b""))
     procs.die()
@@ -144,7 +143,7 @@ def test_wakeups_reach_a_waiting_process(owner):
 def test_concurrent_writers_get_dense_unique_offsets(store_dir, flush):
     cfg = small_config(store_dir, flushDiskType=flush)
     n, writers = 300, 4
-    with StoreOwner(cfg) as o:
+    with StoreOwner(cfg, mp_context=CTX) as o:
         o.wait_flusher_ready()
         out = CTX.Queue()
         ps = [CTX.Process(target=procs.writer, args=(cfg, w, n, ["A", "B"], flush == "SYNC_FLUSH", out))
@@ -175,7 +174,7 @@ def test_a_sync_send_past_sync_flush_timeout_times_out(store_dir):
     import signal
     from shmq.broker.shared_store import attach, wait_flushed
     cfg = small_config(store_dir, flushDiskType="SYNC_FLUSH", syncFlushTimeout=300)
-    with StoreOwner(cfg) as o:
+    with StoreOwner(cfg, mp_context=CTX) as o:
         o.wait_flusher_ready()
         store, cb = attach(cfg, role="other")
         os.kill(o.flusher.pid, signal.SIGSTOP)
@@ -225,7 +224,7 @@ def test_a_process_still_attached_to_a_dead_owners_block_cannot_write(store_dir)
     assert out.get(timeout=60) == "attached"
     os.kill(old_owner.pid, 9)
     old_owner.join(30)
-    with StoreOwner(cfg) as new:            # retires the old block, then recovers
+    with StoreOwner(cfg, mp_context=CTX) as new:            # retires the old block, then recovers
         new.store.append(encode("Stale", [b"acknowledged by the new owner"], properties=b""))
         go.set()
         assert out.get(timeout=60) == "Retired"

@@ -15,7 +15,6 @@ Rounds: SHMQ_STRESS_ROUNDS (default 2 per mode; 20 for a full run).
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import signal
@@ -28,7 +27,7 @@ from conftest import small_config, stress_rounds
 from shmq.core import _kernels as K
 from shmq.core.store import open_local
 
-CTX = multiprocessing.get_context("spawn")
+CTX = procs.context()
 WRITERS = 3
 ROUND_SECONDS = 2.0
 
