@@ -36,7 +36,8 @@ on the cluster's brokers that serve it (mqadmin's creates it on every
 master); consumerStatus writes no file per member (``-i`` prints one
 member's running info, ``--json`` all of them); a command that cannot act
 (an address that is not a master of the topic) fails with exit 1 where
-mqadmin prints a line and exits 0.
+mqadmin prints a line and exits 0; haStatus is mqadmin 5's (4.9 has
+none), computed from the runtime info every 4.x broker gives.
 
 Not here: consumerProgress ``-s`` (client IP per queue), queryMsgById
 ``-s`` (resend), the message track in message printouts, clusterList ``-i``
