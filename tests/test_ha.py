@@ -34,6 +34,7 @@ import sys
 import threading
 import types
 
+import brokerproc
 from brokerproc import broker_conf, free_port, BrokerProc
 from shmq.broker.config import BrokerConfig
 from shmq.broker.ha.protocol import Frames, ProtocolError, Reports, header, report
@@ -54,13 +55,8 @@ DEADLINE_S = 15
 
 
 def until(what: str, fn, deadline_s: float = DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < end, f"{what}: not within {deadline_s} s"
-        time.sleep(0.02)
+    """brokerproc.until, what first (this file's calls read as sentences)."""
+    return brokerproc.until(fn, what, deadline_s, step=0.02)
 
 
 class Pair:
