@@ -274,19 +274,23 @@ class FileLayer:
         except (OSError, ValueError):
             pass
 
-    def data_from(self, h: Handle, offset: int) -> int:
-        """The first offset at or after ``offset`` that may hold data
-        (lseek SEEK_DATA): the bytes before it read as zeros — a hole, or
-        an extent fallocate'd and never written, which ext4 and XFS report
-        as a hole unless the page cache holds its pages. ``h.size`` when
-        nothing past ``offset`` does; ``offset`` itself when the descriptor
-        is closed or the file system cannot tell."""
+    def data_extent(self, h: Handle, offset: int) -> tuple[int, int]:
+        """(begin, end): the first run of the file at or after ``offset``
+        that may hold data (lseek SEEK_DATA, then SEEK_HOLE). Every byte
+        outside such runs reads as zeros — a hole, or an extent fallocate'd
+        and never written, which ext4 and XFS report as a hole unless the
+        page cache holds its pages (so reading one caches its zero pages and
+        makes it data: read such a run advised ``random_faults``, or the
+        read-around makes the next run). ``(h.size, h.size)`` when nothing
+        past ``offset`` does; ``(offset, h.size)`` when the descriptor is
+        closed or the file system cannot tell."""
         if h.fd < 0:
-            return offset
+            return offset, h.size
         try:
-            return min(os.lseek(h.fd, offset, os.SEEK_DATA), h.size)
+            begin = min(os.lseek(h.fd, offset, os.SEEK_DATA), h.size)
+            return begin, min(os.lseek(h.fd, begin, os.SEEK_HOLE), h.size)
         except OSError as e:
-            return h.size if e.errno == errno.ENXIO else offset
+            return (h.size, h.size) if e.errno == errno.ENXIO else (offset, h.size)
 
     def random_faults(self, h: Handle) -> None:
         """Advise the file's mapping MADV_RANDOM: a fault then reads its own
@@ -492,8 +496,8 @@ class SimFileLayer(FileLayer):
     def random_faults(self, h):
         pass
 
-    def data_from(self, h, offset):
-        return offset             # no holes known: every byte is read
+    def data_extent(self, h, offset):
+        return offset, h.size     # no holes known: every byte is read
 
     def drop(self, h, begin, end, cold=False):
         pass                      # the bytes are the file: nothing to give back

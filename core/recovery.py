@@ -40,6 +40,13 @@ the checkpoint.
    gaps between the rows and rewrites their queue offsets as padding units.
    A claim nobody finished lies past the published end: a torn write.
 3. Truncate: zero the bytes past the end in its segment, delete later segments.
+   Only what the file system says may hold data is read for it (written
+   extents and cached pages: ``CommitLog.last_nonzero``), through mappings
+   advised MADV_RANDOM and read ahead only as far as that data goes, so no
+   read caches the preallocated zeros past the end (which would make them
+   data to read): after a clean stop, at most the rest of the end's page;
+   after a kill -9, the pages written past it. The report counts the bytes
+   (``bytes_read_past_end``).
 4. Every queue keeps its units that point wholly below the scan start. The
    records scanned are re-dispatched: their units are rewritten (counted as
    rebuilt when they differed from what was on disk). Units past a queue's
@@ -181,6 +188,7 @@ class RecoveryReport:
     records_scanned: int = 0
     stop_reason: str = "end"             # "end" | "corrupt at <offset>"
     bytes_truncated: int = 0             # nonzero bytes erased past the end
+    bytes_read_past_end: int = 0         # read looking for them (what may hold data: _truncate)
     segments_deleted: list[str] = field(default_factory=list)
     units_rebuilt: int = 0               # ConsumeQueue units written that differed
     units_dropped: int = 0               # ConsumeQueue units erased past a queue's end
@@ -198,7 +206,8 @@ class RecoveryReport:
     def summary(self) -> str:
         s = (f"{self.mode} recovery: end {self.end}, scanned {self.records_scanned} records "
              f"({self.bytes_scanned} bytes) from {self.scan_from} in {self.seconds:.3f}s; "
-             f"stopped at {self.stop_reason}; truncated {self.bytes_truncated} bytes, "
+             f"stopped at {self.stop_reason}; truncated {self.bytes_truncated} bytes "
+             f"({self.bytes_read_past_end} read past the end), "
              f"deleted {len(self.segments_deleted)} segments; ConsumeQueue units rebuilt "
              f"{self.units_rebuilt}, dropped {self.units_dropped}")
         if self.pads:
@@ -249,7 +258,7 @@ def recover(config: StoreConfig, files: FileLayer,
     seg = config.mappedFileSizeCommitLog
     files.makedirs(root)
     record_paths(config, files)          # StorePathMoved: configured away from the data
-    cl = CommitLog(files, config.commitlog_dir, seg)
+    cl = CommitLog(files, config.commitlog_dir, seg, random_faults=True)
     cqs = ConsumeQueues(files, config.consumequeue_dir, config.cq_units_per_file)
     try:
         rep = RecoveryReport(mode="abnormal" if files.exists(abort_path(root)) else "normal")
@@ -515,7 +524,8 @@ def _scan(cl: CommitLog, segs: list[int], scan_from: int, check_crc: bool,
         pos = held = start = scan_from - s if s == first else 0
         while True:
             begin = pos
-            cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES)   # large reads, not a fault a page
+            cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES,   # large reads, not a fault a page,
+                         data_only=True)                        # and no zeros past the end
             if pos - held >= SCAN_AHEAD_BYTES:                  # and one window held, not the segment
                 cl.drop(s + held, s + pos)
                 held = pos
@@ -599,12 +609,17 @@ def _pads(buf: np.ndarray, base: int, pos: int, stop: int, on_pad, rep: Recovery
 
 
 def _truncate(cl: CommitLog, segs: list[int], end: int, rep: RecoveryReport) -> None:
+    """Zero the bytes past ``end`` in its segment and delete the segments
+    after it (the preallocated next one kept while it is empty). Only what
+    the file system says may hold data is read (``CommitLog.last_nonzero``):
+    the pages written or cached past the end — after a kill -9 the torn
+    tail, after a clean stop with a cold page cache the rest of the end's
+    own block — never the preallocated zeros of the rest of the segment."""
     seg = cl.segment_bytes
     end_seg = end - end % seg
     if end_seg in segs:
-        # (read past holes and window by window: the rest of a 1 GiB segment,
-        # and the preallocated next one, are mostly never-written zeros)
-        last = cl.last_nonzero(end, end_seg + seg)
+        last, read = cl.last_nonzero(end, end_seg + seg)
+        rep.bytes_read_past_end += read
         if last >= 0:
             rep.bytes_truncated += last + 1 - end
             cl.zero(end, last + 1)
@@ -612,8 +627,11 @@ def _truncate(cl: CommitLog, segs: list[int], end: int, rep: RecoveryReport) -> 
     for s in segs:
         if s <= end_seg:
             continue
-        if s == end_seg + seg and cl.last_nonzero(s, s + seg) < 0:
-            continue  # the preallocated next segment: still empty, keep it
+        if s == end_seg + seg:
+            last, read = cl.last_nonzero(s, s + seg)
+            rep.bytes_read_past_end += read
+            if last < 0:
+                continue  # the preallocated next segment: still empty, keep it
         buf = cl.map(s)
         rep.bytes_truncated += int(np.count_nonzero(buf))
         cl.delete_segment(s)
@@ -698,6 +716,8 @@ class _Quarantine:
         if phy >= self.flushed:
             return False
         seg_end = buf.shape[0]
+        self.cl.will_need(phy, min(s + seg_end, phy + SCAN_AHEAD_BYTES),   # the search reads
+                          data_only=True)                  # through MADV_RANDOM mappings
         stop = next_valid_record(buf, s, pos + 1, seg_end)
         if stop is None:
             # nothing valid after it in this segment: what was flushed is the

@@ -231,19 +231,21 @@ def test_a_reader_at_the_head_holds_the_hot_tail_not_everything_it_read(store_di
 
 def test_what_lies_past_the_end_is_found_without_reading_a_preallocated_segment(store_dir):
     """Recovery's look for bytes past the end (``CommitLog.last_nonzero``)
-    skips what the file system reports as holes — a fallocate'd segment's
-    never-written extents — and holds one window: the preallocated next
-    segment of 1 GiB was 1 GiB of zero pages in the boss's RSS."""
+    reads only what the file system says may hold data — never a
+    fallocate'd segment's never-written extents, nor the zero pages a
+    read-around would cache after what it read (which made the rest of a
+    1 GiB segment data, read at every start) — and holds one window."""
     from shmq.core.commitlog import CommitLog
     commitlog = os.path.join(store_dir, "commitlog")
     cl = CommitLog(REAL_FILES, commitlog, 8 * SEGMENT)
     try:
         cl.ensure_segment(0)                             # fallocate'd: 8 MiB never written
-        assert cl.last_nonzero(0, 8 * SEGMENT) == -1
+        assert cl.last_nonzero(0, 8 * SEGMENT) == (-1, 0)
         assert mapped_rss(commitlog) <= SLACK
         cl.write(5 * SEGMENT + 7, b"\x01\x02")          # in the page cache, not yet written back
-        assert cl.last_nonzero(0, 8 * SEGMENT) == 5 * SEGMENT + 8
-        assert cl.last_nonzero(5 * SEGMENT + 9, 8 * SEGMENT) == -1
+        assert cl.last_nonzero(0, 8 * SEGMENT) == (5 * SEGMENT + 8, PAGE_BYTES)   # its page alone
+        assert cl.last_nonzero(5 * SEGMENT + 9, 8 * SEGMENT) == (-1, PAGE_BYTES - 9)
+        assert cl.last_nonzero(0, 8 * SEGMENT) == (5 * SEGMENT + 8, PAGE_BYTES)   # nothing cached
         assert mapped_rss(commitlog) <= SLACK
     finally:
         cl.close()
@@ -251,7 +253,53 @@ def test_what_lies_past_the_end_is_found_without_reading_a_preallocated_segment(
     sim = CommitLog(files, "/sim/store/commitlog", SEGMENT)
     sim.ensure_segment(0)
     sim.write(SEGMENT - 1, b"\x09")
-    assert sim.last_nonzero(0, SEGMENT) == SEGMENT - 1
+    assert sim.last_nonzero(0, SEGMENT) == (SEGMENT - 1, SEGMENT)
+
+
+def _cold(store_dir: str) -> None:
+    """Empty the page cache of the store's CommitLog (clean pages nobody maps)."""
+    commitlog = os.path.join(store_dir, "commitlog")
+    for name in os.listdir(commitlog):
+        fd = os.open(os.path.join(commitlog, name), os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_a_start_reads_past_the_end_only_what_a_crash_can_have_written(store_dir):
+    """After a clean stop a start reads, past the end, at most the rest of
+    the end's own page (the recovery report's ``bytes_read_past_end``, in
+    its logged summary): not the megabytes of preallocated zeros after it,
+    nor the empty next segment. After a crash that left bytes past the end
+    (a torn append), it reads their pages and zeroes them."""
+    from shmq.core.checkpoint import abort_path
+    segment = 8 * SEGMENT
+    cfg = small_config(store_dir, mappedFileSizeCommitLog=segment)
+    store, _ = open_local(cfg)
+    for i in range(40):                                    # about 1.3 MiB of the 8 MiB segment
+        store.append(encode("E", [b"e" * 1000] * 32, queue_ids=i % 2, properties=b""))
+    end = store.state.write_pos
+    store.cl.ensure_segment(segment)                       # the flusher's preallocated next one
+    close_clean(store)
+    _cold(store_dir)
+    store, rep = open_local(cfg)
+    assert (rep.mode, rep.end, rep.records_scanned, rep.bytes_truncated) == ("normal", end, 0, 0)
+    assert rep.bytes_read_past_end < PAGE_BYTES, rep.summary()
+    assert f"({rep.bytes_read_past_end} read past the end)" in rep.summary()
+    # a crash: an append's first bytes written, never published; the abort marker stays
+    store.cl.write(end + 100_000, b"\xee" * 300)
+    store.close()                                          # no flush, no checkpoint
+    assert os.path.exists(abort_path(store_dir))
+    store, rep = open_local(cfg)
+    try:
+        assert (rep.mode, rep.end, rep.bytes_truncated) == ("abnormal", end, 100_300)
+        # the page the end lies in, and the pages of what the crash left
+        assert rep.bytes_read_past_end <= 3 * PAGE_BYTES, rep.summary()
+        assert store.cl.last_nonzero(end, segment)[0] == -1
+    finally:
+        close_clean(store)
 
 
 def test_an_appender_holds_the_consumequeue_file_it_writes_not_the_ones_it_filled(store_dir):
