@@ -33,16 +33,26 @@ segments and several ConsumeQueue files per queue. Then, on that store:
   CommitLog bytes it spanned (8 queues interleave: about 1/8), so reading
   the span sequentially at the raw rate gives the queue's records at raw
   × share_of_log, the most a read that cannot skip the other queues'
-  bytes for free reaches; ``cache_in_per_byte``: the page cache the read brought
-  in (/proc/meminfo Cached) per byte it returned (8 queues interleave in
-  the CommitLog: whole pages of all of them cost up to 8×; the scrub's
-  first pass, 32 MiB/s, reads meanwhile and counts too). The quick run
+  bytes for free reaches; ``cache_in_per_byte``: the CommitLog pages of
+  the span the read covered that came into the page cache during it
+  (mincore before and after) per byte it returned — about 1 when the
+  read-ahead brings in the queue's own records only, up to 8 when whole
+  pages of all 8 interleaved queues come in — and
+  ``other_queues_cache_in_per_byte`` the part of it that is other queues'
+  pages. The scrub's first pass after a start reads the whole CommitLog
+  (32 MiB/s), every queue's pages: the quick run waits for it to end
+  before the reads (``scrub_first_pass_done``); the full run's, 12 minutes,
+  overlaps them and counts in these figures. ``meminfo_cached_per_byte``:
+  the growth of /proc/meminfo's Cached, whatever brought it in. The quick run
   sets accessMessageInMemoryMaxRatio=0, so all its few hundred MB lie
   outside the page-cache window, as the first 2 M of 100 M messages do at
   the default 40%;
 - backlog_catchup_cold_producing: the same read of another queue (1 M
   messages at most) while PRODUCERS producers send at full rate to another
-  topic (target ≥ 0.25; what they wrote is counted out of the cache-in).
+  topic (target ≥ 0.25); ``warm_msg_per_s``: the same read again, its
+  records now in the page cache, the producers still sending: what the
+  CPU left to the pull allows. Its ``meminfo_cached_per_byte`` counts the
+  producers' records, ConsumeQueue units and index entries too.
 
 The page cache is dropped with ``sync; echo 3 > /proc/sys/vm/drop_caches``
 when the run is root; otherwise each store file is given
@@ -51,7 +61,9 @@ either way), and every result says which (``page_cache``).
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import signal
 import struct
@@ -60,6 +72,8 @@ import sys
 import threading
 import time
 from collections import deque
+
+import numpy as np
 
 from perf.broker import (SUCCESS, TIMEOUT_S, Broker, batch_body, batch_cmd, body_of, check,
                          create_topic, free_port, gather, pull_cmd, records, spawn, _child,
@@ -70,6 +84,7 @@ from shmq.broker.procs import broker_processes
 from shmq.client.remoting import RemotingClient
 from shmq.core.config import StoreConfig
 from shmq.core.index import IndexService
+from shmq.core.layout import CQ_PAD_SIZE, CQ_UNIT_DTYPE, offset_to_file_name
 from shmq.ipc.remoting import RemotingCommand
 
 TOPIC = "PerfBacklog"
@@ -84,6 +99,8 @@ BODY = 100
 GET_BROKER_RUNTIME_INFO = 28
 SYSTEM_BUSY = 2
 RSS_LIMIT_MIB = 1024
+SCRUB_PASS_DONE = "scrub: checked the CommitLog up to"    # core/scrub.py's line at a pass's end
+SCRUB_WAIT_S = 90
 PHY_AT = struct.Struct(">q")    # a record's PHYSICALOFFSET, at byte 28
 
 
@@ -130,6 +147,73 @@ def vm_hwm_mib(pid: int) -> float:
     return 0.0
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+PAGE = 4096
+
+
+def resident_pages(path: str) -> np.ndarray:
+    """Which pages of the file are in the page cache (mincore of a mapping
+    made for the question: mapping reads nothing), one bool a page."""
+    size = os.path.getsize(path)
+    n = -(-size // PAGE)
+    if not n:
+        return np.zeros(0, bool)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            vec = (ctypes.c_ubyte * n)()
+            if _libc.mincore(addr, size, vec):
+                raise OSError(ctypes.get_errno(), f"mincore {path}")
+            return (np.frombuffer(vec, np.uint8) & 1).astype(bool)
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def queue_runs(store: str, upf: int, qid: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """CommitLog offsets and sizes of queue ``qid``'s first ``count`` records
+    (its ConsumeQueue files read directly: the broker is not asked)."""
+    d = os.path.join(store, "consumequeue", TOPIC, str(qid))
+    parts, got = [], 0
+    while got < count:
+        u = np.fromfile(os.path.join(d, offset_to_file_name(got // upf * upf * CQ_UNIT_DTYPE.itemsize)),
+                        dtype=CQ_UNIT_DTYPE)[got % upf:][:count - got]
+        parts.append(u)
+        got += u.shape[0]
+    u = np.concatenate(parts)
+    u = u[(u["size"] > 0) & (u["size"] != CQ_PAD_SIZE)]
+    return u["phy_offset"].astype(np.int64), u["size"].astype(np.int64)
+
+
+def span_cached(store: str, seg_bytes: int, phys: np.ndarray, sizes: np.ndarray) -> tuple[int, int]:
+    """Bytes of the page cache holding the CommitLog span a read covers
+    (its first record to its last one's end): (pages holding the read's
+    own records, the other pages of the span: the other queues' records)."""
+    lo, hi = int(phys[0]), int(phys[-1] + sizes[-1])
+    own = other = 0
+    for s in range(lo - lo % seg_bytes, hi, seg_bytes):
+        r = resident_pages(os.path.join(store, "commitlog", offset_to_file_name(s)))
+        mine = np.zeros(r.shape[0] + 1, np.int64)    # +1 at a record's first page, -1 past its last
+        sel = (phys >= s) & (phys < s + seg_bytes)
+        np.add.at(mine, (phys[sel] - s) // PAGE, 1)
+        np.add.at(mine, (phys[sel] + sizes[sel] - 1 - s) // PAGE + 1, -1)
+        mine = np.cumsum(mine[:-1]) > 0
+        page = np.arange(r.shape[0], dtype=np.int64) * PAGE + s
+        span = (page + PAGE > lo) & (page < hi)
+        own += int(np.count_nonzero(r & mine)) * PAGE
+        other += int(np.count_nonzero(r & ~mine & span)) * PAGE
+    return own, other
+
+
 # ------------------------------------------------------------------ a broker on a given store
 class StoreBroker(Broker):
     """``Broker`` on a conf written once and started again on the same store:
@@ -140,6 +224,7 @@ class StoreBroker(Broker):
         self.phase = phase
         self.log_path = log_path
         self.log = open(log_path, "ab")
+        self.log_from = self.log.tell()          # this start's lines follow
         t0 = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", conf_path],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -164,6 +249,12 @@ class StoreBroker(Broker):
             lines = [ln for ln in f.read().decode(errors="replace").splitlines()
                      if " recovery: end " in ln]
         return lines[-1].split(": ", 1)[-1][:400] if lines else ""
+
+    def logged(self, text: str) -> bool:
+        """Whether this start has logged a line containing ``text``."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_from)
+            return text.encode() in f.read()
 
     def sample_rss(self) -> None:
         """Keep each broker process's peak RSS (VmHWM: the kernel's own peak)."""
@@ -200,11 +291,16 @@ class StoreBroker(Broker):
             self.proc.wait()
 
 
+def cq_units_per_file(quick: bool) -> int:
+    """ConsumeQueue units a file (mappedFileSizeConsumeQueue / 20): several files a queue."""
+    return 50_000 if quick else 300_000
+
+
 def write_conf(root: str, quick: bool, name: str) -> tuple[str, str]:
     d = os.path.join(root, name)
     os.makedirs(d)
     store = os.path.join(d, "store")
-    upf = 50_000 if quick else 300_000
+    upf = cq_units_per_file(quick)
     conf = {"storePathRootDir": store, "listenPort": free_port(),
             "namesrvListenPort": free_port(), "embeddedNamesrv": "false",
             "flushDiskType": "ASYNC_FLUSH", "workerProcessNums": 2, "messageIndexEnable": "true",
@@ -374,6 +470,17 @@ def raw_read_bps(path: str, nbytes: int, store: str) -> float:
         os.unlink(path)
 
 
+def until_logged(b: StoreBroker, text: str, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for the broker to log ``text``; whether it did."""
+    deadline = time.monotonic() + timeout
+    while not b.logged(text):
+        if time.monotonic() >= deadline:
+            return False
+        b.alive()
+        time.sleep(0.2)
+    return True
+
+
 def inspect_s(store: str) -> float:
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect", store],
@@ -458,13 +565,22 @@ def run(ctx, result):
                  fill_busy_replies=fill_busy, recovery=clean_rec, **common)
     # cold catch-up reads, alone and beside producers
     raw = raw_read_bps(os.path.join(root, "raw-read"), seg_bytes, store)
-    drop_cache(store)
-    c0 = cached_bytes()
+    # the scrub's first pass after a start reads the whole CommitLog (32
+    # MiB/s): the quick run waits for it, so what the reads bring into the
+    # page cache is theirs; the full run's pass (12 min) overlaps them
+    scrubbed = until_logged(b, SCRUB_PASS_DONE, SCRUB_WAIT_S if ctx.quick else 0)
     # the reads: a queue from its start, as far as a read of a minute or
     # so goes (full size: 2 M of its 12.5 M; with producers 1 M, their
     # writes meanwhile must fit the disk)
-    s1, m1, by1, span1 = catch_up(b.addr("unix"), 0, min(per_queue, 2_000_000))
+    n1, n2 = min(per_queue, 2_000_000), min(per_queue, 1_000_000)
+    runs1 = queue_runs(store, cq_units_per_file(ctx.quick), 0, n1)   # (read before the drop)
+    runs2 = queue_runs(store, cq_units_per_file(ctx.quick), 1, n2)
+    drop_cache(store)
+    c0 = cached_bytes()
+    span0 = span_cached(store, seg_bytes, *runs1)
+    s1, m1, by1, span1 = catch_up(b.addr("unix"), 0, n1)
     amp1 = (cached_bytes() - c0) / by1
+    own1, other1 = (a - z for a, z in zip(span_cached(store, seg_bytes, *runs1), span0))
     sw, mw, _, _ = catch_up(b.addr("unix"), 0, min(per_queue, 250_000))   # warm: the CPU's ceiling
     b.sample_rss()
     with RemotingClient(b.addr("unix")) as c:
@@ -477,8 +593,11 @@ def run(ctx, result):
             raise RuntimeError("a live producer did not get ready")
     go.set()
     c0 = cached_bytes()
-    s2, m2, by2, span2 = catch_up(b.addr("unix"), 1, min(per_queue, 1_000_000))
+    span0 = span_cached(store, seg_bytes, *runs2)
+    s2, m2, by2, span2 = catch_up(b.addr("unix"), 1, n2)
     cached2 = cached_bytes() - c0
+    own2, other2 = (a - z for a, z in zip(span_cached(store, seg_bytes, *runs2), span0))
+    sw2, mw2, _, _ = catch_up(b.addr("unix"), 1, min(n2, 250_000))   # warm, producers still on
     stop.set()
     live = [a.recv() for a in pipes]
     if any(isinstance(x, BaseException) for x in live):
@@ -487,21 +606,24 @@ def run(ctx, result):
     for p in kids:
         p.join(30)
     live_rate = sum(x[2] for x in live) / (max(x[1] for x in live) - min(x[0] for x in live))
-    # what the producers wrote went into the page cache too: their records
-    # (the topic name 4 bytes longer) and units, counted out
-    written = sum(x[2] for x in live) * (by1 / m1 + len(LIVE_TOPIC) - len(TOPIC) + 20)
-    amp2 = max(cached2 - written, 0) / by2
     yield result("backlog_catchup_cold", by1 / s1, "B/s", raw,
                  "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
                  msg_per_s=round(m1 / s1), read_messages=m1, pulls_in_flight=PULLS_IN_FLIGHT,
-                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp1, 2), target_ratio=0.5,
-                 warm_msg_per_s=round(mw / sw), share_of_log=round(by1 / span1, 3), **common)
+                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round((own1 + other1) / by1, 2),
+                 other_queues_cache_in_per_byte=round(other1 / by1, 3),
+                 meminfo_cached_per_byte=round(amp1, 2), target_ratio=0.5,
+                 warm_msg_per_s=round(mw / sw), share_of_log=round(by1 / span1, 3),
+                 scrub_first_pass_done=scrubbed, **common)
     yield result("backlog_catchup_cold_producing", by2 / s2, "B/s", raw,
                  "raw sequential read, cold, 1 MiB reads of a segment-sized file on the store's disk",
                  msg_per_s=round(m2 / s2), read_messages=m2, pulls_in_flight=PULLS_IN_FLIGHT,
-                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round(amp2, 2), target_ratio=0.25,
+                 max_msg_nums=PULL_MSGS, cache_in_per_byte=round((own2 + other2) / by2, 2),
+                 other_queues_cache_in_per_byte=round(other2 / by2, 3),
+                 meminfo_cached_per_byte=round(cached2 / by2, 2), target_ratio=0.25,
+                 warm_msg_per_s=round(mw2 / sw2),
                  producers=PRODUCERS, producers_msg_per_s=round(live_rate),
                  producers_busy_replies=sum(x[3] for x in live), share_of_log=round(by2 / span2, 3),
+                 scrub_first_pass_done=scrubbed,
                  **common)
     b.sample_rss()
     b.kill9()
