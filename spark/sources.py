@@ -361,7 +361,10 @@ def _data_loss(opts: ReadOptions, what: str) -> None:
 def read_queue_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
     """The messages of one queue range, through its ConsumeQueue
     (``core.reader``: units file by file, then the records they point at,
-    segment by segment, each checked to be its unit's)."""
+    segment by segment, each checked to be its unit's). Spark reads a plan
+    with no partitions as one ``InputPartition(None)``: nothing to read."""
+    if not isinstance(part, QueueRange):
+        return
     opts = part.opts
     schema = _arrow_schema(opts)
     cl = CommitLog(_FILES, opts.commitlog_dir, opts.segment_bytes, read_only=True)
@@ -389,7 +392,10 @@ def read_queue_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
 
 
 def read_segment(part: SegmentRange) -> Iterator[pa.RecordBatch]:
-    """Every record of one CommitLog segment in [start, end), optionally of some topics."""
+    """Every record of one CommitLog segment in [start, end), optionally of
+    some topics (nothing for Spark's ``InputPartition(None)``, as above)."""
+    if not isinstance(part, SegmentRange):
+        return
     opts = part.opts
     schema = _arrow_schema(opts)
     read_schema = schema if "topic" in schema.names or part.topics is None and part.pattern is None \

@@ -395,6 +395,20 @@ def test_spark_reads_the_store_exactly(spark, sent):
 
 
 @spark_mark
+def test_spark_reads_a_store_with_nothing_yet_as_no_rows(spark, tmp_path):
+    """A store whose broker has written nothing yet: the plan has no
+    partitions, which Spark runs as one placeholder partition; both formats
+    read it as no rows (they failed on the placeholder)."""
+    from conftest import small_config
+    cfg = small_config(str(tmp_path / "store"))
+    store, _ = open_local(cfg)
+    close_clean(store)
+    for fmt, opts in (("shmq", {"subscribePattern": ".*"}), ("shmq-commitlog", {})):
+        df = spark.read.format(fmt).option("path", cfg.storePathRootDir).options(**opts).load()
+        assert df.count() == 0, fmt
+
+
+@spark_mark
 def test_spark_streaming_available_now_across_a_restart(spark, tmp_path):
     """availableNow with a rate limit, more messages, a restart from the
     checkpoint: every message exactly once."""
