@@ -6,8 +6,9 @@ to the oldest waiter, so nobody starves and the count never overshoots.
 
 ``Accumulator`` (on when ``linger_ms`` > 0) turns single ``send`` calls into
 SEND_BATCH_MESSAGE requests. It owns the open batches, one per queue; each
-holds the messages' encoded batch entries and one future per caller. A
-batch leaves when
+is one growing buffer (its messages' batch entries, encoded there as they
+come), its messages' UNIQ_KEYs and one future per caller. A batch leaves
+when
 
 - the next message would take it past ``batch_max_bytes`` (or it is exactly
   full),
@@ -32,6 +33,19 @@ reply names the first message's queue offset and every message's offsetMsgId
 (comma-joined, RocketMQ's batch answer): each caller gets a ``SendResult``
 of its own message (its UNIQ_KEY, its offsetMsgId, first offset + its index).
 
+What a message costs (``offer``, the send path's fast lane, taken when the
+message is plain — no user properties, no delay — its topic's route is
+cached and a window slot is free): a UNIQ_KEY, its entry appended to the
+batch's buffer (the 20-byte entry head of a body length made once, the
+properties of a message without tags or keys are ``UNIQ_KEY`` alone), one
+future, and no awaiting before the caller's own ``await``. Nothing per
+message happens when the batch leaves (one ``write_batch`` of the buffer)
+and when its answer comes (a done callback of the request's future, no
+task): the callback builds each ``SendResult``, resolves the callers'
+futures and frees the batch's window slots at once. A task is started only
+for a batch that must wait for its broker's connection to open or that
+failed and is retried.
+
 Never batched (``takes``): delay levels, timer and transaction properties,
 messages asking not to wait for the store (WAIT=false), retry-topic sends,
 bodies that would be compressed (a batch is never compressed, as in
@@ -42,20 +56,25 @@ batch is written when it leaves if its broker's connection is open (in the
 caller's loop turn); otherwise it queues behind the one task that opens the
 connection, which writes them all in order, before anything else can use
 it. Only a failed batch of a queue the producer chose is retried, whole, on
-another queue (``retry_times_when_send_failed``).
+another queue (``retry_times_when_send_failed``). A batch holds one window
+slot per message from the message's ``add`` until its answer (or its last
+failure) settles every caller: a cancelled caller's slot is freed then.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
+import struct
 import time
+from threading import get_ident
 from typing import TYPE_CHECKING
 
+from . import instance
 from .connection import RemotingError
 from .instance import MQClientError
-from .message import Message, MessageQueue
-from .requests import batch_entry
+from .message import UNIQ_KEY, Message, MessageQueue, unique_ids
 
 if TYPE_CHECKING:
     from .producer import AsyncProducer
@@ -65,6 +84,37 @@ RETRY_PREFIX = "%RETRY%"
 # properties that make the broker route a message (delay, timer, transaction) or
 # that a batch cannot carry per message (WAIT: the batch waits or not as one)
 _ALONE = ("DELAY", "TRAN_MSG", "__STARTDELIVERTIME", "WAIT")
+
+# One message of a SEND_BATCH_MESSAGE body (reference §5.5)::
+#
+#     int32 total = 20 + body + 2 + props | int32 magic (0) | int32 body CRC (0)
+#     int32 flag | int32 body length | body | int16 props length | props
+_ENTRY = struct.Struct(">iiiii")
+_I16 = struct.Struct(">h")
+_UNIQ_BYTES = len(UNIQ_KEY) + 1 + 32    # a plain message's properties: UNIQ_KEY \x01 32 hex digits
+_UNIQ_ONLY = _I16.pack(_UNIQ_BYTES) + f"{UNIQ_KEY}\x01".encode()     # what comes before the digits
+_heads: dict[int, bytes] = {}          # body length → the entry head of a plain message (flag 0)
+
+
+def append_entry(buf: bytearray, body: bytes, props: bytes, flag: int = 0) -> int:
+    """Append one batch entry to ``buf``; its size."""
+    n, m = len(body), len(props)
+    buf += _ENTRY.pack(22 + n + m, 0, 0, flag, n)
+    buf += body
+    buf += _I16.pack(m)
+    buf += props
+    return 22 + n + m
+
+
+def running_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """Is ``loop`` the event loop running in this thread? (What
+    ``loop is asyncio.get_running_loop()`` says, without its getpid() system
+    call on every call, which costs the send path 0.4-1.5 µs here: a
+    BaseEventLoop knows the thread it runs in.)"""
+    try:
+        return loop._thread_id == get_ident()
+    except AttributeError:                 # another loop implementation
+        return loop is asyncio.get_running_loop()
 
 
 class Window:
@@ -100,28 +150,33 @@ class Window:
                 self.release()               # handed over, then cancelled: pass it on
             raise
 
-    def release(self) -> None:
+    def release(self, n: int = 1) -> None:
+        """Free ``n`` slots: each goes to the oldest waiter, if any."""
         waiters = self._waiters
-        while waiters:
+        while n and waiters:
             w = waiters.popleft()
             if not w.done():
                 w.set_result(None)
-                return
-        self.used -= 1
+                n -= 1
+        self.used -= n
 
 
 class Batch:
-    __slots__ = ("queue", "fixed", "entries", "uniqs", "futures", "size", "first", "deadline",
-                 "timer")
+    __slots__ = ("queue", "fixed", "buf", "uniqs", "futures", "first", "deadline", "timer",
+                 "queues")
 
     def __init__(self, queue: MessageQueue, fixed: bool, deadline: float):
         self.queue, self.fixed, self.deadline = queue, fixed, deadline
-        self.entries: list[bytes] = []
+        self.buf = bytearray()                             # the encoded entries
         self.uniqs: list[str] = []
         self.futures: list[asyncio.Future] = []
-        self.size = 0
-        self.first: tuple[Message, str] | None = None      # sent alone if the batch stays at one
+        self.first: Message | None = None                  # sent alone if the batch stays at one
         self.timer: asyncio.TimerHandle | None = None
+        self.queues: list[MessageQueue] = []               # the topic's, when it was opened
+
+    def __len__(self) -> int:
+        """Its messages."""
+        return len(self.futures)
 
 
 class Accumulator:
@@ -133,12 +188,14 @@ class Accumulator:
             raise ValueError(f"batch_max_bytes {cfg.batch_max_bytes}: at least 1")
         self.linger_s = cfg.linger_ms / 1000
         self.max_bytes = cfg.batch_max_bytes
+        # a body offer() takes: not compressed, within max_message_size
+        self.small = min(cfg.compress_msg_body_over_howmuch, cfg.max_message_size)
         self.batches: dict[MessageQueue, Batch] = {}
         self.sticky: dict[str, Batch] = {}              # topic → its open batch, queue not chosen
         self.lingering = 0                              # messages in open batches
         self.flush_at = max(1, self.window.size // 2)  # lingering messages that send every batch
         self.requests = 0                               # SEND_BATCH_MESSAGE requests sent
-        self._deliveries: set[asyncio.Task] = set()
+        self._inflight: set[asyncio.Future] = set()     # batches' answers and tasks not settled
         self._unconnected: dict[str, list[Batch]] = {}  # broker name → batches waiting to connect
 
     def takes(self, msg: Message) -> bool:
@@ -149,47 +206,104 @@ class Accumulator:
         props = msg.properties
         return not props or not any(k in _ALONE or k.startswith("TIMER_") for k in props)
 
+    def offer(self, msg: Message, timeout: float) -> asyncio.Future | None:
+        """``send``'s fast lane: ``msg`` (no queue chosen) into its topic's
+        batch, taking a window slot, when that needs no awaiting and no
+        check the general path makes: a plain message of a topic whose name
+        was checked and whose route is cached, a free slot, the producer's
+        own loop and process. The future gets its SendResult; None: take
+        the general path."""
+        window = self.window
+        p = self.p
+        inst = p.instance
+        if window.used >= window.size or msg.properties or msg.delay_level \
+                or inst is None or inst.pid != instance.PID or not running_here(inst.loop) \
+                or not 0 < len(msg.body) <= self.small:
+            return None
+        topic = msg.topic
+        queues = None
+        if topic not in self.sticky:         # a topic with an open batch passed these already
+            if topic not in p._templates or topic.startswith(RETRY_PREFIX):
+                return None
+            queues = p._queues_now(topic)
+            if queues is None:
+                return None
+        window.used += 1
+        try:
+            fut = self.add(msg, unique_ids.next(), None, queues, timeout)
+        except BaseException:
+            window.release()
+            raise
+        if fut is None:                                  # goes alone: the general path
+            window.release()
+        return fut
+
     def add(self, msg: Message, uniq: str, queue: MessageQueue | None,
-            queues: list[MessageQueue], deadline: float) -> asyncio.Future | None:
-        """Put ``msg`` in its queue's batch (the caller holds a window slot for
-        it); the future gets its own SendResult. None: it must go alone (its
-        entry is over ``batch_max_bytes``), after the queue's open batch."""
-        props = msg.properties_string(uniq)
-        entry = batch_entry(msg.body, props.encode(), msg.flag)
-        n = len(entry)
-        if n > self.max_bytes:
+            queues: list[MessageQueue] | None, timeout: float) -> asyncio.Future | None:
+        """Put ``msg`` in its queue's batch (the caller holds a window slot
+        for it, which the batch now owns); the future gets its own
+        SendResult. None: it must go alone (its entry is over
+        ``batch_max_bytes``), after the queue's open batch; the slot stays
+        the caller's. ``queues``: the topic's, needed unless ``msg`` joins
+        the topic's open batch."""
+        body = msg.body
+        n = len(body)
+        if msg.tags or msg.keys or msg.properties or msg.flag:
+            props = msg.properties_string(uniq).encode()
+            size = 22 + n + len(props)
+        else:                                    # plain: its properties are UNIQ_KEY alone
+            props = None
+            size = 22 + n + _UNIQ_BYTES
+        if size > self.max_bytes:
             if queue is not None:
                 self.flush_queue(queue)
             return None
         b = self.batches.get(queue) if queue is not None else self.sticky.get(msg.topic)
-        if b is not None and b.size + n > self.max_bytes:
+        if b is not None and len(b.buf) + size > self.max_bytes:
             self._flush(b)
+            if queues is None:                  # the route the full one was picked from
+                queues = self.p._queues_now(msg.topic) or b.queues
             b = None
-        loop = asyncio.get_running_loop()
         if b is None:
-            q = queue if queue is not None else self.p.pick(queues)
-            b = self.batches.get(q)               # a batch for a chosen queue open there: join it
-            if b is not None and b.size + n > self.max_bytes:
-                self._flush(b)
-                b = None
-            if b is None:
-                b = self.batches[q] = Batch(q, queue is not None, deadline)
-                b.first = (msg, props)
-                b.timer = loop.call_later(self.linger_s, self._flush, b)
-            if queue is None:
-                self.sticky[msg.topic] = b
-        fut = loop.create_future()
-        b.entries.append(entry)
-        b.uniqs.append(uniq)
+            b = self._open(msg, queue, queues, size, timeout)
+        buf = b.buf
+        if props is None:
+            head = _heads.get(n)
+            if head is None:
+                head = _heads[n] = _ENTRY.pack(size, 0, 0, 0, n)
+            buf += head
+            buf += body
+            buf += _UNIQ_ONLY
+            buf += uniq.encode()
+        else:
+            append_entry(buf, body, props, msg.flag)
+        fut = self.p.instance.loop.create_future()
         b.futures.append(fut)
-        b.size += n
+        b.uniqs.append(uniq)
         self.lingering += 1
-        if b.size >= self.max_bytes:
+        if len(buf) >= self.max_bytes:
             self._flush(b)
-        elif self.lingering >= self.flush_at or (self.window.has_waiters
+        elif self.lingering >= self.flush_at or (self.window._waiters
                                                  and self.lingering >= self.window.used):
             self.flush()                  # see the module's header
         return fut
+
+    def _open(self, msg: Message, queue: MessageQueue | None, queues: list[MessageQueue],
+              size: int, timeout: float) -> Batch:
+        """The batch ``msg`` joins: its chosen queue's, else (a new sticky
+        batch) the next queue's, or a batch for that queue open there."""
+        q = queue if queue is not None else self.p.pick(queues)
+        b = self.batches.get(q)
+        if b is not None and len(b.buf) + size > self.max_bytes:
+            self._flush(b)
+            b = None
+        if b is None:
+            b = self.batches[q] = Batch(q, queue is not None, time.monotonic() + timeout)
+            b.first, b.queues = msg, queues
+            b.timer = self.p.instance.loop.call_later(self.linger_s, self._flush, b)
+        if queue is None:
+            self.sticky[msg.topic] = b
+        return b
 
     def flush(self) -> None:
         """Send every open batch now."""
@@ -209,8 +323,8 @@ class Accumulator:
     async def drain(self) -> None:
         """Flush, and wait until every batch sent has its answer."""
         self.flush()
-        while self._deliveries:
-            await asyncio.gather(*self._deliveries, return_exceptions=True)
+        while self._inflight:                     # asyncio.wait: a cancelled drain cancels none
+            await asyncio.wait(list(self._inflight))
 
     def _flush(self, b: Batch) -> None:
         q = b.queue
@@ -236,11 +350,19 @@ class Accumulator:
         self._send(b, conn)
 
     def _send(self, b: Batch, conn) -> None:
-        """Write ``b`` now (frames of a queue leave in the order batches close)
-        and hand its answer to a delivery task."""
+        """Write ``b`` now (frames of a queue leave in the order batches close);
+        its answer settles it in ``_answered``."""
         left = b.deadline - time.monotonic()
-        fut = self._write(conn, b, b.queue, left) if left > 0 else None
-        self._spawn(self._deliver(b, fut))
+        if left <= 0:
+            self._settle(b, MQClientError(-1, "the batch's send timeout passed before it was sent"))
+            return
+        try:
+            fut = self._write(conn, b, b.queue, left)
+        except RemotingError as e:                         # closed meanwhile: retried as any failure
+            self._failed(b, e)
+            return
+        self._inflight.add(fut)
+        fut.add_done_callback(functools.partial(self._answered, b))
 
     def _send_waiting(self, name: str, conn) -> None:
         for b in self._unconnected.pop(name, ()):
@@ -251,42 +373,78 @@ class Accumulator:
             conn = await self.p.instance.broker(name)
         except Exception as e:                     # every waiting caller gets it; not swallowed
             for b in self._unconnected.pop(name, ()):
-                for f in b.futures:
-                    if not f.done():
-                        f.set_exception(e)
+                self._settle(b, e)
             if not isinstance(e, (RemotingError, MQClientError)):
                 raise
             return
         self._send_waiting(name, conn)
 
     def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+        task = self.p.instance.loop.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
     def _write(self, conn, b: Batch, q: MessageQueue, timeout: float) -> asyncio.Future:
         if len(b.futures) == 1:
-            msg, props = b.first
-            return self.p.write_send(conn, q, msg, props, timeout)
+            msg, uniq = b.first, b.uniqs[0]
+            return self.p.write_send(conn, q, msg, msg.properties_string(uniq), timeout)
         self.requests += 1
-        return self.p.write_batch(conn, q, b.entries, timeout)
+        return self.p.write_batch(conn, q, b, timeout)
 
-    async def _deliver(self, b: Batch, fut: asyncio.Future | None) -> None:
+    def _answered(self, b: Batch, fut: asyncio.Future) -> None:
+        """The answer to ``b``'s request: every caller's SendResult, or a
+        failure, retried on another queue where the module's header says."""
+        self._inflight.discard(fut)
+        if fut.cancelled():
+            self._settle(b, asyncio.CancelledError())
+            return
+        error = fut.exception()
+        if error is None:
+            try:
+                results = self.p.results(fut.result(), b.queue, b.uniqs)
+            except Exception as e:                         # noqa: BLE001 (_failed tells)
+                error = e
+            else:
+                self.p.failed_broker = None
+                for f, r in zip(b.futures, results):
+                    if not f.done():
+                        f.set_result(r)
+                self.window.release(len(b.futures))
+                return
+        self._failed(b, error)
+
+    def _failed(self, b: Batch, error: BaseException) -> None:
         p = self.p
-        q = b.queue
+        retry = isinstance(error, RemotingError) or (isinstance(error, MQClientError)
+                                                     and error.code in p.retry_codes)
+        if not retry:
+            self._settle(b, error)
+            if not isinstance(error, (MQClientError, asyncio.CancelledError)):
+                log.error("the answer to a batch of %d to %s: a bug", len(b.futures), b.queue,
+                          exc_info=error)
+            return
+        p.failed_broker = b.queue.broker_name
         tries = 1 if b.fixed else 1 + p.config.retry_times_when_send_failed
-        last: Exception | None = None
+        log.info("batch of %d to %s failed (%s)%s", len(b.futures), b.queue, error,
+                 "" if tries == 1 else "; trying another queue")
+        if tries == 1:
+            self._settle(b, error)
+        else:
+            self._spawn(self._retry(b, tries - 1, error))
+
+    async def _retry(self, b: Batch, tries: int, last: Exception) -> None:
+        """``b`` again on other queues (a failed batch of a queue the producer
+        chose), up to ``tries`` more times, within its deadline."""
+        p = self.p
         try:
             for attempt in range(tries):
-                if fut is None:
-                    left = b.deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    if attempt:
-                        q = p.pick(await p.publish_queues(q.topic))
-                    fut = self._write(await p.instance.broker(q.broker_name), b, q, left)
+                left = b.deadline - time.monotonic()
+                if left <= 0:
+                    break
+                q = b.queue = p.pick(await p.publish_queues(b.queue.topic))
                 try:
-                    results = p.results(await fut, q, b.uniqs)
+                    results = p.results(await self._write(await p.instance.broker(q.broker_name),
+                                                          b, q, left), q, b.uniqs)
                 except RemotingError as e:
                     last = e
                 except MQClientError as e:
@@ -298,19 +456,24 @@ class Accumulator:
                     for f, r in zip(b.futures, results):
                         if not f.done():
                             f.set_result(r)
+                    self.window.release(len(b.futures))
                     return
-                fut = None
                 p.failed_broker = q.broker_name
                 log.info("batch of %d to %s failed (%s)%s", len(b.futures), q, last,
                          "" if attempt + 1 == tries else "; trying another queue")
-            raise last or MQClientError(-1, "the batch's send timeout passed before it was sent")
-        except asyncio.CancelledError:
-            for f in b.futures:
-                f.cancel()
-            raise
-        except Exception as e:               # every caller gets it; not swallowed
-            for f in b.futures:
-                if not f.done():
-                    f.set_exception(e)
+            raise last
+        except BaseException as e:           # every caller gets it; not swallowed
+            self._settle(b, e)
             if not isinstance(e, (RemotingError, MQClientError)):
                 raise
+
+    def _settle(self, b: Batch, error: BaseException) -> None:
+        """``b`` failed for good: every caller gets ``error``; its slots are free."""
+        cancelled = isinstance(error, asyncio.CancelledError)
+        for f in b.futures:
+            if not f.done():
+                if cancelled:
+                    f.cancel()
+                else:
+                    f.set_exception(error)
+        self.window.release(len(b.futures))

@@ -82,7 +82,7 @@ from shmq.ipc.headers import send_ext
 from shmq.ipc.remoting import RemotingCommand
 
 from . import instance, trace
-from .accumulator import Accumulator, Window
+from .accumulator import Accumulator, Window, append_entry, running_here
 from .connection import Connection, RemotingError, next_opaque
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute
 from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
@@ -100,7 +100,6 @@ RETRY_CODES = {R.TOPIC_NOT_EXIST, R.SERVICE_NOT_AVAILABLE, R.SYSTEM_ERROR, R.NO_
 STATUS = {R.SUCCESS: SendStatus.SEND_OK, R.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
           R.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
           R.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}
-_ENTRY = struct.Struct(">iiiii")
 
 Selector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 
@@ -256,7 +255,7 @@ class AsyncProducer:
         """The topic's writable queues if this process's instance has them
         cached (the send path's common case, no awaiting); else None."""
         inst = self.instance
-        if inst is None or inst.loop is not asyncio.get_running_loop() or inst.pid != instance.PID:
+        if inst is None or inst.pid != instance.PID or not running_here(inst.loop):
             return None
         route = inst.routes.get(topic)
         return route.publish if route is not None and route.publish else None
@@ -313,12 +312,12 @@ class AsyncProducer:
                                                 msg.flag, props, body)
         return conn.send_frame(opaque, frame, timeout, RC.SEND_MESSAGE_V2)
 
-    def write_batch(self, conn: Connection, q: MessageQueue, entries: list[bytes],
-                    timeout: float) -> asyncio.Future:
-        """Write one SEND_BATCH_MESSAGE of the encoded ``entries`` on ``conn``."""
+    def write_batch(self, conn: Connection, q: MessageQueue, batch, timeout: float) -> asyncio.Future:
+        """Write one SEND_BATCH_MESSAGE of the accumulator's ``batch`` (its
+        ``buf``: the encoded entries) on ``conn``."""
         opaque = next_opaque()
         frame = self._template(q.topic).frame(opaque, q.queue_id, 0, int(time.time() * 1000), 0, "",
-                                              b"".join(entries), batch=True)
+                                              batch.buf, batch=True)
         return conn.send_frame(opaque, frame, timeout, RC.SEND_BATCH_MESSAGE)
 
     def results(self, reply: RemotingCommand, q: MessageQueue, uniqs: list[str]) -> list[SendResult]:
@@ -334,12 +333,16 @@ class AsyncProducer:
             q = MessageQueue(q.topic, q.broker_name, int(qid))
         first = int(ext.get("queueOffset", -1))
         msg_id = ext.get("msgId", "")
-        ids = msg_id.split(",") if len(uniqs) > 1 else [msg_id]
+        tx, region = ext.get("transactionId"), ext.get("MSG_REGION", "DefaultRegion")
+        if len(uniqs) == 1:
+            return [SendResult(status, uniqs[0], msg_id, q, first, tx, region)]
+        ids = msg_id.split(",")
         if len(ids) != len(uniqs):
             ids = [msg_id] * len(uniqs)              # a broker that answers otherwise: the whole id
-        tx, region = ext.get("transactionId"), ext.get("MSG_REGION", "DefaultRegion")
-        return [SendResult(status, u, ids[i], q, first + i if first >= 0 else -1, tx, region)
-                for i, u in enumerate(uniqs)]
+        if first < 0:
+            return [SendResult(status, u, i, q, -1, tx, region) for u, i in zip(uniqs, ids)]
+        return [SendResult(status, u, i, q, o, tx, region)
+                for u, i, o in zip(uniqs, ids, range(first, first + len(uniqs)))]
 
     def _request(self, msg: Message, q: MessageQueue, uniq: str, sysflag: int = 0,
                  extra: dict[str, str] | None = None) -> RemotingCommand:
@@ -419,6 +422,11 @@ class AsyncProducer:
 
     async def _send(self, msg: Message, queue, selector, arg, timeout, sysflag: int = 0,
                     extra: dict[str, str] | None = None) -> SendResult:
+        acc = self.accumulator
+        if acc is not None and queue is None and selector is None and not sysflag:
+            fut = acc.offer(msg, timeout or self.config.send_msg_timeout)   # its fast lane
+            if fut is not None:
+                return await fut
         self._check(msg)
         timeout = timeout or self.config.send_msg_timeout
         uniq = msg.properties.get(UNIQ_KEY) or unique_ids.next()
@@ -427,7 +435,6 @@ class AsyncProducer:
         queues = self._queues_now(msg.topic) or await self.publish_queues(msg.topic)
         if queue is None and selector is not None:
             queue = selector(queues, msg, arg)
-        acc = self.accumulator
         window = self.window
         if window.used < window.size:              # Window.try_take, inline: the hot path
             window.used += 1
@@ -435,10 +442,11 @@ class AsyncProducer:
             if acc is not None and acc.lingering >= window.used:
                 acc.flush()                        # only lingering holds slots: nothing else frees one
             await window.wait()
+        fut = None
         try:
             if acc is not None and not sysflag and acc.takes(msg):
-                fut = acc.add(msg, uniq, queue, queues, deadline)
-                if fut is not None:
+                fut = acc.add(msg, uniq, queue, queues, deadline - time.monotonic())
+                if fut is not None:                # its batch holds the slot now
                     return await fut
             props = msg.properties_string(uniq)
             if extra:
@@ -476,7 +484,8 @@ class AsyncProducer:
                 log.info("send to %s failed (%s); trying another queue", q, last)
             raise last or MQClientError(-1, f"send timed out after {timeout} s")
         finally:
-            window.release()
+            if fut is None:
+                window.release()
 
     def send_async(self, msg: Message, callback: Callable[[SendResult | None, Exception | None], Any] | None = None,
                    queue: MessageQueue | None = None, selector: Selector | None = None,
@@ -768,7 +777,7 @@ class AsyncProducer:
         if not msgs:
             raise MQClientError(R.MESSAGE_ILLEGAL, "the batch is empty")
         topic = msgs[0].topic
-        parts, uniqs = [], []
+        body, uniqs = bytearray(), []
         for m in msgs:
             self._check(m)
             if m.topic != topic:
@@ -777,10 +786,7 @@ class AsyncProducer:
                 raise MQClientError(R.MESSAGE_ILLEGAL, "a batch cannot carry a delay level")
             uniq = m.properties.get(UNIQ_KEY) or unique_ids.next()
             uniqs.append(uniq)
-            pb = m.properties_string(uniq).encode()
-            parts += [_ENTRY.pack(20 + len(m.body) + 2 + len(pb), 0, 0, m.flag, len(m.body)),
-                      m.body, struct.pack(">h", len(pb)), pb]
-        body = b"".join(parts)
+            append_entry(body, m.body, m.properties_string(uniq).encode(), m.flag)
         if len(body) > self.config.max_message_size:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"the batch is {len(body)} bytes, over "
                                 f"max_message_size {self.config.max_message_size}")
