@@ -76,6 +76,8 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
+import numpy as np
+
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import send_ext
@@ -524,24 +526,27 @@ class AsyncProducer:
             raise TypeError("send_many takes a sequence of bodies; send() takes one message")
         self._template(topic)
         limit = self.config.max_message_size
-        for b in bodies:
-            if not b or len(b) > limit:
-                raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {len(b)} bytes: 1..{limit}")
+        n = len(bodies)
+        # the lengths as one array: the checks and the chunks below are array
+        # operations, not a Python step per body (a third of a direct
+        # send_many's time when they were)
+        lens = np.fromiter(map(len, bodies), np.int64, n)
+        bad = np.flatnonzero((lens < 1) | (lens > limit))
+        if bad.shape[0]:
+            raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {lens[bad[0]]} bytes: 1..{limit}")
         props = f"TAGS\x01{tags}" if tags else ""
         q = queue or self.pick(self._queues_now(topic) or await self.publish_queues(topic))
         out: list[SendManyResult] = []
         # a claim's bodies, as a batch entry counts them (a socket batch's
-        # body must stay under the broker's maxMessageSize too)
+        # body must stay under the broker's maxMessageSize too): as many as
+        # fit the budget, at least one
         budget = self._chunk_budget(_MANY_CHUNK_BYTES)
-        entry = _ENTRY_BYTES + len(props.encode())
-        i, n = 0, len(bodies)
+        ends = np.cumsum(lens + (_ENTRY_BYTES + len(props.encode())))
+        i, base = 0, 0
         while i < n:
-            j, size = i, 0
-            while j < n and (j == i or size + len(bodies[j]) + entry <= budget):
-                size += len(bodies[j]) + entry
-                j += 1
+            j = max(i + 1, int(np.searchsorted(ends, base + budget, "right")))
             out.append(await self._store_chunk(q, bodies[i:j], props, timeout))
-            i = j
+            base, i = int(ends[j - 1]), j
         return out
 
     def _chunk_budget(self, most: int) -> int:

@@ -23,7 +23,7 @@ import time
 import orjson
 import pytest
 from brokerproc import broker_conf, BrokerProc, routed_topic, start_broker, stored_records, topic_for
-from shmq.client import AsyncProducer, ClientConfig, Message, Producer, SendStatus
+from shmq.client import AsyncProducer, ClientConfig, Message, MQClientError, Producer, SendStatus
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import pull_message
 from shmq.ipc.codes import RequestCode as RC
@@ -210,6 +210,11 @@ def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(brok
                       client=ClientConfig(direct_append=direct)) as p:
             results[direct] = p.send_many(topic, bodies, tags="Bulk")
             assert (direct_of(p) is not None) == direct
+            limit = p._p.config.max_message_size
+            for bad in ([b"ok", b""], [b"ok", b"x" * (limit + 1)]):     # refused whole, at once
+                with pytest.raises(MQClientError) as e:
+                    p.send_many(topic, bad)
+                assert e.value.code == R.MESSAGE_ILLEGAL
     stored = stored_records(broker, topic, 1)
     assert [m.body for m in stored] == bodies + bodies                   # in order, once each
     assert all(m.tags == "Bulk" for m in stored)
