@@ -82,6 +82,32 @@ def test_a_parked_pull_is_answered_by_a_direct_append(broker, request):
     assert r.queue_offset == 1
 
 
+def test_pulls_parked_on_every_queue_are_answered_by_a_burst_of_direct_sends(broker, request):
+    """Sends in one loop turn share their wake-ups (client/direct.py
+    ``Wakes``): the turn's end pays what its later sends owe, so no parked
+    pull waits for its hold."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=4)
+
+    async def burst() -> list:
+        async with AsyncProducer("dp-burst", namesrv_addr=broker.namesrv) as p:
+            queues = await p.publish_queues(topic)
+            await asyncio.gather(*[p.send(Message(topic, b"warm"), queue=q) for q in queues])
+            with RemotingClient(broker.addr) as c:
+                opaques = {c.send(pull_message(topic, q.queue_id, 1, max_msgs=8, suspend_ms=20_000))
+                           for q in queues}
+                await asyncio.sleep(0.3)                       # let them park
+                t0 = time.monotonic()
+                rs = await asyncio.gather(*[p.send(Message(topic, b"wake"), queue=q) for q in queues])
+                replies = [c.recv(timeout=10) for _ in queues]
+                assert time.monotonic() - t0 < 10     # woken by the appends, not by the 20 s hold
+            assert direct_of(p).appended == 8
+        assert {r.opaque for r in replies} == opaques
+        assert all(r.code == R.SUCCESS for r in replies)
+        return rs
+
+    assert [r.queue_offset for r in asyncio.run(burst())] == [1, 1, 1, 1]
+
+
 def test_what_needs_the_broker_still_goes_over_the_socket(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
     new_topic = topic_for(request, "Dnew_")
