@@ -31,6 +31,29 @@
   vs pulling over the Unix socket (``direct_append=False``), each its own
   group, every message delivered once; the direct one must have read most
   of them itself (its ``DirectReads.messages``).
+- local_ipc_latency_spin / local_ipc_latency_park: produce → consume
+  latency through the direct path at LATENCY_RATE msg/s, one 100 B message
+  per ``AsyncProducer.send`` (direct; the loop turns after each, as an
+  application's does), stamped with CLOCK_MONOTONIC when the send is
+  called, read in another process. Spinning: the consumer process
+  loops on its direct read (``DirectReads.pull``, what a push consumer's
+  pull asks first) and never parks — the client has no spinning consumer
+  of its own: this is the floor one would reach. Parking: an
+  ``AsyncPushConsumer`` with direct reads (caught up, its pull parks in
+  the broker until the append wakes it); beside it the same push consumer
+  over the socket (``direct_append=False``) and the raw Unix-socket round
+  trip (the limit). p50/p99 of every message; issue 17's targets 10 µs and
+  40 µs.
+- local_ipc_2x2: 2 producer processes (``put``, direct) and 2 consumer
+  processes (``AsyncPushConsumer``, one group, direct reads) on one
+  4-queue topic at once: every message delivered once, stored in put
+  order per queue and delivered in queue order; msg/s from the go to the
+  last delivery. Beside it: the same with socket consumers and producers
+  (``direct_append=False``). Issue 17's target: 1 M msg/s.
+- local_ipc_sync_flush: a SYNC_FLUSH broker, WINDOW ``AsyncProducer.send``
+  callers in one process: direct vs the Unix socket at the same load, the
+  messages each fdatasync made durable (the flusher's count), every answer
+  SEND_OK (no FLUSH_DISK_TIMEOUT). Issue 17's target: direct ≥ socket.
 
 Every direct send must have been appended by this process (the client's
 ``appended`` counter), every answer SEND_OK at a position of its own.
@@ -39,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import time
 
 from perf.client import (BODY, WINDOW, _LAST_CPU_US, _backlog, _broker, _namesrv, _ready_topic,
@@ -235,3 +259,425 @@ def run(ctx, result):
                  unix_socket=round(drained_socket), vs_socket=round(drained / drained_socket, 2),
                  client_cpu_us_per_msg=round(cpu, 2),
                  unix_socket_client_cpu_us_per_msg=round(cpu_socket, 2), messages=n, body_bytes=100)
+    yield from run_latency(ctx, result, b, ns)
+    yield from run_two_by_two(ctx, result, b, ns)
+    yield from run_sync_flush(ctx, result)
+
+
+# ---------------------------------------------------------------- latency
+LATENCY_RATE = 10_000            # messages a second, one per send
+_STAMP = struct.Struct(">qq")    # message number, CLOCK_MONOTONIC ns when its send was called
+
+
+async def _paced_sends(ns: str, topic: str, count: int, rate: int) -> tuple[float, int]:
+    """``count`` direct sends to ``topic`` (one queue), one every 1/``rate``
+    s, each body stamped: (the rate reached, sends later than 1 ms)."""
+    cfg = ClientConfig(namesrv_addr=ns, instance_name="perf-latency-producer")
+    pad = BODY[_STAMP.size:]
+    async with AsyncProducer("perf-local-latency", client=cfg) as p:
+        await p.send(Message(topic, _STAMP.pack(-1, 0) + pad))     # route, store attached
+        before = _direct_appended(p)
+        late = 0
+        send, clock, sleep = p.send, time.monotonic, time.sleep
+        t0 = clock()
+        for i in range(count):
+            wait = t0 + i / rate - clock()
+            if wait > 0:
+                sleep(wait)
+            elif wait < -0.001:
+                late += 1
+            r = await send(Message(topic, _STAMP.pack(i, time.monotonic_ns()) + pad))
+            if r.status is not SendStatus.SEND_OK or r.queue_offset != i + 1:
+                raise AssertionError(f"latency send {i}: {r.status} at {r.queue_offset}")
+            await asyncio.sleep(0)          # the loop turns, as an application's does
+        rate_reached = count / (clock() - t0)
+        if _direct_appended(p) - before != count:
+            raise AssertionError("latency sends went over the socket")
+    return rate_reached, late
+
+
+def _stamps(msgs, first: int, lat: list) -> int:
+    """Append each message's latency (ns, now minus its stamp); check they
+    come in order from ``first`` (after the producer's first, numbered -1);
+    the next number expected."""
+    now = time.monotonic_ns()
+    for m in msgs:
+        i, t = _STAMP.unpack_from(m.body)
+        if i < 0 and first == 0:
+            continue
+        if i != first or m.queue_offset != i + 1:
+            raise AssertionError(f"expected message {first}, got {i} at offset {m.queue_offset}")
+        lat.append(now - t)
+        first += 1
+    return first
+
+
+def _latency_child(fn):
+    """A consumer process body: runs ``fn`` (a coroutine function) and sends
+    back its latencies, or its exception."""
+    def body(*args):
+        pipe = args[-1]
+        try:
+            pipe.send(asyncio.run(fn(*args[:-1], pipe)))
+        except BaseException as e:
+            pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
+            raise
+    return body
+
+
+async def _spin_consumer(ns: str, topic: str, count: int, pipe) -> list:
+    """Read ``topic``'s queue 0 from offset 1 with the client's direct read
+    in a loop that never parks, until ``count`` messages came."""
+    import numpy as np
+    from shmq.client.direct import warm_up_reads
+    from shmq.client.instance import ClientInstance
+    from shmq.client.message import decode_messages
+    from shmq.client.pull import pull_kernel
+    from shmq.client.subscription import SubscriptionData
+    warm_up_reads()
+    group = f"perf-latency-spin-{time.time_ns()}"
+    cfg = ClientConfig(namesrv_addr=ns, instance_name="perf-latency-spin")
+    async with AsyncProducer(group, client=cfg) as p:             # the instance, attached
+        await p.publish_queues(topic)
+        inst: ClientInstance = p.instance
+        mq = (await p.publish_queues(topic))[0]
+        await inst.broker(mq.broker_name)
+        ds = inst.direct_now(mq.broker_name)
+        if ds is None:
+            raise AssertionError("the spinning consumer could not attach the store")
+        sub = SubscriptionData.build(topic, "*")
+        # socket pulls: the broker answers for the group and the queue first
+        # (twice: the first creates the group, a table change that makes the
+        # client ask the broker again)
+        for _ in range(2):
+            await pull_kernel(inst, group, mq, sub, 1, 1, 0, 0, 0, 10.0)
+        codes = np.empty(0, np.int64)
+        codes.flags.writeable = False
+        pull = ds.reads.pull
+        lat: list[int] = []
+        off = 1
+        pipe.send("ready")
+        deadline = time.monotonic() + count / LATENCY_RATE * 3 + 30
+        while off <= count:
+            got = pull(group, topic, 0, off, 32, codes, None)
+            if got is None or not got[0]:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"spinning: {off - 1} of {count} came")
+                continue
+            msgs = decode_messages(got[4], mq.broker_name)
+            if _stamps(msgs, off - 1, lat) != got[1] - 1:
+                raise AssertionError(f"spinning: next offset {got[1]} after {len(msgs)}")
+            off = got[1]
+    return lat
+
+
+async def _park_consumer(ns: str, topic: str, count: int, direct: bool, pipe) -> list:
+    """An ``AsyncPushConsumer`` (listener batches of 1) reading ``topic``
+    from offset 1 until ``count`` messages came."""
+    from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
+    from shmq.client.direct import warm_up_reads
+    if direct:
+        warm_up_reads()
+    lat: list[int] = []
+    nxt = [0]
+    done = asyncio.Event()
+
+    async def on_messages(msgs, context):
+        nxt[0] = _stamps(msgs, nxt[0], lat)
+        if nxt[0] >= count:
+            done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    cfg = ClientConfig(namesrv_addr=ns, direct_append=direct, instance_name=f"perf-park-{direct}")
+    c = AsyncPushConsumer(f"perf-latency-park-{direct}-{time.time_ns()}", client=cfg,
+                          consume_from_where="CONSUME_FROM_LAST_OFFSET")
+    c.subscribe(topic, "*")
+    c.register_message_listener(on_messages)
+    await c.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not c.assigned_queues() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)                      # its first pull parks at the end
+        pipe.send("ready")
+        await asyncio.wait_for(done.wait(), count / LATENCY_RATE * 3 + 30)
+    finally:
+        await c.shutdown()
+    return lat
+
+
+def _latency(ns: str, topic: str, count: int, consumer, *args) -> dict:
+    """One consumer process ``consumer(ns, topic, count, *args)`` and paced
+    direct sends from this one: the latencies' p50/p99 (µs), the rate."""
+    import numpy as np
+    from perf.broker import spawn
+    from perf.net_limits import _check_exit
+    p, a = spawn(_latency_child(consumer), (ns, topic, count, *args))
+    try:
+        got = a.recv() if a.poll(60) else None
+        if got != "ready":
+            raise RuntimeError(f"latency consumer did not get ready: {got!r}")
+        rate, late = asyncio.run(_paced_sends(ns, topic, count, LATENCY_RATE))
+        lat = a.recv() if a.poll(60) else None
+        if isinstance(lat, BaseException):
+            raise RuntimeError("latency consumer failed") from lat
+        if lat is None or len(lat) != count:
+            raise AssertionError(f"the latency consumer got {lat and len(lat)} of {count}")
+        _check_exit(p, "latency consumer")
+    finally:
+        if p.is_alive():
+            p.kill()
+    us = np.array(lat) / 1e3
+    return {"p50": float(np.percentile(us, 50)), "p99": float(np.percentile(us, 99)),
+            "rate": rate, "late": late}
+
+
+def run_latency(ctx, result, b, ns: str):
+    count = 10_000 if ctx.quick else 50_000
+    rt = ctx.net_rtt("unix")
+    runs = {}
+    for name, consumer, args in (("spin", _spin_consumer, ()), ("park", _park_consumer, (True,)),
+                                 ("socket", _park_consumer, (False,))):
+        topic = _ready_topic(b, f"PerfLocalIpcLatency_{name}", queues=1)
+        runs[name] = _latency(ns, topic, count, consumer, *args)
+    for name, target in (("spin", 10), ("park", 40)):
+        r = runs[name]
+        yield result(f"local_ipc_latency_{name}", r["p50"], "us p50", rt["p50_us"],
+                     "raw Unix-socket request/response round trip p50; ratio = times it",
+                     p99_us=round(r["p99"], 1), target_p50_us=target,
+                     socket_consumer_p50_us=round(runs["socket"]["p50"], 1),
+                     socket_consumer_p99_us=round(runs["socket"]["p99"], 1),
+                     rate_msg_s=round(r["rate"]), target_rate=LATENCY_RATE, late_sends=r["late"],
+                     messages=count, body_bytes=100)
+
+
+# ---------------------------------------------------------------- 2 producers + 2 consumers
+_SEQ = struct.Struct(">ii")      # producer, message number: the first bytes of each body
+
+
+def _two_producer(ns: str, topic: str, tag: int, n: int, direct: bool, go, pipe) -> None:
+    """Put ``n`` messages (numbered 0.., the first before the go) to
+    ``topic``, then flush: (go time, flushed time, messages, appended here)."""
+    async def main():
+        pad = BODY[_SEQ.size:]
+        cfg = ClientConfig(namesrv_addr=ns, direct_append=direct,
+                           instance_name=f"perf-2x2-p{tag}-{direct}")
+        async with AsyncProducer(f"perf-2x2-p{tag}", client=cfg) as p:
+            p.put(topic, _SEQ.pack(tag, 0) + pad)
+            await p.flush()
+            pipe.send("ready")
+            go.wait()
+            t0 = time.monotonic()
+            put, pack = p.put, _SEQ.pack
+            for i in range(1, n):
+                put(topic, pack(tag, i) + pad)
+            r = await p.flush()
+            t1 = time.monotonic()
+            if r.put != n or r.stored != n:
+                raise AssertionError(f"producer {tag}: flush says {r} of {n}")
+            return t0, t1, n, _direct_appended(p)
+    try:
+        pipe.send(asyncio.run(main()))
+    except BaseException as e:
+        pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
+        raise
+
+
+def _two_consumer(ns: str, topic: str, group: str, queues: int, total, direct: bool,
+                  pipe) -> None:
+    """One of the group's push consumers: ready once it holds ``queues``
+    queues; consumes until the group's shared count reaches ``total``
+    messages: (each message's queue, queue offset, producer and number as
+    arrays; the time of its last delivery; deliveries out of queue order;
+    messages read from the store itself)."""
+    from array import array
+
+    from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
+    from shmq.client.direct import warm_up_reads
+
+    async def main():
+        if direct:
+            warm_up_reads()
+        cols = [array("q") for _ in range(4)]
+        qids, offs, tags, seqs = (c.append for c in cols)
+        last = [0.0, 0]                          # last delivery, out-of-order deliveries
+        seen: dict[int, int] = {}
+        unpack = _SEQ.unpack_from
+        counter = total[0]
+
+        async def on_messages(msgs, context):
+            for m in msgs:
+                q, o = m.queue_id, m.queue_offset
+                if o <= seen.get(q, -1):
+                    last[1] += 1
+                seen[q] = o
+                t, s = unpack(m.body)
+                qids(q)
+                offs(o)
+                tags(t)
+                seqs(s)
+            with counter.get_lock():
+                counter.value += len(msgs)
+            last[0] = time.monotonic()
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        cfg = ClientConfig(namesrv_addr=ns, direct_append=direct,
+                           instance_name=f"perf-2x2-c{os.getpid()}")
+        c = AsyncPushConsumer(group, client=cfg, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                              consume_message_batch_max_size=32)
+        c.subscribe(topic, "*")
+        c.register_message_listener(on_messages)
+        await c.start()
+        try:
+            deadline = time.monotonic() + 60
+            while (held := sum(q.topic == topic for q in c.assigned_queues())) != queues:
+                if time.monotonic() > deadline:            # (its retry topic's queue aside)
+                    raise AssertionError(f"holds {held} queues of {topic}, not {queues}")
+                await asyncio.sleep(0.02)
+            pipe.send("ready")
+            deadline = time.monotonic() + 300
+            while counter.value < total[1]:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the group consumed {counter.value} of {total[1]}")
+                await asyncio.sleep(0.005)
+            ds = [d for d in c.instance.direct.values() if d is not None]
+            read_here = ds[0].reads.messages if ds else 0
+        finally:
+            await c.shutdown()
+        return [c.tobytes() for c in cols], last[0], last[1], read_here
+    try:
+        pipe.send(asyncio.run(main()))
+    except BaseException as e:
+        pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
+        raise
+
+
+def _two_by_two(b, ns: str, n: int, direct: bool) -> dict:
+    """2 producer processes put ``n`` messages each to a fresh 4-queue topic
+    while 2 consumer processes of one group consume them: msg/s from the go
+    to the last delivery, after checking every message was delivered once,
+    stored in put order per queue and delivered in queue order."""
+    import numpy as np
+    from perf.broker import FORK, spawn
+    from perf.net_limits import _check_exit
+    topic = _ready_topic(b, f"PerfLocalIpc2x2_{direct}", queues=4)
+    total = 2 * n
+    counter = FORK.Value("q", 0)
+    group = f"perf-2x2-{direct}-{time.time_ns()}"
+    go = FORK.Event()
+    kids = []
+    try:
+        cons = [spawn(_two_consumer, (ns, topic, group, 2, (counter, total), direct)) for _ in range(2)]
+        kids += [k for k, _ in cons]
+        for _, a in cons:
+            _ready(a, "2x2 consumer")
+        prods = [spawn(_two_producer, (ns, topic, tag, n, direct, go)) for tag in range(2)]
+        kids += [k for k, _ in prods]
+        for _, a in prods:
+            _ready(a, "2x2 producer")
+        t_go = time.monotonic()
+        go.set()
+        made = [_report(a, "2x2 producer") for _, a in prods]
+        got = [_report(a, "2x2 consumer") for _, a in cons]
+        for k in kids:
+            _check_exit(k, "2x2 client")
+    finally:
+        for k in kids:
+            if k.is_alive():
+                k.kill()
+    q, o, t, s = (np.concatenate([np.frombuffer(g[0][i], np.int64) for g in got]) for i in range(4))
+    if q.shape[0] != total or np.unique(t * (1 << 32) + s).shape[0] != total:
+        raise AssertionError(f"{q.shape[0]} deliveries, {np.unique(t * (1 << 32) + s).shape[0]} "
+                             f"distinct messages of {total}")
+    for qid in range(4):
+        m = q == qid
+        order = np.argsort(o[m], kind="stable")
+        if not (o[m][order] == np.arange(m.sum())).all():
+            raise AssertionError(f"queue {qid}: its offsets are not each delivered once from 0")
+        for tag in range(2):
+            seq = s[m][order][t[m][order] == tag]
+            if (np.diff(seq) <= 0).any():
+                raise AssertionError(f"queue {qid}: producer {tag}'s messages out of put order")
+    if sum(g[2] for g in got):
+        raise AssertionError(f"{sum(g[2] for g in got)} deliveries out of queue order")
+    if direct and (sum(m[3] for m in made) != total or sum(g[3] for g in got) < total // 2):
+        raise AssertionError(f"direct: {sum(m[3] for m in made)} appended, "
+                             f"{sum(g[3] for g in got)} read by the clients themselves of {total}")
+    return {"rate": total / (max(g[1] for g in got) - t_go),
+            "produce_rate": total / (max(m[1] for m in made) - t_go),
+            "per_consumer": [int(np.frombuffer(g[0][0], np.int64).shape[0]) for g in got],
+            "read_here": sum(g[3] for g in got)}
+
+
+def _ready(pipe, what: str) -> None:
+    got = pipe.recv() if pipe.poll(90) else None
+    if isinstance(got, BaseException):
+        raise RuntimeError(f"{what} failed") from got
+    if got != "ready":
+        raise RuntimeError(f"{what} did not get ready ({got!r})")
+
+
+def _report(pipe, what: str):
+    got = pipe.recv() if pipe.poll(300) else None
+    if isinstance(got, BaseException):
+        raise RuntimeError(f"{what} failed") from got
+    if got is None:
+        raise RuntimeError(f"{what} did not report")
+    return got
+
+
+def run_two_by_two(ctx, result, b, ns: str):
+    n = 100_000 if ctx.quick else 1_000_000
+    direct = _two_by_two(b, ns, n, True)
+    socket = _two_by_two(b, ns, n, False)
+    yield result("local_ipc_2x2", direct["rate"], "msg/s", ctx.memcpy_bps() / 100,
+                 "memcpy of 100 B per message into a mapping (this host, same run)",
+                 produce_rate=round(direct["produce_rate"]), per_consumer=direct["per_consumer"],
+                 read_by_consumers=direct["read_here"], unix_socket=round(socket["rate"]),
+                 unix_socket_produce_rate=round(socket["produce_rate"]),
+                 vs_socket=round(direct["rate"] / socket["rate"], 2), producers=2, consumers=2,
+                 messages=2 * n, body_bytes=100, target=1_000_000)
+
+
+# ---------------------------------------------------------------- SYNC_FLUSH
+async def _window_sends(ns: str, topic: str, seconds: float, direct: bool) -> tuple[int, float, int]:
+    """WINDOW callers each sending one message after another for
+    ``seconds``: (answers, seconds, appended by this process); every answer
+    SEND_OK at a position of its own."""
+    cfg = ClientConfig(namesrv_addr=ns, direct_append=direct, instance_name=f"perf-sync-w-{direct}")
+    async with AsyncProducer("perf-local-sync-window", client=cfg, max_in_flight=WINDOW) as p:
+        await p.send(Message(topic, BODY))
+        before = _direct_appended(p)
+        places: set = set()
+        end = time.monotonic() + seconds
+
+        async def caller():
+            while time.monotonic() < end:
+                r = await p.send(Message(topic, BODY))
+                if r.status is not SendStatus.SEND_OK:
+                    raise AssertionError(f"a SYNC_FLUSH send was answered {r.status}")
+                places.add((r.queue.queue_id, r.queue_offset))
+        t0 = time.monotonic()
+        await asyncio.gather(*[caller() for _ in range(WINDOW)])
+        return len(places), time.monotonic() - t0, _direct_appended(p) - before
+
+
+def run_sync_flush(ctx, result):
+    from perf.broker import broker, flush_seq
+    b = broker(ctx, "SYNC_FLUSH", "client-sync", embeddedNamesrv="true")
+    ns = _namesrv(b)
+    topic = _ready_topic(b, "PerfLocalIpcSync")
+    seconds = 1.0 if ctx.quick else 5.0
+    fsync_rate, _ = ctx.fdatasync()
+    out = {}
+    for direct in (True, False):
+        f0 = flush_seq(b)
+        n, dt, here = asyncio.run(_window_sends(ns, topic, seconds, direct))
+        f1 = flush_seq(b)
+        if direct and here != n:
+            raise AssertionError(f"direct SYNC_FLUSH: {here} of {n} appended by this process")
+        out[direct] = (n / dt, round(n / max(1, f1 - f0), 2) if None not in (f0, f1) else None)
+    (d, d_per), (s, s_per) = out[True], out[False]
+    yield result("local_ipc_sync_flush", d, "msg/s", fsync_rate, "raw fdatasync/s (4 KiB overwrite)",
+                 msgs_per_fdatasync=d_per, unix_socket=round(s), unix_socket_msgs_per_fdatasync=s_per,
+                 vs_socket=round(d / s, 2), window=WINDOW, body_bytes=100, target_vs_socket=1.0)
