@@ -347,6 +347,62 @@ def test_the_accumulator_keeps_a_chosen_queues_order(broker, request):
     _check_results(broker, topic, bodies, results)
 
 
+async def _lingering(p, n: int) -> None:
+    """Until ``n`` messages wait in the accumulator's batches (a hang guard, not a timing)."""
+    deadline = time.monotonic() + 15
+    while p.accumulator.lingering < n:
+        assert time.monotonic() < deadline, f"{p.accumulator.lingering} of {n} sends in a batch"
+        await asyncio.sleep(0.005)
+
+
+def test_a_batch_the_broker_refuses_fails_each_of_its_callers_and_frees_their_slots(broker, request):
+    """A batch the broker refuses (one of its messages is over the broker's
+    maxMessageSize, 1 MiB) fails every caller of the batch with the broker's
+    error, and nothing of it is stored; their window slots are free again:
+    more sends than max_in_flight go through after it."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+
+    async def main():
+        async with AsyncProducer("pg-acc-refused", namesrv_addr=broker.namesrv, linger_ms=60_000,
+                                 max_in_flight=8, batch_max_bytes=4 << 20,
+                                 compress_msg_body_over_howmuch=4 << 20) as p:
+            refused = [asyncio.ensure_future(p.send(Message(topic, b)))
+                       for b in (b"small", b"B" * (3 << 19), b"small too")]
+            await _lingering(p, 3)
+            await p.flush()
+            errors = await asyncio.gather(*refused, return_exceptions=True)
+            later = await asyncio.gather(*[p.send(Message(topic, b"later %d" % i)) for i in range(20)])
+            return errors, later, p.window.used
+    errors, later, used = asyncio.run(main())
+    assert all(isinstance(e, MQClientError) for e in errors), errors
+    assert len({e.code for e in errors}) == 1 and used == 0
+    _check_results(broker, topic, [b"later %d" % i for i in range(20)], later)
+
+
+def test_a_cancelled_caller_leaves_its_batch_to_the_others(broker, request):
+    """A caller cancelled while its message waits in a batch gets
+    CancelledError; the message was handed over and is sent with its batch,
+    every other caller gets its own result, and the window is whole again."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    bodies = [b"c%d" % i for i in range(5)]
+
+    async def main():
+        async with AsyncProducer("pg-acc-cancel", namesrv_addr=broker.namesrv, linger_ms=60_000) as p:
+            sends = [asyncio.ensure_future(p.send(Message(topic, b))) for b in bodies]
+            await _lingering(p, 5)
+            sends[2].cancel()
+            await p.flush()
+            return await asyncio.gather(*sends, return_exceptions=True), p.window.used
+    results, used = asyncio.run(main())
+    assert isinstance(results[2], asyncio.CancelledError) and used == 0
+    held = _by_position(broker, topic)
+    assert sorted(m.body for m in held.values()) == sorted(bodies)
+    for body, r in zip(bodies[:2] + bodies[3:], results[:2] + results[3:]):
+        assert held[(r.queue.queue_id, r.queue_offset)].body == body and r.status is SendStatus.SEND_OK
+
+
 def test_too_big_and_delayed_messages_go_alone(broker, request, monkeypatch):
     """A message whose batch entry is over batch_max_bytes, a delayed one and
     one sent in a transaction are never batched; the rest still are."""
