@@ -37,6 +37,7 @@ def _init(boss_pid: int) -> None:
     from shmq.ipc.control import die_with_parent, set_process_name
     die_with_parent(boss_pid)
     set_process_name("shmq-compile")
+    jit.skip_blas_probe()
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the boss, which ends us
 
 

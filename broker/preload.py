@@ -13,6 +13,8 @@ starts in milliseconds, and a worker restarted after a crash serves at once.
 from shmq.core import jit
 from shmq.ipc.control import set_process_name
 
+jit.skip_blas_probe()
+
 from . import flusher, namesrv, services, worker  # noqa: F401  (imported for the children)
 from .ha import process as _ha  # noqa: F401  (the HA process's)
 

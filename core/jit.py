@@ -30,9 +30,35 @@ loudly), ``cold_units`` and ``freeze`` do nothing.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 
 import numpy as np
+
+
+BLAS_PROBE = "scipy.linalg.cython_blas"
+
+
+def skip_blas_probe() -> None:
+    """For shmq's own programs (the ``shmq`` command, the broker's fork
+    server, the compilers), before their first kernel load: numba asks once
+    per process, when its array-math registry first loads, whether a BLAS
+    is there by importing ``scipy.linalg.cython_blas`` - which imports all of
+    scipy.linalg where scipy is installed, 0.2-0.9 s of CPU at the start of
+    every such process (the boss and the fork server on every broker
+    start). shmq's kernels use no BLAS, so its programs load that registry
+    here with the probe's module hidden, and numba finds none; the module
+    is importable again afterwards. Never called where shmq is a library in
+    someone else's process (a client's direct mode): their numba code may
+    want its BLAS."""
+    if "numba.np.arraymath" in sys.modules:
+        return
+    hidden = sys.modules.setdefault(BLAS_PROBE, None) is None
+    try:
+        import numba.np.arraymath  # noqa: F401  (numba's probe runs here, once)
+    finally:
+        if hidden and sys.modules.get(BLAS_PROBE, 0) is None:
+            del sys.modules[BLAS_PROBE]
 
 
 def readonly(a: np.ndarray) -> np.ndarray:

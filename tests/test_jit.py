@@ -61,6 +61,27 @@ print(json.dumps({"counts": counts, "refused": refused}))
     assert "No matching definition" in out["refused"]
 
 
+def test_shmqs_programs_load_the_kernels_without_numbas_scipy_blas_probe():
+    """The broker's processes never pay for importing scipy.linalg (numba's
+    BLAS probe, 0.2-0.9 s a process where scipy is installed), and what
+    they run may still import scipy.linalg itself."""
+    out = run("""
+import json, sys
+from shmq.core import jit
+jit.skip_blas_probe()
+jit.load(jit.BROKER)
+loaded = "scipy.linalg" in sys.modules
+try:
+    import scipy
+except ImportError:              # no scipy here: nothing more to see
+    scipy = None
+if scipy is not None:
+    import scipy.linalg.cython_blas
+print(json.dumps({"loaded": loaded}))
+""")
+    assert out == {"loaded": False}
+
+
 def test_an_edit_of_any_kernel_module_makes_every_kernels_cache_stale(tmp_path):
     """Numba keys a cache entry by the defining file only, but a kernel's
     machine code holds its helpers from the other modules (``_kernels``

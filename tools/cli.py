@@ -17,6 +17,8 @@ import sys
 
 
 def _broker(args) -> int:
+    from shmq.core.jit import skip_blas_probe
+    skip_blas_probe()                 # before anything loads a kernel
     from shmq.broker.boss import run_broker
     from shmq.broker.config import conf_text, load
 

@@ -89,6 +89,8 @@ class InspectError(Exception):
 
 
 def run(args) -> int:
+    from shmq.core.jit import skip_blas_probe
+    skip_blas_probe()                 # a program of shmq's own: see there
     try:
         doc, text = _dispatch(args)
     except InspectError as e:
