@@ -209,10 +209,11 @@ def test_sigterm_shuts_down_cleanly_and_a_restart_keeps_messages_and_offsets(tmp
         assert b2.stop() == 0
 
 
-def test_a_second_broker_on_the_same_store_is_refused_with_a_clear_message(tmp_path):
-    with start_broker(tmp_path) as b:
-        conf = tmp_path / "second.conf"
-        conf.write_text(f"storePathRootDir={b.store}\nlistenPort=0\nembeddedNamesrv=false\n")
-        r = subprocess.run([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode != 0 and "in use" in r.stderr
+def test_a_second_broker_on_the_same_store_is_refused_with_a_clear_message(broker, tmp_path):
+    # the module's broker owns the store (no broker of its own: ~3 s a start and stop)
+    conf = tmp_path / "second.conf"
+    conf.write_text(f"storePathRootDir={broker.store}\nlistenPort=0\nembeddedNamesrv=false\n")
+    r = subprocess.run([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "in use" in r.stderr
+    still_serves(broker)
