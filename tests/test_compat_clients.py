@@ -246,9 +246,9 @@ class ClientProc:
             if pred():
                 return True
             if self.proc.poll() is not None:
-                time.sleep(0.3)           # let the reader drain the last lines
+                self._reader.join(5)      # it ends at the pipe's end: every line read
                 return bool(pred())
-            time.sleep(0.1)
+            time.sleep(0.05)
         return bool(pred())
 
     def started(self, timeout: float = WAIT) -> None:
