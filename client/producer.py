@@ -455,8 +455,10 @@ class AsyncProducer:
                 props += "".join(f"\x02{k}\x01{v}" for k, v in extra.items())
             tries = 1 if queue is not None else 1 + self.config.retry_times_when_send_failed
             last: Exception | None = None
-            for _ in range(tries):
-                q = queue or self.pick(self._queues_now(msg.topic) or await self.publish_queues(msg.topic))
+            for attempt in range(tries):
+                if attempt:                            # the route again: it may have changed
+                    queues = self._queues_now(msg.topic) or await self.publish_queues(msg.topic)
+                q = queue or self.pick(queues)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
