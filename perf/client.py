@@ -11,6 +11,10 @@
 - client_send_accumulated: the same sends with the accumulator on
   (``linger_ms`` = LINGER_MS, ``batch_max_bytes`` 16 KiB): single sends
   leave as SEND_BATCH_MESSAGE, each caller still awaiting its own result.
+  Beside it the asyncio floor (``_floor``): the same callers awaiting
+  futures that a loop callback answers half a window at a time, no
+  producer and no I/O — what the one-awaiting-coroutine-per-send shape
+  allows in this interpreter on this machine, whatever the producer does.
   Both lines carry what a user could pick instead on this host, measured in
   the same run with 100-byte messages: ``multiprocessing.Queue`` (one
   process puts, this one gets), pyzmq PUSH/PULL over ipc:// and NATS core
@@ -104,6 +108,7 @@ async def _shmq_send(namesrv: str, topic: str, seconds: float, unix: bool, batch
 
 
 _LAST_CPU_US: list[float] = [0.0]
+_LAST_PER_REQUEST: list[float] = [0.0]      # messages per SEND_BATCH_MESSAGE (accumulator on)
 
 
 async def _single_sends(p: AsyncProducer, topic: str, seconds: float) -> float:
@@ -113,6 +118,7 @@ async def _single_sends(p: AsyncProducer, topic: str, seconds: float) -> float:
     places: set[tuple[int, int]] = set()
     answered = [0]
     end = time.perf_counter() + seconds
+    requests = p.accumulator.requests if p.accumulator is not None else 0
 
     async def caller() -> None:
         while time.perf_counter() < end:
@@ -127,7 +133,55 @@ async def _single_sends(p: AsyncProducer, topic: str, seconds: float) -> float:
     if len(places) != answered[0]:
         raise AssertionError(f"{answered[0]} answers name {len(places)} distinct positions")
     _LAST_CPU_US[0] = cpu / max(1, answered[0]) * 1e6
+    if p.accumulator is not None:
+        _LAST_PER_REQUEST[0] = answered[0] / max(1, p.accumulator.requests - requests)
     return answered[0] / dt
+
+
+async def _floor(seconds: float) -> tuple[float, float]:
+    """What the callers' shape allows in this interpreter, with no producer
+    and no I/O: WINDOW callers, each making a ``Message`` and awaiting a
+    future with a UNIQ_KEY, the futures answered WINDOW / 2 at a time by a
+    loop callback with a ``SendResult`` each — the asyncio part of every
+    send (a coroutine, a future, a wake-up of the caller's task). msg/s and
+    CPU µs a message."""
+    from shmq.client.message import MessageQueue, SendResult, unique_ids
+    loop = asyncio.get_running_loop()
+    q = MessageQueue("PerfFloor", "none", 0)
+    waiting: list = []
+    offset = [0]
+
+    def answer() -> None:
+        half = WINDOW // 2
+        batch, waiting[:half] = waiting[:half], []
+        for i, (fut, uniq) in enumerate(batch, offset[0]):
+            fut.set_result(SendResult(SendStatus.SEND_OK, uniq, "", q, i))
+        offset[0] += len(batch)
+        if len(waiting) >= half:
+            loop.call_soon(answer)
+
+    async def send(msg: Message) -> SendResult:
+        fut = loop.create_future()
+        waiting.append((fut, unique_ids.next()))
+        if len(waiting) == WINDOW // 2:
+            loop.call_soon(answer)
+        return await fut
+
+    answered = [0]
+    end = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        while time.perf_counter() < end:
+            r = await send(Message("PerfFloor", BODY))
+            if r.status is not SendStatus.SEND_OK:
+                raise AssertionError("the floor's future was answered otherwise")
+            answered[0] += 1
+        if waiting:                                        # the stragglers when time is up
+            loop.call_soon(answer)
+    t0, c0 = time.perf_counter(), time.process_time()
+    await asyncio.gather(*[caller() for _ in range(WINDOW)])
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return answered[0] / dt, cpu / max(1, answered[0]) * 1e6
 
 
 # ---------------------------------------------------------------- peers a user could pick instead
@@ -322,9 +376,13 @@ def run_send(ctx, result):
 def _accumulated(ctx, result, b, ns: str, topic: str, seconds: float, rt: dict):
     unix = "unix" in b.transports
     rate = asyncio.run(_shmq_send(ns, topic, seconds, unix, 1, linger_ms=LINGER_MS))
+    cpu = _LAST_CPU_US[0]
+    floor, floor_cpu = asyncio.run(_floor(seconds))
     yield result("client_send_accumulated", rate, "msg/s", rt["rate"],
                  "raw request/response round trip (tcp, one in flight)",
-                 transport="unix" if unix else "tcp", client_cpu_us_per_send=round(_LAST_CPU_US[0], 2),
+                 transport="unix" if unix else "tcp", client_cpu_us_per_send=round(cpu, 2),
+                 messages_per_request=round(_LAST_PER_REQUEST[0], 1),
+                 asyncio_floor=round(floor), asyncio_floor_cpu_us=round(floor_cpu, 2),
                  window=WINDOW, linger_ms=LINGER_MS, batch_max_bytes=16 * 1024, body_bytes=100,
                  target=500_000, **peers(ctx))
 
