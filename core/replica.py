@@ -1,9 +1,11 @@
 """A slave's CommitLog: the master's bytes written at the offsets they have there.
 
 What replication (``broker/ha/``) hands this module is raw CommitLog: slices
-of the master's segments that may begin or end inside a record. ``Replica``
-writes each slice where it lies on the master, then dispatches every record
-now whole, as recovery does (``recovery._Dispatcher``: the ConsumeQueue unit
+of the master's segments that may begin or end inside a record.
+``Replica.receive`` writes each slice where it lies on the master (a read's
+slices one write each, never joined); ``dispatch``, once per slice or per
+batch of them (``append`` does both), dispatches every record now whole, as
+recovery does (``recovery._Dispatcher``: the ConsumeQueue unit
 at the queue offset the master stamped in the record, PAD records as padding
 units, the broker's tags-code rules), and publishes the new end in the
 ``StoreState`` like an append's publish: bytes and units first, then
@@ -77,24 +79,33 @@ class Replica:
 
     def append(self, phy: int, data) -> int:
         """Write ``data`` (the master's bytes at ``phy``), dispatch and
-        publish what is whole; returns the new published end. ``ReplicaError``
-        when ``phy`` is not where this store ends."""
+        publish what is whole; returns the new published end."""
+        self.receive(phy, [data])
+        return self.dispatch()
+
+    def receive(self, phy: int, pieces) -> None:
+        """Write ``pieces``, the master's bytes from ``phy`` on, back to back
+        (a read's frame bodies: one write each, no joining copy), where they
+        lie; ``dispatch`` then makes them visible. ``ReplicaError`` when
+        ``phy`` is not where this store ends."""
         if phy != self.received:
             if not (self.empty and phy % self.seg == 0 and phy >= self.received):
                 raise ReplicaError(f"the master sent offset {phy}; this store ends at "
                                    f"{self.received}")
             self._start_at(phy)
-        data = memoryview(data).cast("B")
         cl = self.store.cl
-        pos, end = phy, phy + len(data)
-        while pos < end:
-            s = cl.segment_start(pos)
-            n = min(end, s + self.seg) - pos
-            cl.ensure_segment(s)
-            cl.write(pos, data[pos - phy:pos - phy + n])
-            pos += n
-        self.received = end
-        return self._dispatch()
+        pos = phy
+        for piece in pieces:
+            data = memoryview(piece).cast("B")
+            end, at = pos + len(data), pos
+            while at < end:
+                s = cl.segment_start(at)
+                n = min(end, s + self.seg) - at
+                cl.ensure_segment(s)
+                cl.write(at, data[at - pos:at - pos + n])
+                at += n
+            pos = end
+        self.received = pos
 
     def _start_at(self, phy: int) -> None:
         """An empty store begins at ``phy`` (a segment start): the empty
@@ -111,7 +122,10 @@ class Replica:
         log.info("replica: an empty store starts at the master's offset %d", phy)
         self.received = self.dispatched = phy
 
-    def _dispatch(self) -> int:
+    def dispatch(self) -> int:
+        """Dispatch and publish every record now whole (the module doc);
+        returns the published end. ``ReplicaError`` when the bytes received
+        are no records."""
         cl, out, replay = self.store.cl, self.out, self.replay
         pos, last_ts = self.dispatched, 0
         while pos < self.received:

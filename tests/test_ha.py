@@ -588,6 +588,42 @@ def test_a_replica_cut_anywhere_has_the_masters_queues(tmp_path):
     close_clean(m)
 
 
+def test_a_replica_written_in_runs_across_segment_ends_is_the_masters_bytes(tmp_path):
+    """As a slave catching up writes: runs of pieces (a read's frame bodies,
+    here also across segment ends), dispatched after several runs."""
+    from conftest import small_config
+    from shmq.core.replica import Replica
+    from shmq.core.store import close_clean, open_local
+    m = _master_store(str(tmp_path / "m"))
+    s, _ = open_local(small_config(str(tmp_path / "s")))
+    r, rng, seg = Replica(s), random.Random(3), m.config.mappedFileSizeCommitLog
+    pos, end, crossed = 0, m.state.write_pos, 0
+    while pos < end:
+        run, at = [], pos
+        for _ in range(rng.randrange(1, 6)):
+            n = min(rng.randrange(1, 20000), end - at)
+            run.append(memoryview(m.cl.read(at, min(n, seg - at % seg))))
+            at += len(run[-1])
+            if at == end:
+                break
+        # two neighbouring pieces joined: one piece that crosses a segment's end
+        if len(run) > 1:
+            crossed += (pos + len(run[0])) % seg == 0
+            run[:2] = [memoryview(bytes(run[0]) + bytes(run[1]))]
+        r.receive(pos, run)
+        pos = at
+        if rng.random() < 0.3:
+            r.dispatch()
+    r.dispatch()
+    assert s.state.write_pos == r.received == end and crossed >= 2
+    assert all(s.cl.read(x, min(end - x, seg)) == m.cl.read(x, min(end - x, seg))
+               for x in m.cl.list_segments())
+    for q in range(3):
+        assert [x.body for x in s.read_queue("T", q)] == [x.body for x in m.read_queue("T", q)]
+    close_clean(s)
+    close_clean(m)
+
+
 def test_an_empty_replica_starts_at_the_masters_first_segment_kept(tmp_path):
     from conftest import small_config
     from shmq.core.replica import Replica
