@@ -1,9 +1,10 @@
 """The HA stream's bytes, sans-I/O (the frames are drawn in ``broker/ha``).
 
 ``Reports`` parses what a slave sends (bare int64 offsets), ``Frames`` what
-a master sends (12-byte header + CommitLog bytes); both take bytes as they
-arrive, in any split, and never touch a socket. A frame whose size is
-negative or larger than ``FRAME_BYTES_MAX`` is a ``ProtocolError`` (the
+a master sends (12-byte header + CommitLog bytes, handed on as the body's
+bytes arrive: a 1 MiB frame is neither held back nor copied until whole);
+both take bytes as they arrive, in any split, and never touch a socket. A
+frame whose size is negative or larger than ``FRAME_BYTES_MAX`` is a ``ProtocolError`` (the
 connection is closed); nothing else a peer sends can raise.
 """
 from __future__ import annotations
@@ -14,8 +15,8 @@ HEADER = struct.Struct(">qi")        # masterPhyOffset, bodySize
 REPORT = struct.Struct(">q")         # slaveMaxPhyOffset
 HEADER_BYTES = HEADER.size           # 12 (HAConnection.WriteSocketService.headerSize)
 REPORT_BYTES = REPORT.size           # 8
-# a body larger than this is not a frame (RocketMQ's masters send <= 32 KiB;
-# haTransferBatchSize may be raised, never past this)
+# a body larger than this is not a frame (RocketMQ's masters send <= 32 KiB,
+# shmq's 1 MiB; haTransferBatchSize may be raised, never past this)
 FRAME_BYTES_MAX = 64 << 20
 
 
@@ -49,49 +50,48 @@ class Reports:
 
 
 class Frames:
-    """A master's frames as they arrive: ``feed`` returns the (offset,
-    body) of every frame completed, in order (a heartbeat's body is empty).
-    Bodies are views of the bytes fed, valid as long as those bytes are (a
-    reader may read into the same buffer again once it applied them); only
-    a frame cut by the end of what arrived is copied, into one buffer of
-    its own that the next ``feed`` completes, so a 1 MiB read of 32 KiB
-    frames copies one frame at most."""
+    """A master's frames as they arrive: ``feed`` returns (offset, piece)
+    for the body bytes in what arrived, in order, each piece at the offset
+    its bytes have in the master's CommitLog. Pieces are views of the bytes
+    fed, valid as long as those bytes are (a reader may read into the same
+    buffer again once it applied them); a body cut by the end of what
+    arrived goes on in the next ``feed``'s first piece, so no body byte is
+    ever copied, whatever the frame's size: only a header cut by a read's
+    end is kept (12 bytes at most). A heartbeat (size 0) is one empty piece
+    at its offset."""
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX):
-        self.rest = bytearray()         # the start of a frame cut by a read's end
+        self.head = bytearray()         # the start of a header cut by a read's end
+        self.at = 0                     # where the frame's next body byte lies
+        self.left = 0                   # body bytes of the frame still to come
         self.max = frame_bytes_max
 
-    def _size(self, offset: int, size: int) -> int:
+    def _begin(self, offset: int, size: int, out: list, empty) -> None:
         if size < 0 or size > self.max or offset < 0:
             raise ProtocolError(f"HA frame header: offset {offset}, size {size}")
-        return size
+        if not size:
+            out.append((offset, empty))
+        self.at, self.left = offset, size
 
     def feed(self, data) -> list[tuple[int, memoryview]]:
         mv = memoryview(data).cast("B")
         out = []
         pos, n = 0, len(mv)
-        rest = self.rest
-        if rest:                           # complete the cut frame, taking only its bytes
-            if len(rest) < HEADER_BYTES:
-                pos = min(HEADER_BYTES - len(rest), n)
-                rest += mv[:pos]
-                if len(rest) < HEADER_BYTES:
-                    return out
-            offset, size = HEADER.unpack_from(rest)
-            take = min(HEADER_BYTES + self._size(offset, size) - len(rest), n - pos)
-            rest += mv[pos:pos + take]
-            pos += take
-            if len(rest) < HEADER_BYTES + size:
-                return out
-            out.append((offset, memoryview(rest)[HEADER_BYTES:]))
-            self.rest = bytearray()
-        while n - pos >= HEADER_BYTES:
-            offset, size = HEADER.unpack_from(mv, pos)
-            if n - pos - HEADER_BYTES < self._size(offset, size):
-                break
-            start = pos + HEADER_BYTES
-            out.append((offset, mv[start:start + size]))
-            pos = start + size
-        if pos < n:
-            self.rest = bytearray(mv[pos:])
+        while pos < n:
+            if self.left:                  # the body of the frame begun before
+                k = min(self.left, n - pos)
+                out.append((self.at, mv[pos:pos + k]))
+                self.at += k
+                self.left -= k
+                pos += k
+            elif self.head or n - pos < HEADER_BYTES:     # a header cut by a read's end
+                take = min(HEADER_BYTES - len(self.head), n - pos)
+                self.head += mv[pos:pos + take]
+                pos += take
+                if len(self.head) == HEADER_BYTES:
+                    head, self.head = self.head, bytearray()
+                    self._begin(*HEADER.unpack(head), out, mv[pos:pos])
+            else:
+                self._begin(*HEADER.unpack_from(mv, pos), out, mv[pos:pos])
+                pos += HEADER_BYTES
         return out

@@ -7,12 +7,16 @@ One connection at a time, in the ``shmq-ha`` process of a SLAVE:
               RETRY_S
     connect   blocking, CONNECT_TIMEOUT_S; then non-blocking, TCP_NODELAY;
               report the store's offset at once
-    follow    reads into one buffer, frames in (``protocol.Frames``: views
-              of it) → ``Replica.append`` (the store, ConsumeQueues,
-              published positions; the contiguous frames of one read as
-              one append); after the reads one readiness brings (up to
-              READS_PER_REPORT full ones: a backlog) that applied bytes,
-              and every haSendHeartbeatInterval, report the offset received
+    follow    reads into one buffer, frames in (``protocol.Frames``: the
+              body bytes as views of it, a frame cut by a read's end
+              handed on as it arrives) → ``Replica.receive`` (written
+              where they lie on the master, one write per piece, nothing
+              joined) → ``Replica.dispatch`` (ConsumeQueues, published
+              positions) once the socket has no more for now, or every
+              DISPATCH_BYTES while reads keep coming full (a backlog);
+              after the reads one readiness brings (up to
+              READS_PER_REPORT full ones) that applied bytes, and every
+              haSendHeartbeatInterval, report the offset received
     drop      on a frame that does not continue the store, garbage, EOF, or
               haHousekeepingInterval without a byte from the master; then
               connect again after RETRY_S
@@ -39,6 +43,10 @@ RECV_BYTES = 1 << 20
 # full reads applied before the offset is reported: a report per read cost
 # the slave a fifth of its time catching up (a loopback send wakes the master)
 READS_PER_REPORT = 8
+# bytes written before they are dispatched, when reads keep coming full (a
+# backlog): the scan's and the ConsumeQueue writes' per-call costs are paid per
+# batch; a read that empties the socket is dispatched at once (the lag)
+DISPATCH_BYTES = 4 << 20
 LEARNED_FILE = "haMaster.json"
 
 
@@ -98,10 +106,17 @@ class HAClient:
                 return
         for _key, _ in self.sel.select(TICK_S):
             for _ in range(READS_PER_REPORT):     # a backlog: full reads, then one report
-                if not self._read():
+                full = self._read()
+                if not full:
                     break
+                if self.replica.received - self.replica.dispatched >= DISPATCH_BYTES:
+                    self._dispatch()
         if self.sock is None:
             return
+        if self.replica.received > self.replica.dispatched:
+            self._dispatch()          # what the socket had for now (the lag case: every read)
+            if self.sock is None:
+                return
         now = self.clock()
         if now - self.last_read > self.config.haHousekeepingInterval / 1000:
             self.drop("nothing from the master for haHousekeepingInterval")
@@ -150,8 +165,8 @@ class HAClient:
             self.reported, self.last_report = offset, now
 
     def _read(self) -> bool:
-        """Read and apply what arrived; True when it filled the buffer
-        (more is probably waiting)."""
+        """Read what arrived and write it to the store; True when it filled
+        the buffer (more is probably waiting)."""
         try:
             got = self.sock.recv_into(self.buf)
         except (BlockingIOError, InterruptedError):
@@ -162,26 +177,33 @@ class HAClient:
         if not got:
             self.drop("closed by the master")
             return False
-        data = self.buf[:got]      # applied before the next read reuses the buffer
         self.last_read = self.clock()
         try:
-            frames = self.frames.feed(data)
-            # contiguous frames (a backlog's) are applied as one write and one dispatch
+            # the read's body pieces, written before the next read reuses the
+            # buffer: contiguous ones (a backlog's) as one run of writes
             run, start, at = [], -1, -1
-            for offset, body in frames:
+            for offset, piece in self.frames.feed(self.buf[:got]):
+                if not piece and offset == (at if run else self.replica.received):
+                    continue                # a heartbeat where the stream is
                 if run and offset == at:
-                    run.append(body)
+                    run.append(piece)
                 else:
                     if run:
-                        self.replica.append(start, b"".join(run))
-                    run, start = [body], offset
-                at = offset + len(body)
-            if run and (len(run) > 1 or run[0] or start != self.replica.received):
-                self.replica.append(start, b"".join(run))
+                        self.replica.receive(start, run)
+                    run, start = [piece], offset
+                at = offset + len(piece)
+            if run:
+                self.replica.receive(start, run)
         except (ProtocolError, ReplicaError) as e:
             self.drop(str(e))
             return False
         return got == len(self.buf)
+
+    def _dispatch(self) -> None:
+        try:
+            self.replica.dispatch()
+        except ReplicaError as e:
+            self.drop(str(e))
 
     def drop(self, why: str) -> None:
         if self.sock is None:
