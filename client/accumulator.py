@@ -216,9 +216,10 @@ class Accumulator:
         window = self.window
         p = self.p
         inst = p.instance
+        body = msg.body
         if window.used >= window.size or msg.properties or msg.delay_level \
                 or inst is None or inst.pid != instance.PID or not running_here(inst.loop) \
-                or not 0 < len(msg.body) <= self.small:
+                or body.__class__ is not bytes or not 0 < len(body) <= self.small:
             return None
         topic = msg.topic
         queues = None
@@ -276,7 +277,7 @@ class Accumulator:
             buf += _UNIQ_ONLY
             buf += uniq.encode()
         else:
-            append_entry(buf, body, props, msg.flag)
+            append_entry(buf, body, props, msg.flag)   # packs the head first: may refuse the flag
         fut = self.p.instance.loop.create_future()
         b.futures.append(fut)
         b.uniqs.append(uniq)
@@ -334,6 +335,8 @@ class Accumulator:
         if self.sticky.get(q.topic) is b:
             del self.sticky[q.topic]                       # the next batch takes the next queue
         b.timer.cancel()
+        if not b.futures:
+            return                         # its first message was refused (a flag over int32)
         self.lingering -= len(b.futures)
         name = q.broker_name
         conn = self.p.instance.broker_now(name) if self.p.instance is not None else None

@@ -281,6 +281,9 @@ class AsyncProducer:
     def _check(self, msg: Message) -> None:
         if msg.topic not in self._templates:
             self._template(msg.topic)
+        if not isinstance(msg.body, (bytes, bytearray, memoryview)):
+            raise MQClientError(R.MESSAGE_ILLEGAL, f"the message body is "
+                                f"{type(msg.body).__name__}, not bytes")
         if not msg.body:
             raise MQClientError(R.MESSAGE_ILLEGAL, "the message body is empty")
         if len(msg.body) > self.config.max_message_size:

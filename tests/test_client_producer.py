@@ -380,6 +380,22 @@ def test_a_batch_the_broker_refuses_fails_each_of_its_callers_and_frees_their_sl
     _check_results(broker, topic, [b"later %d" % i for i in range(20)], later)
 
 
+def test_a_body_that_is_not_bytes_is_refused_and_its_batch_goes_on(broker, request):
+    """A message whose body is a str is refused with MESSAGE_ILLEGAL, saying
+    so; the messages sent beside it, into the same batch, are stored."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    bodies = [b"before", b"after"]
+
+    async def main():
+        async with AsyncProducer("pg-acc-str", namesrv_addr=broker.namesrv, linger_ms=50) as p:
+            return await asyncio.gather(p.send(Message(topic, bodies[0])), p.send(Message(topic, "text")),
+                                        p.send(Message(topic, bodies[1])), return_exceptions=True)
+    before, refused, after = asyncio.run(main())
+    assert isinstance(refused, MQClientError) and "str, not bytes" in str(refused), refused
+    _check_results(broker, topic, bodies, [before, after])
+
+
 def test_a_cancelled_caller_leaves_its_batch_to_the_others(broker, request):
     """A caller cancelled while its message waits in a batch gets
     CancelledError; the message was handed over and is sent with its batch,
