@@ -227,6 +227,44 @@ def test_a_direct_producer_killed_mid_append_loses_no_acknowledged_message(tmp_p
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
+INTERRUPTED = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from shmq.client import AsyncProducer, Message
+
+    async def main():
+        async with AsyncProducer("dp-int", namesrv_addr=sys.argv[1]) as p:
+            first = await p.send(Message(sys.argv[2], b"first"))
+            [ds] = [d for d in p.instance.direct.values() if d is not None]
+            def ctrl_c(stage, seq):            # Ctrl-C between claim and publish
+                if stage == "claimed":
+                    ds.store.hook = None
+                    os.kill(os.getpid(), signal.SIGINT)
+            ds.store.hook = ctrl_c
+            try:
+                await p.send(Message(sys.argv[2], b"interrupted"))
+                print("not interrupted")
+            except KeyboardInterrupt:
+                print("interrupted")
+            last = await p.send(Message(sys.argv[2], b"last"))   # the lock and the claim let go
+            print(first.queue_offset, last.queue_offset, flush=True)
+
+    # not asyncio.run: its SIGINT handler cancels the main task instead of raising
+    asyncio.new_event_loop().run_until_complete(main())
+""")
+
+
+def test_ctrl_c_in_a_direct_append_raises_once_the_append_is_published(broker, request):
+    """A KeyboardInterrupt between claim and publish would hold the append
+    lock or a claim while the process lives (its own next append hangs,
+    the broker's too): it is raised right after the append instead."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED, broker.namesrv, topic],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["interrupted", "0", "2"]
+    assert [m.body for m in stored_records(broker, topic, 1)] == [b"first", b"interrupted", b"last"]
+
+
 def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
     bodies = [b"many-%d" % i + b"x" * (i % 600) for i in range(5000)]     # ~1.6 MB
