@@ -383,7 +383,7 @@ def test_beside_a_live_broker_it_sees_only_whole_records(capsys, tmp_path):
     assert code == 0 and not v["live"] and v["commitlog"]["records"] == sent[0]
 
 
-def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(tmp_path):
+def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(capsys, tmp_path):
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from conftest import SMALL_SEGMENT, small_config
@@ -396,18 +396,17 @@ def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(tmp
     seg = os.path.join(root, "commitlog", f"{0:020d}")
     os.truncate(seg, phys[12] + 77)
     before = (os.path.getsize(seg), os.stat(seg).st_mtime_ns)
-    r = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect", root],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert f"short: {phys[12] + 77} bytes of" in r.stdout and "next start repairs it" in r.stdout
-    assert "differs from the store's" not in r.stdout + r.stderr
+    code, out, err = inspect(capsys, root)
+    assert code == 0, err
+    assert f"short: {phys[12] + 77} bytes of" in out and "next start repairs it" in out
+    assert "differs from the store's" not in out + err
     assert (os.path.getsize(seg), os.stat(seg).st_mtime_ns) == before   # read-only
     store, report = open_local(small_config(root))
     assert report.segments_repaired and len(store.read_queue("Cut", 0)) == 12
     assert SMALL_SEGMENT == os.path.getsize(seg)
 
 
-def test_verify_names_a_short_middle_segment_as_what_the_next_start_repairs(tmp_path):
+def test_verify_names_a_short_middle_segment_as_what_the_next_start_repairs(capsys, tmp_path):
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from conftest import small_config
@@ -420,8 +419,7 @@ def test_verify_names_a_short_middle_segment_as_what_the_next_start_repairs(tmp_
     close_clean(store)
     first = os.path.join(root, "commitlog", f"{0:020d}")
     os.truncate(first, 30_000)
-    r = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect", root, "--verify"],
-                       capture_output=True, text=True)
-    assert r.returncode == 1
-    assert f"segment {0:020d}: short: 30000 bytes of" in r.stdout and "next start repairs it" in r.stdout
+    code, out, _ = inspect(capsys, root, "--verify")
+    assert code == 1
+    assert f"segment {0:020d}: short: 30000 bytes of" in out and "next start repairs it" in out
     assert os.path.getsize(first) == 30_000                              # read-only
