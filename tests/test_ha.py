@@ -275,14 +275,16 @@ def test_the_ha_port_speaks_rocketmq_4_to_a_raw_slave(pair):
     with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
         s.sendall(struct.pack(">q", 0))
         got = b""
-        while len(got) < 12 + 32768 + 12:
-            chunk = s.recv(65536)
+        while len(got) < 12 + (1 << 20) + 12:
+            chunk = s.recv(1 << 20)
             assert chunk
             got += chunk
+    # a backlog goes in 1 MiB frames (haTransferBatchSize's 32 KiB when less
+    # waits), well below the 4 MiB a Java HAClient reads a frame into
     offset, size = struct.unpack_from(">qi", got)
-    assert (offset, size) == (0, 32768)                 # haTransferBatchSize
+    assert (offset, size) == (0, 1 << 20)
     assert got[12:12 + size] == seg0[:size]
-    assert struct.unpack_from(">qi", got, 12 + size) == (32768, 32768)
+    assert struct.unpack_from(">qi", got, 12 + size) == (1 << 20, 1 << 20)
 
 
 def test_a_slave_reporting_past_the_masters_end_is_dropped_and_never_counted_as_an_ack(pair):

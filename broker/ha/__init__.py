@@ -21,16 +21,17 @@ machine). The two directions, big-endian (``protocol``)::
         | offset   | size     | CommitLog        |
         +----------+----------+------------------+
         offset: where the bytes lie in the master's CommitLog; size <=
-        haTransferBatchSize; a frame never crosses a segment's end and may
-        begin or end inside a record; size 0: a heartbeat, sent after
-        haSendHeartbeatInterval ms with nothing to send
+        haTransferBatchSize, or 1 MiB when more waits (a backlog); a
+        frame never crosses a segment's end and may begin or end inside
+        a record; size 0: a heartbeat, sent after haSendHeartbeatInterval
+        ms with nothing to send
 
 Who runs what, and who writes what:
 
 - ``shmq-ha``, one process beside the workers (``process``), started and
   restarted by the boss. On a master (``master.HAService``) it accepts
   slaves on the socket the boss bound, reads their reports, sends CommitLog
-  bytes straight from the shared mapping up to the published ``write_pos``
+  bytes straight from the segments' files (sendfile) up to the published ``write_pos``
   (woken by every publish, WANT_PUBLISH), and publishes in the store state
   ``ha_slaves`` (connections) and ``confirm_pos`` (the highest offset a
   slave acked: RocketMQ's push2SlaveMaxOffset, it only grows), waking the
@@ -54,7 +55,9 @@ Who runs what, and who writes what:
 
 Where shmq differs from RocketMQ 4.9, on purpose: a slave reports its offset
 on connecting, not 5 s later; an empty slave is sent the master's whole
-retained CommitLog (RocketMQ: from its last segment only); a slave closes a
-connection after ``haHousekeepingInterval`` without a byte from the master
-(RocketMQ 5's check; 4.9's looks at its own writes and never fires).
+retained CommitLog (RocketMQ: from its last segment only); a backlog goes
+in 1 MiB frames, not haTransferBatchSize's 32 KiB (the slave's cost is per
+frame; a Java HAClient's 4 MiB read buffer holds such a frame whole); a slave
+closes a connection after ``haHousekeepingInterval`` without a byte from the
+master (RocketMQ 5's check; 4.9's looks at its own writes and never fires).
 """
