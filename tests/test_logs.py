@@ -151,14 +151,16 @@ def send(b, topic: str, n: int) -> None:
             assert r.code == ResponseCode.SUCCESS, r.remark
 
 
-def inspect(store: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "shmq.tools", "store", "inspect", store, "--json"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+def inspect(capsys, store: str) -> dict:
+    """``shmq store inspect --json``, run in this process (test_inspect tests the command)."""
+    from shmq.tools.cli import main
+    code = main(["store", "inspect", store, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
 
 
-def test_the_commitlog_lands_in_storePathCommitLog_survives_a_restart_and_inspect_finds_it(broker):
+def test_the_commitlog_lands_in_storePathCommitLog_survives_a_restart_and_inspect_finds_it(broker, capsys):
     root, cl_dir = broker.conf["storePathRootDir"], broker.conf["storePathCommitLog"]
     topic = routed_topic(broker, "TopicDisk2", 1)
     send(broker, topic, 20)
@@ -166,7 +168,7 @@ def test_the_commitlog_lands_in_storePathCommitLog_survives_a_restart_and_inspec
     broker.stop()
     broker.start()
     send(broker, topic, 5)
-    doc = inspect(root)
+    doc = inspect(capsys, root)
     assert doc["commitlog_dir"] == cl_dir and doc["live"]
     [q] = [q for q in doc["queues"] if q["topic"] == topic]
     assert q["max_offset"] == 25                               # the 20 before the restart kept
