@@ -56,6 +56,8 @@ def skip_blas_probe() -> None:
     hidden = sys.modules.setdefault(BLAS_PROBE, None) is None
     try:
         import numba.np.arraymath  # noqa: F401  (numba's probe runs here, once)
+    except ImportError:     # no numba (shmq without its broker extra): the caller says so
+        pass
     finally:
         if hidden and sys.modules.get(BLAS_PROBE, 0) is None:
             del sys.modules[BLAS_PROBE]
