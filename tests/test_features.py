@@ -447,76 +447,91 @@ def test_query_by_key_and_by_unique_id_through_the_index(client, request):
 
 
 # ------------------------------------------------------------- restarts
-def test_delayed_timed_and_half_messages_survive_kill_9_of_the_whole_broker(tmp_path):
+LONG_DELAY_S = 12       # delay level 2 of the restarts' broker (level 1 stays 1 s)
+
+
+@pytest.fixture(scope="module")
+def restarts_broker(tmp_path_factory):
+    b = start_broker(tmp_path_factory.mktemp("restarts"),
+                     **{**FAST, "messageDelayLevel": f"1s {LONG_DELAY_S}s"})
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def whole_broker(restarts_broker):
+    """A broker the test may kill -9 whole and start again, each test on its
+    own topic: one start and stop for the module's restart tests instead of
+    one each (~3 s), started again here if a test left it dead."""
+    if restarts_broker.proc.poll() is not None:
+        restarts_broker.start()
+    return restarts_broker
+
+
+def test_delayed_timed_and_half_messages_survive_kill_9_of_the_whole_broker(whole_broker):
     """Nothing waiting is lost or delivered twice when every broker process is
     killed, some messages already delivered and some not yet due."""
     n = 300
-    b = start_broker(tmp_path, **FAST)
+    b = whole_broker
     topic, group = "F_restart", "PG_restart"
-    try:
-        with RemotingClient(b.addr) as c:
-            make_topic(c, topic, 2)
-            for i in range(n):
-                props = {"DELAY": "1"} if i % 3 else {"TIMER_DELAY_MS": str(300 + 5 * i)}
-                send(c, topic, b"d%d" % i, queue_id=i % 2, props={**props, "UNIQ_KEY": f"R{i}"})
-            qoff, phy = half(c, topic, b"half", group, "HALF")
-            time.sleep(1.0)                         # some are being delivered now
-        b.kill9()
-        b.start()
-        with RemotingClient(b.addr) as c:
-            assert c.invoke(heartbeat("cid-restart", [group])).code == R.SUCCESS
-            chk = c.next_request(timeout=15)        # the half is still pending: asked again
-            assert chk.ext["tranStateTableOffset"] == str(qoff)
-            r = c.invoke(end_transaction(group, qoff, phy, COMMIT, "HALF", from_check=True))
-            assert r.code == R.SUCCESS
-            deadline = time.monotonic() + 20
-            got = []
-            while time.monotonic() < deadline and len(got) < n + 1:
-                time.sleep(0.3)
-                got = all_messages(c, topic, 2)
-            time.sleep(1.5)
+    with RemotingClient(b.addr) as c:
+        make_topic(c, topic, 2)
+        for i in range(n):
+            props = {"DELAY": "1"} if i % 3 else {"TIMER_DELAY_MS": str(300 + 5 * i)}
+            send(c, topic, b"d%d" % i, queue_id=i % 2, props={**props, "UNIQ_KEY": f"R{i}"})
+        qoff, phy = half(c, topic, b"half", group, "HALF")
+        time.sleep(1.0)                         # some are being delivered now
+    b.kill9()
+    b.start()
+    with RemotingClient(b.addr) as c:
+        assert c.invoke(heartbeat("cid-restart", [group])).code == R.SUCCESS
+        chk = c.next_request(timeout=15)        # the half is still pending: asked again
+        assert chk.ext["tranStateTableOffset"] == str(qoff)
+        r = c.invoke(end_transaction(group, qoff, phy, COMMIT, "HALF", from_check=True))
+        assert r.code == R.SUCCESS
+        deadline = time.monotonic() + 20
+        got = []
+        while time.monotonic() < deadline and len(got) < n + 1:
+            time.sleep(0.3)
             got = all_messages(c, topic, 2)
-        keys = sorted(m.properties["UNIQ_KEY"] for m in got)
-        assert keys == sorted([f"R{i}" for i in range(n)] + ["HALF"])
-    finally:
-        b.stop()
+        time.sleep(1.5)
+        got = all_messages(c, topic, 2)
+    keys = sorted(m.properties["UNIQ_KEY"] for m in got)
+    assert keys == sorted([f"R{i}" for i in range(n)] + ["HALF"])
 
 
-def test_after_kill_9_of_the_whole_broker_no_waiting_message_is_delivered_early(tmp_path):
+def test_after_kill_9_of_the_whole_broker_no_waiting_message_is_delivered_early(whole_broker):
     """The restart re-dispatches the ConsumeQueue units of records past the
     checkpoint; the delay-level and timer units must keep their delivery time
     (a tag hash there made them due at once). The services process is stopped
     before the sends, so the timer messages are not in its timer log yet: the
     restarted one reads their times from the units."""
-    delay_s, n = 12, 40
-    b = start_broker(tmp_path, **{**FAST, "messageDelayLevel": f"1s {delay_s}s"})
+    delay_s, n = LONG_DELAY_S, 40
+    b = whole_broker
     topic = "F_not_early"
-    try:
-        with RemotingClient(b.addr) as c:
-            make_topic(c, topic, 2)
-            services = b.children()["shmq-services"]
-            os.kill(services, signal.SIGSTOP)
-            sent_at = time.time()
-            for i in range(n):
-                props = {"DELAY": "2"} if i % 2 else {"TIMER_DELAY_MS": str(delay_s * 1000)}
-                send(c, topic, b"w%d" % i, queue_id=i % 2, props={**props, "UNIQ_KEY": f"W{i}"})
-        b.kill9()                                   # SIGKILL ends a stopped process too
-        b.start()
-        due = sent_at + delay_s
-        with RemotingClient(b.addr) as c:
-            assert time.time() < due - 3, "the restart took too long for this test to tell"
-            while time.time() < due - 0.3:
-                early = all_messages(c, topic, 2)
-                assert early == [], f"{len(early)} delivered {due - time.time():.1f} s early"
-                time.sleep(0.2)
-            got = []
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and len(got) < n:
-                time.sleep(0.3)
-                got = all_messages(c, topic, 2)
-        assert sorted(m.properties["UNIQ_KEY"] for m in got) == sorted(f"W{i}" for i in range(n))
-    finally:
-        b.stop()
+    with RemotingClient(b.addr) as c:
+        make_topic(c, topic, 2)
+        services = b.children()["shmq-services"]
+        os.kill(services, signal.SIGSTOP)
+        sent_at = time.time()
+        for i in range(n):
+            props = {"DELAY": "2"} if i % 2 else {"TIMER_DELAY_MS": str(delay_s * 1000)}
+            send(c, topic, b"w%d" % i, queue_id=i % 2, props={**props, "UNIQ_KEY": f"W{i}"})
+    b.kill9()                                   # SIGKILL ends a stopped process too
+    b.start()
+    due = sent_at + delay_s
+    with RemotingClient(b.addr) as c:
+        assert time.time() < due - 3, "the restart took too long for this test to tell"
+        while time.time() < due - 0.3:
+            early = all_messages(c, topic, 2)
+            assert early == [], f"{len(early)} delivered {due - time.time():.1f} s early"
+            time.sleep(0.2)
+        got = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and len(got) < n:
+            time.sleep(0.3)
+            got = all_messages(c, topic, 2)
+    assert sorted(m.properties["UNIQ_KEY"] for m in got) == sorted(f"W{i}" for i in range(n))
 
 
 def test_a_group_created_with_its_own_retry_limit_dead_letters_sooner(client, request):
