@@ -31,7 +31,7 @@ Who runs what, and who writes what:
 - ``shmq-ha``, one process beside the workers (``process``), started and
   restarted by the boss. On a master (``master.HAService``) it accepts
   slaves on the socket the boss bound, reads their reports, sends CommitLog
-  bytes straight from the segments' files (sendfile) up to the published ``write_pos``
+  bytes straight from the shared mapping up to the published ``write_pos``
   (woken by every publish, WANT_PUBLISH), and publishes in the store state
   ``ha_slaves`` (connections) and ``confirm_pos`` (the highest offset a
   slave acked: RocketMQ's push2SlaveMaxOffset, it only grows), waking the
