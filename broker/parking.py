@@ -51,18 +51,33 @@ from typing import Callable, NamedTuple
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
-from shmq.ipc.remoting import RemotingCommand
+from shmq.ipc.remoting import RemotingCommand, decode_head, encode_head
 
 FLUSH_TIMEOUT_REMARK = "flush the message to disk timed out (syncFlushTimeout)"
 SLAVE_TIMEOUT_REMARK = "the slave did not acknowledge the message in time (slaveTimeout)"
 
 
 class Reply(NamedTuple):
-    """A reply (or a notice) as the driver writes it: the command, its body
-    as pieces (bytes, memoryview, reactor.FileRange), their total bytes."""
-    cmd: RemotingCommand
+    """A reply (or a notice) as the driver writes it: the command, or its
+    head already encoded (``bytes``: a pull's, from ``pull_reply_head``'s
+    template), then its body as pieces (bytes, memoryview,
+    reactor.FileRange), their total bytes."""
+    cmd: RemotingCommand | bytes
     parts: tuple | list = ()
     nbytes: int = 0
+
+    def head(self) -> bytes:
+        """The frame up to the body, as the driver sends it."""
+        cmd = self.cmd
+        return cmd if type(cmd) is bytes else encode_head(cmd, self.nbytes)
+
+    def command(self) -> RemotingCommand:
+        """The reply as a command without its body (an encoded head decoded
+        back): for logs and tests, not the request path."""
+        cmd = self.cmd
+        if type(cmd) is not bytes:
+            return cmd
+        return decode_head(cmd)
 
 
 class Timer:

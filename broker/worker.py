@@ -206,8 +206,7 @@ class Driver:
                 self.send_all(self.parking.ready())
                 self.arm()
             else:
-                reply, parts, nbytes = out
-                conn.send(encode_head(reply, nbytes), parts)
+                conn.send(out.head(), out.parts)
         if self.parking.arrived:         # this request appended to a queue a pull waits on
             self.send_all(self.parking.ready())
         if h.due:
@@ -235,10 +234,10 @@ class Driver:
     def send_all(self, answers) -> None:
         """Write ``(peer, Reply)`` pairs, each to its peer's connection if it is open."""
         conns = self.reactor.conns
-        for peer, (reply, parts, nbytes) in answers:
+        for peer, reply in answers:
             conn = conns.get(peer.id)
             if conn is not None:
-                conn.send(encode_head(reply, nbytes), parts)
+                conn.send(reply.head(), reply.parts)
 
     def on_wake(self) -> None:
         """The control block woke us (or the second passed): parked answers

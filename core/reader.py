@@ -70,18 +70,29 @@ class GetMessageStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-@dataclass(frozen=True)
 class GetResult:
-    status: GetMessageStatus
-    next_offset: int
-    min_offset: int
-    max_offset: int
-    phys: np.ndarray           # CommitLog offsets of the records found
-    sizes: np.ndarray
+    """What ``get_message`` found. A plain class with slots, read-only by
+    convention: one is built per pull, and this costs a quarter of a frozen
+    dataclass's construction (~0.3 µs against 1.2)."""
+    __slots__ = ("status", "next_offset", "min_offset", "max_offset", "phys", "sizes")
+
+    def __init__(self, status: GetMessageStatus, next_offset: int, min_offset: int,
+                 max_offset: int, phys: np.ndarray, sizes: np.ndarray):
+        self.status = status
+        self.next_offset = next_offset
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+        self.phys = phys           # CommitLog offsets of the records found
+        self.sizes = sizes
 
     @property
     def count(self) -> int:
         return int(self.phys.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"GetResult({self.status.name}, next_offset={self.next_offset}, "
+                f"min_offset={self.min_offset}, max_offset={self.max_offset}, "
+                f"count={self.count})")
 
 
 # ------------------------------------------------------ queue range → positions
@@ -104,8 +115,9 @@ def get_message(cqs: ConsumeQueues, topic: str, queue_id: int, offset: int, mn: 
     if offset > mx:
         return GetResult(S.OFFSET_OVERFLOW_BADLY, mn if mn == 0 else mx, mn, mx, _EMPTY, _EMPTY)
     units = min(mx - offset, max(CQ_SCAN_BYTES_MIN, max_msgs * CQ_UNIT_BYTES) // CQ_UNIT_BYTES)
-    out_phy = np.empty(min(max_msgs, units), dtype=np.int64)
-    out_size = np.empty_like(out_phy)
+    n = min(max_msgs, units)
+    out_phy = np.empty(n, dtype=np.int64)
+    out_size = np.empty(n, dtype=np.int64)
     r = cqs.scan(topic, queue_id, offset, units, tag_codes, max_msgs, max_bytes, out_phy, out_size)
     if r is None:
         upf = cqs.units_per_file
@@ -114,16 +126,17 @@ def get_message(cqs: ConsumeQueues, topic: str, queue_id: int, offset: int, mn: 
     if status == K.CQ_BAD:
         raise AssertionError(f"{topic}:{queue_id} unit {offset + scanned} below the "
                              f"readable max {mx} is not a position")
-    phys, sizes = out_phy[:found], out_size[:found]
-    low = cl_min()
-    if found and phys[0] < low:
-        keep = phys >= low
-        phys, sizes = phys[keep], sizes[keep]
-        if not phys.shape[0]:
-            return GetResult(S.MESSAGE_WAS_REMOVING, offset + scanned, mn, mx, _EMPTY, _EMPTY)
-    if not phys.shape[0]:
+    if not found:
         return GetResult(S.NO_MATCHED_MESSAGE, offset + scanned, mn, mx, _EMPTY, _EMPTY)
-    return GetResult(S.FOUND, offset + scanned, mn, mx, phys, sizes)
+    if found < n:
+        out_phy, out_size = out_phy[:found], out_size[:found]
+    low = cl_min()
+    if out_phy[0] < low:
+        keep = out_phy >= low
+        out_phy, out_size = out_phy[keep], out_size[keep]
+        if not out_phy.shape[0]:
+            return GetResult(S.MESSAGE_WAS_REMOVING, offset + scanned, mn, mx, _EMPTY, _EMPTY)
+    return GetResult(S.FOUND, offset + scanned, mn, mx, out_phy, out_size)
 
 
 # ------------------------------------------------------- positions → pull body

@@ -295,6 +295,16 @@ def encode_head(cmd: RemotingCommand, body_bytes: int, frame_bytes_max: int = FR
     return _PREFIX.pack(total, (cmd.serialize_type << 24) | len(header)) + header
 
 
+def decode_head(head: bytes) -> RemotingCommand:
+    """The command a frame's head (``encode_head``'s, or a template's) carries,
+    without its body: for logs and tests that look at a reply made as bytes."""
+    _total, type_hlen = _PREFIX.unpack_from(head)
+    header = head[_PREFIX.size:_PREFIX.size + (type_hlen & 0xFFFFFF)]
+    if type_hlen >> 24 == JSON:
+        return decode_json_header(header)
+    return decode_binary_header(header)
+
+
 def encode(cmd: RemotingCommand, frame_bytes_max: int = FRAME_BYTES_MAX) -> bytes:
     """The whole frame, body included."""
     return encode_head(cmd, len(cmd.body), frame_bytes_max) + bytes(cmd.body)
@@ -328,3 +338,40 @@ def send_ok_head(serialize_type: int, opaque: int, msg_id: str, queue_id: int,
         header = b"".join((_BIN_FIXED.pack(0, LANGUAGES["JAVA"], VERSION_4_9_7, opaque,
                                            FLAG_RESPONSE, 0), _I32.pack(len(ext)), ext))
     return _PREFIX.pack(4 + len(header), (serialize_type << 24) | len(header)) + header
+
+
+# A PULL_MESSAGE reply's head, the one reply per pull (of up to 32 records):
+# the bytes ``encode_head(request.reply(code, remark, ext), body_bytes)``
+# gives for PullMessageResponseHeader's four fields, from a template as a
+# SEND's SUCCESS has. ``remark`` is a GetMessageStatus name (ASCII letters
+# and underscores: nothing to escape in JSON).
+_PULL_JSON = (b'{"code":%%d,"language":"JAVA","version":%d,"opaque":%%d,"flag":%d,'
+              b'"serializeTypeCurrentRPC":"JSON","remark":"%%s","extFields":{'
+              b'"suggestWhichBrokerId":"%%d","nextBeginOffset":"%%d","minOffset":"%%d",'
+              b'"maxOffset":"%%d"}}' % (VERSION_4_9_7, FLAG_RESPONSE))
+_PULL_BIN = struct.Struct(">iihbhiii")     # frame length, type|header length, then _BIN_FIXED
+
+
+def pull_reply_head(serialize_type: int, opaque: int, code: int, remark: bytes, suggest: int,
+                    next_offset: int, min_offset: int, max_offset: int, body_bytes: int) -> bytes:
+    """The frame up to the body of a PULL_MESSAGE reply (suggestWhichBrokerId,
+    nextBeginOffset, minOffset, maxOffset) in ``serialize_type``, for
+    ``body_bytes`` of records after it."""
+    if serialize_type == JSON:
+        header = _PULL_JSON % (code, opaque, remark, suggest, next_offset, min_offset, max_offset)
+        total = 4 + len(header) + body_bytes
+        if total > FRAME_BYTES_MAX:
+            raise LocalProtocolError(f"frame of {total} bytes exceeds the {FRAME_BYTES_MAX}-byte limit")
+        return _PREFIX.pack(total, len(header)) + header
+    s, n, lo, hi = b"%d" % suggest, b"%d" % next_offset, b"%d" % min_offset, b"%d" % max_offset
+    ext = b"".join((b"\x00\x14suggestWhichBrokerId", _I32.pack(len(s)), s,
+                    b"\x00\x0fnextBeginOffset", _I32.pack(len(n)), n,
+                    b"\x00\x09minOffset", _I32.pack(len(lo)), lo,
+                    b"\x00\x09maxOffset", _I32.pack(len(hi)), hi))
+    hlen = _BIN_FIXED.size + len(remark) + 4 + len(ext)
+    total = 4 + hlen + body_bytes
+    if total > FRAME_BYTES_MAX:
+        raise LocalProtocolError(f"frame of {total} bytes exceeds the {FRAME_BYTES_MAX}-byte limit")
+    return b"".join((_PULL_BIN.pack(total, (ROCKETMQ << 24) | hlen, code, LANGUAGES["JAVA"],
+                                    VERSION_4_9_7, opaque, FLAG_RESPONSE, len(remark)),
+                     remark, _I32.pack(len(ext)), ext))

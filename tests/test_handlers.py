@@ -29,7 +29,8 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.codes import not_supported_remark
 from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
 from shmq.ipc.headers import V1_KEYS
-from shmq.ipc.remoting import FLAG_ONEWAY, JSON, ROCKETMQ, VERSION_4_9_7, FrameDecoder, RemotingCommand
+from shmq.ipc.remoting import (FLAG_ONEWAY, JSON, ROCKETMQ, VERSION_4_9_7, FrameDecoder, RemotingCommand,
+                               encode_head)
 
 GOLDEN = Path(__file__).parent / "golden"
 TICK_S = 0.002            # a parked answer is due within the timer queue's tick after its deadline
@@ -47,6 +48,22 @@ def golden(name: str, **ext) -> RemotingCommand:
     for k, v in ext.items():
         cmd.ext[V1_KEYS[k] if v2 else k] = v
     return cmd
+
+
+def decoded(r: Reply) -> Reply:
+    """``r`` with its command read back when it was made as bytes (a pull's
+    head, from a template), as a client reads it: those bytes must be
+    exactly what ``encode_head`` makes of that command."""
+    if type(r.cmd) is not bytes:
+        return r
+    cmd = r.command()
+    assert encode_head(cmd, r.nbytes) == r.cmd
+    return Reply(cmd, r.parts, r.nbytes)
+
+
+def answers(out: list) -> list:
+    """Parked requests' answers, ``(peer, Reply)``, each ``decoded``."""
+    return [(peer, decoded(r)) for peer, r in out]
 
 
 class FakeClock:
@@ -92,6 +109,9 @@ class Rig:
             reply = dec.next_command()
             assert dec.buffered_bytes == 0 and reply.serialize_type == cmd.serialize_type
             return Reply(reply)
+        if isinstance(r, Reply):
+            r = decoded(r)
+            assert r.cmd.serialize_type == cmd.serialize_type
         return r
 
     def ok(self, cmd: RemotingCommand, peer: Peer | None = None) -> RemotingCommand:
@@ -360,7 +380,7 @@ def test_a_pull_with_nothing_to_read_parks_and_is_answered_when_its_queue_gets_a
     rig.ok(golden("ons-3.12-send-v2", queueId="1"))    # another queue: still parked
     assert rig.parking.ready() == [] and rig.parking.on_wake() == []
     rig.ok(golden("ons-3.12-send-v2", queueId="0"))    # its queue: answered at once
-    [(peer, r)] = rig.parking.ready()
+    [(peer, r)] = answers(rig.parking.ready())
     assert peer is rig.tcp and r.cmd.code == R.SUCCESS and r.cmd.opaque == cmd.opaque
     assert r.cmd.serialize_type == JSON                 # a parked pull's answer, as RocketMQ's
     assert [m.body for m in decode_records(body_of(r))] == [b"golden-body-1"]
@@ -375,7 +395,7 @@ def test_a_parked_pull_is_answered_on_a_wake_up_for_a_message_another_process_wr
     assert rig.call(cmd) is PARKED
     rig.ok(golden("cpp-1.2-send", queueId="0"))
     rig.parking.arrived.clear()                         # as if another worker appended it
-    [(_, r)] = rig.parking.on_wake()
+    [(_, r)] = answers(rig.parking.on_wake())
     assert r.cmd.code == R.SUCCESS and r.cmd.serialize_type == JSON
 
 
@@ -387,7 +407,7 @@ def test_a_parked_pull_times_out_with_pull_not_found_at_suspend_timeout_millis(r
     rig.clock.advance(0.699)
     assert rig.parking.expire() == []
     rig.clock.advance(0.001 + TICK_S)
-    [(peer, r)] = rig.parking.expire()
+    [(peer, r)] = answers(rig.parking.expire())
     assert (r.cmd.code, r.cmd.remark) == (R.PULL_NOT_FOUND, "NO_MATCHED_LOGIC_QUEUE")   # never written
     assert r.cmd.ext["nextBeginOffset"] == "0" and r.nbytes == 0
     assert rig.parking.next_deadline() is None and not rig.flags() & WANT_PUBLISH
@@ -399,7 +419,7 @@ def test_short_polling_holds_a_pull_short_polling_time_mills(store_dir):
         rig.ok(create_topic("GoldenTopic", 4))
         assert rig.call(golden("ons-3.12-pull")) is PARKED
         rig.clock.advance(0.3 + TICK_S)
-        [(_, r)] = rig.parking.expire()
+        [(_, r)] = answers(rig.parking.expire())
         assert r.cmd.code == R.PULL_NOT_FOUND
     finally:
         rig.close()
@@ -415,7 +435,7 @@ def test_a_parked_pull_of_a_closed_connection_is_dropped(rig):
 def test_shutting_down_answers_every_parked_pull(rig):
     for peer in (rig.tcp, rig.unix):
         assert rig.call(golden("ons-3.12-pull"), peer) is PARKED
-    out = rig.parking.expire_all_pulls()
+    out = answers(rig.parking.expire_all_pulls())
     assert [(p.id, r.cmd.code) for p, r in out] == [(1, R.PULL_NOT_FOUND), (2, R.PULL_NOT_FOUND)]
     assert len(rig.parking.timers) == 0
 

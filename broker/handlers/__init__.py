@@ -169,7 +169,7 @@ class Handlers(Broker):
             body = r.body
             r = Reply(r, (body,), len(body)) if body else Reply(r)
         if log.isEnabledFor(logging.DEBUG):
-            c = r.cmd
+            c = r.command()
             log.debug("%s: reply to %d: %d %s %s", peer.addr, cmd.code, c.code, c.remark, c.ext)
         return None if cmd.is_oneway else r
 

@@ -28,23 +28,26 @@ from shmq.core.recovery import damaged_at
 from shmq.core.store import GetMessageStatus, GetResult
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, BadRequest, Header
-from shmq.ipc.remoting import JSON, RemotingCommand
+from shmq.ipc.remoting import JSON, RemotingCommand, pull_reply_head
 
 from ..sql92 import Sql92Filter
 from ..config import SLAVE
 from ..topics import PERM_READ, RETRY_GROUP_TOPIC_PREFIX, GroupConfig
 from .base import PARKED, Broker, Peer, Reply
-from .subscription import parse_subscription
+from .subscription import Subscription, parse_subscription
 
-PULL_STATUS_CODE = {
-    GetMessageStatus.FOUND: R.SUCCESS,
-    GetMessageStatus.NO_MATCHED_MESSAGE: R.PULL_RETRY_IMMEDIATELY,
-    GetMessageStatus.MESSAGE_WAS_REMOVING: R.PULL_RETRY_IMMEDIATELY,
-    GetMessageStatus.OFFSET_FOUND_NULL: R.PULL_NOT_FOUND,
-    GetMessageStatus.OFFSET_OVERFLOW_ONE: R.PULL_NOT_FOUND,
-    GetMessageStatus.OFFSET_OVERFLOW_BADLY: R.PULL_OFFSET_MOVED,
-    GetMessageStatus.OFFSET_TOO_SMALL: R.PULL_OFFSET_MOVED,
-}
+# (code, remark) of each status; a queue that has no message (or no slot)
+# answers PULL_OFFSET_MOVED instead when the pull did not start at 0
+PULL_STATUS_CODE = {st: (code, st.value.encode()) for st, code in (
+    (GetMessageStatus.FOUND, R.SUCCESS),
+    (GetMessageStatus.NO_MATCHED_MESSAGE, R.PULL_RETRY_IMMEDIATELY),
+    (GetMessageStatus.MESSAGE_WAS_REMOVING, R.PULL_RETRY_IMMEDIATELY),
+    (GetMessageStatus.OFFSET_FOUND_NULL, R.PULL_NOT_FOUND),
+    (GetMessageStatus.OFFSET_OVERFLOW_ONE, R.PULL_NOT_FOUND),
+    (GetMessageStatus.OFFSET_OVERFLOW_BADLY, R.PULL_OFFSET_MOVED),
+    (GetMessageStatus.OFFSET_TOO_SMALL, R.PULL_OFFSET_MOVED),
+    (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, R.PULL_NOT_FOUND),
+    (GetMessageStatus.NO_MESSAGE_IN_QUEUE, R.PULL_NOT_FOUND))}
 SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
 log = logging.getLogger("shmq.broker")
 
@@ -59,27 +62,28 @@ def repull(b: Broker, peer: Peer, cmd: RemotingCommand):
 
 
 def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
-    h = Header(cmd.ext)
-    group, topic = h.str("consumerGroup"), h.str("topic")
-    qid, offset = h.int("queueId"), h.int("queueOffset")
-    max_msgs = h.int("maxMsgNums")
-    sysflag = h.int("sysFlag")
+    ext = cmd.ext
+    try:    # the fields every pull has, read straight (Header says what is wrong otherwise)
+        group, topic = ext["consumerGroup"], ext["topic"]
+        qid, offset = int(ext["queueId"]), int(ext["queueOffset"])
+        max_msgs, sysflag = int(ext["maxMsgNums"]), int(ext["sysFlag"])
+    except (KeyError, ValueError):
+        _refuse_header(ext)
     c = b.config
     tc = _topic_for_pull(b, group, topic)
     if not 0 <= qid < tc.read_queue_nums:
         raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
                                          f"topicConfig.readQueueNums:[{tc.read_queue_nums}]")
-    if sysflag & PULL_SUBSCRIPTION and h.str("subscription", required=False) is not None:
-        sub = parse_subscription(topic, h.str("subscription"), h.str("expressionType", "TAG"),
-                                 sql_enabled=c.enablePropertyFilter)
+    if sysflag & PULL_SUBSCRIPTION and (expr := ext.get("subscription")) is not None:
+        sub = _parsed(topic, expr, ext.get("expressionType") or "TAG", c.enablePropertyFilter)
     else:
         sub = b.subs.get((group, topic))
         if sub is None:   # not registered with this worker: serve all, clients re-filter
-            sub = parse_subscription(topic, "*")
+            sub = _parsed(topic, "*", "TAG", False)
     if sub.error is not None:
         raise sub.error
     if allow_suspend and sysflag & PULL_COMMIT_OFFSET and c.brokerRole != SLAVE:
-        b.registry.commit_offset(topic, group, qid, h.int("commitOffset"))
+        b.registry.commit_offset(topic, group, qid, Header(ext).int("commitOffset"))
     r = b.store.get_message(topic, qid, offset,
                             max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
                             sub.codes, c.maxTransferBytesOnMessageInMemory)
@@ -87,37 +91,70 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
                                 or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
         r = _sql_filtered(b, r, sub.sql, topic, qid, max_msgs)
     cold = False
-    if r.phys.shape[0]:
-        cold = int(r.phys[0]) < b.store.state.write_pos - b.in_memory_bytes
+    phys = r.phys
+    if phys.shape[0]:
+        first = int(phys[0])
+        cold = first < b.store.state.write_pos - b.in_memory_bytes
         if cold:
-            _read_ahead(b, topic, qid, offset, r.next_offset, r.max_offset, int(r.phys[0]))
+            _read_ahead(b, topic, qid, offset, r.next_offset, r.max_offset, first)
         if cold or b.damaged:
             r = _checked(b, r, topic, qid, offset)     # read from disk, or damage listed: check
     st = r.status
-    if st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):
-        code = R.PULL_OFFSET_MOVED if offset != 0 else R.PULL_NOT_FOUND
-    else:
-        code = PULL_STATUS_CODE[st]
+    code, remark = PULL_STATUS_CODE[st]
+    if offset != 0 and (st is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+                        or st is GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+        code = R.PULL_OFFSET_MOVED
     if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
-        hold = h.int("suspendTimeoutMillis", 15000) if c.longPollingEnable else c.shortPollingTimeMills
+        hold = (Header(ext).int("suspendTimeoutMillis", 15000) if c.longPollingEnable
+                else c.shortPollingTimeMills)
         b.parking.park_pull(peer, cmd, topic, qid, offset, max(0, hold) / 1000)
         return PARKED
-    ext = {"suggestWhichBrokerId": _suggest(b, group, cold) if c.slaveReadEnable else "0",
-           "nextBeginOffset": str(r.next_offset),
-           "minOffset": str(r.min_offset), "maxOffset": str(r.max_offset)}
-    reply = cmd.reply(code, st.value, ext)
-    if not allow_suspend:
-        reply.serialize_type = JSON       # the reply to a parked pull, as RocketMQ's
-    if code != R.SUCCESS:
-        return reply
-    b.stats.got += len(r.sizes)
-    # Records read from disk go out by sendfile whatever their size: the
-    # kernel copies them from the page cache the read-ahead filled, without
-    # faulting each page into this worker's mapping first.
-    parts, nbytes = b.store.pull_body(r.phys, r.sizes, 0 if cold else c.transferSendfileMinBytes)
-    if b.stats.tally is not None:                # GROUP_GET_NUMS / SIZE (broker/stats.py)
-        b.stats.tally.get(topic, group, len(r.sizes), nbytes)
-    return Reply(reply, parts, nbytes)
+    parts, nbytes = _NO_BODY
+    if code == R.SUCCESS:
+        sizes = r.sizes
+        b.stats.got += sizes.shape[0]
+        # Records read from disk go out by sendfile whatever their size: the
+        # kernel copies them from the page cache the read-ahead filled, without
+        # faulting each page into this worker's mapping first.
+        parts, nbytes = b.store.pull_body(r.phys, sizes, 0 if cold else c.transferSendfileMinBytes)
+        if b.stats.tally is not None:                # GROUP_GET_NUMS / SIZE (broker/stats.py)
+            b.stats.tally.get(topic, group, sizes.shape[0], nbytes)
+    # the reply to a parked pull goes out in JSON, as RocketMQ's
+    head = pull_reply_head(cmd.serialize_type if allow_suspend else JSON, cmd.opaque, code, remark,
+                           _suggest(b, group, cold) if c.slaveReadEnable else 0,
+                           r.next_offset, r.min_offset, r.max_offset, nbytes)
+    return Reply(head, parts, nbytes)
+
+
+_NO_BODY = ((), 0)
+
+
+def _refuse_header(ext: dict[str, str]):
+    """The BadRequest a pull header lacking a field, or with a field that is
+    not a number, gets (read in the order RocketMQ's decoding checks them)."""
+    h = Header(ext)
+    h.str("consumerGroup"), h.str("topic")
+    for name in ("queueId", "queueOffset", "maxMsgNums", "sysFlag"):
+        h.int(name)
+    raise AssertionError(f"a pull header that Header reads whole: {ext}")
+
+
+# Subscriptions carried by pulls (a pull consumer's, or a push consumer's
+# with postSubscriptionWhenPull), parsed once per (topic, expression, type):
+# a pull consumer sends the same one with every pull.
+_SUBSCRIPTIONS_PARSED = 1024
+_parsed_subs: dict[tuple[str, str, str, bool], Subscription] = {}
+
+
+def _parsed(topic: str, expr: str, etype: str, sql_enabled: bool) -> Subscription:
+    key = (topic, expr, etype, sql_enabled)
+    sub = _parsed_subs.get(key)
+    if sub is None:
+        sub = parse_subscription(topic, expr, etype, sql_enabled=sql_enabled)   # may refuse: not kept
+        if len(_parsed_subs) >= _SUBSCRIPTIONS_PARSED:
+            _parsed_subs.clear()
+        _parsed_subs[key] = sub
+    return sub
 
 
 # A pull far behind (its records older than the page-cache window,
@@ -205,10 +242,10 @@ def _queue_offset_of(b: Broker, topic: str, qid: int, offset: int, phy: int) -> 
         offset += units.shape[0]
 
 
-def _suggest(b: Broker, group: str, cold: bool) -> str:
+def _suggest(b: Broker, group: str, cold: bool) -> int:
     """The broker id a consumer should pull from next (slaveReadEnable on)."""
     g = b.tables.groups.get(group) or GroupConfig(group)
-    return str(g.which_broker_when_consume_slowly if cold else g.broker_id)
+    return int(g.which_broker_when_consume_slowly if cold else g.broker_id)
 
 
 def _topic_for_pull(b: Broker, group: str, topic: str) -> dict:
