@@ -370,6 +370,31 @@ def test_pulls_as_cpp_and_ali_ons_send_them_get_the_matching_records(rig):
                              "minOffset": "0", "maxOffset": "3"}
 
 
+def test_a_pull_header_missing_a_field_or_with_a_word_for_a_number_is_refused_naming_it(rig):
+    for field, value, remark in (("queueOffset", None, "the request header has no queueOffset"),
+                                 ("maxMsgNums", "", "the request header has no maxMsgNums"),
+                                 ("sysFlag", "six", "the request header's sysFlag='six' is not "
+                                                    "a number")):
+        cmd = golden("ons-3.12-pull")
+        if value is None:
+            del cmd.ext[field]
+        else:
+            cmd.ext[field] = value
+        r = rig.call(cmd).cmd
+        assert (r.code, r.remark) == (R.SYSTEM_ERROR, remark)
+
+
+def test_a_subscription_carried_by_pulls_filters_each_and_a_bad_one_is_refused_each_time(rig):
+    rig.ok(golden("cpp-1.2-send", queueId="0"))               # TagA
+    rig.ok(golden("cpp-1.2-send-batch", queueId="0"))         # TagC, TagC
+    for sub, tags in (("TagC", ["TagC", "TagC"]), ("TagA", ["TagA"]), ("TagC", ["TagC", "TagC"])):
+        r = rig.call(golden("ons-3.12-pull", subscription=sub))
+        assert [m.tags for m in decode_records(body_of(r))] == tags
+    for _ in range(2):                                        # never remembered as parsed
+        r = rig.call(golden("ons-3.12-pull", subscription="||")).cmd
+        assert r.code == R.SUBSCRIPTION_PARSE_FAILED
+
+
 def test_a_pull_with_nothing_to_read_parks_and_is_answered_when_its_queue_gets_a_message(rig):
     cmd = golden("ons-3.12-pull")
     assert cmd.ext["suspendTimeoutMillis"] == "15000"
