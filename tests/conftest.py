@@ -7,7 +7,7 @@ import pytest
 
 from shmq.broker.kernels import compile_cold
 from shmq.core.config import StoreConfig
-from shmq.core.jit import BROKER
+from shmq.core.jit import BROKER, freeze, load
 from shmq.core.records import warm_up
 
 SMALL_SEGMENT = 64 * 1024
@@ -27,11 +27,17 @@ def _kernels_loaded():
     """On a cold numba cache (a fresh clone's first run) every kernel a
     broker loads is compiled first, in parallel, as a broker's first start
     does (broker/kernels.py: a process per core, disjoint units); then this
-    process loads its own from the cache. Before, this process compiled its
-    four units alone (~14 s in CI) and the first broker the other two
-    (~11 s): 26 s, against 20 s so (2-core VM, load 2.7)."""
+    process loads them from the cache and freezes them, as every broker
+    process does (core/jit.py): a test's call with a writable array then
+    runs the canonical read-only specialisation instead of compiling one of
+    its own (on a cold cache the index backfill test compiled for 28 s, the
+    scrub's for 5). Before, this process compiled its four units alone (~14
+    s in CI) and the first broker the other two (~11 s): 26 s, against 20 s
+    so (2-core VM, load 2.7)."""
     compile_cold(BROKER)
     warm_up()
+    load(BROKER)
+    freeze(BROKER)
 
 
 @pytest.fixture(scope="session", autouse=True)
