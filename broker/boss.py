@@ -168,6 +168,7 @@ class Boss:
         self.stopping = False
         self.registry: Registry | None = None
         self.listeners: list[socket.socket] = []
+        self.unix_bound = False           # the store's Unix socket is ours to remove at stop
         self.namesrv_sock: socket.socket | None = None
         self.restarts: dict[str, Restarts] = {}
         self.stats = None                 # the boss's tally of the counters (broker/stats.py)
@@ -269,6 +270,7 @@ class Boss:
             unix.bind(path)
         finally:
             os.umask(old_umask)
+        self.unix_bound = True
         unix.listen(4096)
         chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         chan.bind(boss_address(self.owner.cb.namespace))
@@ -525,9 +527,12 @@ class Boss:
         if self.namesrv_sock is not None:
             self.namesrv_sock.close()
             self.namesrv_sock = None
+        # only the socket this boss bound: a second broker refused on a store
+        # in use stops here too, and the path is the live broker's
         path = self.config.unix_path
-        if os.path.exists(path):
+        if self.unix_bound and os.path.exists(path):
             os.unlink(path)
+            self.unix_bound = False
 
 
 def _bind(host: str, port: int, setting: str) -> socket.socket:

@@ -217,3 +217,6 @@ def test_a_second_broker_on_the_same_store_is_refused_with_a_clear_message(broke
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "in use" in r.stderr
     still_serves(broker)
+    # and its Unix socket is still there (the refused boss once removed it at its stop)
+    with RemotingClient(f"unix:{broker.unix}") as c:
+        assert c.invoke(send_message("Robust", b"unix", queue_id=0), timeout=10).code == R.SUCCESS
