@@ -8,7 +8,6 @@ import pytest
 from shmq.broker.kernels import compile_cold
 from shmq.core.config import StoreConfig
 from shmq.core.jit import BROKER, freeze, load
-from shmq.core.records import warm_up
 
 SMALL_SEGMENT = 64 * 1024
 SMALL_CQ_UNITS = 100
@@ -35,7 +34,6 @@ def _kernels_loaded():
     s in CI) and the first broker the other two (~11 s): 26 s, against 20 s
     so (2-core VM, load 2.7)."""
     compile_cold(BROKER)
-    warm_up()
     load(BROKER)
     freeze(BROKER)
 
