@@ -95,16 +95,6 @@ class SendTemplate:
         return _PREFIX.pack(4 + len(h) + len(body), len(h)) + h + body
 
 
-def batch_entry(body: bytes, props: bytes, flag: int = 0) -> bytes:
-    """One message of a SEND_BATCH_MESSAGE body (reference §5.5)::
-
-        int32 total = 20 + body + 2 + props | int32 magic (0) | int32 body CRC (0)
-        int32 flag | int32 body length | body | int16 props length | props
-    """
-    return b"".join((_ENTRY.pack(20 + len(body) + 2 + len(props), 0, 0, flag, len(body)), body,
-                     _I16.pack(len(props)), props))
-
-
 _I16 = struct.Struct(">h")
 
 
