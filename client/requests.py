@@ -95,9 +95,6 @@ class SendTemplate:
         return _PREFIX.pack(4 + len(h) + len(body), len(h)) + h + body
 
 
-_I16 = struct.Struct(">h")
-
-
 def batch_body(messages: list[tuple[bytes, str]]) -> bytes:
     """(body, properties string) pairs as a SEND_BATCH_MESSAGE body (reference §5.5)."""
     out = []
