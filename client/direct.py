@@ -86,7 +86,17 @@ class _SigintGuard:
     right after (the append is then stored, the caller gets the
     KeyboardInterrupt). Flags, no system call (the two pthread_sigmask
     calls cost 3.9 µs an append). An application that installs another
-    SIGINT handler later is wrapped again at its next append."""
+    SIGINT handler later is wrapped again at its next append.
+
+    Closing a DirectStore in the main thread puts the wrapped handler back
+    (``release``) if the wrapper is still the one installed: asyncio.run
+    installs its handler (Ctrl-C cancels the main task) only over Python's
+    default and puts the default back only over its own, so a wrapper left
+    installed kept the finished run's handler for the rest of the process,
+    and a later run's Ctrl-C raised KeyboardInterrupt from it instead of
+    cancelling its main task. Another store still open wraps again at its
+    next append. A store closed in another thread (``signal.signal`` works
+    only in the main one) leaves the wrapper to the next close there."""
 
     __slots__ = ("inside", "kept", "handler", "wrapped")
 
@@ -108,10 +118,17 @@ class _SigintGuard:
             self.kept = None
             self.wrapped(*kept)       # raises KeyboardInterrupt (the default handler)
 
+    def release(self) -> None:
+        if threading.current_thread() is not _MAIN:
+            return
+        if self.wrapped is not None and signal.getsignal(signal.SIGINT) is self.handler:
+            signal.signal(signal.SIGINT, self.wrapped)
+        self.handler = self.wrapped = None
+
     def _wrap(self) -> None:
         h = signal.getsignal(signal.SIGINT)
         if not callable(h):           # SIG_DFL, SIG_IGN: no Python handler raises anything
-            self.handler = h
+            self.handler, self.wrapped = h, None
             return
         self.wrapped = h
 
@@ -370,6 +387,7 @@ class DirectStore:
         self.cb.close()
         self.cb = None
         self.stopped = True
+        _SIGINT_GUARD.release()
 
 
 WAKE_EVERY_S = 200e-6

@@ -265,6 +265,45 @@ def test_ctrl_c_in_a_direct_append_raises_once_the_append_is_published(broker, r
     assert [m.body for m in stored_records(broker, topic, 1)] == [b"first", b"interrupted", b"last"]
 
 
+TWO_RUNS = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from shmq.client import AsyncProducer, Message
+
+    async def main(interrupt):
+        async with AsyncProducer("dp-runs", namesrv_addr=sys.argv[1]) as p:
+            await p.send(Message(sys.argv[2], b"x"))
+            [ds] = [d for d in p.instance.direct.values() if d is not None]
+            assert ds.appended == 1                      # appended directly
+            if interrupt:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+                    await asyncio.sleep(20)
+                    print("not interrupted")
+                except asyncio.CancelledError:
+                    print("cancelled", flush=True)
+                    raise
+
+    asyncio.run(main(False))
+    try:
+        asyncio.run(main(True))
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt")
+""")
+
+
+def test_ctrl_c_cancels_the_main_task_of_a_later_asyncio_run(broker, request):
+    """asyncio.run cancels its main task on Ctrl-C only when it installed
+    its own SIGINT handler, which it does only over Python's default: the
+    guard's wrapper (around the first run's handler) is taken out when the
+    producer closes, not left to raise from a finished run."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    r = subprocess.run([sys.executable, "-c", TWO_RUNS, broker.namesrv, topic],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["cancelled", "KeyboardInterrupt"]
+    assert [m.body for m in stored_records(broker, topic, 1)] == [b"x", b"x"]
+
+
 def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
     bodies = [b"many-%d" % i + b"x" * (i % 600) for i in range(5000)]     # ~1.6 MB
