@@ -22,7 +22,8 @@ import time
 
 import orjson
 import pytest
-from brokerproc import broker_conf, BrokerProc, routed_topic, start_broker, stored_records, topic_for
+from brokerproc import (broker_conf, BrokerProc, routed_topic, start_broker, stored_records,
+                        topic_for, until)
 from shmq.client import AsyncProducer, ClientConfig, Message, MQClientError, Producer, SendStatus
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import pull_message
@@ -85,7 +86,9 @@ def test_a_parked_pull_is_answered_by_a_direct_append(broker, request):
 def test_pulls_parked_on_every_queue_are_answered_by_a_burst_of_direct_sends(broker, request):
     """Sends in one loop turn share their wake-ups (client/direct.py
     ``Wakes``): the turn's end pays what its later sends owe, so no parked
-    pull waits for its hold."""
+    pull waits for its hold. (A worker also looks at its parked pulls once
+    a second, so this cannot tell a wake-up owed and never paid from one
+    paid: the unit test of ``Wakes`` below does.)"""
     topic = routed_topic(broker, topic_for(request, "D_"), queues=4)
 
     async def burst() -> list:
@@ -95,7 +98,8 @@ def test_pulls_parked_on_every_queue_are_answered_by_a_burst_of_direct_sends(bro
             with RemotingClient(broker.addr) as c:
                 opaques = {c.send(pull_message(topic, q.queue_id, 1, max_msgs=8, suspend_ms=20_000))
                            for q in queues}
-                await asyncio.sleep(0.3)                       # let them park
+                gauges = direct_of(p).tally.c                  # the workers' (once a second)
+                until(lambda: gauges.gauge("parked_pulls") >= len(queues), "the pulls parked")
                 t0 = time.monotonic()
                 rs = await asyncio.gather(*[p.send(Message(topic, b"wake"), queue=q) for q in queues])
                 replies = [c.recv(timeout=10) for _ in queues]
@@ -106,6 +110,38 @@ def test_pulls_parked_on_every_queue_are_answered_by_a_burst_of_direct_sends(bro
         return rs
 
     assert [r.queue_offset for r in asyncio.run(burst())] == [1, 1, 1, 1]
+
+
+def test_wakes_in_one_loop_turn_are_one_at_once_and_one_owed_paid_when_the_turn_ends(monkeypatch):
+    from shmq.client import direct
+    # no two due() calls here are WAKE_EVERY_S apart by the clock, however slow the machine:
+    # the test sets how long ago the last wake-up was where it matters
+    monkeypatch.setattr(direct, "WAKE_EVERY_S", 3600.0)
+    woken = []
+    w = direct.Wakes(lambda: woken.append(1))
+    for _ in range(3):                  # no running loop: every one at once
+        w.due()
+    assert len(woken) == 3 and not w.owed
+
+    async def turns():
+        woken.clear()
+        for _ in range(5):              # one turn: the first at once, the rest owed
+            w.due()
+        assert len(woken) == 1 and w.owed
+        await asyncio.sleep(0)          # the turn ends: the owed one is paid
+        assert len(woken) == 2 and not w.owed
+        await asyncio.sleep(0)          # nothing owed, nothing paid
+        assert len(woken) == 2
+        w.due()                         # a new turn's first: at once
+        w.due()                         # owed
+        assert len(woken) == 3 and w.owed
+        w.woke_at -= 2 * direct.WAKE_EVERY_S
+        w.due()                         # WAKE_EVERY_S after the last wake-up: at once, owes none
+        assert len(woken) == 4 and not w.owed
+        await asyncio.sleep(0)
+        assert len(woken) == 4
+
+    asyncio.run(turns())
 
 
 def test_what_needs_the_broker_still_goes_over_the_socket(broker, request):
