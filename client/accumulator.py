@@ -56,7 +56,11 @@ batch is written when it leaves if its broker's connection is open (in the
 caller's loop turn); otherwise it queues behind the one task that opens the
 connection, which writes them all in order, before anything else can use
 it. Only a failed batch of a queue the producer chose is retried, whole, on
-another queue (``retry_times_when_send_failed``). A batch holds one window
+another queue (``retry_times_when_send_failed``); a batch a message with a
+chosen queue joined is that queue's for good, whoever opened it. Once
+``shutdown()`` begins no message joins a batch (the send is refused,
+RocketMQ's "service state not OK"), and a batch that leaves after it fails
+its callers: no caller waits for a batch nothing would send. A batch holds one window
 slot per message from the message's ``add`` until its answer (or its last
 failure) settles every caller: a cancelled caller's slot is freed then.
 """
@@ -70,6 +74,8 @@ import struct
 import time
 from threading import get_ident
 from typing import TYPE_CHECKING
+
+from shmq.ipc.codes import ResponseCode as R
 
 from . import instance
 from .connection import RemotingError
@@ -94,6 +100,20 @@ _I16 = struct.Struct(">h")
 _UNIQ_BYTES = len(UNIQ_KEY) + 1 + 32    # a plain message's properties: UNIQ_KEY \x01 32 hex digits
 _UNIQ_ONLY = _I16.pack(_UNIQ_BYTES) + f"{UNIQ_KEY}\x01".encode()     # what comes before the digits
 _heads: dict[int, bytes] = {}          # body length → the entry head of a plain message (flag 0)
+_INT32 = range(-1 << 31, 1 << 31)
+
+
+def check_flag(flag: int) -> None:
+    """A message's flag is an int32 on the wire (and in the store)."""
+    if flag not in _INT32:
+        raise MQClientError(R.MESSAGE_ILLEGAL, f"the message flag {flag} is out of int32 range")
+
+
+def shut_down(group: str) -> MQClientError:
+    """What a send to a producer that is shutting down gets (RocketMQ's
+    \"The producer service state not OK\")."""
+    return MQClientError(-1, f"the producer {group} is shut down: the producer service "
+                             f"state not OK")
 
 
 def append_entry(buf: bytearray, body: bytes, props: bytes, flag: int = 0) -> int:
@@ -197,6 +217,7 @@ class Accumulator:
         self.requests = 0                               # SEND_BATCH_MESSAGE requests sent
         self._inflight: set[asyncio.Future] = set()     # batches' answers and tasks not settled
         self._unconnected: dict[str, list[Batch]] = {}  # broker name → batches waiting to connect
+        self.loop: asyncio.AbstractEventLoop | None = None  # the open batches' (their timers')
 
     def takes(self, msg: Message) -> bool:
         """May ``msg`` share a request with others?"""
@@ -247,9 +268,14 @@ class Accumulator:
         ``batch_max_bytes``), after the queue's open batch; the slot stays
         the caller's. ``queues``: the topic's, needed unless ``msg`` joins
         the topic's open batch."""
+        inst = self.p.instance
+        if inst is None or self.p.closing:
+            raise shut_down(self.p.group)
         body = msg.body
         n = len(body)
         if msg.tags or msg.keys or msg.properties or msg.flag:
+            if msg.flag:
+                check_flag(msg.flag)
             props = msg.properties_string(uniq).encode()
             size = 22 + n + len(props)
         else:                                    # plain: its properties are UNIQ_KEY alone
@@ -267,6 +293,8 @@ class Accumulator:
             b = None
         if b is None:
             b = self._open(msg, queue, queues, size, timeout)
+        if queue is not None:
+            b.fixed = True                    # its chosen-queue message never moves elsewhere
         buf = b.buf
         if props is None:
             head = _heads.get(n)
@@ -277,8 +305,10 @@ class Accumulator:
             buf += _UNIQ_ONLY
             buf += uniq.encode()
         else:
-            append_entry(buf, body, props, msg.flag)   # packs the head first: may refuse the flag
-        fut = self.p.instance.loop.create_future()
+            append_entry(buf, body, props, msg.flag)
+        if not b.futures:
+            b.first = msg                     # in the batch now: sent alone if it stays at one
+        fut = inst.loop.create_future()
         b.futures.append(fut)
         b.uniqs.append(uniq)
         self.lingering += 1
@@ -300,8 +330,9 @@ class Accumulator:
             b = None
         if b is None:
             b = self.batches[q] = Batch(q, queue is not None, time.monotonic() + timeout)
-            b.first, b.queues = msg, queues
-            b.timer = self.p.instance.loop.call_later(self.linger_s, self._flush, b)
+            b.queues = queues
+            self.loop = loop = self.p.instance.loop
+            b.timer = loop.call_later(self.linger_s, self._flush, b)
         if queue is None:
             self.sticky[msg.topic] = b
         return b
@@ -336,15 +367,19 @@ class Accumulator:
             del self.sticky[q.topic]                       # the next batch takes the next queue
         b.timer.cancel()
         if not b.futures:
-            return                         # its first message was refused (a flag over int32)
+            return                         # its first message was refused (props over int16)
         self.lingering -= len(b.futures)
+        inst = self.p.instance
+        if inst is None:                   # shut down (its callers came after shutdown's flush)
+            self._settle(b, shut_down(self.p.group))
+            return
         name = q.broker_name
-        conn = self.p.instance.broker_now(name) if self.p.instance is not None else None
+        conn = inst.broker_now(name)
         waiting = self._unconnected.get(name)
         if conn is None:                  # one task opens the connection; batches queue behind it
             if waiting is None:
-                self._unconnected[name] = [b]
                 self._spawn(self._connect(name))
+                self._unconnected[name] = [b]     # only once the task that sends them exists
             else:
                 waiting.append(b)
             return
@@ -373,7 +408,10 @@ class Accumulator:
 
     async def _connect(self, name: str) -> None:
         try:
-            conn = await self.p.instance.broker(name)
+            inst = self.p.instance
+            if inst is None:
+                raise shut_down(self.p.group)
+            conn = await inst.broker(name)
         except Exception as e:                     # every waiting caller gets it; not swallowed
             for b in self._unconnected.pop(name, ()):
                 self._settle(b, e)
@@ -383,7 +421,7 @@ class Accumulator:
         self._send_waiting(name, conn)
 
     def _spawn(self, coro) -> None:
-        task = self.p.instance.loop.create_task(coro)
+        task = self.loop.create_task(coro)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 

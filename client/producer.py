@@ -84,7 +84,7 @@ from shmq.ipc.headers import send_ext
 from shmq.ipc.remoting import RemotingCommand
 
 from . import instance, trace
-from .accumulator import Accumulator, Window, append_entry, running_here
+from .accumulator import Accumulator, Window, append_entry, check_flag, running_here, shut_down
 from .connection import Connection, RemotingError, next_opaque
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute
 from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
@@ -174,6 +174,7 @@ class AsyncProducer:
         if self.config.put_batch_bytes < 1:
             raise ValueError(f"put_batch_bytes {self.config.put_batch_bytes}: 1 or more")
         self.instance: ClientInstance | None = None
+        self.closing = False               # shutdown() began: new sends are refused
         self._rr = itertools.count()
         self.failed_broker: str | None = None
         self.window = Window(self.config.max_in_flight)
@@ -194,6 +195,7 @@ class AsyncProducer:
 
     async def start(self) -> None:
         self.instance = ClientInstance.get(self.client_config)
+        self.closing = False
         await self.instance.register("producer", self.group, self)
         if self.tracer is not None:
             await self.tracer.start()
@@ -201,8 +203,10 @@ class AsyncProducer:
     async def shutdown(self) -> None:
         """``flush()`` (what the accumulator and ``put`` hold), unregister
         (and send the trace records that wait); then raise what ``flush``
-        raised (``PutFailed``)."""
+        raised (``PutFailed``). A send made once it began is refused: it
+        could join a batch no flush would send."""
         if self.instance is not None:
+            self.closing = True
             failed = None
             try:
                 await self.flush()
@@ -279,6 +283,8 @@ class AsyncProducer:
 
     # ------------------------------------------------------------ sending
     def _check(self, msg: Message) -> None:
+        if self.closing:
+            raise shut_down(self.group)
         if msg.topic not in self._templates:
             self._template(msg.topic)
         if not isinstance(msg.body, (bytes, bytearray, memoryview)):
@@ -289,6 +295,8 @@ class AsyncProducer:
         if len(msg.body) > self.config.max_message_size:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"the message body size over max value, "
                                 f"MAX: {self.config.max_message_size}")
+        if msg.flag:
+            check_flag(msg.flag)
 
     def _template(self, topic: str) -> SendTemplate:
         """The topic's send frames (the name checked once, here)."""

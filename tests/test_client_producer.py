@@ -458,3 +458,90 @@ def test_the_send_frame_template_writes_what_encode_writes():
                                    "f": "1", "g": "1700000000123", "h": "7", "i": props, "j": "0",
                                    "k": "false", "m": "true" if batch else "false"})
         assert t.frame(991, 3, 1, 1700000000123, 7, props, body, batch) == encode(cmd)
+
+
+def test_a_send_racing_shutdown_is_refused_and_the_producer_starts_again(broker, request):
+    """A send made while ``shutdown()`` unregisters is refused at once
+    (RocketMQ's "The producer service state not OK"), never left waiting in
+    a batch no flush would send; the same producer started again sends."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+
+    async def main():
+        p = AsyncProducer("pg-acc-shutdown", namesrv_addr=broker.namesrv, linger_ms=50)
+        await p.start()
+        warm = await asyncio.wait_for(p.send(Message(topic, b"warm")), 10)
+        closing = asyncio.ensure_future(p.shutdown())
+        await asyncio.sleep(0)                          # shutdown() under way: it unregisters
+        racing = asyncio.ensure_future(p.send(Message(topic, b"racing")))
+        await asyncio.wait_for(closing, 10)
+        with pytest.raises(MQClientError, match="shut down"):
+            await asyncio.wait_for(racing, 5)
+        await p.start()
+        try:
+            return warm, await asyncio.wait_for(p.send(Message(topic, b"after")), 5), p.window.used
+        finally:
+            await p.shutdown()
+    warm, after, used = asyncio.run(main())
+    assert used == 0
+    _check_results(broker, topic, [b"warm", b"after"], [warm, after])
+
+
+def test_a_chosen_queues_message_in_a_sticky_batch_is_never_retried_elsewhere(broker, request,
+                                                                               monkeypatch):
+    """A message sent to a chosen queue that joins the batch a message with no
+    queue opened there makes that batch its queue's for good: when it fails
+    (retryably) it is not retried on another queue, so the chosen message is
+    never stored out of its queue."""
+    from shmq.client.connection import RemotingError
+    topic = topic_of(request)
+    make_topic(broker, topic)
+
+    async def main():
+        async with AsyncProducer("pg-acc-fixed", namesrv_addr=broker.namesrv,
+                                 linger_ms=60_000) as p:
+            free = asyncio.ensure_future(p.send(Message(topic, b"free")))
+            await _lingering(p, 1)
+            q = p.accumulator.sticky[topic].queue
+            ordered = asyncio.ensure_future(p.send(Message(topic, b"ordered"), queue=q))
+            await _lingering(p, 2)
+            real, failed = p.write_batch, []
+
+            def fails_once(conn, q, batch, timeout):     # the connection closed under the batch
+                if failed:
+                    return real(conn, q, batch, timeout)
+                failed.append(q)
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_exception(RemotingError("connection closed"))
+                return fut
+            monkeypatch.setattr(p, "write_batch", fails_once)
+            await asyncio.wait_for(p.flush(), 10)
+            got = await asyncio.wait_for(asyncio.gather(free, ordered, return_exceptions=True), 10)
+            return q, failed, got
+    q, failed, (free, ordered) = asyncio.run(main())
+    assert failed == [q]
+    assert isinstance(ordered, RemotingError), ordered               # failed where it was sent
+    assert not any(m.body == b"ordered" for m in _by_position(broker, topic).values())
+
+
+def test_a_flag_over_int32_is_refused_and_the_next_message_is_sent_as_itself(broker, request):
+    """A message whose flag does not fit an int32 is refused with
+    MESSAGE_ILLEGAL naming the flag, before it opens a batch; the message
+    sent next is stored as itself (its body, its UNIQ_KEY)."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+
+    async def main():
+        async with AsyncProducer("pg-acc-flag", namesrv_addr=broker.namesrv, linger_ms=20) as p:
+            await p.publish_queues(topic)
+            p._template(topic)                           # the fast lane takes the topic's sends
+            with pytest.raises(MQClientError) as e:
+                await asyncio.wait_for(p.send(Message(topic, b"refused", flag=1 << 31)), 5)
+            with pytest.raises(MQClientError) as chosen:
+                await asyncio.wait_for(p.send(Message(topic, b"refused", flag=-1 - (1 << 31)),
+                                              queue=(await p.publish_queues(topic))[0]), 5)
+            return e.value, chosen.value, await asyncio.wait_for(p.send(Message(topic, b"good")), 5)
+    refused, chosen, good = asyncio.run(main())
+    for e in (refused, chosen):
+        assert e.code == 13 and "flag" in str(e), e
+    _check_results(broker, topic, [b"good"], [good])
