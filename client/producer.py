@@ -149,6 +149,26 @@ class ProducerConfig:
     put_buffer_bytes: int = 32 << 20   # put: chunks waiting for the loop at most (buffer.memory)
 
 
+_BYTES_LIKE = {bytes, bytearray, memoryview}
+
+
+def _byte_bodies(bodies) -> list:
+    """``send_many``'s bodies, each bytes-like, checked before any is stored
+    (the same refusal on the direct and the socket path); a memoryview
+    whose items are not bytes (an int array's) as its bytes, so that its
+    length is its byte length. (One type pass in C for the common case.)"""
+    types = set(map(type, bodies))
+    if not types <= _BYTES_LIKE:
+        for b in bodies:
+            if not isinstance(b, (bytes, bytearray, memoryview)):
+                raise MQClientError(R.MESSAGE_ILLEGAL, f"send_many takes bodies of bytes, "
+                                    f"not {type(b).__name__}")
+    if memoryview in types:
+        bodies = [b.tobytes() if b.__class__ is memoryview and b.itemsize != 1 else b
+                  for b in bodies]
+    return bodies
+
+
 _CACHED_MAX = 4096                     # topics whose name and template a producer keeps
 
 
@@ -538,6 +558,7 @@ class AsyncProducer:
         if isinstance(bodies, (bytes, bytearray, memoryview)):
             raise TypeError("send_many takes a sequence of bodies; send() takes one message")
         self._template(topic)
+        bodies = _byte_bodies(bodies)
         limit = self.config.max_message_size
         n = len(bodies)
         # the lengths as one array: the checks and the chunks below are array

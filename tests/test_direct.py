@@ -11,6 +11,7 @@ and the broker serves on.
 """
 from __future__ import annotations
 
+import array
 import asyncio
 import os
 import random
@@ -372,3 +373,20 @@ def test_the_topics_no_producer_may_send_to_are_the_brokers():
     from shmq.broker.topics import NOT_ALLOWED_SEND_TOPICS
     from shmq.client.direct import NOT_ALLOWED_SEND_TOPICS as CLIENT_COPY
     assert CLIENT_COPY == NOT_ALLOWED_SEND_TOPICS
+
+
+def test_send_many_refuses_a_body_that_is_not_bytes_alike_direct_and_over_the_socket(broker, request):
+    """A str body is refused with MESSAGE_ILLEGAL before anything is stored,
+    on the direct path as over the socket; a memoryview of ints is its bytes."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    ints = memoryview(array.array("i", [1, 2, 3]))
+    for direct in (True, False):
+        with Producer("dp-many-type-%s" % direct, namesrv_addr=broker.namesrv,
+                      client=ClientConfig(direct_append=direct)) as p:
+            for bad in (["text"], [b"ok", "text"]):
+                with pytest.raises(MQClientError) as e:
+                    p.send_many(topic, bad)
+                assert e.value.code == R.MESSAGE_ILLEGAL and "str" in str(e.value), e.value
+            [r] = p.send_many(topic, [ints])
+            assert r.status is SendStatus.SEND_OK and (direct_of(p) is not None) == direct
+    assert [m.body for m in stored_records(broker, topic, 1)] == [ints.tobytes()] * 2
