@@ -259,6 +259,21 @@ class Parking:
                 self.set_flag(WANT_PUBLISH, False)
         self._answer_pull(p, out)
 
+    def drop_pulls_of(self, peer) -> None:
+        """A closed connection's parked pulls, gone at once rather than when
+        a message or their deadline comes: nothing will be written to them,
+        and while any pull is parked every append anywhere wakes this
+        worker (WANT_PUBLISH) — a consumer that left would keep costing
+        every producer a wake-up until its long polls expired."""
+        for key, waiting in list(self.pulls.items()):
+            for p in [p for p in waiting if p.peer is peer]:
+                del waiting[p]
+                self.timers.cancel(p.timer)
+            if not waiting:
+                del self.pulls[key]
+                if not self.pulls:
+                    self.set_flag(WANT_PUBLISH, False)
+
     def expire_all_pulls(self) -> list:
         out: list = []
         for waiting in list(self.pulls.values()):

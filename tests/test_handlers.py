@@ -452,9 +452,17 @@ def test_short_polling_holds_a_pull_short_polling_time_mills(store_dir):
 
 def test_a_parked_pull_of_a_closed_connection_is_dropped(rig):
     assert rig.call(golden("ons-3.12-pull")) is PARKED
+    assert rig.call(golden("ons-3.12-pull", queueId="1"), rig.unix) is PARKED
     rig.h.connection_closed(rig.tcp)
-    rig.ok(golden("ons-3.12-send-v2", queueId="0"), rig.unix)
-    assert rig.parking.ready() == [] and rig.parking.pulls == {}
+    # gone at once (not when a message or the deadline comes): the other
+    # client's pull stays, and with it the flag that appends wake us by
+    assert list(rig.parking.pulls) == [("GoldenTopic", 1)] and len(rig.parking.timers) == 1
+    assert rig.flags() & WANT_PUBLISH
+    rig.h.connection_closed(rig.unix)
+    assert rig.parking.pulls == {} and len(rig.parking.timers) == 0
+    assert not rig.flags() & WANT_PUBLISH
+    rig.ok(golden("ons-3.12-send-v2", queueId="0"), rig.tcp)
+    assert rig.parking.ready() == []
 
 
 def test_shutting_down_answers_every_parked_pull(rig):

@@ -176,6 +176,7 @@ class Handlers(Broker):
     # ------------------------------------------------------------ the driver's
     def connection_closed(self, peer: Peer) -> None:
         peer.closed = True                # parked answers to it are dropped
+        self.parking.drop_pulls_of(peer)
         clients.connection_closed(self, peer)
 
     def notices(self) -> list:
