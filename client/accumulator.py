@@ -206,6 +206,13 @@ class Accumulator:
         cfg = producer.config
         if cfg.batch_max_bytes < 1:
             raise ValueError(f"batch_max_bytes {cfg.batch_max_bytes}: at least 1")
+        # a batch's deadline is its first message's send timeout, and it
+        # leaves linger_ms after that message: no batched send could succeed
+        if cfg.linger_ms >= cfg.send_msg_timeout * 1000:
+            raise ValueError(f"linger_ms {cfg.linger_ms} must be less than send_msg_timeout "
+                             f"{cfg.send_msg_timeout} s ({cfg.send_msg_timeout * 1000:g} ms): a "
+                             f"batch waits linger_ms before it is sent, so every batched send "
+                             f"would time out")
         self.linger_s = cfg.linger_ms / 1000
         self.max_bytes = cfg.batch_max_bytes
         # a body offer() takes: not compressed, within max_message_size

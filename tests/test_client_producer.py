@@ -347,6 +347,18 @@ def test_the_accumulator_keeps_a_chosen_queues_order(broker, request):
     _check_results(broker, topic, bodies, results)
 
 
+def test_a_linger_not_shorter_than_the_send_timeout_is_refused_when_the_producer_is_made():
+    """A batch leaves linger_ms after its first message and fails once that
+    message's send timeout passed: linger_ms >= send_msg_timeout would fail
+    every batched send, so the producer is refused at once, naming both."""
+    for make, settings in ((AsyncProducer, {"linger_ms": 5000}),
+                           (Producer, {"linger_ms": 3000}),
+                           (AsyncProducer, {"linger_ms": 100, "send_msg_timeout": 0.05})):
+        with pytest.raises(ValueError, match="linger_ms .* must be less than send_msg_timeout"):
+            make("pg-acc-linger", **settings)
+    assert AsyncProducer("pg-acc-linger", linger_ms=2999).accumulator is not None
+
+
 async def _lingering(p, n: int) -> None:
     """Until ``n`` messages wait in the accumulator's batches (a hang guard, not a timing)."""
     deadline = time.monotonic() + 15
@@ -365,7 +377,7 @@ def test_a_batch_the_broker_refuses_fails_each_of_its_callers_and_frees_their_sl
 
     async def main():
         async with AsyncProducer("pg-acc-refused", namesrv_addr=broker.namesrv, linger_ms=60_000,
-                                 max_in_flight=8, batch_max_bytes=4 << 20,
+                                 send_msg_timeout=120, max_in_flight=8, batch_max_bytes=4 << 20,
                                  compress_msg_body_over_howmuch=4 << 20) as p:
             refused = [asyncio.ensure_future(p.send(Message(topic, b)))
                        for b in (b"small", b"B" * (3 << 19), b"small too")]
@@ -405,7 +417,8 @@ def test_a_cancelled_caller_leaves_its_batch_to_the_others(broker, request):
     bodies = [b"c%d" % i for i in range(5)]
 
     async def main():
-        async with AsyncProducer("pg-acc-cancel", namesrv_addr=broker.namesrv, linger_ms=60_000) as p:
+        async with AsyncProducer("pg-acc-cancel", namesrv_addr=broker.namesrv, linger_ms=60_000,
+                                 send_msg_timeout=120) as p:
             sends = [asyncio.ensure_future(p.send(Message(topic, b))) for b in bodies]
             await _lingering(p, 5)
             sends[2].cancel()
@@ -499,7 +512,7 @@ def test_a_chosen_queues_message_in_a_sticky_batch_is_never_retried_elsewhere(br
 
     async def main():
         async with AsyncProducer("pg-acc-fixed", namesrv_addr=broker.namesrv,
-                                 linger_ms=60_000) as p:
+                                 linger_ms=60_000, send_msg_timeout=120) as p:
             free = asyncio.ensure_future(p.send(Message(topic, b"free")))
             await _lingering(p, 1)
             q = p.accumulator.sticky[topic].queue
