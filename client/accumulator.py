@@ -374,7 +374,7 @@ class Accumulator:
             del self.sticky[q.topic]                       # the next batch takes the next queue
         b.timer.cancel()
         if not b.futures:
-            return                         # its first message was refused (props over int16)
+            return                         # nothing joined it
         self.lingering -= len(b.futures)
         inst = self.p.instance
         if inst is None:                   # shut down (its callers came after shutdown's flush)

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 
 from shmq.core import layout as L
 from shmq.core.layout import properties_to_string, string_to_properties
+from shmq.ipc.codes import ResponseCode as R
+
+from .errors import MQClientError
 
 log = logging.getLogger("shmq.client")
 
@@ -84,8 +87,13 @@ class Message:
         return split_keys(self.keys)
 
     def properties_string(self, uniq_key: str | None = None) -> str:
+        """The properties as sent (``k\\x01v`` joined by ``\\x02``), UNIQ_KEY
+        included. Every send path encodes them here, so here a message whose
+        properties do not fit the record's int16 length is refused
+        (MESSAGE_ILLEGAL, as RocketMQ's broker refuses it:
+        PROPERTIES_SIZE_EXCEEDED) before anything is sent or batched."""
         if not self.properties and isinstance(self.keys, (str, type(None))):
-            return self._system_properties(uniq_key)
+            return _fits(self._system_properties(uniq_key))
         d = dict(self.properties)
         if self.tags:
             d[TAGS] = self.tags
@@ -95,7 +103,7 @@ class Message:
             d[DELAY] = str(self.delay_level)
         if uniq_key and UNIQ_KEY not in d:
             d[UNIQ_KEY] = uniq_key
-        return properties_to_string(d)
+        return _fits(properties_to_string(d))
 
     def _system_properties(self, uniq_key: str | None) -> str:
         """properties_string without user properties (the common case), without
@@ -112,6 +120,20 @@ class Message:
         if uniq_key:
             parts.append(f"{UNIQ_KEY}\x01{uniq_key}")
         return "\x02".join(parts)
+
+
+def _fits(props: str) -> str:
+    """``props``, if its UTF-8 encoding fits the record's int16 properties
+    length (32767 bytes); else MESSAGE_ILLEGAL. (Up to 8191 characters it
+    fits whatever they are: no encoding on the common path.)"""
+    if len(props) > L.PROPERTIES_BYTES_MAX // 4:
+        n = len(props.encode())
+        if n > L.PROPERTIES_BYTES_MAX:
+            raise MQClientError(R.MESSAGE_ILLEGAL, f"the message's properties are {n} bytes "
+                                f"encoded, over the limit of {L.PROPERTIES_BYTES_MAX} (msg "
+                                f"properties length limit 32KB): send less in tags, keys and "
+                                f"user properties")
+    return props
 
 
 @dataclass

@@ -558,3 +558,44 @@ def test_a_flag_over_int32_is_refused_and_the_next_message_is_sent_as_itself(bro
     for e in (refused, chosen):
         assert e.code == 13 and "flag" in str(e), e
     _check_results(broker, topic, [b"good"], [good])
+
+
+def test_properties_over_32767_bytes_are_refused_in_every_send_path(broker, request):
+    """A message whose properties encode to more than 32767 bytes (the
+    record's int16 length; RocketMQ's broker answers MESSAGE_ILLEGAL) is
+    refused with MESSAGE_ILLEGAL naming the limit by every send path —
+    direct, socket, send_async, send_batch, oneway, the accumulator's fast
+    lane and general path — before anything is sent; the messages sent
+    beside it are stored as themselves."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    wide = "é" * 16384            # 16384 characters, 32768 bytes in UTF-8
+
+    def too_big():
+        return [Message(topic, b"props", properties={"p": wide}), Message(topic, b"tags", tags=wide),
+                Message(topic, b"keys", keys=["k", wide])]
+
+    async def main():
+        refused, good = [], []
+        for cfg, settings in ((ClientConfig(namesrv_addr=broker.namesrv), {}),
+                              (ClientConfig(namesrv_addr=broker.namesrv, direct_append=False), {}),
+                              (ClientConfig(namesrv_addr=broker.namesrv, direct_append=False),
+                               {"linger_ms": 20, "batch_max_bytes": 1 << 20})):
+            async with AsyncProducer("pg-wide", client=cfg, **settings) as p:
+                await p.publish_queues(topic)
+                p._template(topic)                     # the accumulator's fast lane takes sends
+                for m in too_big():
+                    sends = [p.send(m), p.send_async(m), p.send_batch([m]), p.send_oneway(m)]
+                    refused += await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 10)
+                batch = [Message(topic, b"beside %d" % len(good)), *too_big(),
+                         Message(topic, b"beside %d" % (len(good) + 1))]
+                got = await asyncio.wait_for(asyncio.gather(*map(p.send, batch),
+                                                            return_exceptions=True), 10)
+                refused += got[1:-1]
+                good += [(batch[0].body, got[0]), (batch[-1].body, got[-1])]
+        return refused, good
+    refused, good = asyncio.run(main())
+    assert len(refused) == 3 * 3 * 4 + 3 * 3
+    for e in refused:
+        assert isinstance(e, MQClientError) and e.code == 13 and "32767" in str(e), repr(e)
+    _check_results(broker, topic, *zip(*good))
