@@ -93,7 +93,7 @@ class Message:
         (MESSAGE_ILLEGAL, as RocketMQ's broker refuses it:
         PROPERTIES_SIZE_EXCEEDED) before anything is sent or batched."""
         if not self.properties and isinstance(self.keys, (str, type(None))):
-            return _fits(self._system_properties(uniq_key))
+            return properties_fit(self._system_properties(uniq_key))
         d = dict(self.properties)
         if self.tags:
             d[TAGS] = self.tags
@@ -103,7 +103,7 @@ class Message:
             d[DELAY] = str(self.delay_level)
         if uniq_key and UNIQ_KEY not in d:
             d[UNIQ_KEY] = uniq_key
-        return _fits(properties_to_string(d))
+        return properties_fit(properties_to_string(d))
 
     def _system_properties(self, uniq_key: str | None) -> str:
         """properties_string without user properties (the common case), without
@@ -122,9 +122,11 @@ class Message:
         return "\x02".join(parts)
 
 
-def _fits(props: str) -> str:
+def properties_fit(props: str) -> str:
     """``props``, if its UTF-8 encoding fits the record's int16 properties
-    length (32767 bytes); else MESSAGE_ILLEGAL. (Up to 8191 characters it
+    length (32767 bytes); else MESSAGE_ILLEGAL (every properties string a
+    producer sends is made by ``properties_string``, ``put_properties`` or
+    ``send_many``, which check it here). (Up to 8191 characters it
     fits whatever they are: no encoding on the common path.)"""
     if len(props) > L.PROPERTIES_BYTES_MAX // 4:
         n = len(props.encode())

@@ -88,7 +88,7 @@ from .accumulator import Accumulator, Window, append_entry, check_flag, running_
 from .connection import Connection, RemotingError, next_opaque
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute
 from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
-                      decode_messages, string_to_properties, unique_ids)
+                      decode_messages, properties_fit, string_to_properties, unique_ids)
 from .requests import SendTemplate
 from .trace_data import MessageType
 
@@ -568,7 +568,7 @@ class AsyncProducer:
         bad = np.flatnonzero((lens < 1) | (lens > limit))
         if bad.shape[0]:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {lens[bad[0]]} bytes: 1..{limit}")
-        props = f"TAGS\x01{tags}" if tags else ""
+        props = properties_fit(f"TAGS\x01{tags}") if tags else ""
         q = queue or self.pick(self._queues_now(topic) or await self.publish_queues(topic))
         out: list[SendManyResult] = []
         # a claim's bodies, as a batch entry counts them (a socket batch's
@@ -890,8 +890,8 @@ def put_properties(tags: str | None, keys: str | list[str] | None) -> str:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"{v!r} contains a reserved separator "
                                 f"\\u0001 or \\u0002")
     if tags and keys:
-        return f"TAGS\x01{tags}\x02KEYS\x01{keys}"
-    return f"TAGS\x01{tags}" if tags else f"KEYS\x01{keys}" if keys else ""
+        return properties_fit(f"TAGS\x01{tags}\x02KEYS\x01{keys}")
+    return properties_fit(f"TAGS\x01{tags}" if tags else f"KEYS\x01{keys}" if keys else "")
 
 
 @dataclass

@@ -564,9 +564,9 @@ def test_properties_over_32767_bytes_are_refused_in_every_send_path(broker, requ
     """A message whose properties encode to more than 32767 bytes (the
     record's int16 length; RocketMQ's broker answers MESSAGE_ILLEGAL) is
     refused with MESSAGE_ILLEGAL naming the limit by every send path —
-    direct, socket, send_async, send_batch, oneway, the accumulator's fast
-    lane and general path — before anything is sent; the messages sent
-    beside it are stored as themselves."""
+    direct, socket, send_async, send_batch, oneway, send_many, put (at
+    once), the accumulator's fast lane and general path — before anything
+    is sent; the messages sent beside it are stored as themselves."""
     topic = topic_of(request)
     make_topic(broker, topic)
     wide = "é" * 16384            # 16384 characters, 32768 bytes in UTF-8
@@ -587,6 +587,12 @@ def test_properties_over_32767_bytes_are_refused_in_every_send_path(broker, requ
                 for m in too_big():
                     sends = [p.send(m), p.send_async(m), p.send_batch([m]), p.send_oneway(m)]
                     refused += await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 10)
+                refused += await asyncio.gather(p.send_many(topic, [b"many"], tags=wide),
+                                                return_exceptions=True)
+                for tags, keys in ((wide, None), ("t", [wide])):
+                    with pytest.raises(MQClientError) as put:
+                        p.put(topic, b"put", tags=tags, keys=keys)      # at once, not at flush
+                    refused.append(put.value)
                 batch = [Message(topic, b"beside %d" % len(good)), *too_big(),
                          Message(topic, b"beside %d" % (len(good) + 1))]
                 got = await asyncio.wait_for(asyncio.gather(*map(p.send, batch),
@@ -595,7 +601,7 @@ def test_properties_over_32767_bytes_are_refused_in_every_send_path(broker, requ
                 good += [(batch[0].body, got[0]), (batch[-1].body, got[-1])]
         return refused, good
     refused, good = asyncio.run(main())
-    assert len(refused) == 3 * 3 * 4 + 3 * 3
+    assert len(refused) == 3 * (3 * 4 + 3 + 3)
     for e in refused:
         assert isinstance(e, MQClientError) and e.code == 13 and "32767" in str(e), repr(e)
     _check_results(broker, topic, *zip(*good))
