@@ -6,6 +6,17 @@
 Everything listens on 127.0.0.1 (and the store's Unix socket). The broker's
 stderr goes to ``<tmp>/broker.log`` (printed when start-up fails), its log
 files (broker/logs.py) to ``<tmp>/logs/`` (SHMQ_LOG_DIR).
+
+A test broker dies with the test process: it runs in a session of its own
+(``kill9`` kills the whole group, and a Ctrl-C at the terminal does not
+reach it), so nothing else would stop a broker whose pytest was killed
+(SIGKILL, a CI timeout) — it would hold its ports, its store and its shared
+memory until someone found it. The boss is started with the kernel's
+parent-death signal (``die_with_parent``: SIGKILL when the process that
+started it dies; its children die with it as with any boss). The signal
+follows the *thread* that started the broker: start test brokers from a
+thread that outlives them (the main thread, as fixtures do). The product's
+own daemon mode does not do this: a broker outlives the shell that started it.
 """
 from __future__ import annotations
 
@@ -17,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from shmq.ipc.control import die_with_parent
+
 READY = re.compile(r"^shmq broker ready tcp=(\S+) unix=(\S+) namesrv=(\S+) store=(\S+)")
 SMALL = dict(mappedFileSizeCommitLog=str(16 << 20), maxMessageSize=str(1 << 20),
              maxQueueSlots="4096", workerProcessNums="2")
@@ -26,6 +39,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def spawn(argv: list[str], **popen) -> subprocess.Popen:
+    """Start ``argv`` as a test broker is started: in a session of its own,
+    killed by the kernel when this process dies (see the module doc)."""
+    me = os.getpid()
+    return subprocess.Popen(argv, start_new_session=True, preexec_fn=lambda: die_with_parent(me),
+                            **popen)
 
 
 class BrokerProc:
@@ -43,11 +64,9 @@ class BrokerProc:
 
     def start(self, timeout: float = 90) -> "BrokerProc":
         log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
-                                     stdout=subprocess.PIPE, stderr=log, text=True,
-                                     start_new_session=True,
-                                     env={**os.environ, "SHMQ_LOG_DIR": self.log_dir,
-                                          **(self.env or {})})
+        self.proc = spawn([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
+                          stdout=subprocess.PIPE, stderr=log, text=True,
+                          env={**os.environ, "SHMQ_LOG_DIR": self.log_dir, **(self.env or {})})
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
