@@ -1,7 +1,8 @@
 """The blocking facade: the asyncio client driven from ordinary threads.
 
 Each process gets one event loop in a daemon thread (a new one after a
-fork: the child never touches its parent's loop or sockets). ``Producer``,
+fork: the child never touches its parent's loop or sockets, and a
+``Producer``'s puts buffered in the parent are not the child's). ``Producer``,
 ``TransactionProducer`` and the consumers wrap their asyncio twins; every
 call runs on that loop and waits for its result.
 """
@@ -11,6 +12,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import weakref
 from typing import Any, Callable
 
 from .message import Message, MessageQueue, SendResult
@@ -38,6 +40,20 @@ class LoopThread:
 
 _loop: LoopThread | None = None
 _lock = threading.Lock()
+_producers: "weakref.WeakSet[Producer]" = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a forked child: locks another thread of the parent may have held
+    at the fork are new, and each ``Producer``'s puts are the parent's
+    (AsyncProducer's own hook resets the rest)."""
+    global _lock
+    _lock = threading.Lock()
+    for p in list(_producers):
+        p._put_init()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def loop_thread() -> LoopThread:
@@ -89,6 +105,8 @@ class Producer(_Blocking):
         self._put_init()
 
     def _put_init(self) -> None:
+        """The puts' state: new, and again in a forked child (``_forked``)."""
+        _producers.add(self)
         self._put_lock = threading.Lock()
         self._put_bufs: dict[str, _PutBuffer] = {}
         self._put_slots = threading.Semaphore(_PUT_CHUNKS)

@@ -243,3 +243,14 @@ class Connection(asyncio.BufferedProtocol):
 
     async def close(self) -> None:
         self._closed("closed by this client")
+
+    def inherited(self) -> None:
+        """In a forked child: close this process's copy of the socket and
+        nothing else — no transport.close (its loop's selector is shared
+        with the parent through the fork), no pending future failed (they
+        are the parent's requests). Closed from now on for this process."""
+        self._matcher.lose("inherited from the parent process")
+        self._out.clear()
+        sock = getattr(self.transport, "_sock", None)   # asyncio's socket transports
+        if sock is not None:
+            sock.close()

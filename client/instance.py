@@ -10,7 +10,8 @@ connection per broker address and opens a new one when it breaks (a broker
 restart). A broker on this host is reached over its Unix socket when it
 advertises one (``unixSocketPath`` in its runtime info) and ``use_unix_socket``
 is on. A fork gets its own instance: an instance is tied to the pid and
-the event loop that made it.
+the event loop that made it, and a forked child lets its parent's go at
+once (``inherited``: their sockets closed in the child, nothing sent).
 
 Broker groups: sends go to a group's master; pulls to the broker id the
 last pull reply suggested (``pull_from``, ``find_broker``: RocketMQ's
@@ -56,8 +57,13 @@ PID = os.getpid()          # this process's pid, kept current by a fork hook (no
 
 
 def _forked() -> None:
+    """In a forked child: every instance is the parent's (``ClientInstance.inherited``)."""
     global PID
     PID = os.getpid()
+    inherited = list(ClientInstance._instances.values())
+    ClientInstance._instances.clear()
+    for inst in inherited:
+        inst.inherited()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -249,6 +255,24 @@ class ClientInstance:
             await c.close()
         self.conns.clear()
         self._by_name.clear()
+
+    def inherited(self) -> None:
+        """This process is a fork of the one that made the instance: none of
+        it is this process's. Its sockets are closed here, this process's
+        copies only (the parent's stay open; the parent's event loop and its
+        epoll instance, which the fork shares, are not touched: asyncio's
+        transport.close would take the parent's sockets out of it); the
+        requests in flight are the parent's (their futures are left alone,
+        their answers go to the parent); its direct stores are let go, not
+        closed (closing would free the parent's process slot in the store).
+        A member used in the child attaches a new instance (``get``)."""
+        self.stopped = True
+        for conn in self.conns.values():
+            conn.inherited()
+        self.conns.clear()
+        self._by_name.clear()
+        self.direct.clear()
+        self._direct_by_name.clear()
 
     # ------------------------------------------------------------ routes
     async def namesrv_invoke(self, cmd: RemotingCommand) -> RemotingCommand:

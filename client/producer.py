@@ -50,6 +50,19 @@ no retry on another queue and no trace record. Over the socket, at most
 ``put_buffer_bytes`` of chunks wait for the loop: past that a put is
 refused (SYSTEM_BUSY, nothing taken) until the loop has had a turn.
 
+A forked child (``os.fork``, multiprocessing's fork) starts its copy of a
+producer with nothing of its parent's in flight (``_inherited``, run by a
+fork hook): a new window, an empty accumulator, no puts buffered or
+waiting, counts from zero, and the parent's client instance let go
+(``ClientInstance.inherited``); its first send attaches one of its own.
+The parent's batches, puts and sends in flight stay the parent's: the
+child neither waits for their slots (it hung on a full window) nor sends
+them again (a batch it joined was stored twice). Fork outside a running
+event loop (the blocking facade's runs in a thread the child does not
+have; an asyncio program forks between ``asyncio.run`` calls): a loop
+running in the forking thread goes on in the child with its parent's
+tasks, which asyncio does not support.
+
 ``AsyncTransactionProducer`` sends half messages, runs the local
 transaction, ends it (commit, rollback or unknown) and answers the broker's
 CHECK_TRANSACTION_STATE through ``check_local_transaction``.
@@ -72,6 +85,7 @@ import os
 import re
 import struct
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
@@ -170,6 +184,15 @@ def _byte_bodies(bodies) -> list:
 
 
 _CACHED_MAX = 4096                     # topics whose name and template a producer keeps
+_live: "weakref.WeakSet[AsyncProducer]" = weakref.WeakSet()   # what a forked child resets
+
+
+def _forked() -> None:
+    for p in list(_live):
+        p._inherited()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class AsyncProducer:
@@ -212,6 +235,24 @@ class AsyncProducer:
         if self.client_config.enable_msg_trace:   # off: no trace code on the send path at all
             self.tracer = trace.TraceDispatcher(group, "PRODUCE", self.client_config)
             self.send = self._traced_send
+        _live.add(self)
+
+    def _inherited(self) -> None:
+        """In a forked child: nothing of the parent's in flight is ours (see
+        the module doc). The parent's timers are cancelled in this copy of
+        its loop, so the child never runs them."""
+        acc = self.accumulator
+        if acc is not None:
+            for b in acc.batches.values():
+                b.timer.cancel()
+        for b in self._puts.values():
+            if b.timer is not None:
+                b.timer.cancel()
+        self.window = Window(self.config.max_in_flight)
+        self.accumulator = Accumulator(self) if acc is not None else None
+        self._puts, self._put_ends, self._put_error = {}, {}, None
+        self.puts = self.stored = 0
+        self.failed_broker = None
 
     async def start(self) -> None:
         self.instance = ClientInstance.get(self.client_config)
@@ -232,7 +273,8 @@ class AsyncProducer:
                 await self.flush()
             except PutFailed as e:
                 failed = e
-            await self.instance.unregister("producer", self.group)
+            if self.instance.pid == instance.PID:     # not the parent's, in a forked child
+                await self.instance.unregister("producer", self.group)
             self.instance = None
             if self.tracer is not None:
                 await self.tracer.shutdown()

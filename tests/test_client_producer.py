@@ -146,6 +146,61 @@ def test_a_producer_started_before_fork_sends_from_the_child(broker, request):
     assert sorted(m.body for m in stored(broker, topic)) == [b"child", b"parent", b"parent again"]
 
 
+def test_a_child_forked_with_sends_in_flight_and_batched_neither_waits_for_nor_repeats_them(
+        broker, request):
+    """A producer forked while its window is full (sends in flight to a
+    broker that is stopped, one message waiting in a batch) and a put is
+    buffered: the child sends and puts its own messages at once — it does
+    not wait for the parent's slots, nor send the parent's batch or put —
+    and counts only its own; the parent's all arrive, each stored once."""
+    import os
+    import signal
+    from brokerproc import until
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    cfg = ClientConfig(namesrv_addr=broker.namesrv, direct_append=False)   # all over its socket
+    with Producer("pg-fork-pending", client=cfg, linger_ms=60_000, send_msg_timeout=120,
+                  max_in_flight=4, batch_max_bytes=100, put_linger_ms=60_000) as p:
+        alone = [b"alone %d" % i + b"." * 100 for i in range(3)]      # over batch_max_bytes
+        p.send(Message(topic, alone[0]))                                # route and connection
+        os.killpg(broker.proc.pid, signal.SIGSTOP)
+        try:
+            in_flight = [p.send_async(Message(topic, b)) for b in alone]
+            batched = p.send_async(Message(topic, b"batched"))
+            p.put(topic, b"put by the parent")
+            until(lambda: p._p.window.used == 4 and p._p.accumulator.lingering == 1,
+                  "three sends in flight and one in a batch")
+            pid = os.fork()
+            if pid == 0:                                       # the child: its exit code says
+                code = 1
+                try:
+                    signal.alarm(60)                           # never outlive a failed test
+                    p.put(topic, b"put by the child")
+                    counts = p.flush()                         # not the parent's batch or put
+                    mine = p.send(Message(topic, b"child" + b"." * 100))     # a slot of its own
+                    code = 2 if (counts.put, counts.stored) != (1, 1) else \
+                        0 if mine.status is SendStatus.SEND_OK else 3
+                finally:
+                    os._exit(code)
+        finally:
+            os.killpg(broker.proc.pid, signal.SIGCONT)
+        status = []
+        try:
+            until(lambda: status.append(os.waitpid(pid, os.WNOHANG)) or status[-1][0] == pid,
+                  "the child's sends", timeout=30)
+        finally:
+            if status[-1][0] != pid:                          # it hangs: the test failed
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status[-1][1]) == 0
+        assert all(f.result(30).status is SendStatus.SEND_OK for f in in_flight)
+        counts = p.flush()
+        assert batched.result(30).status is SendStatus.SEND_OK and (counts.put, counts.stored) == (1, 1)
+    assert sorted(m.body for m in stored(broker, topic)) == sorted(
+        [alone[0], *alone, b"batched", b"put by the parent", b"child" + b"." * 100,
+         b"put by the child"])
+
+
 def test_a_broker_on_this_host_is_reached_over_its_unix_socket(broker, request):
     topic = topic_of(request)
     make_topic(broker, topic)
