@@ -105,6 +105,21 @@ def names(store_dir: str) -> tuple[str, str, str]:
     return f"/shmq-{h}", f"/shmq-{h}-lock", f"shmq-{h}"
 
 
+def unlink_names(store_dir: str) -> None:
+    """Remove the store's shared memory and semaphore names, where they exist
+    (the owner's, at its start and its stop). Processes that have the block
+    open keep it until they close it; the kernel frees it then. After a
+    kill -9 of the owner the names stay until the store's next owner starts
+    (``create``): a restart reclaims them."""
+    shm_name, sem_name, _ = names(store_dir)
+    for unlink, name in ((posix_ipc.unlink_shared_memory, shm_name),
+                         (posix_ipc.unlink_semaphore, sem_name)):
+        try:
+            unlink(name)
+        except posix_ipc.ExistentialError:
+            pass
+
+
 def process_start_ticks(pid: int) -> int:
     """Start time of ``pid`` in clock ticks since boot; -1 if it is gone or a zombie."""
     try:
@@ -206,12 +221,7 @@ class ControlBlock:
         """Make a fresh block (owner only, holding the store lock): any
         block of an earlier owner of this store is stale and is removed."""
         shm_name, sem_name, _ = names(store_dir)
-        for unlink in (lambda: posix_ipc.unlink_shared_memory(shm_name),
-                       lambda: posix_ipc.unlink_semaphore(sem_name)):
-            try:
-                unlink()
-            except posix_ipc.ExistentialError:
-                pass
+        unlink_names(store_dir)
         region_offset = -(-(HEADER_BYTES + proc_slots * PROC_DTYPE.itemsize) // 4096) * 4096
         size = region_offset + region_bytes
         shm = posix_ipc.SharedMemory(shm_name, posix_ipc.O_CREX, mode=0o600, size=size)
@@ -293,12 +303,7 @@ class ControlBlock:
 
     def unlink(self) -> None:
         """Remove the names (owner, at shutdown); mappings stay valid until closed."""
-        for unlink in (lambda: posix_ipc.unlink_shared_memory(self.shm_name),
-                       lambda: posix_ipc.unlink_semaphore(self.sem_name)):
-            try:
-                unlink()
-            except posix_ipc.ExistentialError:
-                pass
+        unlink_names(self.store_dir)
 
     # -------------------------------------------------------- process slots
     def register(self, role: int, slot: int | None = None) -> int:

@@ -17,9 +17,18 @@ started it dies; its children die with it as with any boss). The signal
 follows the *thread* that started the broker: start test brokers from a
 thread that outlives them (the main thread, as fixtures do). The product's
 own daemon mode does not do this: a broker outlives the shell that started it.
+
+A broker stopped cleanly unlinks its store's shared memory, and one killed
+-9 leaves it for the store's next broker to reclaim (``ipc/control.py``);
+a test that kills its broker and starts none again on that store, which is
+then deleted, would leave it in /dev/shm for good (two names, the state's
+size, a store each). ``release_shared_memory`` unlinks what such a broker
+left; leaving a ``with BrokerProc`` does it, and so does this process's exit
+for every store it started a broker on.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -28,7 +37,8 @@ import subprocess
 import sys
 import time
 
-from shmq.ipc.control import die_with_parent
+from shmq.ipc.control import (ControlBlock, NotRunning, die_with_parent, names, pid_alive,
+                              process_start_ticks, unlink_names)
 
 READY = re.compile(r"^shmq broker ready tcp=(\S+) unix=(\S+) namesrv=(\S+) store=(\S+)")
 SMALL = dict(mappedFileSizeCommitLog=str(16 << 20), maxMessageSize=str(1 << 20),
@@ -49,6 +59,34 @@ def spawn(argv: list[str], **popen) -> subprocess.Popen:
                             **popen)
 
 
+def shared_memory(store) -> list[str]:
+    """The /dev/shm entries of the store's control block that exist."""
+    shm, sem, _ = names(str(store))
+    return [n for n in (shm[1:], f"sem.{sem[1:]}") if os.path.exists(f"/dev/shm/{n}")]
+
+
+_STARTED: dict[str, list[tuple[int, int]]] = {}   # store → (pid, start ticks) of the bosses started on it
+
+
+def release_shared_memory(store_dir: str) -> None:
+    """Unlink the store's shared memory if its broker was killed -9 (see the
+    module doc), unless a boss this process started on the store still runs
+    or the block's owner is alive."""
+    if any(pid_alive(pid, start) for pid, start in _STARTED.get(store_dir, ())):
+        return
+    try:
+        ControlBlock.attach(store_dir).close()
+        return                                   # a live owner: its own to unlink
+    except NotRunning:
+        unlink_names(store_dir)
+
+
+@atexit.register
+def _release_all() -> None:
+    for store_dir in _STARTED:
+        release_shared_memory(store_dir)
+
+
 class BrokerProc:
     def __init__(self, tmp, conf: dict, env: dict | None = None):
         self.tmp = str(tmp)
@@ -61,6 +99,7 @@ class BrokerProc:
         self.log_dir = os.path.join(self.tmp, "logs")
         self.proc: subprocess.Popen | None = None
         self.addr = self.unix = self.namesrv = self.store = None
+        self.store_dir = os.path.realpath(conf.get("storePathRootDir", os.path.expanduser("~/store")))
 
     def start(self, timeout: float = 90) -> "BrokerProc":
         log = open(self.log_path, "a")
@@ -68,6 +107,8 @@ class BrokerProc:
                           stdout=subprocess.PIPE, stderr=log, text=True,
                           env={**os.environ, "SHMQ_LOG_DIR": self.log_dir, **(self.env or {})})
         log.close()
+        _STARTED.setdefault(self.store_dir, []).append(
+            (self.proc.pid, process_start_ticks(self.proc.pid)))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
@@ -117,6 +158,7 @@ class BrokerProc:
             self.stop()
         finally:
             self.kill9()
+            release_shared_memory(self.store_dir)
 
 
 def until(fn, what: str, timeout: float = 15.0, step: float = 0.05):

@@ -14,7 +14,7 @@ from shmq.broker.shared_store import attach as attach_store
 from shmq.core.records import encode
 from shmq.core.store import open_local
 from shmq.core.files import StoreInUse, StoreLock
-from shmq.ipc.control import ControlBlock, NotRunning, names
+from shmq.ipc.control import ControlBlock, NotRunning, names, unlink_names
 
 CTX = procs.context()
 
@@ -63,15 +63,29 @@ def test_attach_needs_a_live_owner(store_dir):
         ControlBlock.attach(store_dir)
 
 
+def _shm_inodes(store_dir) -> list[int]:
+    """Inodes of the store's shared memory and semaphore in /dev/shm (absent: none)."""
+    shm, sem, _ = names(store_dir)
+    return [os.stat(p).st_ino for p in (f"/dev/shm{shm}", f"/dev/shm/sem.{sem[1:]}")
+            if os.path.exists(p)]
+
+
 def test_a_block_left_by_a_dead_owner_is_stale_and_replaced(store_dir):
+    """... and the restart reclaims it: the names are the new owner's, the
+    dead owner's block is gone, and the clean stop leaves none."""
     cfg = small_config(store_dir)
     assert run(_owner_dies, cfg) == -9
     with pytest.raises(NotRunning, match="stale"):
         ControlBlock.attach(store_dir)
+    left = _shm_inodes(store_dir)
+    assert len(left) == 2                        # kill -9: nobody unlinked them
     with StoreOwner(cfg, mp_context=CTX) as o:   # recovers and makes a new block
         assert o.report.mode == "abnormal"
         assert o.store.read_queue("Stale", 0)[0].body == b"before death"
         ControlBlock.attach(store_dir).close()
+        now = _shm_inodes(store_dir)
+        assert len(now) == 2 and not set(now) & set(left)
+    assert _shm_inodes(store_dir) == []
 
 
 def _owner_dies(cfg):
@@ -90,6 +104,7 @@ def test_the_flusher_dies_with_its_owner(store_dir):
     flusher = a.recv()
     os.kill(p.pid, 9)
     p.join(30)
+    unlink_names(store_dir)   # no owner comes after it to reclaim them: the store is deleted
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{flusher}") and time.monotonic() < deadline:
         time.sleep(0.02)   # killed by the kernel (PR_SET_PDEATHSIG), reaped by init

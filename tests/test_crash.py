@@ -28,6 +28,7 @@ import procs
 from conftest import small_config, stress_rounds
 from shmq.core import _kernels as K
 from shmq.core.store import open_local
+from shmq.ipc.control import unlink_names
 
 CTX = procs.context()
 WRITERS = 3
@@ -108,6 +109,7 @@ def test_kill_9_loses_no_acknowledged_message(tmp_path, flush):
         root = str(tmp_path / f"round{rnd}")
         os.makedirs(root)
         cfg, wids, events = one_round(root, flush, seed)
+        unlink_names(root)   # the killed owner's block: no broker reclaims it, the store goes
         ctx = f"seed {seed}, events {events}"
         store, report = open_local(cfg)
         assert report.mode == "abnormal" and report.offset_anomalies == 0, ctx

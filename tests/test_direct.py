@@ -23,8 +23,8 @@ import time
 
 import orjson
 import pytest
-from brokerproc import (broker_conf, BrokerProc, routed_topic, start_broker, stored_records,
-                        topic_for, until)
+from brokerproc import (broker_conf, BrokerProc, routed_topic, shared_memory, start_broker,
+                        stored_records, topic_for, until)
 from shmq.client import AsyncProducer, ClientConfig, Message, MQClientError, Producer, SendStatus
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import pull_message
@@ -36,8 +36,10 @@ from shmq.ipc.remoting import RemotingCommand
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("direct"))
+    assert len(shared_memory(b.store)) == 2             # the store's control block and lock
     yield b
     assert b.stop() == 0, b.log()[-3000:]
+    assert shared_memory(b.store) == []                 # a clean stop unlinks both
 
 
 def direct_of(p) -> object:
@@ -67,6 +69,26 @@ def test_a_local_producer_appends_itself_and_a_socket_pull_reads_the_same_record
         assert (m.queue_id, m.queue_offset) == (r.queue.queue_id, r.queue_offset)
         assert m.offset_msg_id() == r.offset_msg_id            # the broker's own msgId
         assert m.properties["CLUSTER"] == "DefaultCluster"      # as the broker adds it
+
+
+def test_a_direct_producer_leaves_shared_memory_as_it_found_it(broker, request):
+    """It maps the broker's block and takes a slot in it; it creates and
+    unlinks nothing: closed, /dev/shm is as before and its slot is free."""
+    topic = routed_topic(broker, topic_for(request, "D_"))
+    before = set(os.listdir("/dev/shm"))
+    with Producer("dp-shm", namesrv_addr=broker.namesrv) as p:
+        p.send(Message(topic, b"x"))
+        ds = direct_of(p)
+        assert ds is not None and ds.appended == 1
+        slot, procs = ds.cb.slot, ds.cb.procs
+        assert int(procs["pid"][slot]) == os.getpid()
+    assert int(procs["pid"][slot]) == 0
+    # what other processes make meanwhile: stores' blocks, multiprocessing's
+    # semaphores (unlinked as soon as made)
+    made = {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith(
+        ("shmq-", "sem.shmq-", "sem.mp-"))}
+    assert made == set()
+    assert len(shared_memory(broker.store)) == 2
 
 
 def test_a_parked_pull_is_answered_by_a_direct_append(broker, request):
