@@ -304,11 +304,16 @@ class ClientInstance:
         self._by_name.clear()                    # an address may have changed
         return r
 
-    async def refresh_routes(self, forget: bool = True) -> None:
+    async def refresh_routes(self) -> None:
         """Every topic in use; a consumer re-balances when its topic's queues change
         (or its topic appears). One failing topic does not stop the others.
-        ``forget`` false: a topic the NameServers no longer know keeps the
-        route held (its only broker may be restarting)."""
+        A topic the NameServers answer TOPIC_NOT_EXIST for keeps the route
+        held, with a warning, as RocketMQ's MQClientInstance keeps it
+        (updateTopicRouteInfoFromNameServer returns false): a NameServer
+        restarted before its brokers registered again, or a broker that is
+        restarting, knows no topic for a while, and sends and pulls go on to
+        the brokers meanwhile (a producer's route made up from TBW102's
+        would send to queues the topic does not have)."""
         topics = set(self.routes)
         for c in self.consumers.values():
             topics |= set(c.topics())
@@ -320,12 +325,11 @@ class ClientInstance:
                 log.warning("route of %s: %s", topic, e)
                 continue
             if new is None:
-                if not forget:
-                    if old is not None:
-                        self.routes[topic] = old
-                    continue
-                self.routes.pop(topic, None)
-            if (new.subscribe if new else None) != (old.subscribe if old else None):
+                if old is not None:
+                    log.warning("route of %s: the NameServers know no such topic now; the "
+                                "last route is kept", topic)
+                continue
+            if new.subscribe != (old.subscribe if old else None):
                 for c in self.consumers.values():
                     if topic in c.topics():
                         c.rebalance_soon()
@@ -384,7 +388,7 @@ class ClientInstance:
         (pulls go on trying it, as before the break)."""
         try:
             for _ in range(REROUTE_TRIES):
-                await self.refresh_routes(forget=False)
+                await self.refresh_routes()
                 self._rerouted.set()
                 if addr not in self.broker_addrs(slaves=True):
                     return

@@ -660,3 +660,37 @@ def test_properties_over_32767_bytes_are_refused_in_every_send_path(broker, requ
     for e in refused:
         assert isinstance(e, MQClientError) and e.code == 13 and "32767" in str(e), repr(e)
     _check_results(broker, topic, *zip(*good))
+
+
+def test_a_route_refresh_the_nameserver_answers_topic_not_exist_keeps_the_last_route(
+        broker, request, caplog):
+    """A NameServer that knows no such topic for a while (restarted before
+    its brokers registered again; here the topic deleted there only)
+    answers a route refresh TOPIC_NOT_EXIST: the client keeps the route it
+    had, with a warning, as RocketMQ's MQClientInstance does, and sends go
+    on to the topic's own queues, not to queues made up from TBW102's."""
+    from shmq.client.remoting import RemotingClient
+    from shmq.ipc.codes import RequestCode as RC
+    from shmq.ipc.remoting import RemotingCommand
+    topic = topic_of(request)
+    make_topic(broker, topic, 2)
+
+    async def main():
+        async with AsyncProducer("pg-route-kept", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"before"))
+            inst = p.instance
+            route = inst.routes[topic]
+            with RemotingClient(broker.namesrv) as ns:
+                assert ns.invoke(RemotingCommand(RC.DELETE_TOPIC_IN_NAMESRV,
+                                                 ext={"topic": topic})).code == 0
+                assert ns.invoke(RemotingCommand(RC.GET_ROUTEINFO_BY_TOPIC,
+                                                 ext={"topic": topic})).code == 17
+            await inst.refresh_routes()                # the periodic refresh, now
+            after = [await p.send(Message(topic, b"after %d" % i)) for i in range(4)]
+            return route, inst.routes.get(topic), after
+    with caplog.at_level("WARNING", logger="shmq.client"):
+        route, held, after = asyncio.run(main())
+    assert held is route
+    assert sorted(r.queue.queue_id for r in after) == [0, 0, 1, 1]
+    assert f"route of {topic}: the NameServers know no such topic now" in caplog.text
+    assert sorted(m.body for m in stored(broker, topic, 2)) == [b"after %d" % i for i in range(4)] + [b"before"]
