@@ -68,6 +68,15 @@ NOT_ALLOWED_SEND_TOPICS = frozenset({
 _MAIN = threading.main_thread()
 
 
+def _forked() -> None:
+    """A child forked from another thread runs in that one, its main thread now."""
+    global _MAIN
+    _MAIN = threading.main_thread()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class _SigintGuard:
     """Ctrl-C waits until the main thread's direct append is published.
 
@@ -95,16 +104,25 @@ class _SigintGuard:
     installed kept the finished run's handler for the rest of the process,
     and a later run's Ctrl-C raised KeyboardInterrupt from it instead of
     cancelling its main task. Another store still open wraps again at its
-    next append. A store closed in another thread (``signal.signal`` works
-    only in the main one) leaves the wrapper to the next close there."""
+    next append.
 
-    __slots__ = ("inside", "kept", "handler", "wrapped")
+    A store closed in another thread cannot put it back: ``signal.signal``
+    raises ValueError outside the main thread, and no other call changes a
+    handler. The close raises nothing and the restore is owed, paid in the
+    main thread by whichever comes first: the next release there (any
+    store's close, this one's too — its producer's shutdown closes it
+    again) or the next SIGINT, which the wrapper takes out of the way
+    before calling the application's handler. Until then Ctrl-C still
+    reaches that handler, through the wrapper."""
+
+    __slots__ = ("inside", "kept", "handler", "wrapped", "owed")
 
     def __init__(self):
         self.inside = False
         self.kept = None              # (signum, frame) of a SIGINT kept during an append
         self.handler = None           # the wrapper installed (to tell whether it still is)
         self.wrapped = None           # the application's handler it calls
+        self.owed = False             # released in another thread: put back in the main one
 
     def enter(self) -> None:
         if signal.getsignal(signal.SIGINT) is not self.handler:
@@ -120,7 +138,9 @@ class _SigintGuard:
 
     def release(self) -> None:
         if threading.current_thread() is not _MAIN:
+            self.owed = self.wrapped is not None      # signal.signal: main thread only
             return
+        self.owed = False
         if self.wrapped is not None and signal.getsignal(signal.SIGINT) is self.handler:
             signal.signal(signal.SIGINT, self.wrapped)
         self.handler = self.wrapped = None
@@ -136,6 +156,8 @@ class _SigintGuard:
             if self.inside:
                 self.kept = (signum, frame)
                 return None
+            if self.owed:             # a release in another thread: paid here, the main thread
+                self.release()
             return h(signum, frame)
         self.handler = keep_during_append
         signal.signal(signal.SIGINT, keep_during_append)
@@ -376,17 +398,18 @@ class DirectStore:
         return self.flush_waiter.add(end, loop, self.config.syncFlushTimeout / 1000)
 
     def close(self) -> None:
-        if self.cb is None:
-            return
-        if self.flush_waiter is not None:
-            self.flush_waiter.stop()
-            self.flush_waiter = None
-        for w in self.wakes:
-            w.pay()
-        self.store.close()
-        self.cb.close()
-        self.cb = None
-        self.stopped = True
+        """Leave the store; again (a no-op but for the SIGINT guard's release,
+        which a close in another thread could not do: ``_SigintGuard``)."""
+        if self.cb is not None:
+            if self.flush_waiter is not None:
+                self.flush_waiter.stop()
+                self.flush_waiter = None
+            for w in self.wakes:
+                w.pay()
+            self.store.close()
+            self.cb.close()
+            self.cb = None
+            self.stopped = True
         _SIGINT_GUARD.release()
 
 

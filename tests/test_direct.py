@@ -363,6 +363,42 @@ def test_ctrl_c_cancels_the_main_task_of_a_later_asyncio_run(broker, request):
     assert [m.body for m in stored_records(broker, topic, 1)] == [b"x", b"x"]
 
 
+def test_a_store_closed_in_another_thread_raises_nothing_and_ctrl_c_still_reaches_the_app(
+        broker, request):
+    """signal.signal works only in the main thread, so a store closed in
+    another thread cannot take the SIGINT guard's wrapper out: the close
+    raises nothing, Ctrl-C still reaches the application's handler, and
+    the application's handler is put back in the main thread — by that
+    Ctrl-C, or else by the producer's shutdown (which closes it again)."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    caught = []
+
+    def app(signum, frame):                  # not Python's default: asyncio.run leaves it
+        caught.append(signum)
+
+    async def main(ctrl_c: bool) -> list[bool]:
+        installed = []
+        async with AsyncProducer("dp-thread-close", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"x"))
+            ds = direct_of(p)
+            assert ds.appended == 1 and signal.getsignal(signal.SIGINT) is not app   # wrapped
+            await asyncio.to_thread(ds.close)
+            installed.append(signal.getsignal(signal.SIGINT) is app)
+            if ctrl_c:
+                signal.raise_signal(signal.SIGINT)              # its handler runs before it returns
+                installed.append(signal.getsignal(signal.SIGINT) is app)
+        installed.append(signal.getsignal(signal.SIGINT) is app)
+        return installed
+
+    before = signal.signal(signal.SIGINT, app)
+    try:
+        assert asyncio.run(main(True)) == [False, True, True]
+        assert asyncio.run(main(False)) == [False, True]
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert caught == [signal.SIGINT]
+
+
 def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
     bodies = [b"many-%d" % i + b"x" * (i % 600) for i in range(5000)]     # ~1.6 MB
