@@ -147,15 +147,40 @@ def die_with_parent(owner_pid: int) -> None:
     gone. A helper of a dead owner must not outlive it: a new owner may be
     recovering the store while it would still flush, checkpoint or delete
     files from a stale control block. The parent is the owner itself, or the
-    owner's fork server (``broker/boss.py``), which exits when the owner does,
-    so the signal comes either way. (It follows the parent *thread* that
+    owner's fork server (``broker/boss.py``), which exits when the owner does
+    once this process has let go of its pipe (below), so the signal comes
+    either way. (It follows the parent *thread* that
     started this process: start helpers from the owner's main thread.)"""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    _let_go_of_fork_server()
     if os.getppid() != owner_pid and process_start_ticks(owner_pid) < 0:
         os._exit(0)
+
+
+def _let_go_of_fork_server() -> None:
+    """Close this process's copy of the fork server's "owner alive" pipe.
+
+    multiprocessing's fork server exits when that pipe's write end is
+    closed everywhere, which is meant to be when its owner dies. But CPython
+    hands every child it forks a copy of the write end (so the child could
+    start processes through the same server), and our children die only
+    when their parent — the fork server — does: a kill -9 of the boss (the
+    OOM killer's choice, or an operator's) left the fork server, services
+    and the HA process running for good, holding their wake-up addresses,
+    and a restart on the store failed to start its workers. No broker child
+    starts processes through the fork server, so each lets go of the pipe."""
+    fs = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(fs, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        server._forkserver_alive_fd = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def set_process_name(name: str) -> None:

@@ -137,11 +137,29 @@ class BrokerProc:
             self.kill9()
             raise
 
-    def kill9(self) -> None:
-        """kill -9 the boss; its children die with it (PDEATHSIG)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+    def kill9(self, timeout: float = 30) -> None:
+        """kill -9 the boss alone, as the OOM killer or an operator would.
+        Every other process of the broker must die with it (PDEATHSIG, through
+        its fork server): this waits until they have, and fails naming any
+        that outlive it, after killing its process group so none is left."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        kids = {name: (pid, process_start_ticks(pid)) for name, pid in self.children().items()}
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.monotonic() + timeout
+        while True:
+            kids = {name: (pid, t) for name, (pid, t) in kids.items()
+                    if t >= 0 and process_start_ticks(pid) == t}
+            if not kids or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        if kids:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            raise AssertionError(f"outlived the boss's kill -9 by {timeout:g} s: {kids}")
 
     def children(self) -> dict[str, int]:
         """Process name (shmq-worker-0, shmq-flusher, shmq-namesrv, shmq-services)
