@@ -27,6 +27,7 @@ accepting, stop the workers (they answer what is parked), stop services
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import multiprocessing
@@ -279,6 +280,17 @@ class Boss:
             s.setblocking(False)
             self.sel.register(s, selectors.EVENT_READ, what)
             self.listeners.append(s)
+        # Port 0 is any port: from here on the config names the ports taken,
+        # for the ready line, the NameServer registration and every child.
+        taken = {}
+        if c.listenPort == 0:
+            taken["listenPort"] = tcp.getsockname()[1]
+        if self.namesrv_sock is not None and c.namesrvListenPort == 0:
+            taken["namesrvListenPort"] = self.namesrv_sock.getsockname()[1]
+        if self.ha_sock is not None and c.ha_port == 0:
+            taken["haListenPort"] = self.ha_sock.getsockname()[1]
+        if taken:
+            self.config = dataclasses.replace(c, **taken)
 
     def _start_worker(self, index: int) -> None:
         p = self.ctx.Process(target=worker_main, name=f"shmq-worker-{index}",

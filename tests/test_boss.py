@@ -179,10 +179,13 @@ def test_a_signal_while_kernels_compile_stops_the_start_and_leaves_nothing_runni
 def test_a_client_started_the_instant_the_broker_is_ready_sends_on_its_first_try(tmp_path):
     """Ready means ready: the ready line follows the first NameServer
     registration, so a producer asking for routes at once finds them (the
-    topic is created on first send, through TBW102's route)."""
+    topic is created on first send, through TBW102's route). Its ports are
+    0 (any): the ready line, and the address registered, name those taken."""
     from shmq.client import Message, Producer
-    with BrokerProc(tmp_path, broker_conf(tmp_path)).start() as b:
+    conf = broker_conf(tmp_path, listenPort=0, namesrvListenPort=0, haListenPort=0)
+    with BrokerProc(tmp_path, conf).start() as b:
         assert "not registered with the NameServer" not in b.log()
+        assert not b.addr.endswith(":0") and not b.namesrv.endswith(":0"), (b.addr, b.namesrv)
         with Producer("ReadyGroup", namesrv_addr=b.namesrv, retry_times_when_send_failed=0) as p:
             r = p.send(Message("ReadyTopic", b"first"))
         assert r.status.value == "SEND_OK"
