@@ -26,7 +26,7 @@ import struct
 import numpy as np
 
 from . import _kernels as K
-from .files import FileLayer, Handle
+from .files import PAGE_BYTES, FileLayer, Handle
 from .layout import BLANK_MAGIC_I32, END_FILE_MIN_BLANK_BYTES, offset_to_file_name
 
 
@@ -161,6 +161,21 @@ class CommitLog:
         (``FileLayer.drop``): a scan done with a range. Only segments this
         process has open are touched (nothing is opened to drop it)."""
         self._each(begin, end, lambda h, lo, hi: self.files.drop(h, lo, hi, cold), opened=True)
+
+    def uncached(self, begin: int, end: int) -> list[tuple[int, int]]:
+        """The runs of whole pages from the page holding ``begin`` up to
+        ``end``, which must lie in one segment, that are not in the page
+        cache now (``FileLayer.cached``), as page-aligned CommitLog ranges:
+        what a reader that must leave the cache as it found it gives back
+        with ``drop(..., cold=True)`` once it has read them."""
+        start = self.segment_start(begin)
+        assert end <= start + self.segment_bytes, "uncached: one segment at a time"
+        lo = begin - begin % PAGE_BYTES
+        flags = self.files.cached(self.handle(start), lo - start, end - start)
+        # run boundaries: where the flag changes, and both ends
+        edges = np.flatnonzero(np.diff(np.concatenate(([True], flags, [True])).astype(np.int8)))
+        return [(lo + int(a) * PAGE_BYTES, min(lo + int(b) * PAGE_BYTES, start + self.segment_bytes))
+                for a, b in zip(edges[::2], edges[1::2])]
 
     def last_nonzero(self, begin: int, end: int) -> tuple[int, int]:
         """(CommitLog offset of the last nonzero byte in [begin, end), which

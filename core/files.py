@@ -303,6 +303,24 @@ class FileLayer:
         except (OSError, ValueError):
             pass
 
+    def cached(self, h: Handle, begin: int, end: int) -> np.ndarray:
+        """Which pages of the file from the one holding ``begin`` up to
+        ``end`` are in the page cache now, one bool a page: mincore(2) on
+        the file's mapping (made if need be), which for a shared file
+        mapping answers for the page cache, whoever read the page, not for
+        this process's page tables. For a reader that must leave the cache
+        as it found it (the scrub: ``drop`` with ``cold`` only what was not)."""
+        arr = self.map(h)
+        begin -= begin % PAGE_BYTES
+        end = min(end, h.size)
+        vec = np.zeros(max(0, -(-(end - begin) // PAGE_BYTES)), np.uint8)
+        if vec.size and _libc.mincore(ctypes.c_void_p(arr.ctypes.data + begin),
+                                      ctypes.c_size_t(end - begin),
+                                      vec.ctypes.data_as(ctypes.c_void_p)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mincore: {os.strerror(err)}", h.path)
+        return (vec & 1).astype(bool)
+
     def drop(self, h: Handle, begin: int, end: int, cold: bool = False) -> None:
         """Give back this process's pages of [begin, end) of a mapped file,
         whole pages only (MADV_DONTNEED on the MAP_SHARED mapping): they
@@ -498,6 +516,10 @@ class SimFileLayer(FileLayer):
 
     def data_extent(self, h, offset):
         return offset, h.size     # no holes known: every byte is read
+
+    def cached(self, h, begin, end):
+        begin -= begin % PAGE_BYTES
+        return np.ones(max(0, -(-(min(end, h.size) - begin) // PAGE_BYTES)), bool)   # in memory
 
     def drop(self, h, begin, end, cold=False):
         pass                      # the bytes are the file: nothing to give back

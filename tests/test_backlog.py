@@ -17,7 +17,7 @@ from shmq.core.index import IndexService
 from shmq.core.reader import read_ahead
 from shmq.core.records import encode, properties_bytes
 from shmq.core.scrub import Scrubber
-from shmq.core.store import close_clean, open_local
+from shmq.core.store import close_clean, flush_all, open_local
 
 SEGMENT = 1 << 20
 WINDOW = 256 << 10
@@ -117,6 +117,58 @@ def test_the_scrub_gives_back_each_window_it_checked(store_dir):
         assert mapped_rss(commitlog) <= SLACK
     finally:
         close_clean(store)
+
+
+def test_the_scrub_leaves_the_page_cache_as_it_found_it(store_dir):
+    """A pass reads the whole CommitLog: the pages it brought into the page
+    cache leave it again, and the pages another reader had cached stay
+    (mincore before and after, the file's own descriptor evicting and
+    reading as another process would); a damaged record on the way (its
+    search for the next valid record reads what was not read ahead) too."""
+    cfg, store = _store(store_dir, segments=3, scrubBytesPerSecond=WINDOW // 2)
+    try:
+        bad = next(m for m in store.read_queue("B", 0) if m.phy_offset > 600 << 10)
+        fd = os.open(store.cl.path(0), os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"\xff", bad.phy_offset + bad.total_size // 2)   # in its body
+        finally:
+            os.close(fd)
+        flush_all(store)
+        store.cl.drop(0, store.state.write_pos)                  # unmapped: the cache may let go
+        segments = [store.cl.path(s) for s in (0, SEGMENT)]      # the sealed ones
+        for path in segments:                                    # cold, then a reader's pages
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)     # its pages, none around them
+                for off in (0, 300 << 10, SEGMENT - (40 << 10)):
+                    os.pread(fd, 24 << 10, off)
+            finally:
+                os.close(fd)
+        before = [_cached(p) for p in segments]
+        assert all(0 < c.sum() < c.size // 4 for c in before)    # the reader's pages, no more
+        clock = [0.0]
+        scrub = Scrubber(store, cfg, clock=lambda: clock[0])
+        for _ in range(200):
+            clock[0] += 1.0                               # half a window a step
+            scrub.step(0)
+            if scrub.pos < 0 and scrub.checked:
+                break
+        assert scrub.checked >= 2 * SEGMENT and scrub.found == 1
+        for path, was in zip(segments, before):
+            now = _cached(path)
+            assert (now == was).all(), (path, np.flatnonzero(now != was)[:20])
+    finally:
+        close_clean(store)
+
+
+def _cached(path: str) -> np.ndarray:
+    """mincore of the whole file, through a mapping of its own."""
+    h = REAL_FILES.open(path, writable=False)
+    try:
+        return REAL_FILES.cached(h, 0, h.size).copy()
+    finally:
+        REAL_FILES.close(h)
 
 
 class _Advised(SimFileLayer):
