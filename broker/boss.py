@@ -191,6 +191,7 @@ class Boss:
             jit.freeze(jit.BROKER)   # no compile on a request path (core/jit.py)
             self._check_stop()
             report = self.owner.open()
+            self._started("flusher")     # (open started it)
             log.info("store %s: %s", c.store.storePathRootDir, report.summary())
             self.registry = Registry(extra_region(self.owner.cb, self.owner.store),
                                      c.store.storePathRootDir, create=True)
