@@ -140,6 +140,19 @@ class Restarts:
         return delay
 
 
+UNIX_PATH_MAX = 107      # sun_path is 108 bytes, NUL included
+
+
+def check_unix_path(path: str) -> None:
+    """A Unix socket path the kernel takes, or one line saying what to set:
+    at start, before recovery, not as bind's bare "AF_UNIX path too long"."""
+    n = len(os.fsencode(path))
+    if n > UNIX_PATH_MAX:
+        raise RuntimeError(f"cannot listen on the Unix socket {path}: its path is {n} bytes, and a "
+                           f"Unix socket's may be at most {UNIX_PATH_MAX}; set unixSocketPath to a "
+                           f"shorter one (the default is broker.sock in storePathRootDir)")
+
+
 class Boss:
     def __init__(self, config: BrokerConfig):
         self.config = config
@@ -185,6 +198,7 @@ class Boss:
         raise_nofile()   # before the compilers and the fork server: every child inherits it
         try:
             check_config_files(c)   # a bad config file: one line naming it, before anything runs
+            check_unix_path(c.unix_path)
             compile_cold(jit.BROKER, should_stop=lambda: self.stopping)
             multiprocessing.forkserver.ensure_running()   # it loads while we recover
             jit.load(jit.BROKER)     # from the cache, now complete

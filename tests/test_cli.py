@@ -66,6 +66,19 @@ def test_a_port_in_use_is_one_clear_line_and_an_exit(tmp_path, setting):
     assert not os.path.exists(tmp_path / "store" / "abort")
 
 
+def test_a_unix_socket_path_too_long_for_the_kernel_is_one_clear_line_before_recovery(tmp_path):
+    store = tmp_path / ("d" * 60) / ("e" * 60) / "store"     # broker.sock beside it: > 107 bytes
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"storePathRootDir={store}\nlistenPort={free_port()}\n"
+                    f"namesrvListenPort={free_port()}\n")
+    r = shmq("broker", "-c", str(conf), timeout=120)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"shmq broker: cannot listen on the Unix socket {store}/broker.sock")
+    assert "set unixSocketPath to a shorter one" in last and "Traceback" not in r.stderr
+    assert not store.exists()      # refused before the store was opened
+
+
 def test_a_store_path_that_is_a_file_is_named(tmp_path):
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("")
