@@ -238,22 +238,28 @@ class StoreOwner:
         """Clean shutdown: everything flushed and checkpointed, abort removed.
         New claims are refused first (``StoreStopping``): the workers are
         gone by now, but a client appending directly (client/direct.py) may
-        not be, and what it claims after the last flush would not be in it."""
-        if self.store is not None:
-            self.store.state.set("state", STATE_STOPPING)
-        if self.flusher is not None and self.flusher.is_alive():
-            self.flusher.terminate()
-            self.flusher.join(FLUSHER_STOP_TIMEOUT_S)
-            if self.flusher.is_alive():
-                self.flusher.kill()
-                self.flusher.join()
-        if self.store is not None:
-            self.supervise(restart_flusher=False)
-            self._take_back_lock()
-            flush_all(self.store)
-            dedup.save(self.store, self.root)     # before the abort file goes: a clean stop's
-            self.store.files.unlink(abort_path(self.root))
-        self._release()
+        not be, and what it claims after the last flush would not be in it.
+        A stop whose flush fails (ENOSPC, EIO) raises and leaves ``abort``
+        (the next start recovers), but still gives back the shared memory,
+        its names and the lock: this process is on its way out, and nothing
+        else would unlink them before the store's next start."""
+        try:
+            if self.store is not None:
+                self.store.state.set("state", STATE_STOPPING)
+            if self.flusher is not None and self.flusher.is_alive():
+                self.flusher.terminate()
+                self.flusher.join(FLUSHER_STOP_TIMEOUT_S)
+                if self.flusher.is_alive():
+                    self.flusher.kill()
+                    self.flusher.join()
+            if self.store is not None:
+                self.supervise(restart_flusher=False)
+                self._take_back_lock()
+                flush_all(self.store)
+                dedup.save(self.store, self.root)     # before the abort file goes: a clean stop's
+                self.store.files.unlink(abort_path(self.root))
+        finally:
+            self._release()
 
     def _take_back_lock(self, wait_s: float = 10.0) -> None:
         """Never hang at shutdown on an append lock a dead process left that

@@ -2,6 +2,7 @@
 repair of a holder that died, wake-ups."""
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -86,6 +87,26 @@ def test_a_block_left_by_a_dead_owner_is_stale_and_replaced(store_dir):
         now = _shm_inodes(store_dir)
         assert len(now) == 2 and not set(now) & set(left)
     assert _shm_inodes(store_dir) == []
+
+
+def test_a_stop_whose_flush_fails_still_gives_back_the_shared_memory(owner, monkeypatch):
+    """It raises and leaves ``abort`` for the next start's recovery, but the
+    block, the semaphore and the store lock go: nothing else would give
+    them back before the store's next start (a disk failure injected at
+    the stop's flush)."""
+    from shmq.broker import shared_store
+    from shmq.core.checkpoint import abort_path
+
+    def disk_full(store):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shared_store, "flush_all", disk_full)
+    assert len(_shm_inodes(owner.root)) == 2
+    with pytest.raises(OSError, match="No space left"):
+        owner.close()
+    assert _shm_inodes(owner.root) == []
+    assert os.path.exists(abort_path(owner.root))
+    StoreLock(owner.root).release()                   # free: no StoreInUse
 
 
 def _owner_dies(cfg):
