@@ -168,8 +168,8 @@ class ConsumeQueues:
     def scan(self, topic: str, queue_id: int, offset: int, units_max: int, codes: np.ndarray,
              max_msgs: int, max_bytes: int, out_phy: np.ndarray, out_size: np.ndarray):
         """Matching units from ``offset`` among at most ``units_max`` units,
-        within one file. Returns (found, scanned, status) or None if the file
-        is missing (deleted by retention)."""
+        within one file. Returns (found, scanned, status, their bytes) or None
+        if the file is missing (deleted by retention)."""
         fi, rel = divmod(offset, self.units_per_file)
         cq = self.mapped(topic, queue_id, fi, create=False)
         if cq is None:

@@ -138,6 +138,7 @@ I_FLUSH_REQUEST_POS = _W["flush_request_pos"]
 I_CLAIM_SEQ = _W["claim_seq"]
 I_CLAIM_POS = _W["claim_pos"]
 I_LAST_STORE_TS = _W["last_store_ts"]
+I_CL_MIN_OFFSET = _W["cl_min_offset"]
 I_PUBLISH_SEQ = _W["publish_seq"]
 I_QUEUE_POS = _W["queue_pos"]
 I_DEDUP_SEQ = _W["dedup_seq"]
@@ -164,8 +165,10 @@ QUEUE_DTYPE = np.dtype({
 QUEUE_BASE = (HEADER_BYTES + RING_BYTES) // 8   # word index of queue slot 0
 Q_WORDS = QUEUE_DTYPE.itemsize // 8
 Q_NEXT = 2                                      # next_offset, words into a slot
+Q_MIN = 3                                       # min_offset
 Q_CLAIM = 8                                     # claim_next
 assert QUEUE_DTYPE.fields["next_offset"][1] == Q_NEXT * 8 \
+    and QUEUE_DTYPE.fields["min_offset"][1] == Q_MIN * 8 \
     and QUEUE_DTYPE.fields["claim_next"][1] == Q_CLAIM * 8, "Q_* word indexes vs QUEUE_DTYPE"
 assert len({QUEUE_DTYPE.fields[f][1] // LINE for f in ("next_offset", "claim_next", "cq_flushed")}) \
     == 3 and QUEUE_DTYPE.itemsize % LINE == 0, "a queue slot's three writers share a line"
@@ -324,7 +327,7 @@ class StoreState:
 
     # ------------------------------------------------------ header counters
     def get(self, name: str) -> int:
-        return int(self._v[name][0])
+        return self.words[_W[name]]         # a Python int, as ``int(self._v[name][0])``, 4× faster
 
     def set(self, name: str, value: int) -> None:
         self._v[name][0] = value

@@ -79,8 +79,9 @@ from .records import EncodedBatch, StoredMessage, decode
 from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
 from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_SLOT, E_START,
                     E_CLAIMED_MS, E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
-                    I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ, I_QUEUE_POS, I_WRITE_POS,
-                    I_STATE, Q_CLAIM, Q_NEXT, Q_WORDS, QUEUE_BASE, RING_BASE, RING_ENTRIES,
+                    I_CL_MIN_OFFSET, I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ,
+                    I_QUEUE_POS, I_WRITE_POS, I_STATE, Q_CLAIM, Q_MIN, Q_NEXT, Q_WORDS, QUEUE_BASE,
+                    RING_BASE, RING_ENTRIES,
                     STATE_RUNNING, STATE_STOPPING, StoreState, StoreStopping, me, owner_alive)
 
 # Above this many dirty ConsumeQueues one syncfs beats a sync per file
@@ -672,29 +673,29 @@ class MessageStore:
         records of the queue from ``offset`` whose tags code is in the sorted
         ``tag_codes`` (empty: all), within ``max_bytes`` (the first always),
         below the published positions (``reader.get_message``)."""
-        st = self.state
-        if st.get("cl_min_offset") != self._seen_cl_min:
+        w = self._w
+        if w[I_CL_MIN_OFFSET] != self._seen_cl_min:
             self.release_deleted()
-        if self._w[I_WRITE_POS] - self._given_back > HOT_BYTES + GIVE_BACK_EVERY_BYTES:
+        if w[I_WRITE_POS] - self._given_back > HOT_BYTES + GIVE_BACK_EVERY_BYTES:
             self._give_back()
-        slot = st.queue_slot(topic, queue_id)
+        slot = self.state.queue_slot(topic, queue_id)
         if slot < 0:
             return GetResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0, _NO_POS, _NO_POS)
-        return reader.get_message(self.cqs, topic, queue_id, offset, int(st.queue_min[slot]),
-                                  int(st.queue_next[slot]), self._cl_min, max_msgs, tag_codes,
-                                  max_bytes)
+        q = QUEUE_BASE + slot * Q_WORDS
+        return reader.get_message(self.cqs, topic, queue_id, offset, w[q + Q_MIN], w[q + Q_NEXT],
+                                  self._cl_min, max_msgs, tag_codes, max_bytes)
 
     def _cl_min(self) -> int:
-        return self.state.get("cl_min_offset")
+        return self._w[I_CL_MIN_OFFSET]
 
-    def pull_body(self, phys: np.ndarray, sizes: np.ndarray,
-                  sendfile_min: int) -> tuple[list[FileRange | memoryview], int]:
-        """The published records at ``phys``/``sizes`` (a ``GetResult``'s) as
-        the pieces of a reply body, and their bytes: runs of adjacent
-        records, as ``FileRange``s of the segment files (sendfile) from
-        ``sendfile_min`` bytes, else as slices of the mapping
-        (``reader.body_pieces``)."""
-        return body_pieces(self.cl, phys, sizes, sendfile_min)
+    def pull_body(self, phys: np.ndarray, sizes: np.ndarray, sendfile_min: int,
+                  nbytes: int = -1) -> tuple[list[FileRange | memoryview], int]:
+        """The published records at ``phys``/``sizes`` (a ``GetResult``'s,
+        ``nbytes`` its total when known) as the pieces of a reply body, and
+        their bytes: runs of adjacent records, as ``FileRange``s of the
+        segment files (sendfile) from ``sendfile_min`` bytes, else as slices
+        of the mapping (``reader.body_pieces``)."""
+        return body_pieces(self.cl, phys, sizes, sendfile_min, nbytes)
 
     def queue_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> np.ndarray:
         """The published ConsumeQueue units from ``offset`` (at most

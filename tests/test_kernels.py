@@ -893,12 +893,12 @@ def test_cq_scan_matches_twin(cq, codes, data):
     codes = sorted(codes)
     out_phy = np.full(max(count, 1), -7, np.int64)
     out_size = np.full(max(count, 1), -7, np.int64)
-    found, scanned, status = K.cq_scan(u8(raw), first, count, np.array(codes, np.int64),
-                                       max_msgs, max_bytes, out_phy, out_size)
+    found, scanned, status, nbytes = K.cq_scan(u8(raw), first, count, np.array(codes, np.int64),
+                                               max_msgs, max_bytes, out_phy, out_size)
     phys, sizes, n_scanned, n_status = naive.cq_scan(raw, first, count, codes, max_msgs,
                                                      max_bytes)
-    assert (out_phy[:found].tolist(), out_size[:found].tolist(), scanned, status) == (
-        phys, sizes, n_scanned, n_status)
+    assert (out_phy[:found].tolist(), out_size[:found].tolist(), scanned, status, nbytes) == (
+        phys, sizes, n_scanned, n_status, sum(sizes))
     assert (out_phy[found:] == -7).all()
     if status == naive.CQ_FULL:
         assert found >= 1 or max_msgs == 0

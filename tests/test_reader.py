@@ -37,13 +37,17 @@ def test_a_pull_body_is_one_piece_for_adjacent_records_and_a_run_each_otherwise(
     r = store.get_message("A", 0, 0, 32)
     assert r.count == 3
     want = [store.cl.read(int(p), int(n)) for p, n in zip(r.phys, r.sizes)]
+    assert r.nbytes == sum(map(len, want))                 # the scan's total, as a pull passes it
     for sendfile_min, kind in ((1, FileRange), (1 << 20, memoryview)):
-        parts, nbytes = store.pull_body(r.phys, r.sizes, sendfile_min)
-        assert nbytes == sum(map(len, want)) and len(parts) == 2      # [a, a'], then [c]
-        assert all(isinstance(p, kind) for p in parts)
-        assert b"".join(piece_bytes(store, p) for p in parts) == b"".join(want)
+        for given in (-1, r.nbytes):
+            parts, nbytes = store.pull_body(r.phys, r.sizes, sendfile_min, given)
+            assert nbytes == sum(map(len, want)) and len(parts) == 2      # [a, a'], then [c]
+            assert all(isinstance(p, kind) for p in parts)
+            assert b"".join(piece_bytes(store, p) for p in parts) == b"".join(want)
     one, n = store.pull_body(r.phys[:2], r.sizes[:2], 1)
     assert len(one) == 1 and one[0].off == a.phy_offset and n == one[0].n
+    two = store.get_message("A", 0, 0, 2)
+    assert store.pull_body(two.phys, two.sizes, 1, two.nbytes)[1] == n == two.nbytes
     fr = store.pull_body(r.phys[2:], r.sizes[2:], 1)[0][0]
     assert fr.off == c.phy_offset % SMALL_SEGMENT
     close_clean(store)

@@ -100,6 +100,7 @@ class Broker:
         self.store_host_raw = host_raw(*self.store_host)
         self.send_topics: dict[str, tuple[int, TopicConfig]] = {}   # topic → (config_epoch, config)
         self.pull_topics: dict[tuple[str, str], tuple[int, TopicConfig]] = {}   # (group, topic) → same
+        self.pull_subs: dict[tuple, tuple[int, Subscription]] = {}   # a pull's (topic, expression, …) → same
         ip = ipaddress.ip_address(config.brokerIP1).packed
         self.msgid_prefix = (ip + config.listenPort.to_bytes(4, "big")).hex().upper()
         self.cluster_prop = f"CLUSTER\x01{config.brokerClusterName}"

@@ -48,6 +48,8 @@ PULL_STATUS_CODE = {st: (code, st.value.encode()) for st, code in (
     (GetMessageStatus.OFFSET_TOO_SMALL, R.PULL_OFFSET_MOVED),
     (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, R.PULL_NOT_FOUND),
     (GetMessageStatus.NO_MESSAGE_IN_QUEUE, R.PULL_NOT_FOUND))}
+_FOUND = GetMessageStatus.FOUND
+_FOUND_CODE = PULL_STATUS_CODE[_FOUND]
 SQL_SCAN_ROUNDS = 8          # reads a SQL92-filtered pull makes while nothing matches
 log = logging.getLogger("shmq.broker")
 
@@ -70,23 +72,26 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     except (KeyError, ValueError):
         _refuse_header(ext)
     c = b.config
-    tc = _topic_for_pull(b, group, topic)
+    if sysflag & PULL_SUBSCRIPTION and (expr := ext.get("subscription")) is not None:
+        etype = ext.get("expressionType") or "TAG"
+        sql = c.enablePropertyFilter
+        tc, sub = b.remembered(b.pull_subs, (group, topic, expr, etype, sql), _check_pull_sub,
+                               b, group, topic, expr, etype, sql)
+    else:
+        tc = _topic_for_pull(b, group, topic)
+        sub = b.subs.get((group, topic))
+        if sub is None:   # not registered with this worker: serve all, clients re-filter
+            sub = _ALL
     if not 0 <= qid < tc.read_queue_nums:
         raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
                                          f"topicConfig.readQueueNums:[{tc.read_queue_nums}]")
-    if sysflag & PULL_SUBSCRIPTION and (expr := ext.get("subscription")) is not None:
-        sub = _parsed(topic, expr, ext.get("expressionType") or "TAG", c.enablePropertyFilter)
-    else:
-        sub = b.subs.get((group, topic))
-        if sub is None:   # not registered with this worker: serve all, clients re-filter
-            sub = _parsed(topic, "*", "TAG", False)
-    if sub.error is not None:
-        raise sub.error
+    if sub.error is not None:      # the same error each time: without the last one's frames
+        raise sub.error.with_traceback(None)
     if allow_suspend and sysflag & PULL_COMMIT_OFFSET and c.brokerRole != SLAVE:
         b.registry.commit_offset(topic, group, qid, Header(ext).int("commitOffset"))
-    r = b.store.get_message(topic, qid, offset,
-                            max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
-                            sub.codes, c.maxTransferBytesOnMessageInMemory)
+    store = b.store
+    r = store.get_message(topic, qid, offset, max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
+                          sub.codes, c.maxTransferBytesOnMessageInMemory)
     if sub.sql is not None and (c.filterSupportRetry
                                 or not topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
         r = _sql_filtered(b, r, sub.sql, topic, qid, max_msgs)
@@ -94,31 +99,35 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     phys = r.phys
     if phys.shape[0]:
         first = int(phys[0])
-        cold = first < b.store.state.write_pos - b.in_memory_bytes
+        cold = first < store.state.write_pos - b.in_memory_bytes
         if cold:
             _read_ahead(b, topic, qid, offset, r.next_offset, r.max_offset, first)
         if cold or b.damaged:
             r = _checked(b, r, topic, qid, offset)     # read from disk, or damage listed: check
     st = r.status
-    code, remark = PULL_STATUS_CODE[st]
-    if offset != 0 and (st is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
-                        or st is GetMessageStatus.NO_MESSAGE_IN_QUEUE):
-        code = R.PULL_OFFSET_MOVED
-    if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
-        hold = (Header(ext).int("suspendTimeoutMillis", 15000) if c.longPollingEnable
-                else c.shortPollingTimeMills)
-        b.parking.park_pull(peer, cmd, topic, qid, offset, max(0, hold) / 1000)
-        return PARKED
-    parts, nbytes = _NO_BODY
-    if code == R.SUCCESS:
-        sizes = r.sizes
-        b.stats.got += sizes.shape[0]
+    if st is _FOUND:     # the one status with records (SUCCESS): no enum hashed for its code
+        code, remark = _FOUND_CODE
+        n = r.sizes.shape[0]
+        stats = b.stats
+        stats.got += n
         # Records read from disk go out by sendfile whatever their size: the
         # kernel copies them from the page cache the read-ahead filled, without
         # faulting each page into this worker's mapping first.
-        parts, nbytes = b.store.pull_body(r.phys, sizes, 0 if cold else c.transferSendfileMinBytes)
-        if b.stats.tally is not None:                # GROUP_GET_NUMS / SIZE (broker/stats.py)
-            b.stats.tally.get(topic, group, sizes.shape[0], nbytes)
+        parts, nbytes = store.pull_body(r.phys, r.sizes, 0 if cold else c.transferSendfileMinBytes,
+                                        r.nbytes)
+        if stats.tally is not None:                  # GROUP_GET_NUMS / SIZE (broker/stats.py)
+            stats.tally.get(topic, group, n, nbytes)
+    else:
+        code, remark = PULL_STATUS_CODE[st]
+        if offset != 0 and (st is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+                            or st is GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+            code = R.PULL_OFFSET_MOVED
+        if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
+            hold = (Header(ext).int("suspendTimeoutMillis", 15000) if c.longPollingEnable
+                    else c.shortPollingTimeMills)
+            b.parking.park_pull(peer, cmd, topic, qid, offset, max(0, hold) / 1000)
+            return PARKED
+        parts, nbytes = _NO_BODY
     # the reply to a parked pull goes out in JSON, as RocketMQ's
     head = pull_reply_head(cmd.serialize_type if allow_suspend else JSON, cmd.opaque, code, remark,
                            _suggest(b, group, cold) if c.slaveReadEnable else 0,
@@ -139,22 +148,24 @@ def _refuse_header(ext: dict[str, str]):
     raise AssertionError(f"a pull header that Header reads whole: {ext}")
 
 
-# Subscriptions carried by pulls (a pull consumer's, or a push consumer's
-# with postSubscriptionWhenPull), parsed once per (topic, expression, type):
-# a pull consumer sends the same one with every pull.
-_SUBSCRIPTIONS_PARSED = 1024
-_parsed_subs: dict[tuple[str, str, str, bool], Subscription] = {}
+_ALL = parse_subscription("", "*")      # a pull whose group did not register its subscription here
 
 
-def _parsed(topic: str, expr: str, etype: str, sql_enabled: bool) -> Subscription:
-    key = (topic, expr, etype, sql_enabled)
-    sub = _parsed_subs.get(key)
-    if sub is None:
-        sub = parse_subscription(topic, expr, etype, sql_enabled=sql_enabled)   # may refuse: not kept
-        if len(_parsed_subs) >= _SUBSCRIPTIONS_PARSED:
-            _parsed_subs.clear()
-        _parsed_subs[key] = sub
-    return sub
+def _check_pull_sub(b: Broker, group: str, topic: str, expr: str, etype: str,
+                    sql_enabled: bool) -> tuple[dict, Subscription]:
+    """A pull that carries its subscription (a pull consumer's, or a push
+    consumer's with postSubscriptionWhenPull): the topic's config if
+    ``group`` may pull it (``_check_pull_topic``: its refusal is not
+    remembered) and the subscription parsed, remembered together per
+    (group, topic, expression, type) as the worker's checks are: a pull
+    consumer sends the same one with every pull. An expression the broker
+    cannot use is kept as the subscription's ``error``, raised after the
+    queue id's check, as RocketMQ builds the subscription after it."""
+    tc = _topic_for_pull(b, group, topic)
+    try:
+        return tc, parse_subscription(topic, expr, etype, 0, sql_enabled)
+    except BadRequest as e:
+        return tc, Subscription(topic, expr, ALL_TAGS, 0, etype, error=e)
 
 
 # A pull far behind (its records older than the page-cache window,

@@ -36,7 +36,8 @@ def cq_scan(cq, first_unit, count, codes, max_msgs, max_bytes, out_phy, out_size
     """Collect units first_unit .. first_unit+count-1 of one ConsumeQueue file
     whose tags code is in the sorted array ``codes`` (empty = every message),
     stopping before ``max_msgs`` matches or ``max_bytes`` (the first match is
-    always taken). Returns (found, scanned, status)."""
+    always taken). Returns (found, scanned, status, their bytes) — the bytes
+    let a pull tell its records lie back to back without reading them back."""
     found = 0
     total = np.int64(0)
     nc = codes.shape[0]
@@ -47,7 +48,7 @@ def cq_scan(cq, first_unit, count, codes, max_msgs, max_bytes, out_phy, out_size
         if size == CQ_PAD_SIZE:
             continue
         if phy < 0 or size <= 0:
-            return found, k, CQ_BAD
+            return found, k, CQ_BAD, total
         if nc > 0:
             tag = ld_i64(cq, p + 12)
             lo = 0
@@ -61,12 +62,12 @@ def cq_scan(cq, first_unit, count, codes, max_msgs, max_bytes, out_phy, out_size
             if lo == nc or codes[lo] != tag:
                 continue
         if found >= max_msgs or (found > 0 and total + size > max_bytes):
-            return found, k, CQ_FULL
+            return found, k, CQ_FULL, total
         out_phy[found] = phy
         out_size[found] = size
         found += 1
         total += size
-    return found, count, CQ_DONE
+    return found, count, CQ_DONE, total
 
 
 @njit(**JIT)
