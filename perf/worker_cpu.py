@@ -14,6 +14,8 @@ read before and after:
 - broker_cpu_pull_32x1KiB_<tr>: PULL_MESSAGE (11) of 32 × 1 KiB messages,
   one at a time, over a backlog of 64 such pulls pulled round and round.
 
+``SHMQ_CPU_ROWS=pull`` (or ``send``) runs only those rows.
+
 ``<tr>`` is the Unix socket (TCP loopback where there is none). N grows until
 the workers used at least MIN_CPU_S of CPU (and at least the row's request
 count), so one clock tick (10 ms) is at most 1% of the figure (0.5% full
@@ -258,7 +260,8 @@ def run(ctx, result):
                       measured=where, raw_requests=raw["n"], raw_tick_share=round(raw["tick_share"], 5),
                       clk_tck=CLK_TCK, **extra)
 
-    for window in (1, WINDOW):
+    rows = os.environ.get("SHMQ_CPU_ROWS", "send,pull").split(",")
+    for window in (1, WINDOW) if "send" in rows else ():
         topic = f"PerfCpuSend{window}_{tr}"
         with RemotingClient(b.addr(tr)) as c:
             create_topic(c, topic, 1)
@@ -272,6 +275,8 @@ def run(ctx, result):
                   f"raw Python echo process, one recv + one send per request ({tr}, {FRAME_BYTES} B, "
                   f"{window} in flight)", requests_in_flight=window, body_bytes=100, target_us=20)
 
+    if "pull" not in rows:
+        return
     topic = f"PerfCpuPull_{tr}"
     with RemotingClient(b.addr(tr)) as c:
         create_topic(c, topic, 1)
