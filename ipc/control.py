@@ -139,6 +139,7 @@ def pid_alive(pid: int, start_ticks: int) -> bool:
 
 
 _PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def die_with_parent(owner_pid: int) -> None:
@@ -150,9 +151,10 @@ def die_with_parent(owner_pid: int) -> None:
     owner's fork server (``broker/boss.py``), which exits when the owner does
     once this process has let go of its pipe (below), so the signal comes
     either way. (It follows the parent *thread* that
-    started this process: start helpers from the owner's main thread.)"""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    started this process: start helpers from the owner's main thread.) Safe
+    in a ``preexec_fn`` (between fork and exec): libc was loaded at import,
+    so nothing here takes a lock another thread may have held at the fork."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     _let_go_of_fork_server()
@@ -185,8 +187,7 @@ def _let_go_of_fork_server() -> None:
 
 def set_process_name(name: str) -> None:
     """Name this process for ps/top and /proc/<pid>/comm (15 bytes at most)."""
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-    _prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)   # PR_SET_NAME
+    _libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)   # PR_SET_NAME
 
 
 class SemaphoreLock:
