@@ -308,8 +308,11 @@ class FileLayer:
         ``end`` are in the page cache now, one bool a page: mincore(2) on
         the file's mapping (made if need be), which for a shared file
         mapping answers for the page cache, whoever read the page, not for
-        this process's page tables. For a reader that must leave the cache
-        as it found it (the scrub: ``drop`` with ``cold`` only what was not)."""
+        this process's page tables (Linux answers so for a file the caller
+        owns or may write, as the store's owner-only files are to the
+        broker; for others only pages this process mapped). For a reader
+        that must leave the cache as it found it (the scrub: ``drop`` with
+        ``cold`` only what was not)."""
         arr = self.map(h)
         begin -= begin % PAGE_BYTES
         end = min(end, h.size)
