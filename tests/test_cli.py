@@ -91,3 +91,8 @@ def test_a_store_path_that_is_a_file_is_named(tmp_path):
         assert (r.returncode, r.stderr) == (2, f"shmq broker: {says}\n")
     r = shmq("store", "inspect", str(a_file))
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and str(a_file) in r.stderr
+
+
+def test_a_bad_namesrv_port_is_a_usage_error():
+    r = shmq("namesrv", "-p", "99999")
+    assert r.returncode == 2 and "'99999' is not a port" in r.stderr and "Traceback" not in r.stderr

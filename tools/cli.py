@@ -15,6 +15,8 @@ import importlib
 import logging
 import sys
 
+from .console import _port as port_arg     # 0..65535, one line on a bad one
+
 
 def _broker(args) -> int:
     from shmq.core.jit import skip_blas_probe
@@ -120,7 +122,8 @@ def main(argv=None) -> int:
                    help="print every setting with its value and default, then exit")
     b.set_defaults(func=_broker)
     n = sub.add_parser("namesrv", help="run a NameServer alone")
-    n.add_argument("-p", "--port", type=int, default=9876)
+    n.add_argument("-p", "--port", type=port_arg, default=9876,
+                   help="port to listen on (default 9876; 0: any free one)")
     n.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     n.add_argument("--acl", metavar="PLAIN_ACL_YML",
                    help="the brokers' plain_acl.yml: registrations and admin requests then need "
