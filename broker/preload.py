@@ -9,9 +9,20 @@ still receives only the fds it is given, as a spawned one would. What it
 saves: each spawned child paid ~0.6 s of CPU for imports and numba's start
 before doing anything, 2.5 s of a 2-core machine's warm start; a forked one
 starts in milliseconds, and a worker restarted after a crash serves at once.
+
+The server dies with the boss (PR_SET_PDEATHSIG, set before anything else
+here), and each child with the server: multiprocessing's own way, the
+server leaving its loop when the boss's end of a pipe closes, took it
+~1.1 s of interpreter teardown, while the flusher, services and HA went on
+without an owner (a restarted boss may be recovering the store by then).
 """
-from shmq.core import jit
-from shmq.ipc.control import set_process_name
+import os
+
+from shmq.ipc.control import die_with_parent, set_process_name
+
+die_with_parent(os.getppid())           # the boss: it started this server
+
+from shmq.core import jit  # noqa: E402  (after the line above: a boss gone meanwhile ends us)
 
 jit.skip_blas_probe()
 
