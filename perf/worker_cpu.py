@@ -221,9 +221,10 @@ class Puller:
     decoded and checked the first time (SUCCESS, nextBeginOffset, 32
     records of ``rec`` bytes, the records sent there), and every later one
     must be the same bytes in its head (code, offsets, lengths) and, one in
-    64, whole. ``RemotingClient.invoke`` ran ~20 µs of Python between two
-    pulls (decoding a 37 KiB reply into a command, futures, its reader),
-    and on two cores that much Python beside the worker cost the worker
+    64, whole. ``RemotingClient.invoke`` runs much more Python between two
+    pulls (encoding the request's JSON header, a poll, the frame decoder
+    copying the 37 KiB reply into a command, the opaque matcher), and on
+    two cores that much Python beside the worker cost the worker
     itself 60-73 µs of CPU per pull against 41-43 with this loop (same
     broker, same run; its caches and its core are shared): a figure of
     the client, not of the worker, which the limit's raw server is not
