@@ -5,7 +5,11 @@
 
 Everything listens on 127.0.0.1 (and the store's Unix socket). The broker's
 stderr goes to ``<tmp>/broker.log`` (printed when start-up fails), its log
-files (broker/logs.py) to ``<tmp>/logs/`` (SHMQ_LOG_DIR).
+files (broker/logs.py) to ``<tmp>/logs/`` (SHMQ_LOG_DIR), its temporary
+files to ``<tmp>`` (TMPDIR): the boss's fork server listens on a socket in
+a ``pymp-*`` directory there, which a clean stop removes and a kill -9
+leaves behind — in the test's own directory, not one more in /tmp (unless
+``<tmp>`` is too long a path for the socket's name).
 
 A test broker dies with the test process: it runs in a session of its own
 (``kill9`` kills the whole group, and a Ctrl-C at the terminal does not
@@ -41,6 +45,7 @@ from shmq.ipc.control import (ControlBlock, NotRunning, die_with_parent, names, 
                               process_start_ticks, unlink_names)
 
 READY = re.compile(r"^shmq broker ready tcp=(\S+) unix=(\S+) namesrv=(\S+) store=(\S+)")
+UNIX_PATH_MAX = 107          # sun_path is 108 bytes, NUL included (as broker/boss.py)
 SMALL = dict(mappedFileSizeCommitLog=str(16 << 20), maxMessageSize=str(1 << 20),
              maxQueueSlots="4096", workerProcessNums="2")
 
@@ -105,7 +110,8 @@ class BrokerProc:
         log = open(self.log_path, "a")
         self.proc = spawn([sys.executable, "-m", "shmq.tools", "broker", "-c", self.conf_path],
                           stdout=subprocess.PIPE, stderr=log, text=True,
-                          env={**os.environ, "SHMQ_LOG_DIR": self.log_dir, **(self.env or {})})
+                          env={**os.environ, "SHMQ_LOG_DIR": self.log_dir, **self._tmpdir(),
+                               **(self.env or {})})
         log.close()
         _STARTED.setdefault(self.store_dir, []).append(
             (self.proc.pid, process_start_ticks(self.proc.pid)))
@@ -121,6 +127,11 @@ class BrokerProc:
                 return self
         self.kill9()
         raise RuntimeError(f"broker did not start; log:\n{self.log()[-4000:]}")
+
+    def _tmpdir(self) -> dict:
+        """TMPDIR=<tmp>, where the fork server's socket path
+        (``<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX``) fits a Unix socket name."""
+        return {"TMPDIR": self.tmp} if len(self.tmp) + 32 < UNIX_PATH_MAX else {}
 
     def log(self) -> str:
         with open(self.log_path) as f:

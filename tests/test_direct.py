@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import glob
 import os
 import random
 import signal
@@ -37,9 +38,11 @@ from shmq.ipc.remoting import RemotingCommand
 def broker(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("direct"))
     assert len(shared_memory(b.store)) == 2             # the store's control block and lock
+    assert len(glob.glob(os.path.join(b.tmp, "pymp-*"))) == 1   # its fork server's socket
     yield b
     assert b.stop() == 0, b.log()[-3000:]
     assert shared_memory(b.store) == []                 # a clean stop unlinks both
+    assert glob.glob(os.path.join(b.tmp, "pymp-*")) == []       # and removes that
 
 
 def direct_of(p) -> object:
