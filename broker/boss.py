@@ -32,9 +32,12 @@ import errno
 import logging
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
+import re
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -141,6 +144,7 @@ class Restarts:
 
 
 UNIX_PATH_MAX = 107      # sun_path is 108 bytes, NUL included
+FORK_SERVER_DIR = "forkserver.dir"   # in the store: where the boss's fork server listened
 
 
 def check_unix_path(path: str) -> None:
@@ -206,6 +210,7 @@ class Boss:
             self._check_stop()
             report = self.owner.open()
             self._started("flusher")     # (open started it)
+            self._reclaim_fork_server_dir()
             log.info("store %s: %s", c.store.storePathRootDir, report.summary())
             self.registry = Registry(extra_region(self.owner.cb, self.owner.store),
                                      c.store.storePathRootDir, create=True)
@@ -226,6 +231,24 @@ class Boss:
         except BaseException:
             self.stop()
             raise
+
+    def _reclaim_fork_server_dir(self) -> None:
+        """The fork server listens on a socket in a temporary directory of
+        the boss's (``pymp-*`` in TMPDIR, /tmp by default) that Python
+        removes when the boss exits, and a kill -9 leaves behind. Recorded
+        in the store (``FORK_SERVER_DIR``), the store's next start removes
+        it, as it reclaims the shared memory: it holds the store's lock,
+        so that boss is dead. Unless a socket in it is still bound (a copy
+        of a live broker's store: that broker's fork server is listening)."""
+        files = self.owner.store.files
+        record = os.path.join(self.config.store.storePathRootDir, FORK_SERVER_DIR)
+        mine = multiprocessing.util.get_temp_dir()     # where ensure_running put the socket
+        old = (files.read_bytes(record) or b"").decode(errors="replace").strip()
+        if (old and old != mine and re.fullmatch(r"pymp-[A-Za-z0-9_]+", os.path.basename(old))
+                and os.path.isdir(old) and not _bound_under(old)):
+            shutil.rmtree(old, ignore_errors=True)
+            log.info("removed %s, the fork server's directory of this store's last boss", old)
+        files.write_durable(record, mine.encode() + b"\n")
 
     def _check_stop(self) -> None:
         if self.stopping:
@@ -560,6 +583,18 @@ class Boss:
         if self.unix_bound and os.path.exists(path):
             os.unlink(path)
             self.unix_bound = False
+
+
+def _bound_under(directory: str) -> bool:
+    """Does a live socket of this host have its path in ``directory``
+    (/proc/net/unix lists the paths of bound Unix sockets)?"""
+    prefix = directory.rstrip("/") + "/"
+    try:
+        with open("/proc/net/unix") as f:
+            return any(parts[7].startswith(prefix) for parts in
+                       (line.rstrip("\n").split(None, 7) for line in f) if len(parts) == 8)
+    except OSError:
+        return True                     # cannot tell: leave it
 
 
 def _bind(host: str, port: int, setting: str) -> socket.socket:

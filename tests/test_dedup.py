@@ -379,8 +379,10 @@ def test_over_sockets_retries_on_new_connections_and_across_restarts_are_stored_
         assert _raw_send(b.addr, topic, b"w-1", "W-1", 3) == first
         second = _raw_send(b.addr, topic, b"w-2", "W-2", 2)
         b.kill9()                                   # crash restart: refilled from the store
+        [left] = tmp_path.glob("pymp-*")            # the dead boss's fork server socket (TMPDIR)
         b = BrokerProc(tmp_path, conf).start()
         assert "duplicate-send window: 2 of 65536 entries refilled" in b.log()
+        assert not left.exists() and len(list(tmp_path.glob("pymp-*"))) == 1   # reclaimed
         assert _raw_send(b.addr, topic, b"w-2", "W-2", 0) == second
         assert _raw_send(b.addr, topic, b"w-1", "W-1", 0) == first
         got = _bodies(b.addr, topic, 4)
