@@ -12,8 +12,8 @@ leaves behind — in the test's own directory, not one more in /tmp (unless
 ``<tmp>`` is too long a path for the socket's name).
 
 A test broker dies with the test process: it runs in a session of its own
-(``kill9`` kills the whole group, and a Ctrl-C at the terminal does not
-reach it), so nothing else would stop a broker whose pytest was killed
+(a Ctrl-C at the terminal does not reach it, and ``kill9`` can kill its
+whole group), so nothing else would stop a broker whose pytest was killed
 (SIGKILL, a CI timeout) — it would hold its ports, its store and its shared
 memory until someone found it. The boss is started with the kernel's
 parent-death signal (``die_with_parent``: SIGKILL when the process that
