@@ -582,6 +582,11 @@ def test_clone_group_offset_and_skip_accumulated_message(broker):
     rc, text, _ = admin(broker, "cloneGroupOffset", "-s", "AdmSrcGroup", "-d", "AdmDestGroup",
                         "-t", topic, json_out=False)
     assert text.startswith("clone group offset success. srcGroup[AdmSrcGroup], destGroup=[AdmDestGroup]")
+    rc, _, err = admin(broker, "cloneGroupOffset", "-s", "AdmNoSuchGroup", "-d", "AdmDestGroup",
+                       "-t", topic)                    # a mistyped source: no "success"
+    assert (rc, err) == (1, "shmq admin cloneGroupOffset: consumer group AdmNoSuchGroup has no "
+                            "committed offset in topic AdmClone: nothing to clone\n")
+    assert committed(broker, "AdmDestGroup", topic) == {(topic, 0): 2, (topic, 1): 1}
 
     d = ok(broker, "skipAccumulatedMessage", "-g", "AdmDestGroup", "-t", topic)
     assert [(r["queueId"], r["offset"]) for r in d["offsets"]] == [(0, 3), (1, 2)]

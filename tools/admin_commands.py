@@ -423,16 +423,24 @@ def skip_accumulated_message(args, a: AdminClient) -> dict:
 def clone_group_offset(args, a: AdminClient) -> dict:
     """The source group's committed offset of each queue of the topic,
     committed for the destination group (CloneGroupOffsetCommand); queues
-    the source has no offset in are left alone."""
+    the source has no offset in are left alone. The group's stats are asked
+    without the topic, as mqadmin's examineConsumeStats(srcGroup): then the
+    broker lists only the topics the group has offsets in (with the topic
+    it answers 0 for every queue of a group it never saw, which would reset
+    the destination); a source with none in the topic (a mistyped group) is
+    an error, not a "success"."""
     rows = []
     for name, addr in a.route_masters(a.route(args.topic)):
-        stats, _ = a.consume_stats(addr, args.srcGroup, args.topic)
+        stats, _ = a.consume_stats(addr, args.srcGroup)
         for r in stats:
             if r["topic"] == args.topic and r["consumerOffset"] >= 0:
                 a.update_consumer_offset(addr, args.destGroup, args.topic, r["queueId"],
                                          r["consumerOffset"])
                 rows.append({"brokerName": name, "queueId": r["queueId"],
                              "offset": r["consumerOffset"]})
+    if not rows:
+        raise AdminError(f"consumer group {args.srcGroup} has no committed offset in topic "
+                         f"{args.topic}: nothing to clone")
     return {"srcGroup": args.srcGroup, "destGroup": args.destGroup, "topic": args.topic,
             "offsets": rows}
 
