@@ -521,10 +521,15 @@ def test_after_kill_9_of_the_whole_broker_no_waiting_message_is_delivered_early(
     b.start()
     due = sent_at + delay_s
     with RemotingClient(b.addr) as c:
-        assert time.time() < due - 3, "the restart took too long for this test to tell"
-        while time.time() < due - 0.3:
+        # Units that lost their delivery time are due at once: one look before
+        # the due time tells, so a slow restart on a busy machine only shortens
+        # the watch (it was a 3 s margin, which a loaded 2-core run missed).
+        assert time.time() < due - 1, "the restart took too long for this test to tell"
+        while True:
             early = all_messages(c, topic, 2)
             assert early == [], f"{len(early)} delivered {due - time.time():.1f} s early"
+            if time.time() >= due - 0.5:
+                break
             time.sleep(0.2)
         got = []
         deadline = time.monotonic() + 15
