@@ -96,3 +96,10 @@ def test_a_store_path_that_is_a_file_is_named(tmp_path):
 def test_a_bad_namesrv_port_is_a_usage_error():
     r = shmq("namesrv", "-p", "99999")
     assert r.returncode == 2 and "'99999' is not a port" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_names_shmq_bench_json_flag():
+    """`shmq bench --help` is perf's own (it knows --table, not the --json
+    that only `shmq bench` takes), so `shmq --help` names it."""
+    r = shmq("--help")
+    assert r.returncode == 0 and "(--json: the JSON lines on stdout instead)" in " ".join(r.stdout.split())

@@ -71,8 +71,9 @@ def _profile(args) -> int:
 def add_parser(subparsers) -> None:
     # Every argument goes to perf as it is (prefix_chars that no flag uses:
     # argparse here parses none of them); perf's parser checks them and
-    # answers --help.
-    for name, what, func in (("bench", "run the benchmarks (perf/) and print a table", _bench),
+    # answers --help, which knows nothing of --json: `shmq --help` names it.
+    for name, what, func in (("bench", "run the benchmarks (perf/) and print a table "
+                              "(--json: the JSON lines on stdout instead)", _bench),
                              ("profile", "py-spy flame graphs of a broker's processes under a benchmark",
                               _profile)):
         p = subparsers.add_parser(name, help=what, add_help=False, prefix_chars="\x00",
