@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass
 
 from shmq.core import jit
-from shmq.ipc.control import REGISTERED, WANT_CLIENTS, set_process_name
+from shmq.ipc.control import FORK_SERVER_OWNER, REGISTERED, WANT_CLIENTS, set_process_name
 
 from .config import SLAVE, SYNC_MASTER, BrokerConfig
 from .delivery import tags_code_rules
@@ -204,7 +204,11 @@ class Boss:
             check_config_files(c)   # a bad config file: one line naming it, before anything runs
             check_unix_path(c.unix_path)
             compile_cold(jit.BROKER, should_stop=lambda: self.stopping)
-            multiprocessing.forkserver.ensure_running()   # it loads while we recover
+            os.environ[FORK_SERVER_OWNER] = str(os.getpid())    # the fork server's owner (preload.py)
+            try:
+                multiprocessing.forkserver.ensure_running()   # it loads while we recover
+            finally:
+                del os.environ[FORK_SERVER_OWNER]
             jit.load(jit.BROKER)     # from the cache, now complete
             jit.freeze(jit.BROKER)   # no compile on a request path (core/jit.py)
             self._check_stop()

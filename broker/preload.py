@@ -18,9 +18,11 @@ without an owner (a restarted boss may be recovering the store by then).
 """
 import os
 
-from shmq.ipc.control import die_with_parent, set_process_name
+from shmq.ipc.control import FORK_SERVER_OWNER, die_with_parent, set_process_name
 
-die_with_parent(os.getppid())           # the boss: it started this server
+# the boss that started this server (its pid in the environment: a boss gone
+# before this line leaves getppid() naming init, which would never tell)
+die_with_parent(int(os.environ.get(FORK_SERVER_OWNER) or os.getppid()))
 
 from shmq.core import jit  # noqa: E402  (after the line above: a boss gone meanwhile ends us)
 

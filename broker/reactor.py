@@ -51,7 +51,7 @@ log = logging.getLogger("shmq.reactor")
 RECV_BYTES = 256 * 1024
 IOV_MAX = 512
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
-_READABLE = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP | select.EPOLLRDHUP
+_READABLE = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
 _WRITABLE = select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP
 
 

@@ -139,6 +139,8 @@ def pid_alive(pid: int, start_ticks: int) -> bool:
 
 
 _PR_SET_PDEATHSIG = 1
+# the environment variable that names a fork server's owner to it (broker/preload.py)
+FORK_SERVER_OWNER = "SHMQ_FORK_SERVER_OWNER"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
