@@ -87,9 +87,12 @@ def test_the_broker_raises_its_open_files_limit_and_its_children_inherit_it(tmp_
     b = BrokerProc(tmp_path, broker_conf(tmp_path))
     real_popen = subprocess.Popen
 
-    def popen(*a, **kw):   # start `shmq broker` with soft nofile 256
-        return real_popen(*a, preexec_fn=lambda: resource.setrlimit(
-            resource.RLIMIT_NOFILE, (256, hard)), **kw)
+    def popen(*a, preexec_fn=None, **kw):   # start `shmq broker` with soft nofile 256
+        def preexec():
+            if preexec_fn is not None:      # brokerproc's: it dies with this process
+                preexec_fn()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        return real_popen(*a, preexec_fn=preexec, **kw)
 
     subprocess.Popen = popen
     try:
