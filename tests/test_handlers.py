@@ -328,6 +328,18 @@ def test_offsets_as_cpp_and_ali_ons_commit_and_query_them(rig):
     assert rig.ok(golden("cpp-1.2-query-offset")).ext == {"offset": "0"}
 
 
+def test_a_pull_with_the_commit_offset_flag_commits_the_offset_it_carries(rig):
+    rig.ok(golden("cpp-1.2-send", queueId="0"))
+    rig.ok(golden("cpp-1.2-pull", sysFlag="7", commitOffset="1"))    # a push consumer's commit
+    assert rig.ok(golden("cpp-1.2-query-offset")).ext == {"offset": "1"}
+    rig.ok(golden("cpp-1.2-pull", commitOffset="5"))                 # flag clear: not committed
+    assert rig.ok(golden("cpp-1.2-query-offset")).ext == {"offset": "1"}
+    r = rig.call(golden("cpp-1.2-pull", sysFlag="7", commitOffset="one")).cmd
+    assert (r.code, r.remark) == (R.SYSTEM_ERROR, "the request header's commitOffset='one' is "
+                                                  "not a number")
+    assert rig.ok(golden("cpp-1.2-query-offset")).ext == {"offset": "1"}
+
+
 def test_a_reset_offset_is_a_notice_to_the_groups_consumers_on_this_worker(rig):
     rig.ok(golden("cpp-1.2-send", queueId="0"))
     rig.ok(golden("ons-3.12-heartbeat"), rig.unix)

@@ -88,7 +88,11 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     if sub.error is not None:      # the same error each time: without the last one's frames
         raise sub.error.with_traceback(None)
     if allow_suspend and sysflag & PULL_COMMIT_OFFSET and c.brokerRole != SLAVE:
-        b.registry.commit_offset(topic, group, qid, Header(ext).int("commitOffset"))
+        try:        # what a push consumer sends with most pulls: read straight, as the fields above
+            committed = int(ext["commitOffset"])
+        except (KeyError, ValueError):
+            committed = Header(ext).int("commitOffset")      # the refusal, worded
+        b.registry.commit_offset(topic, group, qid, committed)
     store = b.store
     r = store.get_message(topic, qid, offset, max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
                           sub.codes, c.maxTransferBytesOnMessageInMemory)
