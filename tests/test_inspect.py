@@ -423,3 +423,41 @@ def test_verify_names_a_short_middle_segment_as_what_the_next_start_repairs(caps
     assert code == 1
     assert f"segment {0:020d}: short: 30000 bytes of" in out and "next start repairs it" in out
     assert os.path.getsize(first) == 30_000                              # read-only
+
+
+def test_looking_past_the_end_leaves_the_rest_of_the_segment_out_of_the_page_cache(capsys, tmp_path):
+    """The summary and --verify look for a torn tail as recovery does,
+    reading only what may hold data: the preallocated zeros of the rest of
+    the segment stay out of the page cache, where they would count as data
+    and the broker's next start would read them all (a 1 GiB segment after
+    an inspect: 1 GiB read past the end, 2.5 s of a start)."""
+    import mmap
+    from shmq.core.files import REAL_FILES
+    seg = 64 << 20                                    # beyond any read-around (8 MiB here)
+    root = str(tmp_path / "store")
+    store, _ = open_local(small_config(root, mappedFileSizeCommitLog=seg))
+    for i in range(20):
+        store.append(encode("TopicS", [b"%05d" % i * 20], queue_ids=i % 2, properties=b""))
+    end = store.state.write_pos
+    close_clean(store)
+    path = os.path.join(root, "commitlog", offset_to_file_name(0))
+
+    def cached_far() -> np.ndarray:                   # pages well past the records' read-around
+        h = REAL_FILES.open(path, writable=False)
+        try:
+            return REAL_FILES.cached(h, 0, h.size)[(end + (16 << 20)) // mmap.PAGESIZE:].copy()
+        finally:
+            REAL_FILES.close(h)
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if cached_far().all():
+        pytest.skip("the store's filesystem keeps every page in memory (tmpfs): no page cache "
+                    "to leave the preallocated zeros out of")
+    for args in ((), ("--verify",)):
+        code, out, _ = inspect(capsys, root, *args)
+        assert code == 0 and "past the end" not in out, out
+        assert not cached_far().any(), args

@@ -32,7 +32,7 @@ import zlib
 import numpy as np
 from shmq.broker.topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from shmq.core import layout as L
-from shmq.core.reader import scan_out, trailing_bytes, walk
+from shmq.core.reader import scan_out, walk
 from shmq.core.commitlog import CommitLog, SegmentMissing
 from shmq.core.consumequeue import ConsumeQueues
 from shmq.core.records import CorruptRecord, decode
@@ -387,7 +387,11 @@ def _segment_layout_problem(view: StoreView, cl: CommitLog) -> dict | None:
 
 def past_the_end(view: StoreView, cl: CommitLog) -> dict:
     """Offline: what lies after the end of the data, in its segment and any
-    later one (a torn write, or records recovery would cut off)."""
+    later one (a torn write, or records recovery would cut off). Found as
+    recovery finds it (``CommitLog.last_nonzero``: only what the file system
+    says may hold data is read): a scan of the whole mapping read the
+    preallocated zeros of the rest of a 1 GiB segment into the page cache,
+    where they count as data, and the next start read them all again."""
     seg = view.segment_bytes
     end = view.cl_end
     out = {"bytes_after_end": 0, "end_reason": "zeros follow (the end of the written data)"}
@@ -399,7 +403,8 @@ def past_the_end(view: StoreView, cl: CommitLog) -> dict:
         except (SegmentMissing, ValueError):
             continue
         rel = max(end - s, 0)
-        torn = trailing_bytes(buf, rel)
+        last, _ = cl.last_nonzero(s + rel, s + seg)
+        torn = last + 1 - (s + rel) if last >= 0 else 0
         if not torn:
             continue
         if out["bytes_after_end"] == 0:
