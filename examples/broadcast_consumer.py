@@ -1,5 +1,7 @@
 """Broadcasting: every consumer of the group gets every message of TopicTest
-(run two of these, then quickstart_producer.py).
+(run two of these, then quickstart_producer.py). Each reads from the topic's
+first message, the ones already there included, and stops after `count`
+messages (at least: a pulled batch is printed whole) or 60 s.
 
     python examples/broadcast_consumer.py [count]
 """
