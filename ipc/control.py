@@ -112,6 +112,10 @@ def unlink_names(store_dir: str) -> None:
     kill -9 of the owner the names stay until the store's next owner starts
     (``create``): a restart reclaims them."""
     shm_name, sem_name, _ = names(store_dir)
+    _unlink(shm_name, sem_name)
+
+
+def _unlink(shm_name: str, sem_name: str) -> None:
     for unlink, name in ((posix_ipc.unlink_shared_memory, shm_name),
                          (posix_ipc.unlink_semaphore, sem_name)):
         try:
@@ -330,8 +334,11 @@ class ControlBlock:
         self.mm = None
 
     def unlink(self) -> None:
-        """Remove the names (owner, at shutdown); mappings stay valid until closed."""
-        unlink_names(self.store_dir)
+        """Remove the names (owner, at shutdown); mappings stay valid until
+        closed. The names this block was made under, not the store path's
+        now: a path that resolves elsewhere by the stop (a symlink moved)
+        must not leave this block behind or take another store's."""
+        _unlink(self.shm_name, self.sem_name)
 
     # -------------------------------------------------------- process slots
     def register(self, role: int, slot: int | None = None) -> int:
