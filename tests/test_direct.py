@@ -79,6 +79,7 @@ def test_a_direct_producer_leaves_shared_memory_as_it_found_it(broker, request):
     unlinks nothing: closed, /dev/shm is as before and its slot is free."""
     topic = routed_topic(broker, topic_for(request, "D_"))
     before = set(os.listdir("/dev/shm"))
+    ours = {n: os.stat(f"/dev/shm/{n}").st_ino for n in shared_memory(broker.store)}
     with Producer("dp-shm", namesrv_addr=broker.namesrv) as p:
         p.send(Message(topic, b"x"))
         ds = direct_of(p)
@@ -91,7 +92,9 @@ def test_a_direct_producer_leaves_shared_memory_as_it_found_it(broker, request):
     made = {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith(
         ("shmq-", "sem.shmq-", "sem.mp-"))}
     assert made == set()
-    assert len(shared_memory(broker.store)) == 2
+    # the broker's block and semaphore, the very ones: not unlinked, not made again
+    assert {n: os.stat(f"/dev/shm/{n}").st_ino for n in shared_memory(broker.store)} == ours
+    assert len(ours) == 2
 
 
 def test_a_parked_pull_is_answered_by_a_direct_append(broker, request):
