@@ -253,6 +253,8 @@ class AsyncProducer:
         self._puts, self._put_ends, self._put_error = {}, {}, None
         self.puts = self.stored = 0
         self.failed_broker = None
+        if self.tracer is not None:        # the parent's queued trace records stay the parent's
+            self.tracer = trace.TraceDispatcher(self.group, "PRODUCE", self.client_config)
 
     async def start(self) -> None:
         self.instance = ClientInstance.get(self.client_config)
@@ -336,6 +338,8 @@ class AsyncProducer:
         if inst.pid != os.getpid() or inst.loop is not asyncio.get_running_loop():
             self.instance = inst = ClientInstance.get(self.client_config)
             await inst.register("producer", self.group, self)
+            if self.tracer is not None and not self.tracer.started:   # a forked child's own
+                await self.tracer.start()
         return inst
 
     def _inst(self) -> ClientInstance:

@@ -153,6 +153,10 @@ class TraceDispatcher:
         self._task = background.spawn(self._run(), f"the trace dispatcher of {self.group}",
                                       self._bug)
 
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
     async def shutdown(self) -> None:
         """Send what waits, give the sends up to the send timeout, stop."""
         if self._task is None:

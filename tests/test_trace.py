@@ -192,6 +192,36 @@ def test_a_traced_send_and_consume_read_back_by_msg_id(broker):
                     ("SubBefore", 1, True, 0), ("SubAfter", 0, True, int(ConsumeReturnType.SUCCESS))], got
 
 
+def test_a_forked_child_traces_its_own_sends_and_not_its_parents(broker, tmp_path):
+    """A traced producer forked with its parent's Pub record still queued:
+    the child's send is traced by a dispatcher of the child's own, and the
+    parent's record is sent once, by the parent (the child had sent it again
+    with its own, and its shutdown awaited the parent's task)."""
+    import os
+    import signal
+    from shmq.client import Producer
+    topic, out = "TRACE_FORK", tmp_path / "child-msg-id"
+    with Producer("trace-pg-fork", namesrv_addr=broker.namesrv, enable_msg_trace=True,
+                  default_topic_queue_nums=1) as p:
+        r1 = p.send(Message(topic, b"parent"))
+        pid = os.fork()
+        if pid == 0:                                   # the child: its exit code says
+            code = 1
+            try:
+                signal.alarm(60)                       # never outlive a failed test
+                out.write_text(p.send(Message(topic, b"child")).msg_id)
+                p.shutdown()                           # sends the child's trace record
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    child = trace_of(broker, out.read_text(), 1)
+    assert [(v["traceType"], v["bodyLength"]) for v in child] == [("Pub", 5)], child
+    parent = trace_of(broker, r1.msg_id, 1)
+    assert [(v["traceType"], v["bodyLength"]) for v in parent] == [("Pub", 6)], parent
+
+
 def test_a_traced_transaction_records_its_half_and_its_end(broker):
     class Commit(TransactionListener):
         def execute_local_transaction(self, msg, arg):
