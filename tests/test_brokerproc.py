@@ -3,6 +3,7 @@ the test process, even one killed -9."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -27,6 +28,8 @@ def test_what_a_test_starts_dies_when_the_test_process_is_killed():
     starter = subprocess.Popen([sys.executable, "-c", STARTER, os.path.dirname(__file__)],
                                stdout=subprocess.PIPE, text=True)
     try:
+        ready, _, _ = select.select([starter.stdout], [], [], 60)   # a hang fails, never waits
+        assert ready, "the starter said no pid within 60 s"
         child = int(starter.stdout.readline())
         assert process_start_ticks(child) > 0            # running, in its own session
         assert os.getsid(child) == child
