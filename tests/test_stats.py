@@ -270,6 +270,8 @@ def test_requests_relayed_to_a_consumer_on_any_worker(traffic):
                  msgId=msg_id[:16] + "%016X" % (1 << 40))
         assert (r.code, r.remark) == (R.SYSTEM_ERROR, "cannot decode the message: the request "
                                                       "carries no message")
+        # the relay's files pass between workers under the store: owner-only, as all of it
+        assert os.stat(os.path.join(b.store, "relay")).st_mode & 0o777 == 0o700
     finally:
         c.shutdown()
     r = call(b, RC.GET_CONSUMER_RUNNING_INFO, consumerGroup="cg-stats-relay", clientId="nobody")

@@ -24,6 +24,7 @@ import struct
 import time
 
 import orjson
+from shmq.core.files import FILE_MODE, make_dirs
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import BadRequest, Header
@@ -51,14 +52,15 @@ class Relays:
 
 def _dir(b: Broker) -> str:
     d = os.path.join(b.store.root, "relay")
-    os.makedirs(d, exist_ok=True)
+    make_dirs(d)                        # owner-only, as everything under the store
     return d
 
 
 def _write(path: str, head: dict, body: bytes) -> None:
     h = orjson.dumps(head)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    with open(fd, "wb") as f:
         f.write(_LEN.pack(len(h)) + h + bytes(body))
     os.replace(tmp, path)
 
