@@ -34,7 +34,7 @@ from shmq.ipc.remoting import RemotingCommand
 
 from . import background, rebalance
 from .errors import EXPECTED, BackgroundFailure, MQClientError, RemotingError
-from .instance import ClientConfig, ClientInstance
+from .instance import ClientConfig, ClientInstance, split_settings
 from .message import MessageQueue
 from .offsets import (CONSUME_FROM_WHERE, LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore,
                       compute_pull_from_where, default_consume_timestamp, parse_consume_timestamp)
@@ -64,17 +64,6 @@ class ConsumerSettings:
         if self.consume_from_where not in CONSUME_FROM_WHERE:
             raise ValueError(f"consume_from_where {self.consume_from_where!r}: one of {CONSUME_FROM_WHERE}")
         parse_consume_timestamp(self.consume_timestamp)
-
-
-def split_settings(settings: dict, config_class) -> tuple[dict, dict]:
-    """Keyword settings → (ClientConfig ones, the consumer's own)."""
-    client_names = {f.name for f in dataclasses.fields(ClientConfig)}
-    own_names = {f.name for f in dataclasses.fields(config_class)}
-    unknown = set(settings) - client_names - own_names
-    if unknown:
-        raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
-    return ({k: v for k, v in settings.items() if k in client_names},
-            {k: v for k, v in settings.items() if k in own_names})
 
 
 def check_group(group: str) -> None:

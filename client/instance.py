@@ -30,6 +30,7 @@ at ERROR and becomes ``failure``, which every consumer on the instance
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -145,6 +146,20 @@ class TopicRoute:
             if qd.get("perm", 6) & PERM_READ:
                 route.subscribe += [MessageQueue(topic, name, i) for i in range(qd["readQueueNums"])]
         return route
+
+
+
+def split_settings(settings: dict, config_class) -> tuple[dict, dict]:
+    """A client's keyword settings → (ClientConfig's, its own ``config_class``'s):
+    producers and consumers take both kinds as keywords, as RocketMQ's
+    DefaultMQProducer and DefaultMQPushConsumer inherit ClientConfig's setters."""
+    client_names = {f.name for f in dataclasses.fields(ClientConfig)}
+    own_names = {f.name for f in dataclasses.fields(config_class)}
+    unknown = set(settings) - client_names - own_names
+    if unknown:
+        raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+    return ({k: v for k, v in settings.items() if k in client_names},
+            {k: v for k, v in settings.items() if k in own_names})
 
 
 class ClientInstance:

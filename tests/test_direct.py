@@ -74,6 +74,17 @@ def test_a_local_producer_appends_itself_and_a_socket_pull_reads_the_same_record
         assert m.properties["CLUSTER"] == "DefaultCluster"      # as the broker adds it
 
 
+def test_direct_append_off_as_a_keyword_of_the_producer_as_of_a_consumer(broker, request):
+    """ClientConfig's settings are keywords of a producer too (they were of
+    the consumers only, and Producer(direct_append=False) a TypeError)."""
+    topic = routed_topic(broker, topic_for(request, "D_"))
+    with Producer("dp-kw", namesrv_addr=broker.namesrv, direct_append=False) as p:
+        assert p.send(Message(topic, b"over the socket")).status is SendStatus.SEND_OK
+        assert direct_of(p) is None
+    with pytest.raises(TypeError, match="unknown settings: no_such_setting"):
+        Producer("dp-kw", namesrv_addr=broker.namesrv, no_such_setting=1)
+
+
 def test_a_direct_producer_leaves_shared_memory_as_it_found_it(broker, request):
     """It maps the broker's block and takes a slot in it; it creates and
     unlinks nothing: closed, /dev/shm is as before and its slot is free."""
