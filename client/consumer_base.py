@@ -84,9 +84,10 @@ class ConsumerBase(abc.ABC):
         self.group = group
         self.config = config
         config.check()
-        self.client_config = client or ClientConfig(**client_settings)
         if namesrv_addr:
-            self.client_config.namesrv_addr = namesrv_addr
+            client_settings = {**client_settings, "namesrv_addr": namesrv_addr}
+        # a ``client`` given is copied with the keywords on it, never changed
+        self.client_config = dataclasses.replace(client or ClientConfig(), **client_settings)
         self.strategy = rebalance.strategy_of(config.allocate_strategy)
         self.subscriptions: dict[str, SubscriptionData] = {}
         self.instance: ClientInstance | None = None
