@@ -15,7 +15,7 @@ import importlib
 import logging
 import sys
 
-from .console import _port as port_arg     # 0..65535, one line on a bad one
+from .console import port_arg     # 0..65535, one line on a bad one
 
 
 def _broker(args) -> int:

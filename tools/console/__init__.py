@@ -37,7 +37,7 @@ def _interval(v: str) -> float:
     return s
 
 
-def _port(v: str) -> int:
+def port_arg(v: str) -> int:
     import argparse
     if not v.isdigit() or not 0 <= int(v) < 65536:
         raise argparse.ArgumentTypeError(f"{v!r} is not a port (0..65535; 0: any free one)")
@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
         "console", help="a web console (rocketmq-dashboard's functions) on 127.0.0.1",
         description="A web console for a NameServer and its brokers, over the RocketMQ 4.x "
                     "protocol (works against shmq and RocketMQ 4.x), on http://127.0.0.1:PORT/.")
-    p.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    p.add_argument("--port", type=port_arg, default=DEFAULT_PORT,
                    help=f"port to listen on, on 127.0.0.1 ({DEFAULT_PORT}; 0: any free one)")
     p.add_argument("--interval", type=_interval, default=5.0,
                    help="seconds between two samples of the brokers' TPS for the charts (5)")
