@@ -134,8 +134,7 @@ class Registry:
 
     def commit_offset(self, topic: str, group: str, queue_id: int, offset: int) -> None:
         row = self.offsets.upsert(offset_key(topic, group, queue_id))
-        self.offsets.v[row, 0] = offset
-        self.offsets.v[row, 1] = int(time.time() * 1000)
+        self.offsets.set_values(row, offset, int(time.time() * 1000))
 
     def remove_offsets(self, group: str) -> int:
         """Drop every committed offset of ``group``; how many there were."""
