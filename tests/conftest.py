@@ -34,11 +34,13 @@ def _kernels_loaded():
     s in CI) and the first broker the other two (~11 s): 26 s, against 20 s
     so (2-core VM, load 2.7). The columnar readers' kernels (READERS: the
     Spark sources', the direct reads') join them: left unfrozen, this
-    process compiled records_at, arrow_columns and the property spans once
-    for test_kernels' writable arrays and again for test_spark's read-only
-    ones, alone (on a cold cache test_kernels and test_spark's in-process
-    tests: 83 s of compiling here under a profiler, 12 s with them frozen;
-    154 -> 133 s of CPU in all, load 6)."""
+    process compiled records_at, arrow_columns and the property spans
+    alone, once for test_kernels' writable arrays and again for the Spark
+    sources' mix (a read-only segment, writable rows) in test_spark's
+    in-process tests (on a cold cache those two files' in-process tests
+    compiled for 83 s here under a profiler, 12 s with them frozen; 154 ->
+    133 s of CPU in all, load 6). The Spark workers, which freeze nothing,
+    compile that mix themselves on a cold cache (~7 s, the two in parallel)."""
     units = BROKER + tuple(u for u in READERS if u not in BROKER)
     compile_cold(units)
     load(units)
