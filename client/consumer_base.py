@@ -34,7 +34,7 @@ from shmq.ipc.remoting import RemotingCommand
 
 from . import background, rebalance
 from .errors import EXPECTED, BackgroundFailure, MQClientError, RemotingError
-from .instance import ClientConfig, ClientInstance, split_settings
+from .instance import ClientConfig, ClientInstance, split_settings, with_settings
 from .message import MessageQueue
 from .offsets import (CONSUME_FROM_WHERE, LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore,
                       compute_pull_from_where, default_consume_timestamp, parse_consume_timestamp)
@@ -86,8 +86,7 @@ class ConsumerBase(abc.ABC):
         config.check()
         if namesrv_addr:
             client_settings = {**client_settings, "namesrv_addr": namesrv_addr}
-        # a ``client`` given is copied with the keywords on it, never changed
-        self.client_config = dataclasses.replace(client or ClientConfig(), **client_settings)
+        self.client_config = with_settings(client, client_settings)
         self.strategy = rebalance.strategy_of(config.allocate_strategy)
         self.subscriptions: dict[str, SubscriptionData] = {}
         self.instance: ClientInstance | None = None

@@ -148,6 +148,18 @@ class TopicRoute:
         return route
 
 
+def with_settings(client: ClientConfig | None, settings: dict) -> ClientConfig:
+    """The config a producer or consumer runs with: ``client`` (shared as it
+    is, so every member made from one config is one client instance, as in
+    RocketMQ) or a new one, with keyword ``settings`` on a copy (the
+    caller's object is never changed; its instance name is fixed first, so
+    the copy still joins its instance)."""
+    if not settings:
+        return client if client is not None else ClientConfig()
+    if client is not None:
+        client.client_id()
+    return dataclasses.replace(client or ClientConfig(), **settings)
+
 
 def split_settings(settings: dict, config_class) -> tuple[dict, dict]:
     """A client's keyword settings → (ClientConfig's, its own ``config_class``'s):

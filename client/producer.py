@@ -100,7 +100,7 @@ from shmq.ipc.remoting import RemotingCommand
 from . import instance, trace
 from .accumulator import Accumulator, Window, append_entry, check_flag, running_here, shut_down
 from .connection import Connection, RemotingError, next_opaque
-from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute, split_settings
+from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute, split_settings, with_settings as _with_settings
 from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
                       decode_messages, properties_fit, string_to_properties, unique_ids)
 from .requests import SendTemplate
@@ -201,7 +201,7 @@ class AsyncProducer:
                  customized_trace_topic: str = "", **settings):
         self.group = group
         # ClientConfig's settings as keywords too (direct_append=False ...), as the
-        # consumers take them; a ``client`` given is copied, never changed
+        # consumers take them
         client_settings, settings = split_settings(settings, ProducerConfig)
         if namesrv_addr:
             client_settings["namesrv_addr"] = namesrv_addr
@@ -209,7 +209,7 @@ class AsyncProducer:
             client_settings.update(access_key=access_key, secret_key=secret_key)
         if enable_msg_trace:              # DefaultMQProducer(group, enableMsgTrace, customizedTraceTopic)
             client_settings.update(enable_msg_trace=True, customized_trace_topic=customized_trace_topic)
-        self.client_config = replace(client or ClientConfig(), **client_settings)
+        self.client_config = _with_settings(client, client_settings)
         self.config = ProducerConfig(**settings)
         if self.config.linger_ms < 0:
             raise ValueError(f"linger_ms {self.config.linger_ms}: 0 (off) or more")

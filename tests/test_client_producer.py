@@ -694,3 +694,17 @@ def test_a_route_refresh_the_nameserver_answers_topic_not_exist_keeps_the_last_r
     assert sorted(r.queue.queue_id for r in after) == [0, 0, 1, 1]
     assert f"route of {topic}: the NameServers know no such topic now" in caplog.text
     assert sorted(m.body for m in stored(broker, topic, 2)) == [b"after %d" % i for i in range(4)] + [b"before"]
+
+
+def test_members_made_from_one_client_config_are_one_client_and_keywords_change_a_copy():
+    """RocketMQ's rule: one ClientConfig, one client instance (one clientId,
+    one set of connections, one heartbeat). A ClientConfig setting given as a
+    keyword applies to that member only: the caller's config is not changed."""
+    from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig
+    cfg = ClientConfig(namesrv_addr="127.0.0.1:1")
+    p1, p2 = AsyncProducer("share-a", client=cfg), AsyncProducer("share-b", client=cfg)
+    c = AsyncPushConsumer("share-g", client=cfg)
+    assert p1.client_config is cfg and p2.client_config is cfg and c.client_config is cfg
+    off = AsyncProducer("share-c", client=cfg, direct_append=False)
+    assert off.client_config.direct_append is False and cfg.direct_append is True
+    assert off.client_config.client_id() == cfg.client_id()       # still the same client
