@@ -22,7 +22,7 @@ from shmq.ipc.control import FORK_SERVER_OWNER, die_with_parent, set_process_nam
 
 # the boss that started this server (its pid in the environment: a boss gone
 # before this line leaves getppid() naming init, which would never tell)
-die_with_parent(int(os.environ.get(FORK_SERVER_OWNER) or os.getppid()))
+die_with_parent(int(os.environ.pop(FORK_SERVER_OWNER, None) or os.getppid()))   # not the children's
 
 from shmq.core import jit  # noqa: E402  (after the line above: a boss gone meanwhile ends us)
 

@@ -521,10 +521,14 @@ def test_after_kill_9_of_the_whole_broker_no_waiting_message_is_delivered_early(
     b.start()
     due = sent_at + delay_s
     with RemotingClient(b.addr) as c:
-        # Units that lost their delivery time are due at once: one look before
-        # the due time tells, so a slow restart on a busy machine only shortens
-        # the watch (it was a 3 s margin, which a loaded 2-core run missed).
-        assert time.time() < due - 1, "the restart took too long for this test to tell"
+        # Units that lost their delivery time are due at once, delivered by the
+        # services process's first passes after the start: watching for 2 s
+        # before the due time tells. A restart slower than that on a loaded
+        # machine leaves too little to watch: said, not passed (nor failed).
+        left = due - time.time()
+        if left < 2.5:
+            pytest.skip(f"the restart left {left:.1f} s before the due time: too little to "
+                        f"watch for an early delivery")
         while True:
             early = all_messages(c, topic, 2)
             assert early == [], f"{len(early)} delivered {due - time.time():.1f} s early"
