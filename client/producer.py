@@ -45,8 +45,10 @@ or raises ``PutFailed``: the first failure since the last flush, with the
 counts; until then every ``put`` raises it too, so a failure never goes
 unseen. ``shutdown()`` flushes. In RocketMQ's terms a put is a
 ``sendOneway`` that is batched, and ``flush`` says what became of it. A
-put has no UNIQ_KEY (its msgId is the offset msgId, as ``send_many``'s),
-no retry on another queue and no trace record. Over the socket, at most
+put appended by this process has no UNIQ_KEY (its msgId is the offset
+msgId, as ``send_many``'s; a chunk sent over the socket gives each message
+one, as RocketMQ's batch send does), no retry on another queue and no
+trace record. Over the socket, at most
 ``put_buffer_bytes`` of chunks wait for the loop: past that a put is
 refused (SYSTEM_BUSY, nothing taken) until the loop has had a turn.
 
@@ -597,8 +599,9 @@ class AsyncProducer:
                         timeout: float | None = None) -> list[SendManyResult]:
         """The hot loop's call: many bodies to one queue of ``topic`` (``queue``,
         else the next round robin), with one ``tags`` for all and no other
-        properties — no ``Message`` objects and no UNIQ_KEY (each message is
-        known by its offset msgId). On the broker's host (direct appends)
+        properties — no ``Message`` objects, and appended here no UNIQ_KEY
+        (each message is known by its offset msgId; over the socket each gets
+        one, as RocketMQ's batch send gives). On the broker's host (direct appends)
         each ~1 MiB of bodies is one claim, encoded by the batch kernel in
         one call; elsewhere each is one SEND_BATCH_MESSAGE. One result per
         claim, in order."""

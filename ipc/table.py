@@ -102,7 +102,7 @@ class SharedTable:
         self.state = self.rows["state"]
         self.hashes = self.rows["hash"]
         self.v = self.rows["v"]
-        # the table as int64 words: a Python int per read or write, no numpy scalars
+        # the table as int64 words: one index per read or write, no structured-row access
         self._words = np.ndarray((HEADER_BYTES // 8 + n * _ROW_WORDS,), np.int64, buf, offset)
         self.lock = lock
         self._cache: dict[bytes, tuple[int, int]] = {}    # key → (row, epoch it was checked at)

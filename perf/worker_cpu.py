@@ -23,9 +23,10 @@ size); ``tick_share`` says what it was. Every send must be answered SUCCESS
 at the next queue offset (the queue's maxOffset and last body are checked at
 the end), every pull must return 32 records in 32 × record bytes (each
 offset's first reply decoded and compared with what was sent, every later one
-compared with it: ``Puller``). The pulls run on a plain socket with the same
-client loop as the limit's, not through ``RemotingClient``, whose Python
-between two pulls raised the worker's own CPU by half on 2 cores (``Puller``).
+compared with it: ``Puller``). The sends and pulls run on a plain socket
+with the same client loop as the limit's, not through ``RemotingClient``,
+whose Python between two requests raised the worker's own CPU by a third
+to a half on 2 cores (``Puller``, ``Sender``).
 
 The limit, measured in the same run and the same way (its process's CPU over
 N requests): a raw Python server doing one recv + one send per request
