@@ -28,9 +28,10 @@ source, the inspector and the verifier. What it owns:
   kernel to read in the background in large requests (posix_fadvise /
   MADV_WILLNEED), so a cold catch-up read is not a fault per page, and it
   brings in the runs of its own queue, not every queue's bytes between them.
-- **A CommitLog range → records** (``walk``, ``record_row``,
-  ``trailing_bytes``): the scan kernel over a segment, in chunks of rows;
-  the record at one position; the nonzero bytes past an end.
+- **A CommitLog range → records** (``walk``, ``record_row``): the scan
+  kernel over a segment, in chunks of rows; the record at one position.
+  (Bytes past an end are recovery's to look for, through the file
+  system's extents: ``CommitLog.last_nonzero``.)
 
 It never writes, never decides where the data ends (``StoreState`` or
 ``view.StoreView`` do) and never takes a lock. Scan rows and statuses are
@@ -358,12 +359,6 @@ def record_row(buf: np.ndarray, base: int, rel: int, hi: int) -> tuple[np.ndarra
     out = np.empty((1, K.N_SCAN), np.int64)
     n, _, status = K.scan_records(buf, rel, hi, base, False, K.CRC_TABLES, _NO_KEY, out)
     return (out[0] if n else None), int(status)
-
-
-def trailing_bytes(buf: np.ndarray, rel: int) -> int:
-    """Nonzero bytes from ``rel`` to the last nonzero byte of the segment."""
-    last = int(K.last_nonzero(buf, rel))
-    return last + 1 - rel if last >= 0 else 0
 
 
 def warm_up_get_message() -> None:
