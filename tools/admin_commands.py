@@ -422,8 +422,11 @@ def skip_accumulated_message(args, a: AdminClient) -> dict:
 
 def clone_group_offset(args, a: AdminClient) -> dict:
     """The source group's committed offset of each queue of the topic,
-    committed for the destination group (CloneGroupOffsetCommand); queues
-    the source has no offset in are left alone. The group's stats are asked
+    committed for the destination group (CloneGroupOffsetCommand). As
+    mqadmin, every queue the broker's stats list for the topic is cloned:
+    a queue the source never committed in is listed at 0 (the broker's
+    stats say max(0, offset)), so the destination's is set to 0 there too.
+    The group's stats are asked
     without the topic, as mqadmin's examineConsumeStats(srcGroup): then the
     broker lists only the topics the group has offsets in (with the topic
     it answers 0 for every queue of a group it never saw, which would reset
