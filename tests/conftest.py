@@ -68,3 +68,22 @@ def store_dir(tmp_path):
 def stress_rounds(default: int) -> int:
     """How many rounds a stress test runs: SHMQ_STRESS_ROUNDS, or the bounded default."""
     return int(os.environ.get("SHMQ_STRESS_ROUNDS", default))
+
+
+def keeps_every_page(directory) -> bool:
+    """Whether the file system under ``directory`` keeps every page of a file
+    in memory (tmpfs, ramfs): there, written and fsynced pages stay resident
+    after POSIX_FADV_DONTNEED, so there is no page cache to leave as found."""
+    from shmq.core.files import REAL_FILES
+    path = os.path.join(str(directory), ".keeps-every-page")
+    with open(path, "wb") as f:
+        f.write(b"x" * (64 << 10))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    h = REAL_FILES.open(path, writable=False)
+    try:
+        return bool(REAL_FILES.cached(h, 0, h.size).all())
+    finally:
+        REAL_FILES.close(h)
+        os.unlink(path)

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import small_config
+from conftest import keeps_every_page, small_config
 from shmq.core import _kernels as K
 from shmq.core.files import PAGE_BYTES, REAL_FILES, SimFileLayer
 from shmq.core.index import IndexService
@@ -120,27 +120,14 @@ def test_the_scrub_gives_back_each_window_it_checked(store_dir):
         close_clean(store)
 
 
-def _filesystem(path: str) -> str:
-    """The type of the filesystem holding ``path`` (/proc/self/mounts: the
-    longest mount point above it)."""
-    path, best = os.path.realpath(path), ("", "")
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            _, mp, fstype = line.split()[:3]
-            mp = mp.replace("\\040", " ")
-            if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best[0]):
-                best = (mp, fstype)
-    return best[1]
-
-
 def test_the_scrub_leaves_the_page_cache_as_it_found_it(store_dir):
     """A pass reads the whole CommitLog: the pages it brought into the page
     cache leave it again, and the pages another reader had cached stay
     (mincore before and after, the file's own descriptor evicting and
     reading as another process would); a damaged record on the way (its
     search for the next valid record reads what was not read ahead) too."""
-    if _filesystem(store_dir) == "tmpfs":    # its pages are the file: nothing evicts them
-        pytest.skip("the store is on tmpfs, which keeps every page in memory: there is no "
+    if keeps_every_page(store_dir):     # tmpfs: its pages are the file, nothing evicts them
+        pytest.skip("the store's file system keeps every page in memory (tmpfs): there is no "
                     "page cache for the scrub to leave as it found it")
     cfg, store = _store(store_dir, segments=3, scrubBytesPerSecond=WINDOW // 2)
     try:
