@@ -365,20 +365,63 @@ def test_rate_limit_shares_by_backlog():
 spark_mark = pytest.mark.spark
 
 
+def _new_session():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    return (SparkSession.builder.master("local[2]").appName("shmq-tests")
+            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
+            .config("spark.driver.memory", "1g").config("spark.sql.session.timeZone", "UTC")
+            .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+            .config("spark.sql.codegen.wholeStage", "false")
+            .getOrCreate())
+
+
+_STARTING: dict = {}       # "start": (the thread starting the session, what it left)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _spark_starts_early(request):
+    """Where a Spark test is selected, the JVM starts in a thread as this
+    module's first test begins, so its start (7-10 s, most of it the JVM's
+    own) overlaps the JVM-less tests above instead of adding to them."""
+    if shutil.which("java") is None or not any(
+            item.get_closest_marker("spark") for item in request.session.items):
+        yield
+        return
+    out: dict = {}
+
+    def start():
+        try:
+            out["session"] = _new_session()
+        except BaseException as e:          # raised where the session is wanted
+            out["error"] = e
+
+    t = threading.Thread(target=start, name="spark-start", daemon=True)
+    t.start()
+    _STARTING["start"] = (t, out)
+    yield
+    if _STARTING.pop("start", None):        # no Spark test ran after all
+        t.join(120)
+        if "session" in out:
+            out["session"].stop()
+
+
 @pytest.fixture(scope="session")
 def spark():
     if shutil.which("java") is None:
         pytest.skip("Java is not installed (Spark needs Java 17+)")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("shmq-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
-               .config("spark.driver.memory", "1g").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-               .config("spark.sql.codegen.wholeStage", "false")
-               .getOrCreate())
+    started = _STARTING.pop("start", None)
+    if started is None:
+        session = _new_session()
+    else:
+        t, out = started
+        t.join(300)
+        assert not t.is_alive(), "the SparkSession did not start in 300 s"
+        if "error" in out:
+            raise out["error"]
+        session = out["session"]
     session.sparkContext.setLogLevel("ERROR")
     S.register(session)
     yield session
