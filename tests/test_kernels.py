@@ -1257,7 +1257,9 @@ def test_cq_valid_units_rejects_a_unit_ending_past_int64_max():
 _GUARD_PAGE_SCAN = textwrap.dedent("""
     import ctypes, mmap, struct
     import numpy as np
-    from shmq.core import _kernels as K, layout as L
+    from shmq.core import _kernels as K, jit, layout as L
+    jit.load(("scan",))      # the broker's specialisation, from the cache: no compile here
+    jit.freeze(("scan",))
     page = mmap.PAGESIZE
     mem = mmap.mmap(-1, 2 * page)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
