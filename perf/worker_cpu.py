@@ -208,7 +208,9 @@ class Sender:
             r = d.next_command()
             i = first + j
             if r is None or r.opaque != i or r.code != SUCCESS or int(r.ext["queueOffset"]) != i:
-                raise AssertionError(f"send {i}: {'no whole reply' if r is None else (r.opaque, r.code, r.remark, r.ext.get('queueOffset'))}")
+                got = "no whole reply" if r is None else (
+                    f"opaque {r.opaque}, code {r.code} ({r.remark}), queueOffset {r.ext.get('queueOffset')}")
+                raise AssertionError(f"send {i}: {got}")
 
     def step(self, k: int = CHUNK) -> int:
         """``k`` replies, keeping ``window`` requests in flight (they stay in flight)."""
