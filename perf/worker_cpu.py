@@ -172,6 +172,15 @@ def raw_server_cpu(transport: str, scratch: str, window: int, min_n: int, min_cp
 
 
 # ------------------------------------------------------------------ the requests
+def recv_frame(sock: socket.socket) -> bytes:
+    """One whole remoting frame (its length field included) off ``sock``."""
+    head = bytearray(4)
+    recv_exactly(sock, memoryview(head))
+    rest = bytearray(struct.unpack(">i", head)[0])
+    recv_exactly(sock, memoryview(rest))
+    return bytes(head + rest)
+
+
 class Sender:
     """100 B sends to queue 0 of ``topic``, ``window`` in flight, on a plain
     socket with the limit's client loop, as ``Puller``'s (the reason is
@@ -186,7 +195,6 @@ class Sender:
         self.sock, self.topic, self.window = sock, topic, window
         self.frames: collections.deque[bytes] = collections.deque()
         self.built = self.issued = self.acked = 0
-        self._len = bytearray(4)
 
     def _build(self, upto: int) -> None:
         for i in range(self.built, upto):
@@ -196,10 +204,7 @@ class Sender:
         self.built = max(self.built, upto)
 
     def _reply(self) -> bytes:
-        recv_exactly(self.sock, memoryview(self._len))
-        rest = bytearray(struct.unpack(">i", self._len)[0])
-        recv_exactly(self.sock, memoryview(rest))
-        return bytes(self._len + rest)
+        return recv_frame(self.sock)
 
     def _check(self, replies: list[bytes], first: int) -> None:
         d = FrameDecoder()
@@ -269,11 +274,7 @@ class Puller:
         self.replies: list[bytes] = []
         for i, frame in enumerate(self.frames):
             sock.sendall(frame)
-            head = bytearray(4)
-            recv_exactly(sock, memoryview(head))
-            rest = bytearray(struct.unpack(">i", head)[0])
-            recv_exactly(sock, memoryview(rest))
-            self.replies.append(self._checked(i * PULL_MSGS, bytes(head + rest)))
+            self.replies.append(self._checked(i * PULL_MSGS, recv_frame(sock)))
         # heads differ in length with the offsets' digits: each offset reads its own size
         buf = memoryview(bytearray(max(map(len, self.replies))))
         self.views = [buf[:len(r)] for r in self.replies]
