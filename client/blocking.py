@@ -79,6 +79,14 @@ class _Blocking:
     def shutdown(self) -> None:
         self._run(self._p.shutdown())
 
+    @property
+    def tracer(self):
+        """The trace dispatcher (``enable_msg_trace``; None when off): its
+        ``discarded`` counts the records a full queue dropped. A producer's
+        and a push consumer's; None for the lite pull consumer, which
+        records no traces."""
+        return getattr(self._p, "tracer", None)
+
     def __enter__(self):
         return self.start()
 

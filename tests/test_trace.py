@@ -276,6 +276,15 @@ def test_a_full_trace_queue_drops_records_and_never_holds_a_send(broker):
     assert r.status.name == "SEND_OK"
 
 
+def test_the_blocking_producer_shows_its_tracer_as_the_asyncio_one(broker):
+    """The README's ``tracer.discarded``, on the blocking facade too."""
+    from shmq.client import Producer
+    with Producer("trace-pg-blocking", namesrv_addr=broker.namesrv, enable_msg_trace=True) as p:
+        assert p.send(Message("TRACE_T_BLOCKING", b"traced")).status.name == "SEND_OK"
+        assert p.tracer.discarded == 0 and p.tracer.started
+    assert Producer("trace-pg-blocking-off", namesrv_addr=broker.namesrv).tracer is None
+
+
 def test_the_broker_creates_the_trace_topic_when_told(broker):
     """traceTopicEnable: TopicConfigManager's one read and one write queue, perm 6."""
     with AdminClient(broker.namesrv) as a:
