@@ -103,6 +103,8 @@ class Message:
             d[DELAY] = str(self.delay_level)
         if uniq_key and UNIQ_KEY not in d:
             d[UNIQ_KEY] = uniq_key
+        for k, v in d.items():
+            check_property(k, str(v))
         return properties_fit(properties_to_string(d))
 
     def _system_properties(self, uniq_key: str | None) -> str:
@@ -111,15 +113,26 @@ class Message:
         parts = []
         for name, v in ((TAGS, self.tags), (KEYS, self.keys)):
             if v:
-                if "\x01" in v or "\x02" in v:
-                    raise ValueError(f"property {name!r} contains a reserved separator "
-                                     f"\\u0001 or \\u0002")
+                check_property(name, v)
                 parts.append(f"{name}\x01{v}")
         if self.delay_level > 0:
             parts.append(f"{DELAY}\x01{self.delay_level}")
         if uniq_key:
             parts.append(f"{UNIQ_KEY}\x01{uniq_key}")
         return "\x02".join(parts)
+
+
+def check_property(name: str, value: str) -> None:
+    """A property (TAGS, KEYS, a user property) whose name or value holds a
+    separator of the properties string (\\u0001 between name and value,
+    \\u0002 between properties) would be read back as other properties:
+    MESSAGE_ILLEGAL, before anything is sent or put (every send path and
+    ``put`` check here)."""
+    for s in (name, value):
+        if "\x01" in s or "\x02" in s:
+            raise MQClientError(R.MESSAGE_ILLEGAL, f"the message property {name}={value!r} "
+                                f"contains an illegal character: \\u0001 or \\u0002 separate "
+                                f"the properties")
 
 
 def properties_fit(props: str) -> str:

@@ -103,8 +103,9 @@ from . import instance, trace
 from .accumulator import Accumulator, Window, append_entry, check_flag, running_here, shut_down
 from .connection import Connection, RemotingError, next_opaque
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute, split_settings, with_settings as _with_settings
-from .message import (UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult, SendStatus,
-                      decode_messages, properties_fit, string_to_properties, unique_ids)
+from .message import (KEYS, TAGS, UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult,
+                      SendStatus, check_property, decode_messages, properties_fit,
+                      string_to_properties, unique_ids)
 from .requests import SendTemplate
 from .trace_data import MessageType
 
@@ -618,7 +619,7 @@ class AsyncProducer:
         bad = np.flatnonzero((lens < 1) | (lens > limit))
         if bad.shape[0]:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {lens[bad[0]]} bytes: 1..{limit}")
-        props = properties_fit(f"TAGS\x01{tags}") if tags else ""
+        props = put_properties(tags, None)
         q = queue or self.pick(self._queues_now(topic) or await self.publish_queues(topic))
         out: list[SendManyResult] = []
         # a claim's bodies, as a batch entry counts them (a socket batch's
@@ -935,10 +936,9 @@ def put_properties(tags: str | None, keys: str | list[str] | None) -> str:
     as ``Message``), in ``Message``'s order."""
     if keys is not None and not isinstance(keys, str):
         keys = " ".join(keys)
-    for v in (tags, keys):
-        if v and ("\x01" in v or "\x02" in v):
-            raise MQClientError(R.MESSAGE_ILLEGAL, f"{v!r} contains a reserved separator "
-                                f"\\u0001 or \\u0002")
+    for name, v in ((TAGS, tags), (KEYS, keys)):
+        if v:
+            check_property(name, v)
     if tags and keys:
         return properties_fit(f"TAGS\x01{tags}\x02KEYS\x01{keys}")
     return properties_fit(f"TAGS\x01{tags}" if tags else f"KEYS\x01{keys}" if keys else "")

@@ -662,6 +662,44 @@ def test_properties_over_32767_bytes_are_refused_in_every_send_path(broker, requ
     _check_results(broker, topic, *zip(*good))
 
 
+def test_a_reserved_separator_in_tags_keys_or_properties_is_one_error_on_every_path(broker,
+                                                                                 request):
+    """\\u0001 or \\u0002 in tags, keys, a property's name or value (they
+    separate the properties string) is refused with MESSAGE_ILLEGAL naming
+    the property by send, send_batch, oneway, send_many and put alike (direct
+    appends and the accumulator), before anything is sent; nothing of it is
+    stored."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    bad = [Message(topic, b"t", tags="a\x01b"), Message(topic, b"k", keys=["k", "x\x02y"]),
+           Message(topic, b"p", properties={"p": "v\x01"}),
+           Message(topic, b"n", properties={"n\x02": "v"})]
+
+    async def main():
+        refused, good = [], []
+        for settings in ({}, {"linger_ms": 20}):
+            async with AsyncProducer("pg-sep", namesrv_addr=broker.namesrv, **settings) as p:
+                await p.publish_queues(topic)
+                p._template(topic)                     # the accumulator's fast lane takes sends
+                for m in bad:
+                    sends = [p.send(m), p.send_batch([m]), p.send_oneway(m)]
+                    refused += await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 10)
+                refused += await asyncio.gather(p.send_many(topic, [b"many"], tags="a\x02"),
+                                                return_exceptions=True)
+                for tags, keys in (("a\x01", None), (None, ["k", "x\x02"])):
+                    with pytest.raises(MQClientError) as put:
+                        p.put(topic, b"put", tags=tags, keys=keys)
+                    refused.append(put.value)
+                good.append(await p.send(Message(topic, b"good %d" % len(good))))
+        return refused, good
+    refused, good = asyncio.run(main())
+    assert len(refused) == 2 * (4 * 3 + 1 + 2)
+    for e in refused:
+        assert isinstance(e, MQClientError) and e.code == 13, repr(e)
+        assert "illegal character" in str(e) and "\\u0001 or \\u0002" in str(e), str(e)
+    _check_results(broker, topic, [b"good 0", b"good 1"], good)
+
+
 def test_a_route_refresh_the_nameserver_answers_topic_not_exist_keeps_the_last_route(
         broker, request, caplog):
     """A NameServer that knows no such topic for a while (restarted before
