@@ -50,10 +50,56 @@ SMALL = dict(mappedFileSizeCommitLog=str(16 << 20), maxMessageSize=str(1 << 20),
              maxQueueSlots="4096", workerProcessNums="2")
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768                             # Linux's default range is 32768-60999
+
+
+# free_port's pool: ports below the kernel's ephemeral range, cut into slices,
+# one an xdist worker (PYTEST_XDIST_WORKER gw0, gw1, ...; a run without xdist
+# takes the last). A port from bind(("127.0.0.1", 0)) is one the kernel may
+# hand again at once: to the other worker's free_port, or to any connect()'s
+# local end, between this check and the broker's bind ("Address already in
+# use" at random under pytest -n). The kernel gives no port of this pool to
+# anyone who did not ask for it by number, the workers' slices are disjoint,
+# and within one process the pool is walked in turn, so a port once handed
+# out is not handed out again before the walk wraps (a slice holds ~1500).
+PORTS_LOW = 20000
+PORTS_SLICES = 8
+
+
+def _port_pool() -> list[int]:
+    high = max(_ephemeral_low(), PORTS_LOW + PORTS_SLICES * 100)
+    size = (high - PORTS_LOW) // PORTS_SLICES
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) % (PORTS_SLICES - 1) if worker.startswith("gw") else PORTS_SLICES - 1
+    start = os.getpid() % size                   # two runs at once start apart
+    return [PORTS_LOW + index * size + (start + i) % size for i in range(size)]
+
+
+_POOL: list[int] = []
+_next_port = 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now and that no other worker of this run is
+    handed (see the pool above); the caller's server binds it soon after."""
+    global _next_port
+    if not _POOL:
+        _POOL.extend(_port_pool())
+    for _ in range(len(_POOL)):
+        port = _POOL[_next_port % len(_POOL)]
+        _next_port += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue                         # in use (or in TIME_WAIT): the next
+            return port
+    raise RuntimeError(f"no free port in the test port pool {_POOL[0]}-{_POOL[-1]}")
 
 
 def spawn(argv: list[str], **popen) -> subprocess.Popen:

@@ -1,6 +1,8 @@
 """Shared fixtures: small stores (tiny segments so rolls happen) in temp dirs."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 
 import pytest
@@ -22,7 +24,7 @@ def small_config(root: str, **kw) -> StoreConfig:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _kernels_loaded():
+def _kernels_loaded(tmp_path_factory):
     """On a cold numba cache (a fresh clone's first run) every kernel a
     broker loads is compiled first, in parallel, as a broker's first start
     does (broker/kernels.py: a process per core, disjoint units); then this
@@ -42,9 +44,32 @@ def _kernels_loaded():
     133 s of CPU in all, load 6). The Spark workers, which freeze nothing,
     compile that mix themselves on a cold cache (~7 s, the two in parallel)."""
     units = BROKER + tuple(u for u in READERS if u not in BROKER)
-    compile_cold(units)
-    load(units)
+    with _one_worker_at_a_time(tmp_path_factory, "numba-compile"):
+        compile_cold(units)
+        load(units)
     freeze(units)
+
+
+@contextlib.contextmanager
+def _one_worker_at_a_time(tmp_path_factory, name: str):
+    """Under pytest-xdist every worker runs the session fixtures: on a cold
+    numba cache both would compile every kernel at once, each with a
+    compiler process per core (twice the CPU, each cache entry written
+    twice). Holding this flock (in the temp root the workers of a run
+    share), the first compiles and the others then find the cache warm and
+    only load it (~1 s): numba writes each index and data file under a
+    temporary name and renames it, so a reader never sees half of one.
+    Without xdist there is no one to wait for."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    fd = os.open(tmp_path_factory.getbasetemp().parent / f"{name}.lock", os.O_RDWR | os.O_CREAT,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                      # and with it the lock
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -87,3 +112,43 @@ def keeps_every_page(directory) -> bool:
     finally:
         REAL_FILES.close(h)
         os.unlink(path)
+
+
+# ------------------------------------------------------------ pytest-xdist
+# `python -m pytest` runs the files in parallel (pyproject's addopts: -n auto
+# --dist loadfile): the suite mostly waits (real clients' timers, delays,
+# broker starts; load < 1.5 on 2 cores when run serially), so two files at a
+# time take about half the time. A file runs whole in one worker (its module
+# fixtures start one broker for all its tests). `-n 0` or `-p no:xdist` runs
+# serially, as does one file: `python -m pytest tests/test_x.py -n 0`.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many workers `-n auto` starts: one a core, at least 2 (the suite
+    waits more than it computes) and at most MAX_WORKERS: every test file
+    starts brokers of ~6 processes each (boss, workers, flusher, services,
+    NameServer) and real clients with their own threads, a cold start's
+    compile takes a process per core, and the longest files (~75 s) bound
+    the run anyway, so more workers would add contention, not speed."""
+    return max(2, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+# The slowest files first (per-file sums of a --durations=0 run, a fresh
+# clone on the 2-core VM): started first, they end in the middle of the run
+# with the many short files around them, instead of one of them starting
+# late and running alone at the end. xdist hands the files out in this
+# order (--no-loadscope-reorder keeps it; its default orders by test count).
+SLOWEST_FIRST = (
+    "test_compat_clients.py", "test_spark.py", "test_kernels.py", "test_features.py",
+    "test_crash.py", "test_ha.py", "test_acl.py", "test_control.py", "test_examples.py",
+    "test_broker_robust.py", "test_boss.py", "test_inspect.py", "test_direct.py",
+    "test_dedup.py", "test_client_consumer.py", "test_bench.py", "test_faults.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return                                  # serial: the usual order
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a file's own order kept
