@@ -133,8 +133,7 @@ class Registry:
         return int(self.offsets.v[row, 0]) if row >= 0 else -1
 
     def commit_offset(self, topic: str, group: str, queue_id: int, offset: int) -> None:
-        row = self.offsets.upsert(offset_key(topic, group, queue_id))
-        self.offsets.set_values(row, offset, int(time.time() * 1000))
+        self.offsets.put(offset_key(topic, group, queue_id), offset, int(time.time() * 1000))
 
     def remove_offsets(self, group: str) -> int:
         """Drop every committed offset of ``group``; how many there were."""

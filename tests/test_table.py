@@ -3,7 +3,10 @@ processes (the same shared bytes, each with its own key → row cache)."""
 from __future__ import annotations
 
 import mmap
+import subprocess
+import sys
 
+from brokerproc import until
 from shmq.ipc.table import FileLock, SharedTable, table_bytes
 
 
@@ -26,6 +29,64 @@ def test_a_row_another_process_deleted_and_gave_to_another_key_is_not_found_from
 def test_values_written_by_one_process_are_read_by_another(tmp_path):
     a, b = _two_views(tmp_path)
     row = a.upsert(b"k")
-    a.set_values(row, 42, 1_700_000_000_000)
+    assert a.put(b"k", 42, 1_700_000_000_000) == row
     assert [int(x) for x in b.v[b.find(b"k")][:2]] == [42, 1_700_000_000_000]
     assert int(b.v[row][2]) == 0 and int(b.v[row][3]) == 0        # the rest untouched
+
+
+# A writer process: ``put``s 7 into b"victim" until told to stop (the word
+# after the table), counting the puts that found a row (the table's one row
+# is often b"other"'s: then the put finds the table full).
+_WRITER = """
+import mmap, sys
+from shmq.ipc.table import FileLock, SharedTable, TableFull, table_bytes
+path, lock = sys.argv[1:]
+with open(path, "r+b") as f:
+    buf = mmap.mmap(f.fileno(), 0)
+t = SharedTable(buf, 0, FileLock(lock))
+flags = memoryview(buf)[table_bytes(1):].cast("q")
+flags[0] = 1                                    # ready
+puts = 0
+for _ in range(2_000_000):
+    if flags[1]:
+        break
+    try:
+        t.put(b"victim", 7)
+        puts += 1
+    except TableFull:
+        pass
+print(puts)
+"""
+
+
+def test_a_value_written_while_another_process_deletes_and_reuses_the_row_never_lands_in_another_key(tmp_path):
+    """One process writes b"victim"'s value while this one deletes its row
+    and gives it to b"other" (values 0, a table of one row: the same row
+    every time), again and again: b"other"'s value is never the writer's."""
+    path, lock = tmp_path / "table", str(tmp_path / "lock")
+    path.write_bytes(bytes(table_bytes(1) + 16))
+    with open(path, "r+b") as f:
+        buf = mmap.mmap(f.fileno(), 0)
+    t = SharedTable(buf, 0, FileLock(lock), rows=1)
+    flags = memoryview(buf)[table_bytes(1):].cast("q")
+    t.upsert(b"victim")
+    w = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), lock],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        until(lambda: flags[0], "the writer started")
+        stray = 0
+        for _ in range(3000):
+            with t.lock.held():
+                t.delete(t.find(b"victim"))
+                row = t.upsert(b"other")
+            # the writer may run here, its find and write on either side of the lock
+            with t.lock.held():
+                stray += int(t.v[row, 0]) != 0
+                t.delete(row)
+                t.upsert(b"victim")
+        flags[1] = 1
+        puts = int(w.communicate(timeout=30)[0])
+    finally:
+        w.kill()
+    assert puts > 0, "the writer never wrote"
+    assert stray == 0, f"{stray} of b'other''s rows got b'victim''s value"
