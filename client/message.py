@@ -86,13 +86,16 @@ class Message:
     def key_list(self) -> list[str]:
         return split_keys(self.keys)
 
-    def properties_string(self, uniq_key: str | None = None) -> str:
+    def properties_string(self, uniq_key: str | None = None,
+                          extra: dict[str, str] | None = None) -> str:
         """The properties as sent (``k\\x01v`` joined by ``\\x02``), UNIQ_KEY
-        included. Every send path encodes them here, so here a message whose
-        properties do not fit the record's int16 length is refused
-        (MESSAGE_ILLEGAL, as RocketMQ's broker refuses it:
+        included, and ``extra``: what the producer adds (a half message's
+        TRAN_MSG and PGROUP), not kept in the message. Every send path
+        encodes them here, so here a message whose properties — all of
+        them, the added ones too — do not fit the record's int16 length is
+        refused (MESSAGE_ILLEGAL, as RocketMQ's broker refuses it:
         PROPERTIES_SIZE_EXCEEDED) before anything is sent or batched."""
-        if not self.properties and isinstance(self.keys, (str, type(None))):
+        if not self.properties and not extra and isinstance(self.keys, (str, type(None))):
             return properties_fit(self._system_properties(uniq_key))
         d = dict(self.properties)
         if self.tags:
@@ -103,6 +106,8 @@ class Message:
             d[DELAY] = str(self.delay_level)
         if uniq_key and UNIQ_KEY not in d:
             d[UNIQ_KEY] = uniq_key
+        if extra:
+            d.update(extra)
         for k, v in d.items():
             check_property(k, str(v))
         return properties_fit(properties_to_string(d))

@@ -427,15 +427,12 @@ class AsyncProducer:
         return [SendResult(status, u, i, q, o, tx, region)
                 for u, i, o in zip(uniqs, ids, range(first, first + len(uniqs)))]
 
-    def _request(self, msg: Message, q: MessageQueue, uniq: str, sysflag: int = 0,
-                 extra: dict[str, str] | None = None) -> RemotingCommand:
+    def _request(self, msg: Message, q: MessageQueue, uniq: str, sysflag: int = 0) -> RemotingCommand:
         body = msg.body
         if len(body) > self.config.compress_msg_body_over_howmuch:
             body = zlib.compress(body, 5)
             sysflag |= SYSFLAG_COMPRESSED
         props = msg.properties_string(uniq)
-        if extra:
-            props += "".join(f"\x02{k}\x01{v}" for k, v in extra.items())
         return RemotingCommand(RC.SEND_MESSAGE_V2, body=body, ext=send_ext(
             producerGroup=self.group, topic=msg.topic, defaultTopic=self.config.create_topic_key,
             defaultTopicQueueNums=self.config.default_topic_queue_nums, queueId=q.queue_id,
@@ -531,9 +528,7 @@ class AsyncProducer:
                 fut = acc.add(msg, uniq, queue, queues, deadline - time.monotonic())
                 if fut is not None:                # its batch holds the slot now
                     return await fut
-            props = msg.properties_string(uniq)
-            if extra:
-                props += "".join(f"\x02{k}\x01{v}" for k, v in extra.items())
+            props = msg.properties_string(uniq, extra)    # checked with extra's in it
             tries = 1 if queue is not None else 1 + self.config.retry_times_when_send_failed
             last: Exception | None = None
             for attempt in range(tries):

@@ -126,6 +126,34 @@ def test_transaction_producer_commits_rolls_back_and_answers_checks(broker, requ
     assert sorted(m.body for m in stored(broker, topic)) == [b"later", b"yes"]
 
 
+def test_a_half_message_the_added_transaction_properties_take_over_the_limit_is_refused(
+        broker, request):
+    """The properties a transaction send adds (TRAN_MSG, PGROUP) count
+    toward the 32767-byte limit: a message that fits it alone is refused
+    as a half message with MESSAGE_ILLEGAL naming the limit, before anything
+    is sent or the local transaction runs; sent plain it is stored."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    # 64 bytes to spare (the broker adds CLUSTER); TRAN_MSG and PGROUP add 130
+    fits = 32767 - 64 - len(Message(topic, b"x", properties={"p": ""}).properties_string("0" * 32))
+    group = "pg-tx-wide-" + "g" * 100
+    ran = []
+
+    class Runs(Listener):
+        def execute_local_transaction(self, msg, arg):
+            ran.append(msg)
+            return LocalTransactionState.COMMIT_MESSAGE
+
+    with TransactionProducer(group, Runs(), namesrv_addr=broker.namesrv) as p:
+        with pytest.raises(MQClientError) as e:
+            p.send_message_in_transaction(Message(topic, b"half", properties={"p": "v" * fits}))
+        # the client's refusal (the broker's answer to a sent one would name no limit of 32KB)
+        assert e.value.code == 13 and "properties length limit 32KB" in str(e.value), str(e.value)
+        assert p.send(Message(topic, b"plain", properties={"p": "v" * fits})).status is \
+            SendStatus.SEND_OK
+    assert ran == [] and [m.body for m in stored(broker, topic)] == [b"plain"]
+
+
 def test_a_producer_started_before_fork_sends_from_the_child(broker, request):
     """The native client breaks under fork; this one re-registers in the child."""
     import os
