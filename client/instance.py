@@ -541,22 +541,20 @@ class ClientInstance:
         conn = self._by_name.get(broker_name)
         if conn is not None and not conn.closed:
             return conn
+        conn = self._by_name[broker_name] = await self.connection(self._master(broker_name))
+        return conn
+
+    def _master(self, broker_name: str) -> str:
+        """``broker_addr``, or MQClientError when no route names the group."""
         addr = self.broker_addr(broker_name)
         if addr is None:
             raise MQClientError(R.SYSTEM_ERROR, f"the broker {broker_name} is not in any route")
-        conn = self._by_name[broker_name] = await self.connection(addr)
-        return conn
+        return addr
 
     async def invoke(self, broker_name: str, cmd: RemotingCommand,
                      timeout: float | None = None) -> RemotingCommand:
-        conn = None
-        try:
-            conn = await self.broker(broker_name)
-            return await conn.invoke(cmd, timeout or self.config.request_timeout)
-        except RemotingError:
-            if conn is None or conn.closed:
-                self.broker_unreachable(self.broker_addr(broker_name))
-            raise
+        """``cmd`` to the master of ``broker_name`` (``invoke_at`` its address)."""
+        return await self.invoke_at(self._master(broker_name), cmd, timeout)
 
     async def invoke_at(self, addr: str, cmd: RemotingCommand,
                         timeout: float | None = None) -> RemotingCommand:
