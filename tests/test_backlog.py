@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from brokerproc import until
 from conftest import keeps_every_page, small_config
 from shmq.core import _kernels as K
 from shmq.core.files import PAGE_BYTES, REAL_FILES, SimFileLayer
@@ -371,3 +372,30 @@ def test_an_appender_holds_the_consumequeue_file_it_writes_not_the_ones_it_fille
         assert store.read_queue("Q", 0, 49_999, 2)[1].queue_offset == 50_000   # all still there
     finally:
         close_clean(store)
+
+
+def test_will_need_reads_the_whole_range_ahead_beyond_the_kernels_limit_of_one_call(tmp_path):
+    """The kernel reads at most read_ahead_kb of one WILLNEED (8 MiB on this
+    VM's disk): a cold 32 MiB window advised through ``FileLayer.will_need``
+    (the reader's walk window, recovery's scan-ahead) comes into the page
+    cache past that (mincore counts a page once its read is done: polled)."""
+    if keeps_every_page(tmp_path):
+        pytest.skip("the file system keeps every page in memory (tmpfs): nothing is cold")
+    path, window = str(tmp_path / "cold"), 32 << 20
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(window >> 20):
+            os.write(fd, b"x" * (1 << 20))
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    h = REAL_FILES.open(path, writable=False)
+    try:
+        assert REAL_FILES.cached(h, 0, window).sum() * PAGE_BYTES < 1 << 20     # cold
+        REAL_FILES.will_need(h, 0, window)
+        limit = max(8 << 20, REAL_FILES.read_ahead_bytes(h.dev))
+        until(lambda: int(REAL_FILES.cached(h, 0, window).sum()) * PAGE_BYTES > limit,
+              f"more than {limit >> 20} MiB of the {window >> 20} MiB read ahead")
+    finally:
+        REAL_FILES.close(h)
