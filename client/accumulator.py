@@ -26,6 +26,16 @@ when
 - the producer flushes (``flush()``, ``shutdown()``, or a message for the same
   queue that goes alone: it must not overtake the batch).
 
+Timeouts are each caller's own (``send(..., timeout=)``): a batch's request
+waits as long as its latest caller's deadline (the batch's opening + the
+caller's timeout), and a caller whose deadline comes earlier gets its
+timeout then, alone (the others wait on; as for any send that timed out,
+its message may still be stored). A caller whose timeout is under twice
+``linger_ms`` makes its batch leave by half of it (``_hurry``), so that
+lingering never uses up its time: Kafka requires delivery.timeout.ms >=
+linger.ms + request.timeout.ms for the same reason, and as there a batch
+is never failed for lingering past a deadline.
+
 A batch of one goes as a plain SEND_MESSAGE_V2. A message not chosen for a
 queue sticks to the queue of the topic's open batch (Kafka's sticky
 partitioner) and the next batch takes the next queue, round robin. The
@@ -182,16 +192,20 @@ class Window:
 
 
 class Batch:
-    __slots__ = ("queue", "fixed", "buf", "uniqs", "futures", "first", "deadline", "timer",
-                 "queues")
+    __slots__ = ("queue", "fixed", "buf", "uniqs", "futures", "deadlines", "first", "opened",
+                 "leaves", "deadline", "timer", "expiry", "queues")
 
-    def __init__(self, queue: MessageQueue, fixed: bool, deadline: float):
-        self.queue, self.fixed, self.deadline = queue, fixed, deadline
+    def __init__(self, queue: MessageQueue, fixed: bool, opened: float):
+        self.queue, self.fixed, self.opened = queue, fixed, opened
         self.buf = bytearray()                             # the encoded entries
         self.uniqs: list[str] = []
         self.futures: list[asyncio.Future] = []
+        self.deadlines: list[float] = []                   # each caller's: opened + its timeout
         self.first: Message | None = None                  # sent alone if the batch stays at one
+        self.leaves = 0.0                                  # when its timer sends it
+        self.deadline = 0.0                                # its request's: the latest caller's
         self.timer: asyncio.TimerHandle | None = None
+        self.expiry: asyncio.TimerHandle | None = None     # fails callers whose deadline is earlier
         self.queues: list[MessageQueue] = []               # the topic's, when it was opened
 
     def __len__(self) -> int:
@@ -214,6 +228,7 @@ class Accumulator:
                              f"batch waits linger_ms before it is sent, so every batched send "
                              f"would time out")
         self.linger_s = cfg.linger_ms / 1000
+        self.hurried = 2 * self.linger_s               # a timeout under this moves a batch's send up
         self.max_bytes = cfg.batch_max_bytes
         # a body offer() takes: not compressed, within max_message_size
         self.small = min(cfg.compress_msg_body_over_howmuch, cfg.max_message_size)
@@ -318,6 +333,9 @@ class Accumulator:
         fut = inst.loop.create_future()
         b.futures.append(fut)
         b.uniqs.append(uniq)
+        b.deadlines.append(b.opened + timeout)
+        if timeout < self.hurried:
+            self._hurry(b, timeout)
         self.lingering += 1
         if len(buf) >= self.max_bytes:
             self._flush(b)
@@ -336,13 +354,25 @@ class Accumulator:
             self._flush(b)
             b = None
         if b is None:
-            b = self.batches[q] = Batch(q, queue is not None, time.monotonic() + timeout)
+            b = self.batches[q] = Batch(q, queue is not None, time.monotonic())
             b.queues = queues
+            b.leaves = b.opened + self.linger_s
             self.loop = loop = self.p.instance.loop
             b.timer = loop.call_later(self.linger_s, self._flush, b)
         if queue is None:
             self.sticky[msg.topic] = b
         return b
+
+    def _hurry(self, b: Batch, timeout: float) -> None:
+        """A caller whose ``timeout`` is short beside the linger: ``b`` leaves
+        by half of it, so its answer has the other half (Kafka refuses a
+        delivery.timeout.ms under linger.ms + request.timeout.ms for the same
+        reason: waiting in a batch must not use up a send's time)."""
+        leaves = b.opened + timeout / 2
+        if leaves < b.leaves:
+            b.leaves = leaves
+            b.timer.cancel()
+            b.timer = self.loop.call_later(max(0.0, leaves - time.monotonic()), self._flush, b)
 
     def flush(self) -> None:
         """Send every open batch now."""
@@ -396,11 +426,18 @@ class Accumulator:
 
     def _send(self, b: Batch, conn) -> None:
         """Write ``b`` now (frames of a queue leave in the order batches close);
-        its answer settles it in ``_answered``."""
-        left = b.deadline - time.monotonic()
+        its answer settles it in ``_answered``. The request waits as long as
+        the latest caller's deadline; a caller whose deadline is earlier
+        gets its timeout then (``_expire``), alone."""
+        deadlines = b.deadlines
+        b.deadline = max(deadlines)
+        now = time.monotonic()
+        left = b.deadline - now
         if left <= 0:
             self._settle(b, MQClientError(-1, "the batch's send timeout passed before it was sent"))
             return
+        if min(deadlines) < b.deadline:
+            self._expire(b)
         try:
             fut = self._write(conn, b, b.queue, left)
         except RemotingError as e:                         # closed meanwhile: retried as any failure
@@ -408,6 +445,23 @@ class Accumulator:
             return
         self._inflight.add(fut)
         fut.add_done_callback(functools.partial(self._answered, b))
+
+    def _expire(self, b: Batch) -> None:
+        """Fail the callers of ``b`` whose deadline has passed (a timeout of
+        their own, as a send alone gets it: the message may still be
+        stored); again at the next earlier deadline than the batch's."""
+        now = time.monotonic()
+        nxt = b.deadline
+        for f, d in zip(b.futures, b.deadlines):
+            if f.done():
+                continue
+            if d <= now:
+                f.set_exception(RemotingError(f"no reply to the send within its timeout "
+                                              f"({d - b.opened:g} s; its batch of "
+                                              f"{len(b.futures)} to {b.queue} is still waiting)"))
+            elif d < nxt:
+                nxt = d
+        b.expiry = self.loop.call_later(nxt - now, self._expire, b) if nxt < b.deadline else None
 
     def _send_waiting(self, name: str, conn) -> None:
         for b in self._unconnected.pop(name, ()):
@@ -443,6 +497,8 @@ class Accumulator:
         """The answer to ``b``'s request: every caller's SendResult, or a
         failure, retried on another queue where the module's header says."""
         self._inflight.discard(fut)
+        if b.expiry is not None:
+            b.expiry.cancel()
         if fut.cancelled():
             self._settle(b, asyncio.CancelledError())
             return
@@ -517,6 +573,8 @@ class Accumulator:
 
     def _settle(self, b: Batch, error: BaseException) -> None:
         """``b`` failed for good: every caller gets ``error``; its slots are free."""
+        if b.expiry is not None:
+            b.expiry.cancel()
         cancelled = isinstance(error, asyncio.CancelledError)
         for f in b.futures:
             if not f.done():

@@ -430,6 +430,45 @@ def test_the_accumulator_keeps_a_chosen_queues_order(broker, request):
     _check_results(broker, topic, bodies, results)
 
 
+def test_a_callers_short_timeout_in_a_batch_is_its_own(broker, request):
+    """Each caller of a batch has its own send timeout: a caller whose
+    timeout is shorter than linger_ms, opening the batch, makes it leave in
+    time and every caller of it is stored and answered (it failed them all);
+    while the broker does not answer, a caller's short timeout fails that
+    caller alone and the one beside it is answered once the broker is back."""
+    import os
+    import signal
+    from shmq.client.connection import RemotingError
+    topic = topic_of(request)
+    make_topic(broker, topic)
+
+    async def main():
+        async with AsyncProducer("pg-acc-timeouts", namesrv_addr=broker.namesrv, linger_ms=2000,
+                                 send_msg_timeout=10) as p:
+            await p.publish_queues(topic)
+            p._template(topic)                           # the fast lane takes the topic's sends
+            both = await asyncio.gather(p.send(Message(topic, b"short"), timeout=1.6),
+                                        p.send(Message(topic, b"long"), timeout=10))
+            os.killpg(broker.proc.pid, signal.SIGSTOP)
+            try:
+                waits = asyncio.ensure_future(p.send(Message(topic, b"waits"), timeout=60))
+                gives_up = asyncio.ensure_future(p.send(Message(topic, b"gives up"), timeout=0.5))
+                async with asyncio.timeout(30):                # a hang guard, not a timing
+                    with pytest.raises(RemotingError, match="within its timeout"):
+                        await gives_up
+                assert not waits.done()
+            finally:
+                os.killpg(broker.proc.pid, signal.SIGCONT)
+            return both, await asyncio.wait_for(waits, 30)
+    both, waited = asyncio.run(main())
+    assert both[0].queue == both[1].queue and both[1].queue_offset == both[0].queue_offset + 1
+    held = _by_position(broker, topic)
+    for body, r in ((b"short", both[0]), (b"long", both[1]), (b"waits", waited)):
+        assert held[(r.queue.queue_id, r.queue_offset)].body == body
+    # the one that gave up was in the batch that was sent: stored all the same
+    assert sorted(m.body for m in held.values()) == [b"gives up", b"long", b"short", b"waits"]
+
+
 def test_a_linger_not_shorter_than_the_send_timeout_is_refused_when_the_producer_is_made():
     """A batch leaves linger_ms after its first message and fails once that
     message's send timeout passed: linger_ms >= send_msg_timeout would fail
