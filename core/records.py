@@ -564,18 +564,29 @@ class Columns:
         return dat[off[i]:off[i + 1]].tobytes().decode("utf-8", "replace")
 
 
+# The columnar readers' entry points below pass their input arrays to the
+# kernels read-only (``_ro``), whatever their callers hold (a writable
+# mapping, rows a kernel just wrote): the one specialisation each kernel has
+# (``core/jit.py``), so an unfrozen process (a Spark worker, a tool) never
+# compiles a second one for writable inputs on a cold cache.
+def _ro(arrays) -> tuple:
+    return tuple(jit.readonly(a) for a in arrays)
+
+
 def scan_rows(buf: np.ndarray, start: int, end: int, phy_base: int, max_rows: int,
               check_crc: bool = False) -> tuple[np.ndarray, int, int]:
     """Rows (``scan_records`` layout) of up to ``max_rows`` records of segment
     ``buf`` from ``start`` to ``end``; returns (rows, pos, status)."""
     out = np.empty((max_rows, K.N_SCAN), dtype=np.int64)
-    n, pos, status = K.scan_records(buf, start, end, phy_base, check_crc, K.CRC_TABLES, _NO_KEY, out)
+    n, pos, status = K.scan_records(jit.readonly(buf), start, end, phy_base, check_crc,
+                                    K.CRC_TABLES, _NO_KEY, out)
     return out[:n], int(pos), int(status)
 
 
 def rows_at(buf: np.ndarray, phy_base: int, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Rows of the records at ConsumeQueue positions ``phys`` (all in segment
     ``buf``), up to the first that is not a valid record of its unit's size."""
+    buf, phys, sizes = _ro((buf, phys, sizes))
     out = np.empty((phys.shape[0], K.N_SCAN), dtype=np.int64)
     n = K.records_at(buf, phy_base, phys, sizes, 0, phys.shape[0], _NO_KEY, out)
     return out[:n]
@@ -585,6 +596,7 @@ def uniq_hashes(buf: np.ndarray, phy_base: int, phys: np.ndarray, sizes: np.ndar
     """The duplicate-send window's hash of each record at ConsumeQueue
     positions ``phys`` (all in segment ``buf``; ``K.uniq_hashes``), 0 where
     there is no key to remember."""
+    buf, phys, sizes = _ro((buf, phys, sizes))
     out = np.empty(phys.shape[0], dtype=np.int64)
     K.uniq_hashes(buf, phy_base, phys, sizes, phys.shape[0], K.CRC_TABLES, _UNIQ_KEY, out)
     return out
@@ -592,6 +604,7 @@ def uniq_hashes(buf: np.ndarray, phy_base: int, phys: np.ndarray, sizes: np.ndar
 
 def decode_columns(buf: np.ndarray, phy_base: int, rows: np.ndarray) -> Columns:
     """Every field of the records ``rows`` describe, as columns (one numba pass)."""
+    buf, rows = _ro((buf, rows))
     n = rows.shape[0]
     body = int(rows[:, K.S_BODY_LEN].sum())
     props = int(rows[:, K.S_PROPS_LEN].sum())
@@ -613,6 +626,7 @@ def decode_columns(buf: np.ndarray, phy_base: int, rows: np.ndarray) -> Columns:
 def property_pairs(offs: np.ndarray, dat: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
     """Each row's properties as (row offsets into the pairs, (key offsets,
     key bytes), (value offsets, value bytes)), the pieces Java's parser keeps."""
+    offs, dat = _ro((offs, dat))
     n = offs.shape[0] - 1
     cap = int(np.count_nonzero(dat == 2)) + n
     ks, kl, vs, vl = (np.empty(cap, np.int64) for _ in range(4))
@@ -634,10 +648,6 @@ def property_pairs(offs: np.ndarray, dat: np.ndarray) -> tuple[np.ndarray, tuple
 # Compilation depends on the types alone, so a unit feeds zeros where it can
 # and never runs another unit's kernels (the units compile in parallel).
 _WARM_BODY = b"\x00\x00\x00\x18" + bytes(12) + b"\x00\x00\x00\x01x\x00\x01t"   # a batch of one
-
-
-def _ro(arrays) -> tuple:
-    return tuple(jit.readonly(a) for a in arrays)
 
 
 def warm_up_encode() -> None:

@@ -22,10 +22,34 @@ def run(code: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_every_unit_loads_exactly_one_specialisation_of_each_of_its_kernels():
-    counts = run("import json\nfrom shmq.core import jit\n"
-                 "names = tuple(jit.UNITS)\njit.load(names)\n"
-                 "print(json.dumps(jit.compile_counts(names)))")
+def test_every_unit_loads_exactly_one_specialisation_of_each_of_its_kernels(tmp_path):
+    """Also after reads through both Spark sources where pyspark is here (a
+    Spark worker's path, which freezes nothing: rows and queue positions it
+    made, writable, beside a read-only segment): they add no second
+    specialisation, which a worker would compile for seconds on a cold cache."""
+    from conftest import small_config
+    from shmq.core.records import encode
+    from shmq.core.store import close_clean, open_local
+    root = str(tmp_path / "store")
+    store, _ = open_local(small_config(root))
+    for i in range(5):
+        store.append(encode("Jit", [b"m%d" % i], queue_ids=0, properties=b"TAGS\x01t\x02KEYS\x01k"))
+    close_clean(store)
+    counts = run(f"""
+import json
+from shmq.core import jit
+names = tuple(jit.UNITS)
+jit.load(names)
+try:
+    from shmq.spark import sources as S
+except ImportError:             # no pyspark here: the units alone
+    S = None
+if S is not None:
+    for reader in (S.ShmqBatchReader({{"path": {root!r}, "subscribe": "Jit", "includeProperties": "true"}}),
+                   S.ShmqCommitLogReader({{"path": {root!r}, "includeProperties": "true"}})):
+        assert sum(b.num_rows for p in reader.partitions() for b in reader.read(p)) == 5
+print(json.dumps(jit.compile_counts(names)))
+""")
     assert counts and all(n == 1 for n in counts.values()), counts
 
 
