@@ -10,6 +10,16 @@ its services (the rebalance service, periodic work) as watched tasks
 (background.py), and is what the instance calls back (``topics``,
 ``consumer_data``, ``rebalance_soon``, ``running_info``, ``reset_offsets``).
 
+A forked child (``os.fork``, multiprocessing's fork) holds a copy of a
+consumer that is not its own: its tasks, pulls, listener threads and
+queue locks are the parent's, which goes on consuming. The child's copy
+is stopped at once (``_inherited``, by the producers' fork hook,
+``instance.inherit_at_fork``): ``shutdown()`` there returns without
+touching the parent's (no offsets persisted from the stale copy, no
+unlocking, no unregistering), and ``start()`` there makes it a consumer
+of the child's own, as a new one. Fork outside a running event loop, as
+for producers.
+
 A bug in any background task of the consumer (or of its instance) is
 recorded as ``failure`` — the first one, logged at ERROR where it happened —
 and ``shutdown()`` raises it as ``BackgroundFailure`` after cleaning up.
@@ -34,7 +44,7 @@ from shmq.ipc.remoting import RemotingCommand
 
 from . import background, rebalance
 from .errors import EXPECTED, BackgroundFailure, MQClientError, RemotingError
-from .instance import ClientConfig, ClientInstance, split_settings, with_settings
+from .instance import ClientConfig, ClientInstance, inherit_at_fork, split_settings, with_settings
 from .message import MessageQueue
 from .offsets import (CONSUME_FROM_WHERE, LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore,
                       compute_pull_from_where, default_consume_timestamp, parse_consume_timestamp)
@@ -96,6 +106,17 @@ class ConsumerBase(abc.ABC):
         self.failure: BaseException | None = None    # the first bug a background task met
         self._failed_in = ""
         self._services: list[asyncio.Task] = []
+        self._rebalance_wake = asyncio.Event()
+        self._rebalance_lock = asyncio.Lock()
+        inherit_at_fork(self)
+
+    def _inherited(self) -> None:
+        """In a forked child: stopped, holding nothing of the parent's (see
+        the module doc); the subclass drops its own state too."""
+        self.running = False
+        self.instance = None
+        self.offset_store = None
+        self._services = []
         self._rebalance_wake = asyncio.Event()
         self._rebalance_lock = asyncio.Lock()
 

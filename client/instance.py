@@ -12,6 +12,9 @@ advertises one (``unixSocketPath`` in its runtime info) and ``use_unix_socket``
 is on. A fork gets its own instance: an instance is tied to the pid and
 the event loop that made it, and a forked child lets its parent's go at
 once (``inherited``: their sockets closed in the child, nothing sent).
+The members made in the process, producers and consumers, are told too
+(``inherit_at_fork``: each one's ``_inherited`` drops what it holds of
+the parent's: its windows, batches, tasks, threads, queues).
 
 Broker groups: sends go to a group's master; pulls to the broker id the
 last pull reply suggested (``pull_from``, ``find_broker``: RocketMQ's
@@ -36,6 +39,7 @@ import os
 import random
 import socket
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import orjson
@@ -55,16 +59,26 @@ PERM_READ, PERM_WRITE = 4, 2
 MASTER_ID = "0"
 REROUTE_EVERY_S, REROUTE_TRIES = 0.5, 10     # routes asked again after a broker is lost
 PID = os.getpid()          # this process's pid, kept current by a fork hook (no syscall per send)
+_members: "weakref.WeakSet" = weakref.WeakSet()     # producers and consumers: what a fork resets
+
+
+def inherit_at_fork(member) -> None:
+    """In a forked child, call ``member._inherited()`` (after the instances
+    are let go): a producer or consumer drops what it holds of the parent's."""
+    _members.add(member)
 
 
 def _forked() -> None:
-    """In a forked child: every instance is the parent's (``ClientInstance.inherited``)."""
+    """In a forked child: every instance is the parent's (``ClientInstance.inherited``),
+    and so is what every member holds."""
     global PID
     PID = os.getpid()
     inherited = list(ClientInstance._instances.values())
     ClientInstance._instances.clear()
     for inst in inherited:
         inst.inherited()
+    for member in list(_members):
+        member._inherited()
 
 
 os.register_at_fork(after_in_child=_forked)

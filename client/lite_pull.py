@@ -92,6 +92,12 @@ class AsyncLitePullConsumer(ConsumerBase):
         self._ending: set[asyncio.Task] = set()         # pull tasks cancelled, not yet ended
         self._next_auto_commit = 0.0
 
+    def _inherited(self) -> None:
+        super()._inherited()
+        self.queues = {}
+        self._requests = asyncio.Queue()             # the parent's polled messages
+        self._pull_tasks, self._ending = {}, set()
+
     def _set_mode(self, mode: str) -> None:
         if self.mode not in (None, mode):
             raise MQClientError(-1, "subscribe and assign are exclusive")

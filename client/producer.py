@@ -56,7 +56,8 @@ A forked child (``os.fork``, multiprocessing's fork) starts its copy of a
 producer with nothing of its parent's in flight (``_inherited``, run by a
 fork hook): a new window, an empty accumulator, no puts buffered or
 waiting, counts from zero, and the parent's client instance let go
-(``ClientInstance.inherited``); its first send attaches one of its own.
+(``ClientInstance.inherited``; the hook is the instance's,
+``inherit_at_fork``, the consumers' too); its first send attaches one of its own.
 The parent's batches, puts and sends in flight stay the parent's: the
 child neither waits for their slots (it hung on a full window) nor sends
 them again (a batch it joined was stored twice). Fork outside a running
@@ -87,7 +88,6 @@ import os
 import re
 import struct
 import time
-import weakref
 import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
@@ -187,15 +187,6 @@ def _byte_bodies(bodies) -> list:
 
 
 _CACHED_MAX = 4096                     # topics whose name and template a producer keeps
-_live: "weakref.WeakSet[AsyncProducer]" = weakref.WeakSet()   # what a forked child resets
-
-
-def _forked() -> None:
-    for p in list(_live):
-        p._inherited()
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 class AsyncProducer:
@@ -239,7 +230,7 @@ class AsyncProducer:
         if self.client_config.enable_msg_trace:   # off: no trace code on the send path at all
             self.tracer = trace.TraceDispatcher(group, "PRODUCE", self.client_config)
             self.send = self._traced_send
-        _live.add(self)
+        instance.inherit_at_fork(self)
 
     def _inherited(self) -> None:
         """In a forked child: nothing of the parent's in flight is ours (see

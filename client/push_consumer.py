@@ -105,6 +105,16 @@ class AsyncPushConsumer(ConsumerBase):
             self.tracer = trace.TraceDispatcher(group, "CONSUME", self.client_config)
             self._call_listener = self._traced_call_listener
 
+    def _inherited(self) -> None:
+        super()._inherited()
+        self._stopping = False
+        self.process_queues = {}
+        self._pull_tasks, self._work, self._timers = {}, set(), set()
+        self._slots = self._executor = None             # the parent's threads
+        self.locks = QueueLocks(self.group, self._inst, self.process_queues)
+        if self.tracer is not None:        # the parent's queued trace records stay the parent's
+            self.tracer = trace.TraceDispatcher(self.group, "CONSUME", self.client_config)
+
     # ------------------------------------------------------------ set-up
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
         """Consume ``topic``'s messages that match a TAG (``*``, ``A || B``) or

@@ -619,6 +619,77 @@ def test_lite_pull_assign_poll_commit_seek(broker, request):
         c.shutdown()
 
 
+def test_consumers_running_in_a_forked_child_are_the_parents_and_the_child_starts_its_own(
+        broker, request):
+    """Fork while a push and a lite pull consumer run: in the child both are
+    stopped copies (their shutdown returns at once, touching none of the
+    parent's tasks, threads or sockets; poll says it is not running), and
+    the lite pull one started there is the child's own, reading the queue
+    from its start; the parent's both go on consuming."""
+    import signal
+    topic = make_topic(broker, topic_of(request), 1)
+    queue = MessageQueue(topic, "broker-a", 0)
+    pushed = []
+    lock = threading.Lock()
+
+    def listener(msgs, context):                              # runs in a consume thread
+        with lock:
+            pushed.extend(m.body for m in msgs)
+        return OK
+
+    c = PushConsumer("cg-fork-push", namesrv_addr=broker.namesrv, **FAST)
+    c.subscribe(topic)
+    c.register_message_listener(listener)
+    lite = LitePullConsumer("cg-fork-lite", namesrv_addr=broker.namesrv, auto_commit=False,
+                            consume_from_where="CONSUME_FROM_FIRST_OFFSET", **FAST)
+    lite.assign([queue])
+    with Producer("pg-fork-consumers", namesrv_addr=broker.namesrv) as p:
+        c.start()
+        lite.start()
+        try:
+            p.send(Message(topic, b"before"))
+            wait_for(lambda: pushed == [b"before"], what="the parent's push consumer")
+            pid = os.fork()
+            if pid == 0:                                   # the child: its exit code says
+                code = 1
+                try:
+                    signal.alarm(60)                       # never outlive a failed test
+                    c.shutdown()
+                    lite.shutdown()
+                    try:
+                        lite.poll(0.1)
+                        code = 2
+                    except MQClientError as e:
+                        code = 3 if "not running" not in str(e) else 1
+                    if code == 1:
+                        lite.start()                       # the child's own, from the start
+                        got, deadline = [], time.monotonic() + 20
+                        while not got and time.monotonic() < deadline:
+                            got = lite.poll(0.5)
+                        lite.shutdown()
+                        code = 0 if [m.body for m in got] == [b"before"] else 4
+                finally:
+                    os._exit(code)
+            status = []
+            try:
+                wait_for(lambda: status.append(os.waitpid(pid, os.WNOHANG)) or status[-1][0] == pid,
+                         30, "the child")
+            finally:
+                if status[-1][0] != pid:                   # it hangs: the test failed
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status[-1][1]) == 0
+            p.send(Message(topic, b"after"))
+            wait_for(lambda: pushed == [b"before", b"after"], what="the parent's push consumer")
+            polled, deadline = [], time.monotonic() + 20
+            while len(polled) < 2 and time.monotonic() < deadline:
+                polled += lite.poll(0.5)
+            assert [m.body for m in polled] == [b"before", b"after"]
+        finally:
+            c.shutdown()
+            lite.shutdown()
+
+
 def test_lite_pull_subscribe_shares_queues_and_commits(broker, request):
     topic = make_topic(broker, topic_of(request), 2)
 
