@@ -30,7 +30,11 @@ CHECK_TRANSACTION_STATE, RESET_CONSUMER_CLIENT_OFFSET, …) go to
 ``on_request``, which may return a reply. Addresses are ``host:port`` or
 ``unix:/path``. Given ``credentials`` (an account of the broker's ACL), every
 request is signed as RocketMQ's ACL clients sign it (ipc/signing.py); a
-pre-encoded frame (``send_frame``) must come signed. Fork-safe by construction: a connection belongs to the event
+pre-encoded frame (``send_frame``) must come signed. Every frame says
+its language is ``PYTHON`` (RocketMQ's LanguageCode 3, ``LANGUAGE``; a
+pre-encoded frame writes it too), as the Java client says JAVA: brokers
+show it in a group's connections, and the one answer that depends on it,
+RocketMQ's ResetOffsetBodyForC, is for CPP alone. Fork-safe by construction: a connection belongs to the event
 loop that opened it, and a client checks its pid before using any
 (``ClientInstance``).
 """
@@ -47,6 +51,8 @@ from shmq.ipc.remoting import FLAG_ONEWAY, FrameDecoder, RemoteProtocolError, Re
 from shmq.ipc.signing import Credentials, sign
 
 from .errors import EXPECTED, RemotingError
+
+LANGUAGE = "PYTHON"        # the remoting header's language of every frame the client writes
 
 log = logging.getLogger("shmq.client")
 
@@ -120,6 +126,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> asyncio.Future:
         cmd.opaque = next_opaque()
+        cmd.language = LANGUAGE
         if self.credentials is not None:
             sign(cmd, self.credentials)
         return self.send_frame(cmd.opaque, encode(cmd), timeout, cmd.code)
@@ -132,12 +139,14 @@ class Connection(asyncio.BufferedProtocol):
             raise RemotingError(f"connection to {self.addr} is {self._matcher.why_closed}")
         cmd.flag |= FLAG_ONEWAY
         cmd.opaque = next_opaque()
+        cmd.language = LANGUAGE
         if self.credentials is not None:
             sign(cmd, self.credentials)
         self._write(encode(cmd))
 
     def send_reply(self, reply: RemotingCommand) -> None:
         if not self.closed:
+            reply.language = LANGUAGE
             self._write(encode(reply))
 
     def _write(self, frame: bytes) -> None:

@@ -26,6 +26,8 @@ from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 from shmq.ipc.remoting import VERSION_4_9_7, RemotingCommand
 from shmq.ipc.signing import Credentials, sign_text
 
+from .connection import LANGUAGE
+
 _ENTRY = struct.Struct(">iiiii")
 
 
@@ -70,11 +72,11 @@ class SendTemplate:
             signed = b',"AccessKey":%s,"Signature":"%%s"' % literal(credentials.access_key)
 
         def head(code: int) -> bytes:
-            return (b'{"code":%d,"language":"JAVA","version":%d,"opaque":%%d,"flag":0,'
+            return (b'{"code":%d,"language":"%s","version":%d,"opaque":%%d,"flag":0,'
                     b'"serializeTypeCurrentRPC":"JSON","extFields":{"a":%s,"b":%s,"c":%s,'
                     b'"d":"%d","e":"%%d","f":"%%d","g":"%%d","h":"%%d","i":%%s,"j":"0",'
                     b'"k":"false","m":"%%s"%s}}'
-                    % (code, VERSION_4_9_7, literal(group), literal(topic),
+                    % (code, LANGUAGE.encode(), VERSION_4_9_7, literal(group), literal(topic),
                        literal(create_topic_key), default_queues, signed))
         self._v2 = head(RequestCode.SEND_MESSAGE_V2)
         self._batch = head(RequestCode.SEND_BATCH_MESSAGE)

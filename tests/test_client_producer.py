@@ -583,6 +583,7 @@ def test_too_big_and_delayed_messages_go_alone(broker, request, monkeypatch):
 
 def test_the_send_frame_template_writes_what_encode_writes():
     """SendTemplate's frames are byte for byte ipc.remoting.encode's."""
+    from shmq.client.connection import LANGUAGE
     from shmq.client.requests import SendTemplate
     from shmq.ipc.codes import RequestCode as RC
     from shmq.ipc.remoting import RemotingCommand, encode
@@ -591,8 +592,22 @@ def test_the_send_frame_template_writes_what_encode_writes():
         cmd = RemotingCommand(RC.SEND_BATCH_MESSAGE if batch else RC.SEND_MESSAGE_V2, opaque=991, body=body,
                               ext={"a": 'g"r\\oup', "b": "Topic_1", "c": "TBW102", "d": "8", "e": "3",
                                    "f": "1", "g": "1700000000123", "h": "7", "i": props, "j": "0",
-                                   "k": "false", "m": "true" if batch else "false"})
+                                   "k": "false", "m": "true" if batch else "false"},
+                              language=LANGUAGE)
         assert t.frame(991, 3, 1, 1700000000123, 7, props, body, batch) == encode(cmd)
+
+
+def test_the_broker_lists_the_clients_connections_in_language_python(broker, request):
+    """The remoting header's language is PYTHON (RocketMQ's LanguageCode 3),
+    not JAVA: a producer group's connections on the broker say so."""
+    from shmq.tools.admin_client import AdminClient
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    with Producer("pg-language", namesrv_addr=broker.namesrv) as p:
+        assert p.send(Message(topic, b"from python")).status is SendStatus.SEND_OK
+        with AdminClient(broker.namesrv) as a:
+            conns = a.producer_connection(broker.addr, "pg-language")
+    assert [c["language"] for c in conns] == ["PYTHON"]
 
 
 def test_a_send_racing_shutdown_is_refused_and_the_producer_starts_again(broker, request):

@@ -215,7 +215,7 @@ def test_consumer_groups_lag_connections_reset_and_skip(env):
 def test_producer_connections(env):
     text = ok(env, q("/producers", producerGroup=PGROUP, topic=TOPIC))
     client_id = env.producer._p.instance.client_id
-    assert re.search(rf"Client id Address Language Version {re.escape(client_id)} \S+ JAVA \d+",
+    assert re.search(rf"Client id Address Language Version {re.escape(client_id)} \S+ PYTHON \d+",
                      text), text
     assert f"producer group nobody not found: no broker of topic {TOPIC} has a connection of it" in \
         error_of(env, q("/producers", producerGroup="nobody", topic=TOPIC))
