@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import shutil
 import socket
 import struct
 import tempfile
@@ -73,12 +74,19 @@ class pinned_self:
 
 
 # ------------------------------------------------------------------ sockets
+_MADE_DIRS: dict[str, str] = {}     # a Unix socket's path → the directory made for it
+
+
 def listener(transport: str, scratch: str) -> tuple[socket.socket, object]:
-    """A listening socket and the address to connect to."""
+    """A listening socket and the address to connect to; ``forget`` the
+    address when done (a Unix socket leaves its file, and a path too long
+    for ``scratch`` a /tmp/shmq-perf-* directory)."""
     if transport == "unix":
         path = os.path.join(scratch, f"n{os.getpid()}-{next(_seq)}.sock")
         if len(path) > 100:   # sun_path holds 108 bytes
-            path = os.path.join(tempfile.mkdtemp(prefix="shmq-perf-"), "s.sock")
+            made = tempfile.mkdtemp(prefix="shmq-perf-")
+            path = os.path.join(made, "s.sock")
+            _MADE_DIRS[path] = made
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(path)
         s.listen(8)
@@ -90,6 +98,19 @@ def listener(transport: str, scratch: str) -> tuple[socket.socket, object]:
         s.listen(8)
         return s, s.getsockname()
     raise ValueError(f"unknown transport {transport!r}")
+
+
+def forget(transport: str, addr) -> None:
+    """Remove what ``listener`` left on disk for ``addr``."""
+    if transport != "unix":
+        return
+    try:
+        os.unlink(addr)
+    except FileNotFoundError:
+        pass
+    made = _MADE_DIRS.pop(addr, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def connect(transport: str, addr) -> socket.socket:
@@ -165,13 +186,16 @@ def round_trip(transport: str, scratch: str, seconds: float, frame_bytes: int = 
     """One request in flight to an echo process: {rate, p50_us, p99_us, n}.
     ``cpus``: (this process's cpu, the echo's cpu) while measuring."""
     lsock, addr = listener(transport, scratch)
-    p = FORK.Process(target=_echo, args=(lsock,), daemon=True)
-    p.start()
-    lsock.close()
-    if cpus:
-        pin(p.pid, cpus[1])
-    with pinned_self(cpus[0] if cpus else None):
-        return _round_trip(p, transport, addr, seconds, frame_bytes)
+    try:
+        p = FORK.Process(target=_echo, args=(lsock,), daemon=True)
+        p.start()
+        lsock.close()
+        if cpus:
+            pin(p.pid, cpus[1])
+        with pinned_self(cpus[0] if cpus else None):
+            return _round_trip(p, transport, addr, seconds, frame_bytes)
+    finally:
+        forget(transport, addr)
 
 
 def _round_trip(p, transport, addr, seconds, frame_bytes) -> dict:
@@ -241,10 +265,15 @@ class Drain:
     def __init__(self, transport: str, scratch: str):
         self.transport = transport
         lsock, self.addr = listener(transport, scratch)
-        self.pipe, child = FORK.Pipe()
-        self.proc = FORK.Process(target=_drain, args=(lsock, child), daemon=True)
-        self.proc.start()
-        lsock.close()
+        try:
+            self.pipe, child = FORK.Pipe()
+            self.proc = FORK.Process(target=_drain, args=(lsock, child), daemon=True)
+            self.proc.start()
+        except BaseException:
+            forget(transport, self.addr)
+            raise
+        finally:
+            lsock.close()
 
         self._bufs = None
 
@@ -266,8 +295,11 @@ class Drain:
         return self.pipe.recv()
 
     def close(self) -> None:
-        self.pipe.send(None)
-        _check_exit(self.proc, "drain")
+        try:
+            self.pipe.send(None)
+            _check_exit(self.proc, "drain")
+        finally:
+            forget(self.transport, self.addr)
 
 
 # ------------------------------------------------------------------ bulk

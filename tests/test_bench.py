@@ -141,3 +141,21 @@ def test_profile_writes_a_flame_graph_per_broker_process(tmp_path):
     # the workers that served the sends were sampled in the send handler
     workers = [s for role, _, s in found if role.startswith("worker")]
     assert any("broker/handlers/send.py" in pathlib.Path(s).read_text() for s in workers)
+
+
+def test_the_socket_limits_leave_no_socket_files_or_temporary_directories(tmp_path):
+    """perf.net_limits over a Unix socket, from a scratch path too long for
+    one (so the socket goes to a directory of its own under TMPDIR): the
+    round trip and the bulk stream leave nothing behind there or in scratch."""
+    scratch = tmp_path / ("s" * 100)
+    scratch.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = ("import sys\nfrom perf import net_limits as N\n"
+            "assert N.round_trip('unix', sys.argv[1], 0.01)['n'] > 0\n"
+            "assert N.bulk('unix', sys.argv[1], 2 << 20, rounds=1)['bps'] > 0\n")
+    r = subprocess.run([sys.executable, "-c", code, str(scratch)], capture_output=True, text=True,
+                       timeout=120, cwd=pathlib.Path(__file__).resolve().parent.parent,
+                       env={**os.environ, "TMPDIR": str(tmp)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert os.listdir(tmp) == [] and os.listdir(scratch) == []
