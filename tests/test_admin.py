@@ -690,29 +690,30 @@ def test_producer_connection_trace_stats_all_and_broker_consume_stats(broker):
 def test_get_and_update_namesrv_config(broker):
     ns = broker.namesrv
     conf = ok(broker, "getNamesrvConfig")["namesrvs"][ns]
-    assert (conf["listenPort"], conf["orderMessageEnable"]) == (ns.rpartition(":")[2], "true")
+    # orderMessageEnable: false by default, as RocketMQ's NamesrvConfig
+    assert (conf["listenPort"], conf["orderMessageEnable"]) == (ns.rpartition(":")[2], "false")
     rc, text, _ = admin(broker, "getNamesrvConfig", json_out=False)
     assert f"============{ns}============" in text
-    assert re.search(r"^orderMessageEnable +=  true$", text, re.M), text
+    assert re.search(r"^orderMessageEnable +=  false$", text, re.M), text
     ok(broker, "updateTopic", "-b", broker.addr, "-t", "AdmOrderConf", "-w", "2", "-o", "true")
     assert routed(broker, "AdmOrderConf")
-    assert ok(broker, "topicRoute", "-t", "AdmOrderConf")["orderTopicConf"] == f"{BROKER}:2"
+    assert "orderTopicConf" not in ok(broker, "topicRoute", "-t", "AdmOrderConf")
     try:
-        rc, text, _ = admin(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "false",
+        rc, text, _ = admin(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "true",
                             json_out=False)
-        assert rc == 0 and text == f"update name server config success![{ns}]\norderMessageEnable : false\n"
-        assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "false"
-        assert "orderTopicConf" not in ok(broker, "topicRoute", "-t", "AdmOrderConf")
+        assert rc == 0 and text == f"update name server config success![{ns}]\norderMessageEnable : true\n"
+        assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "true"
+        assert ok(broker, "topicRoute", "-t", "AdmOrderConf")["orderTopicConf"] == f"{BROKER}:2"
     finally:
-        ok(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "true")
-    assert ok(broker, "topicRoute", "-t", "AdmOrderConf")["orderTopicConf"] == f"{BROKER}:2"
+        ok(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "false")
+    assert "orderTopicConf" not in ok(broker, "topicRoute", "-t", "AdmOrderConf")
     rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "listenPort", "-v", "1")
     assert rc == 1 and "NO_PERMISSION (16)" in err and "listenPort needs a restart" in err
     rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "noSuchSetting", "-v", "1")
     assert rc == 1 and "SYSTEM_ERROR (1)" in err and "unknown settings noSuchSetting" in err
     rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "maybe")
     assert rc == 1 and "want true or false" in err
-    assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "true"
+    assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "false"
 
 
 # ------------------------------------------------------------------ store cleanup (last: it deletes)

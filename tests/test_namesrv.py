@@ -139,10 +139,15 @@ def test_unknown_topic_is_17_without_body(ns):
     assert bytes(r.body) == b"" and "nope" in r.remark
 
 
-def test_order_topic_conf_only_when_set(ns):
+def test_order_topic_conf_only_when_set_and_order_messages_are_enabled(ns):
+    """orderMessageEnable is false by default, as RocketMQ's NamesrvConfig:
+    a route carries the KV table's orderTopicConf only once it is enabled."""
     register(ns)
     assert call(ns, req(R.PUT_KV_CONFIG, namespace="ORDER_TOPIC_CONFIG", key="T1",
                         value="broker-a:4")).code == C.SUCCESS
+    assert "orderTopicConf" not in route_json(ns, "T1")
+    r = call(ns, RemotingCommand(code=int(R.UPDATE_NAMESRV_CONFIG), body=b"orderMessageEnable=true\n"))
+    assert r.code == C.SUCCESS
     assert route_json(ns, "T1")["orderTopicConf"] == "broker-a:4"
     assert "orderTopicConf" not in route_json(ns, "T2")
     assert body(register(ns)) == {"table": {"T1": "broker-a:4"}}

@@ -19,8 +19,7 @@ The route tables (RocketMQ's RouteInfoManager, reference §3.10, §4.1)::
 Settings (GET_NAMESRV_CONFIG, UPDATE_NAMESRV_CONFIG; a properties body):
 ``listenPort`` and ``aclEnable`` are the process's, fixed at start;
 ``orderMessageEnable`` (NamesrvConfig's) changes at runtime: whether routes
-carry ``orderTopicConf`` from the KV table (shmq's default true, RocketMQ's
-false). An update names every key it cannot apply and applies none; like
+carry ``orderTopicConf`` from the KV table (default false, as RocketMQ's). An update names every key it cannot apply and applies none; like
 the KV table, an update lasts as long as the process.
 
 Registration (REGISTER_BROKER) adds the broker name to its cluster, its
@@ -122,7 +121,7 @@ class NameServer:
         self.acl = acl
         # listenPort: set by the process that listens (server.serve)
         self.settings = {"listenPort": 0, "aclEnable": acl is not None,
-                         "orderMessageEnable": True}
+                         "orderMessageEnable": False}
         self.broker_expire_ms = broker_expire_ms
         self.topics: dict[str, dict[str, QueueData]] = {}
         self.brokers: dict[str, BrokerData] = {}
