@@ -263,6 +263,20 @@ def test_send_errors_carry_rocketmq_codes_and_remarks(rig):
     del cmd.ext["b"]
     r = rig.call(cmd).cmd
     assert (r.code, r.remark) == (R.SYSTEM_ERROR, "the request header has no topic")
+    # the header is read whole first, as RocketMQ decodes it: the first field
+    # missing or not a number, in the header's order, even to a topic that
+    # does not exist
+    for key, value, remark in (("e", None, "the request header has no queueId"),
+                               ("g", "", "the request header has no bornTimestamp"),
+                               ("f", "x", "the request header's sysFlag='x' is not a number"),
+                               ("j", "1.5", "the request header's reconsumeTimes='1.5' is not a number")):
+        cmd = golden("ons-3.12-send-v2", topic="NoSuch")
+        if value is None:
+            del cmd.ext[key]
+        else:
+            cmd.ext[key] = value
+        r = rig.call(cmd).cmd
+        assert (r.code, r.remark) == (R.SYSTEM_ERROR, remark)
     r = rig.call(golden("cpp-1.2-send", queueId="9")).cmd
     assert (r.code, r.remark) == (R.SYSTEM_ERROR, "request queueId[9] is illegal, topic: GoldenTopic "
                                                   "writeQueueNums: 4")
