@@ -197,6 +197,9 @@ def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_l
 
 _HEAD = struct.Struct(">iIiiiqqiq")   # TOTALSIZE … BORNTIMESTAMP (layout: offsets 0..47)
 _TAIL = struct.Struct(">iqi")         # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH
+# TOTALSIZE … BODYLENGTH when both hosts are IPv4 (8 bytes each): offsets 0..91
+_FIXED_V4 = struct.Struct(">iIiiiqqiq8sq8siqi")
+assert _FIXED_V4.size == _HEAD.size + 2 * L.HOST_V4_BYTES + 8 + _TAIL.size
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 _ONE_AT_ZERO = np.zeros(1, np.int64)
 _ONE_AT_ZERO.flags.writeable = False
@@ -243,34 +246,47 @@ def encode_one(topic: bytes, body: bytes, props: bytes, *, queue_id: int, flag: 
                born_timestamp: int, born_host: tuple[bytes, bool], store_host: tuple[bytes, bool],
                store_timestamp: int, reconsume_times: int = 0, prepared_offset: int = 0,
                max_message_bytes: int = 4 * 1024 * 1024,
-               tags_code: int | None = None) -> EncodedBatch:
+               tags_code: int | None = None, topic_name: str | None = None) -> EncodedBatch:
     """One message as one record, the same bytes ``encode_arrays`` writes,
     with ``struct`` and ``zlib.crc32`` instead of a kernel call over arrays
     built per message: a single send is the common case and the kernel's
     dispatch of ~20 arguments cost more than the record. ``topic`` is the
-    UTF-8 name; hosts come from ``host_raw`` (parse them once per peer)."""
+    UTF-8 name (``topic_name`` the same as text, when the caller has it);
+    hosts come from ``host_raw`` (parse them once per peer). The checks
+    pass in one comparison each for what every send carries, and two IPv4
+    hosts (the usual case) are packed with the fields before the body in
+    one call; what fails is named by the checks written out."""
     tlen, blen, plen = len(topic), len(body), len(props)
-    check_sizes(topic, blen, plen, max_message_bytes)
-    for name, v in (("flag", flag), ("sysflag", sysflag), ("reconsume_times", reconsume_times)):
-        if not _I32_MIN <= v <= _I32_MAX:
-            raise ValueError(f"{name} out of the int32 range")
-    if not 0 <= queue_id <= _I32_MAX:
-        raise ValueError(f"queue id {queue_id} out of range 0..{_I32_MAX}")
+    if not (0 < tlen <= L.TOPIC_BYTES_MAX and blen <= max_message_bytes
+            and plen <= L.PROPERTIES_BYTES_MAX):
+        check_sizes(topic, blen, plen, max_message_bytes)
+    if not (_I32_MIN <= flag <= _I32_MAX and _I32_MIN <= sysflag <= _I32_MAX
+            and _I32_MIN <= reconsume_times <= _I32_MAX and 0 <= queue_id <= _I32_MAX):
+        _check_ints(queue_id, flag, sysflag, reconsume_times)
     born, born_v6 = born_host
     store, store_v6 = store_host
-    sysflag = (sysflag & ~_HOST_FLAGS) | (L.SYSFLAG_BORNHOST_V6 if born_v6 else 0) \
-        | (L.SYSFLAG_STOREHOST_V6 if store_v6 else 0)
-    b = len(born)
-    head = 48 + b + 8 + len(store)               # up to RECONSUMETIMES
-    total = head + 16 + blen + 1 + tlen + 2 + plen
-    rec = bytearray(total)
-    _HEAD.pack_into(rec, 0, total, L.MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, queue_id,
-                    flag, 0, 0, sysflag, born_timestamp)
-    rec[48:48 + b] = born
-    rec[48 + b:56 + b] = store_timestamp.to_bytes(8, "big", signed=True)
-    rec[56 + b:head] = store
-    _TAIL.pack_into(rec, head, reconsume_times, prepared_offset, blen)
-    p = head + 16
+    crc = zlib.crc32(body) & 0x7FFFFFFF
+    if not born_v6 and not store_v6:
+        p = _FIXED_V4.size
+        total = p + blen + 1 + tlen + 2 + plen
+        rec = bytearray(total)
+        _FIXED_V4.pack_into(rec, 0, total, L.MESSAGE_MAGIC, crc, queue_id, flag, 0, 0,
+                            sysflag & ~_HOST_FLAGS, born_timestamp, born, store_timestamp, store,
+                            reconsume_times, prepared_offset, blen)
+    else:
+        sysflag = (sysflag & ~_HOST_FLAGS) | (L.SYSFLAG_BORNHOST_V6 if born_v6 else 0) \
+            | (L.SYSFLAG_STOREHOST_V6 if store_v6 else 0)
+        b = len(born)
+        head = 48 + b + 8 + len(store)               # up to RECONSUMETIMES
+        p = head + 16
+        total = p + blen + 1 + tlen + 2 + plen
+        rec = bytearray(total)
+        _HEAD.pack_into(rec, 0, total, L.MESSAGE_MAGIC, crc, queue_id, flag, 0, 0, sysflag,
+                        born_timestamp)
+        rec[48:48 + b] = born
+        rec[48 + b:56 + b] = store_timestamp.to_bytes(8, "big", signed=True)
+        rec[56 + b:head] = store
+        _TAIL.pack_into(rec, head, reconsume_times, prepared_offset, blen)
     rec[p:p + blen] = body
     p += blen
     rec[p] = tlen
@@ -278,11 +294,21 @@ def encode_one(topic: bytes, body: bytes, props: bytes, *, queue_id: int, flag: 
     p += 1 + tlen
     rec[p:p + 2] = plen.to_bytes(2, "big")
     rec[p + 2:] = props
-    return EncodedBatch(topic=topic.decode(), buf=np.frombuffer(rec, np.uint8),
+    return EncodedBatch(topic=topic.decode() if topic_name is None else topic_name,
+                        buf=np.frombuffer(rec, np.uint8),
                         rec_pos=_ONE_AT_ZERO, sizes=np.array((total,), np.int64), queue_id=queue_id,
                         tags_codes=np.array((tags_code_of(props) if tags_code is None else tags_code,),
                                             np.int64),
                         store_timestamp=store_timestamp, single_queue=True)
+
+
+def _check_ints(queue_id: int, flag: int, sysflag: int, reconsume_times: int) -> None:
+    """The ValueError naming the first of ``encode_one``'s integers out of range."""
+    for name, v in (("flag", flag), ("sysflag", sysflag), ("reconsume_times", reconsume_times)):
+        if not _I32_MIN <= v <= _I32_MAX:
+            raise ValueError(f"{name} out of the int32 range")
+    if not 0 <= queue_id <= _I32_MAX:
+        raise ValueError(f"queue id {queue_id} out of range 0..{_I32_MAX}")
 
 
 def concat_batches(batches: list[EncodedBatch]) -> EncodedBatch:
