@@ -91,10 +91,15 @@ class Routed:
 
 
 TRIGGERS = ("DELAY\x01", "TIMER_", "TRAN_MSG\x01")
+_DELAY, _TIMER, _TRAN = TRIGGERS
 
 
 def needs_routing(props: str, sysflag: int) -> bool:
-    return bool(sysflag & SYSFLAG_TRANSACTION_MASK) or any(t in props for t in TRIGGERS)
+    """Whether a send must be routed (a delay, a delivery time, a
+    transaction). Every send asks: the three ``in`` tests written out cost
+    a third of ``any()`` over a generator."""
+    return bool(sysflag & SYSFLAG_TRANSACTION_MASK) or _DELAY in props or _TIMER in props \
+        or _TRAN in props
 
 
 def route_send(topic: str, queue_id: int, sysflag: int, props: str, *, now_ms: int,
