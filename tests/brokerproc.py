@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -102,6 +103,17 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in the test port pool {_POOL[0]}-{_POOL[-1]}")
 
 
+def ready_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The next line ``proc`` writes to its stdout (a text pipe), or "" at
+    its end or when none comes within ``timeout`` s, so that a server whose
+    start hangs fails its test instead of holding the suite. For processes
+    that print whole lines one at a time, as the servers' ready lines are:
+    a line already read into the pipe's buffer is not seen by select."""
+    if not select.select([proc.stdout], [], [], max(0.0, timeout))[0]:
+        return ""
+    return proc.stdout.readline()
+
+
 def spawn(argv: list[str], **popen) -> subprocess.Popen:
     """Start ``argv`` as a test broker is started: in a session of its own,
     killed by the kernel when this process dies (see the module doc)."""
@@ -163,7 +175,7 @@ class BrokerProc:
             (self.proc.pid, process_start_ticks(self.proc.pid)))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
+            line = ready_line(self.proc, deadline - time.monotonic())
             if not line:
                 break
             m = READY.match(line)

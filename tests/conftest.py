@@ -119,19 +119,24 @@ def keeps_every_page(directory) -> bool:
 # --dist loadfile): the suite mostly waits (real clients' timers, delays,
 # broker starts; load < 1.5 on 2 cores when run serially), so two files at a
 # time take about half the time. A file runs whole in one worker (its module
-# fixtures start one broker for all its tests). `-n 0` or `-p no:xdist` runs
-# serially, as does one file: `python -m pytest tests/test_x.py -n 0`.
+# fixtures start one broker for all its tests). One file runs in this
+# process, as without xdist; `-n 0` runs any selection so.
 MAX_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config):
-    """How many workers `-n auto` starts: one a core, at least 2 (the suite
-    waits more than it computes) and at most MAX_WORKERS: every test file
-    starts brokers of ~6 processes each (boss, workers, flusher, services,
-    NameServer) and real clients with their own threads, a cold start's
-    compile takes a process per core, and the longest files (~75 s) bound
-    the run anyway, so more workers would add contention, not speed."""
-    return max(2, min(MAX_WORKERS, os.cpu_count() or 1))
+    """How many workers `-n auto` starts: none for one file (loadfile would
+    give it one worker anyway; here -s and --pdb work as usual), else one a
+    core, at least 2 (the suite waits more than it computes) and at most
+    MAX_WORKERS: every test file starts brokers of ~6 processes each (boss,
+    workers, flusher, services, NameServer) and real clients with their own
+    threads, a cold start's compile takes a process per core, and the
+    longest files (~75 s) bound the run anyway, so more workers would add
+    contention, not speed."""
+    files = {arg.split("::")[0] for arg in config.args}
+    if len(files) == 1 and files.pop().endswith(".py"):
+        return 0
+    return max(2, min(MAX_WORKERS, len(os.sched_getaffinity(0))))   # the cores it may run on
 
 
 # The slowest files first (per-file sums of a --durations=0 run, a fresh

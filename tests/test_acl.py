@@ -351,13 +351,13 @@ def test_the_namesrv_refuses_forged_registrations_and_admin_requests(broker):
 
 
 def test_a_standalone_namesrv_with_acl_takes_only_signed_brokers(tmp_path, home):
-    from brokerproc import BrokerProc, broker_conf, free_port
+    from brokerproc import BrokerProc, broker_conf, free_port, ready_line
     from shmq.broker.namesrv import register_broker_request
     port = free_port()
     ns = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(port), "--acl",
                            str(home / "conf" / "plain_acl.yml")], stdout=subprocess.PIPE, text=True)
     try:
-        assert ns.stdout.readline().startswith("shmq namesrv ready")
+        assert ready_line(ns, 60).startswith("shmq namesrv ready")
         addr = f"127.0.0.1:{port}"
         info = RemotingCommand(RC.GET_BROKER_CLUSTER_INFO)
         with RemotingClient(addr) as c:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from brokerproc import BrokerProc, broker_conf, free_port
+from brokerproc import BrokerProc, broker_conf, free_port, ready_line
 from shmq.broker.boss import (BACKOFF_FIRST_S, BACKOFF_MAX_S, GIVE_UP_AFTER, STABLE_S,
                               ChildFailing, Restarts)
 from shmq.client.remoting import RemotingClient
@@ -47,7 +47,7 @@ def test_dash_n_registers_with_a_running_namesrv_and_starts_no_embedded_one(tmp_
     ns = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(ns_port)],
                           stdout=subprocess.PIPE, text=True)
     try:
-        assert ns.stdout.readline().startswith("shmq namesrv ready")
+        assert ready_line(ns, 60).startswith("shmq namesrv ready")
         # the same port as the running NameServer: with -n nothing may bind it again
         conf = broker_conf(tmp_path, namesrvListenPort=ns_port, namesrvAddr=f"127.0.0.1:{ns_port}")
         with BrokerProc(tmp_path, conf).start() as b:

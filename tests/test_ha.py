@@ -35,7 +35,7 @@ import threading
 import types
 
 import brokerproc
-from brokerproc import broker_conf, free_port, BrokerProc
+from brokerproc import broker_conf, free_port, ready_line, BrokerProc
 from shmq.broker.config import BrokerConfig
 from shmq.broker.ha.protocol import Frames, ProtocolError, Reports, header, report
 from shmq.client import ConsumeConcurrentlyStatus, PushConsumer
@@ -77,7 +77,7 @@ def pair(tmp_path_factory):
     port = free_port()
     p.ns_proc = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(port)],
                                  stdout=subprocess.PIPE, text=True)
-    assert p.ns_proc.stdout.readline().startswith("shmq namesrv ready")
+    assert ready_line(p.ns_proc, 60).startswith("shmq namesrv ready")
     p.ns = f"127.0.0.1:{port}"
     tmp = tmp_path_factory.mktemp("master")
     # its own HA port, not listenPort + 1: that one may be some connection's
