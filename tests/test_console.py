@@ -31,7 +31,7 @@ import pytest
 
 from shmq.client import ConsumeConcurrentlyStatus, Message, Producer, PushConsumer
 
-from brokerproc import free_port, routed_topic, start_broker, until
+from brokerproc import free_port, ready_line, routed_topic, start_broker, until
 
 TOPIC, GROUP, PGROUP = "ConsoleT", "console-cg", "console-pg"
 FAST = dict(pull_time_delay_millis_when_exception=100, persist_consumer_offset_interval=0.5)
@@ -70,7 +70,7 @@ def env(tmp_path_factory):
             [sys.executable, "-m", "shmq.tools", "console", "-n", b.namesrv, "--port", str(port),
              "--interval", "0.5"], stdout=subprocess.PIPE, stderr=open(tmp / "console.log", "w"),
             text=True)
-        assert console.stdout.readline().startswith(f"shmq console ready http://127.0.0.1:{port}/")
+        assert ready_line(console, 60).startswith(f"shmq console ready http://127.0.0.1:{port}/")
         yield SimpleNamespace(broker=b, url=f"http://127.0.0.1:{port}", sent=sent,
                               consumed=consumed, consumer=consumer, producer=producer, tmp=tmp)
     finally:
