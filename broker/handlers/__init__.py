@@ -124,14 +124,15 @@ class Handlers(Broker):
         if cmd.is_response:
             # a client acknowledging one of our notifications, or answering a relayed request
             return relay.answered(self, peer, cmd)
-        if log.isEnabledFor(logging.DEBUG):
+        debug = log.isEnabledFor(logging.DEBUG)      # once a request: _run is told
+        if debug:
             log.debug("%s: request %d %s body %d bytes", peer.addr, cmd.code, cmd.ext, len(cmd.body))
         if self.acl is not None:
             why = self._refused(peer, cmd)
             if why is not None:
                 log.info("%s: request %d refused: %s", peer.addr, cmd.code, why)
                 return None if cmd.is_oneway else Reply(denied(cmd, why))
-        return self._run(HANDLERS.get(cmd.code), peer, cmd)
+        return self._run(HANDLERS.get(cmd.code), peer, cmd, debug)
 
     def _refused(self, peer: Peer, cmd: RemotingCommand) -> str | None:
         """The ACL's verdict; a check that fails refuses the request."""
@@ -143,9 +144,9 @@ class Handlers(Broker):
 
     def answer_parked_pull(self, peer: Peer, cmd: RemotingCommand):
         """A parked pull, run again with suspension off (parking's callback)."""
-        return self._run(pull.repull, peer, cmd)
+        return self._run(pull.repull, peer, cmd, log.isEnabledFor(logging.DEBUG))
 
-    def _run(self, fn, peer: Peer, cmd: RemotingCommand):
+    def _run(self, fn, peer: Peer, cmd: RemotingCommand, debug: bool):
         try:
             if fn is None:
                 r = cmd.reply(R.REQUEST_CODE_NOT_SUPPORTED, not_supported_remark(cmd.code))
@@ -168,7 +169,7 @@ class Handlers(Broker):
         if type(r) is not Reply:
             body = r.body
             r = Reply(r, (body,), len(body)) if body else Reply(r)
-        if log.isEnabledFor(logging.DEBUG):
+        if debug:
             c = r.command()
             log.debug("%s: reply to %d: %d %s %s", peer.addr, cmd.code, c.code, c.remark, c.ext)
         return None if cmd.is_oneway else r
