@@ -188,6 +188,7 @@ def run_parquet(ctx, result):
     if n != info["messages"]:
         raise AssertionError(f"Parquet holds {n} of {info['messages']} messages")
     yield _spark_result(ctx, result, "spark_parquet", secs, info, parquet_mb=round(written / 1e6, 1))
-    # the last Spark bench: give the memory and page cache back to the others
-    ctx.shared.pop("spark").stop()
+    # the last Spark bench: give the memory (the driver JVM too) and page cache back to the others
+    from shmq.spark import stop
+    stop(ctx.shared.pop("spark"))
     shutil.rmtree(ctx.shared.pop("spark_store")["root"], ignore_errors=True)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -637,6 +638,37 @@ class ShmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         pass   # progress lives in Spark's checkpoint; the store keeps data by retention
+
+
+def stop(spark, timeout: float = 60.0) -> None:
+    """Stop ``spark`` and the driver JVM this process launched for it, and
+    wait for that JVM. ``SparkSession.stop`` leaves the JVM running (pyspark
+    keeps its gateway for a next session in the same process) until this
+    process exits; the JVM then dies orphaned (on its stdin's end) and no
+    parent waits for it: a defunct java process, one per session, until
+    init reaps it (if ever, in a container). Here the gateway is shut, the
+    JVM's stdin closed (it exits on that) and the JVM waited for (killed
+    after ``timeout`` s); a later ``getOrCreate`` launches a new one. Once
+    stopped so, a second call does nothing."""
+    from pyspark import SparkContext
+    if SparkContext._gateway is None:
+        return
+    spark.stop()
+    with SparkContext._lock:
+        gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    if proc is None:          # a gateway this process did not launch: not its JVM to wait for
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def register(spark) -> None:

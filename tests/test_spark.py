@@ -405,7 +405,7 @@ def _spark_starts_early(request):
     if _STARTING.pop("start", None):        # no Spark test ran after all
         t.join(120)
         if "session" in out:
-            out["session"].stop()
+            S.stop(out["session"])
 
 
 @pytest.fixture(scope="session")
@@ -425,7 +425,7 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     S.register(session)
     yield session
-    session.stop()
+    S.stop(session)
 
 
 @spark_mark
@@ -541,3 +541,16 @@ def test_example_job_writes_parquet_by_tag(spark, sent, tmp_path, monkeypatch):
         if m.topic == "SparkA":
             expect[m.tags] = expect.get(m.tags, 0) + 1
     assert counts == expect
+
+
+@spark_mark
+def test_stopping_a_session_waits_for_its_jvm(spark):
+    """``stop``, the session's last use (keep this test last): the driver JVM is gone and
+    waited for, not left running until this process exits and then left
+    defunct, orphaned (SparkSession.stop alone keeps it)."""
+    from pyspark import SparkContext
+    jvm = SparkContext._gateway.proc
+    S.stop(spark)
+    assert jvm.returncode is not None                 # waited for: reaped, no zombie
+    assert SparkContext._gateway is None
+    S.stop(spark)                                     # the fixture's stop after it: nothing to do
