@@ -167,7 +167,7 @@ class SendResult:
     region_id: str = "DefaultRegion"
 
 
-_HEAD = struct.Struct(">ii12xq8xi")       # TOTALSIZE, MAGICCODE, QUEUEOFFSET, SYSFLAG
+_HEAD = struct.Struct(">iii8xq8xi")       # TOTALSIZE, MAGICCODE, BODYCRC, QUEUEOFFSET, SYSFLAG
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
@@ -186,13 +186,18 @@ class MessageExt:
     set (a retry's original topic, a failed consume)."""
 
     __slots__ = ("_buf", "_pos", "broker_name", "store_size", "queue_offset", "sysflag",
-                 "_body", "_topic", "_props", "_reconsume", "_pull")
+                 "_body", "_topic", "_props", "_reconsume", "_pull", "_blen")
 
     def __init__(self, buf: bytes, pos: int, broker_name: str, store_size: int,
-                 queue_offset: int, sysflag: int, pull: tuple[str, str] | None = None):
+                 queue_offset: int, sysflag: int, body_len: int,
+                 pull: tuple[str, str] | None = None):
         self._buf, self._pos = buf, pos
         self.broker_name = broker_name
         self.store_size, self.queue_offset, self.sysflag = store_size, queue_offset, sysflag
+        # BODYLENGTH, as the decoder read it: a held message's size is asked
+        # twice (the pull's flow control), and the body's end tells where the
+        # topic and properties are (an int object only for bodies over 256 B)
+        self._blen = body_len
         self._body = self._topic = self._props = self._reconsume = None
         self._pull = pull                  # (MIN_OFFSET, MAX_OFFSET) of the pull, shared
 
@@ -208,8 +213,7 @@ class MessageExt:
 
     def _props_span(self) -> tuple[int, int]:
         buf = self._buf
-        q = self._body_at()
-        q += 4 + _I32.unpack_from(buf, q)[0]
+        q = self._body_at() + 4 + self._blen
         q += 1 + buf[q]
         return q + 2, self._pos + self.store_size
 
@@ -217,8 +221,8 @@ class MessageExt:
     @property
     def body(self) -> bytes:
         if self._body is None:
-            q = self._body_at()
-            self._body = self._buf[q + 4:q + 4 + _I32.unpack_from(self._buf, q)[0]]
+            q = self._body_at() + 4
+            self._body = self._buf[q:q + self._blen]
         return self._body
 
     @body.setter
@@ -228,16 +232,14 @@ class MessageExt:
     @property
     def body_size(self) -> int:
         """len(body), without slicing it out of the buffer."""
-        if self._body is not None:
-            return len(self._body)
-        return _I32.unpack_from(self._buf, self._body_at())[0]
+        b = self._body
+        return self._blen if b is None else len(b)
 
     @property
     def topic(self) -> str:
         if self._topic is None:
             buf = self._buf
-            q = self._body_at()
-            q += 4 + _I32.unpack_from(buf, q)[0]
+            q = self._body_at() + 4 + self._blen
             self._topic = buf[q + 1:q + 1 + buf[q]].decode("utf-8", "replace")
         return self._topic
 
@@ -400,7 +402,7 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
     while pos < n:
         if n - pos < L.RECORD_FIXED_BYTES:
             raise CorruptMessage(f"record at {pos}: {n - pos} bytes left, too few for a record")
-        size, magic, qoff, sysflag = head(body, pos)
+        size, magic, crc, qoff, sysflag = head(body, pos)
         q = pos + 68 + (20 if sysflag & _BORN_V6 else 8) + (20 if sysflag & _STORE_V6 else 8)
         end = pos + size
         if magic != _MAGIC or size < L.RECORD_FIXED_BYTES or end > n or q + 7 > end:
@@ -420,14 +422,14 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
             skipped.append((qoff, why, True))        # TOTALSIZE passed its checks: go on
             pos = end
             continue
-        if check_crc and crc32(mv[q + 4:t]) & 0x7FFFFFFF != i32(body, pos + 8)[0]:
+        if check_crc and crc32(mv[q + 4:t]) & 0x7FFFFFFF != crc:
             why = f"record at {pos}: body CRC mismatch"
             if skipped is None:
                 raise CorruptMessage(why)
             skipped.append((qoff, why, True))
             pos = end
             continue
-        m = MessageExt(body, pos, broker_name, size, qoff, sysflag, pull)
+        m = MessageExt(body, pos, broker_name, size, qoff, sysflag, blen, pull)
         if sysflag & _COMPRESSED:
             try:
                 m._body = zlib.decompress(body[q + 4:t])
