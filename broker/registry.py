@@ -203,15 +203,10 @@ class Registry:
             raw = expr.encode()
             if len(raw) > PAYLOAD_BYTES_MAX:
                 raw = raw[:PAYLOAD_BYTES_MAX - 3].decode("utf-8", "ignore").encode() + "…".encode()
-            key = subscription_key(group, topic)
-            row = t.find(key)
-            if row < 0 or t.payload(row) != raw:
-                try:
-                    row = t.upsert(key, raw)
-                except (ValueError, TableFull) as e:
-                    log.warning("subscription %s of group %s not recorded: %s", topic, group, e)
-                    continue
-            t.v[row, 0], t.v[row, 1], t.v[row, 2] = version, now_ms, int(sql)
+            try:
+                t.put(subscription_key(group, topic), version, now_ms, int(sql), payload=raw)
+            except (ValueError, TableFull) as e:
+                log.warning("subscription %s of group %s not recorded: %s", topic, group, e)
         prefix = f"{group}\0".encode()
         for row, k in list(t.items()):
             if k.startswith(prefix) and k[len(prefix):].decode() not in subs:

@@ -155,11 +155,17 @@ class SharedTable:
         self._cache.pop(key, None)
         return -1
 
-    def put(self, key: bytes, *values: int) -> int:
+    def put(self, key: bytes, *values: int, payload: bytes | None = None) -> int:
         """``key``'s ``v[0..]`` = ``values`` (plain int64 stores), its row
-        created (values 0) if absent; the row. Found and written under the
-        lock held shared, so the row still holds ``key`` when written (the
-        module's docstring)."""
+        created (values 0) if absent, and its payload set if given; the row.
+        Found and written under the lock held shared (exclusive to create a
+        row or set a payload), so the row still holds ``key`` when written
+        (the module's docstring)."""
+        if payload is not None:
+            with self.lock.held():
+                row = self.upsert(key, payload)
+                self._write_values(row, values)
+            return row
         self.lock.acquire(shared=True)
         try:
             row = self.find(key)

@@ -32,6 +32,8 @@ def test_values_written_by_one_process_are_read_by_another(tmp_path):
     assert a.put(b"k", 42, 1_700_000_000_000) == row
     assert [int(x) for x in b.v[b.find(b"k")][:2]] == [42, 1_700_000_000_000]
     assert int(b.v[row][2]) == 0 and int(b.v[row][3]) == 0        # the rest untouched
+    row = a.put(b"p", 7, payload=b"client")                       # created with its payload
+    assert b.payload(b.find(b"p")) == b"client" and int(b.v[row][0]) == 7
 
 
 # A writer process: ``put``s 7 into b"victim" until told to stop (the word

@@ -43,10 +43,8 @@ def heartbeat(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
     for p in data.get("producerDataSet") or []:
         g = p.get("groupName") if isinstance(p, dict) else None
         if isinstance(g, str) and g and g != "CLIENT_INNER_PRODUCER":
-            t = b.registry.producers
-            row = t.upsert(consumer_key(g, cid), client_payload(peer.addr, cmd.language,
-                                                                cmd.version, "", ""))
-            t.v[row, 0], t.v[row, 1], t.v[row, 2] = b.cb.slot, now, peer.id
+            b.registry.producers.put(consumer_key(g, cid), b.cb.slot, now, peer.id,
+                                     payload=client_payload(peer.addr, cmd.language, cmd.version, "", ""))
             b.producer_peers[peer.id] = peer
             attrs.setdefault("producer_groups", set()).add(g)
     for c in data.get("consumerDataSet") or []:
@@ -77,13 +75,10 @@ def heartbeat(b: Broker, peer: Peer, cmd: RemotingCommand) -> RemotingCommand:
         key = consumer_key(g, cid)
         t = b.registry.consumers
         new = t.find(key) < 0
-        row = t.upsert(key, client_payload(
-            peer.addr, cmd.language, cmd.version, str(c.get("consumeType") or ""),
-            str(c.get("consumeFromWhere") or "")))
-        t.v[row, 0] = b.cb.slot
-        t.v[row, 1] = now
-        t.v[row, 2] = peer.id
-        t.v[row, 3] = 1 if str(c.get("messageModel", "")).upper() == "BROADCASTING" else 0
+        t.put(key, b.cb.slot, now, peer.id,
+              1 if str(c.get("messageModel", "")).upper() == "BROADCASTING" else 0,
+              payload=client_payload(peer.addr, cmd.language, cmd.version,
+                                     str(c.get("consumeType") or ""), str(c.get("consumeFromWhere") or "")))
         b.group_peers.setdefault(g, {})[cid] = peer
         attrs.setdefault("groups", set()).add(g)
         changed |= new
