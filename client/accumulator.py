@@ -2,7 +2,10 @@
 
 ``Window`` bounds the sends of one producer that are waiting for their
 answer (``max_in_flight``): a send past it waits, and a freed slot is handed
-to the oldest waiter, so nobody starves and the count never overshoots.
+to the oldest waiter, so nobody starves and the count never overshoots. A
+new send does not take a free slot while a waiter that was handed one has
+not resumed yet (``handed``): it would write (or append) before that older
+send, out of call order.
 
 ``Accumulator`` (on when ``linger_ms`` > 0) turns single ``send`` calls into
 SEND_BATCH_MESSAGE requests. It owns the open batches, one per queue; each
@@ -151,16 +154,17 @@ class Window:
     """At most ``size`` sends in flight; ``try_take`` or ``await wait()``, then
     ``release`` exactly once."""
 
-    __slots__ = ("size", "used", "_waiters")
+    __slots__ = ("size", "used", "handed", "_waiters")
 
     def __init__(self, size: int):
         if size < 1:
             raise ValueError(f"max_in_flight {size}: at least 1")
         self.size, self.used = size, 0
+        self.handed = 0                    # slots handed to waiters that have not resumed yet
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
 
     def try_take(self) -> bool:
-        if self.used < self.size:
+        if self.used < self.size and not self.handed:
             self.used += 1
             return True
         return False
@@ -177,8 +181,10 @@ class Window:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
+                self.handed -= 1
                 self.release()               # handed over, then cancelled: pass it on
             raise
+        self.handed -= 1
 
     def release(self, n: int = 1) -> None:
         """Free ``n`` slots: each goes to the oldest waiter, if any."""
@@ -187,6 +193,7 @@ class Window:
             w = waiters.popleft()
             if not w.done():
                 w.set_result(None)
+                self.handed += 1
                 n -= 1
         self.used -= n
 
@@ -260,7 +267,7 @@ class Accumulator:
         p = self.p
         inst = p.instance
         body = msg.body
-        if window.used >= window.size or msg.properties or msg.delay_level \
+        if window.used >= window.size or window.handed or msg.properties or msg.delay_level \
                 or inst is None or inst.pid != instance.PID or not running_here(inst.loop) \
                 or body.__class__ is not bytes or not 0 < len(body) <= self.small:
             return None
