@@ -18,7 +18,11 @@ the claim it left (rolls it back or pads it) exactly as for a worker. The
 OS decides who may: the store's files and shared memory are owner-only, so
 another user's process gets PermissionError and sends over the socket. So
 does a client without the ``broker`` extra (numba, posix_ipc) and one whose
-broker refuses (``aclEnable``, ``directAppendEnable=false``).
+broker refuses (``aclEnable``, ``directAppendEnable=false``). A process's
+first attachment imports numba and the store's modules and loads the
+append's kernels (``load_appends``, 0.4-2.5 s of CPU): the client does it
+in a thread and sends over the socket meanwhile (client/instance.py);
+``warm_up_appends()`` at start makes the first send append.
 
 What goes direct: a message to a topic the store's ``topics.json`` has, with
 write permission, on a broker that takes writes, to a valid queue, and with
@@ -47,6 +51,7 @@ import itertools
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -174,7 +179,7 @@ class DirectStore:
     """One local broker's store, attached for appends (see the module doc)."""
 
     def __init__(self, info: dict):
-        try:
+        try:                                  # (``load_appends``: the same, in a thread)
             from shmq.core.checkpoint import load_table
             from shmq.core.config import StoreConfig
             from shmq.core.dedup import dedupable_topic, key_hash
@@ -711,6 +716,50 @@ class DirectReads:
         self._committed[key] = (offset, now)
 
 
+_APPENDS_LOADED = threading.Event()
+_appends_loader: list[threading.Thread] = []
+
+
+_APPEND_MODULES = ("shmq.core.store", "posix_ipc", "shmq.ipc.control")
+
+
+def appends_loaded() -> bool:
+    """Has this process loaded what an attachment imports and an append
+    runs (``load_appends``, or the modules imported otherwise: a process
+    of the broker's, a benchmark)? Then attaching is quick enough for the loop."""
+    return _APPENDS_LOADED.is_set() or all(m in sys.modules for m in _APPEND_MODULES)
+
+
+def load_appends() -> None:
+    """Import the modules ``DirectStore`` uses and load the kernels of an
+    append (from numba's cache, or compiled) in this thread; without them
+    (no ``broker`` extra) return: the attachment says why."""
+    if _APPENDS_LOADED.is_set():
+        return
+    try:
+        from shmq.core import jit, store  # noqa: F401  (the heavy one: numba, the kernels)
+        import posix_ipc  # noqa: F401
+        from shmq.ipc import control  # noqa: F401
+        jit.load(("batch",))                 # K.stamp_batch, every append's
+    except ImportError:
+        pass
+    _APPENDS_LOADED.set()
+
+
+def warm_up_appends(wait: bool = True) -> bool:
+    """``load_appends`` in a thread (once per process); with ``wait``, until
+    it is done. True once it is. The client does it on its first connection
+    to a local broker and sends over the socket until it is done; an
+    application that wants its very first send appended calls it at start."""
+    if not _appends_loader:
+        t = threading.Thread(target=load_appends, daemon=True, name="shmq-direct-append-warm-up")
+        _appends_loader.append(t)
+        t.start()
+    if wait:
+        _appends_loader[0].join()
+    return _APPENDS_LOADED.is_set()
+
+
 _SCAN_LOADED = threading.Event()
 _scan_loader: list[threading.Thread] = []
 
@@ -739,4 +788,5 @@ def _load_scan() -> None:
 
 
 __all__ = ["COMMIT_EVERY_S", "DirectReads", "DirectStore", "DirectUnavailable", "FlushWaiter",
-           "WAKE_EVERY_S", "Wakes", "warm_up_reads"]
+           "WAKE_EVERY_S", "Wakes", "appends_loaded", "load_appends", "warm_up_appends",
+           "warm_up_reads"]

@@ -264,10 +264,7 @@ class ClientInstance:
         if self.config.direct_append:             # brokers dialled before any member joined
             for addr, conn in list(self.conns.items()):
                 if conn.addr.startswith("unix:") and not conn.closed and addr not in self.direct:
-                    self.direct[addr] = None    # asked: another member does not ask again
-                    ds = self.direct[addr] = await self._attach_direct(addr, conn)
-                    if ds is not None:
-                        ds.conn = conn
+                    await self._attach_direct(addr, conn)
 
     async def unregister(self, kind: str, group: str) -> None:
         table = self.producers if kind == "producer" else self.consumers
@@ -463,10 +460,7 @@ class ClientInstance:
                     old = self.direct.get(addr)
                     if old is not None:         # a new connection: the broker may be a new one
                         self._drop_direct(old)
-                    self.direct[addr] = None    # asked: another member does not ask again
-                    ds = self.direct[addr] = await self._attach_direct(addr, conn)
-                    if ds is not None:
-                        ds.conn = conn      # its broker's connection: closed, the broker is gone
+                    await self._attach_direct(addr, conn)
             self.conns[addr] = conn
             if not direct:                 # a broker learns our groups at once
                 await self._heartbeat_to(addr, conn, self.heartbeat_body())
@@ -497,26 +491,57 @@ class ClientInstance:
         await conn.close()
         return unix
 
-    async def _attach_direct(self, addr: str, conn: Connection):
-        """The broker's store attached for direct appends, or None (said once
-        at INFO: the socket path is used)."""
-        from .direct import DirectStore, DirectUnavailable
+    async def _attach_direct(self, addr: str, conn: Connection) -> None:
+        """Ask the broker at ``addr`` whether its store can be attached for
+        direct appends and, if so, attach it: at once where this process
+        has loaded what that takes (``direct.appends_loaded``), else in a
+        thread (``_attaching``): the first attachment of a process imports
+        numba and the store's modules and loads the append's kernels, 0.4-
+        2.5 s the event loop must not stop for. Meanwhile ``direct[addr]``
+        is None (asked: nobody asks again) and sends go over the socket; a
+        producer switches to the store once its sends in flight over the
+        socket are answered (``AsyncProducer._switch``), so no append
+        overtakes them. Why it cannot is said once at INFO."""
+        from . import direct
+        self.direct[addr] = None
         try:
             r = await conn.invoke(RemotingCommand(RC.SHMQ_DIRECT_INFO), self.config.request_timeout)
         except RemotingError as e:
             log.info("broker %s: no direct appends (%s); sending over its socket", addr, e)
-            return None
+            return
         if r.code != R.SUCCESS:
             log.info("broker %s: no direct appends (%d %s); sending over its socket", addr,
                      r.code, r.remark)
-            return None
+            return
+        if direct.appends_loaded():
+            self._attached(addr, conn, *self._attach(r.body))
+        else:
+            background.spawn(self._attaching(addr, conn, r.body),
+                             f"attaching the store of {addr} for direct appends", self._bug)
+
+    @staticmethod
+    def _attach(info: bytes):
+        """(the store attached, None) or (None, why not)."""
+        from .direct import DirectStore, DirectUnavailable, load_appends
+        load_appends()
         try:
-            ds = DirectStore.attach(orjson.loads(r.body))
+            return DirectStore.attach(orjson.loads(info)), None
         except (DirectUnavailable, OSError, ValueError, KeyError) as e:
-            log.info("broker %s: no direct appends (%s); sending over its socket", addr, e)
-            return None
+            return None, e
+
+    async def _attaching(self, addr: str, conn: Connection, info: bytes) -> None:
+        self._attached(addr, conn, *await asyncio.to_thread(self._attach, info))
+
+    def _attached(self, addr: str, conn: Connection, ds, why) -> None:
+        if ds is None:
+            log.info("broker %s: no direct appends (%s); sending over its socket", addr, why)
+            return
+        if self.stopped or conn.closed or self.direct.get(addr, 0) is not None:
+            ds.close()                # closed, reconnected or let go meanwhile: not ours to use
+            return
+        ds.conn = conn                # its broker's connection: closed, the broker is gone
+        self.direct[addr] = ds
         log.info("broker %s: appending to its store %s directly", addr, ds.root)
-        return ds
 
     def direct_now(self, broker_name: str):
         """The store of ``broker_name`` attached for direct appends, if it is.

@@ -226,6 +226,7 @@ class AsyncProducer:
         self._put_error: BaseException | None = None       # the first failure since the last flush
         self.puts = self.stored = 0                         # messages put / stored, all along
         self._put_ends: dict[Any, int] = {}                 # direct store → end appended (SYNC_FLUSH)
+        self._direct_init()
         self.tracer: trace.TraceDispatcher | None = None
         if self.client_config.enable_msg_trace:   # off: no trace code on the send path at all
             self.tracer = trace.TraceDispatcher(group, "PRODUCE", self.client_config)
@@ -248,6 +249,7 @@ class AsyncProducer:
         self._puts, self._put_ends, self._put_error = {}, {}, None
         self.puts = self.stored = 0
         self.failed_broker = None
+        self._direct_init()
         if self.tracer is not None:        # the parent's queued trace records stay the parent's
             self.tracer = trace.TraceDispatcher(self.group, "PRODUCE", self.client_config)
 
@@ -465,6 +467,48 @@ class AsyncProducer:
             return r
         return self._flushed(ds, end, r)
 
+    def _direct_init(self) -> None:
+        """The switch of ``send`` from a broker's socket to its store (``_switch``)."""
+        self._direct_of: dict[str, Any] = {}          # broker name → the store sends append to
+        self._over_socket: dict[str, int] = {}        # broker name → sends in flight over its socket
+        self._drained: dict[str, asyncio.Future] = {}  # broker name → set once none is
+        self._switching = 0                            # sends in ``_switch``
+        self._switch_lock: tuple[asyncio.Lock | None, Any] = (None, None)    # and its loop
+
+    async def _switch(self, name: str, ds) -> None:
+        """Before ``send`` first appends to ``ds``, the store of broker
+        ``name`` attached while this producer sent over its socket: wait
+        until every send in flight over that socket is answered, so that no
+        append overtakes one (the order within a queue). The sends that
+        come meanwhile wait too, and go on in call order (the lock is
+        FIFO; each appends before the next one resumes, and a new send
+        waits behind them while any is in here)."""
+        loop = asyncio.get_running_loop()
+        lock, at = self._switch_lock
+        if lock is None or at is not loop:             # a lock serves one loop
+            lock, _ = self._switch_lock = asyncio.Lock(), loop
+        self._switching += 1
+        try:
+            async with lock:
+                while self._over_socket.get(name):
+                    fut = self._drained.get(name)
+                    if fut is None:
+                        fut = self._drained[name] = loop.create_future()
+                    await fut
+                self._direct_of[name] = ds
+        finally:
+            self._switching -= 1
+
+    def _socket_answered(self, name: str) -> None:
+        n = self._over_socket[name] - 1
+        if n:
+            self._over_socket[name] = n
+            return
+        del self._over_socket[name]
+        fut = self._drained.pop(name, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     async def _flushed(self, ds, end: int, r: SendResult) -> SendResult:
         if not await ds.wait_flushed(end, asyncio.get_running_loop()):
             r = replace(r, status=SendStatus.FLUSH_DISK_TIMEOUT)
@@ -533,15 +577,23 @@ class AsyncProducer:
                     inst = self.instance
                     conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
                     if acc is None:
-                        ds = inst.direct_now(q.broker_name)
+                        name = q.broker_name
+                        ds = inst.direct_now(name)
                         if ds is not None:
+                            if self._direct_of.get(name) is not ds or self._switching:
+                                await self._switch(name, ds)
                             r = self._append(ds, q, msg, props, uniq, sysflag)
                             if r is not None:
                                 self.failed_broker = None
                                 return await r if r.__class__ is not SendResult else r
+                        self._over_socket[name] = self._over_socket.get(name, 0) + 1
+                        try:
+                            reply = await self.write_send(conn, q, msg, props, left, sysflag)
+                        finally:
+                            self._socket_answered(name)
                     else:
                         acc.flush_queue(q, conn)       # what waits for q leaves first
-                    reply = await self.write_send(conn, q, msg, props, left, sysflag)
+                        reply = await self.write_send(conn, q, msg, props, left, sysflag)
                     r = self.results(reply, q, [uniq])[0]
                     self.failed_broker = None
                     return r

@@ -229,6 +229,56 @@ def test_a_child_forked_with_sends_in_flight_and_batched_neither_waits_for_nor_r
          b"put by the child"])
 
 
+def test_pipelined_sends_keep_their_order_when_the_store_attached_meanwhile_takes_over(
+        broker, request, monkeypatch):
+    """A producer on the broker's host whose process has not loaded what
+    direct appends need sends over the broker's socket while the store is
+    attached in a thread (numba and the kernels load there, not on the
+    event loop); the switch to appending waits for the sends in flight over
+    the socket: a queue holds pipelined sends in call order, the first ones
+    sent over the socket, the later ones appended. (The attaching thread is
+    held until sends are in flight, as a cold process's import holds it.)"""
+    import collections
+    import threading
+    from shmq.client import direct
+    topic = topic_of(request)
+    make_topic(broker, topic)
+    loaded, load, go = direct.appends_loaded, direct.load_appends, threading.Event()
+    monkeypatch.setattr(direct, "appends_loaded", lambda: False)       # a cold process
+    monkeypatch.setattr(direct, "load_appends", lambda: go.wait(30) and load())
+
+    async def main():
+        async with AsyncProducer("pg-switch", namesrv_addr=broker.namesrv) as p:
+            q = (await p.publish_queues(topic))[0]
+            await p.instance.broker(q.broker_name)          # the store is being attached
+
+            def appended():
+                ds = p.instance.direct_now(q.broker_name)
+                return 0 if ds is None else ds.appended
+            sends, outstanding, after = [], collections.deque(), 0
+            deadline = time.monotonic() + 60                # a hang guard, not a timing
+            while after < 8 and time.monotonic() < deadline:
+                for _ in range(16):
+                    sends.append(asyncio.ensure_future(
+                        p.send(Message(topic, b"%d" % len(sends)), queue=q)))
+                    outstanding.append(sends[-1])
+                await asyncio.sleep(0)                       # they are written
+                if len(sends) == 96:
+                    assert p.instance.direct_now(q.broker_name) is None
+                    go.set()                                 # 64 in flight, 32 waiting
+                while len(outstanding) > 128:               # the window's 64 and as many waiting
+                    await outstanding.popleft()
+                after += appended() > 0
+            return await asyncio.wait_for(asyncio.gather(*sends), 60), appended()
+    results, appended = asyncio.run(main())
+    n = len(results)
+    assert 0 < appended < n, (appended, n)                  # both paths were taken
+    first = results[0].queue_offset
+    assert [r.queue_offset for r in results] == list(range(first, first + n))
+    assert [m.body for m in stored(broker, topic) if m.queue_id == results[0].queue.queue_id] == \
+        [b"%d" % i for i in range(n)]
+
+
 def test_a_broker_on_this_host_is_reached_over_its_unix_socket(broker, request):
     topic = topic_of(request)
     make_topic(broker, topic)

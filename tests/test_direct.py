@@ -27,6 +27,7 @@ import pytest
 from brokerproc import (broker_conf, BrokerProc, routed_topic, shared_memory, start_broker,
                         stored_records, topic_for, until)
 from shmq.client import AsyncProducer, ClientConfig, Message, MQClientError, Producer, SendStatus
+from shmq.client.direct import warm_up_appends
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import pull_message
 from shmq.ipc.codes import RequestCode as RC
@@ -37,6 +38,7 @@ from shmq.ipc.remoting import RemotingCommand
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("direct"))
+    warm_up_appends()   # each producer appends from its first send (else: the socket meanwhile)
     assert len(shared_memory(b.store)) == 2             # the store's control block and lock
     assert len(glob.glob(os.path.join(b.tmp, "pymp-*"))) == 1   # its fork server's socket
     yield b
@@ -252,6 +254,8 @@ def test_sync_flush_direct_sends_are_durable_when_answered(tmp_path, request):
 SENDER = textwrap.dedent("""
     import sys
     from shmq.client import Message, Producer
+    from shmq.client.direct import warm_up_appends
+    warm_up_appends()                      # every send appended, the first one too
     with Producer("dp-kill", namesrv_addr=sys.argv[1]) as p:
         i = 0
         while True:
@@ -321,6 +325,8 @@ INTERRUPTED = textwrap.dedent("""
     import asyncio, os, signal, sys
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from shmq.client import AsyncProducer, Message
+    from shmq.client.direct import warm_up_appends
+    warm_up_appends()                      # every send appended, the first one too
 
     async def main():
         async with AsyncProducer("dp-int", namesrv_addr=sys.argv[1]) as p:
@@ -360,6 +366,8 @@ TWO_RUNS = textwrap.dedent("""
     import asyncio, os, signal, sys
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from shmq.client import AsyncProducer, Message
+    from shmq.client.direct import warm_up_appends
+    warm_up_appends()                      # every send appended, the first one too
 
     async def main(interrupt):
         async with AsyncProducer("dp-runs", namesrv_addr=sys.argv[1]) as p:

@@ -33,7 +33,7 @@ from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeC
 from shmq.client import MessageQueue, MQClientError
 from shmq.client import pull as pull_mod
 from shmq.client.consumer import SubscriptionData, pull_kernel
-from shmq.client.direct import warm_up_reads
+from shmq.client.direct import warm_up_appends, warm_up_reads
 from shmq.client.requests import create_topic
 from shmq.ipc.codes import ResponseCode
 from shmq.client.remoting import RemotingClient
@@ -51,6 +51,7 @@ WAIT = 30.0
 def broker(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("direct-read"))
     warm_up_reads()      # else the first pulls go to the broker until the scan kernel is loaded
+    warm_up_appends()    # else a producer's first sends go over the socket until appends are
     yield b
     assert b.stop() == 0, b.log()[-3000:]
 

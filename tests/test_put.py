@@ -22,6 +22,7 @@ import time
 import pytest
 from brokerproc import routed_topic, start_broker, stored_records, topic_for
 from shmq.client import AsyncProducer, ClientConfig, FlushResult, MQClientError, Producer, PutFailed
+from shmq.client.direct import warm_up_appends
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import decode_records, pull_message
 from shmq.ipc.codes import RequestCode as RC
@@ -32,6 +33,7 @@ from shmq.ipc.remoting import RemotingCommand
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("put"), flushDiskType="SYNC_FLUSH")
+    warm_up_appends()    # else a producer's first puts go over the socket until appends are
     yield b
     assert b.stop() == 0, b.log()[-3000:]
 
