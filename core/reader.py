@@ -329,12 +329,15 @@ def walk(buf: np.ndarray, base: int, lo: int, hi: int, check_crc: bool, out: np.
     ``cl`` the segment is mapped from, a cold walk: it reads WALK_WINDOW_BYTES
     ahead of itself in large requests and gives back each window it is done
     with (``CommitLog.will_need``, ``drop``), so a walk over a 1 GiB segment
-    holds one window of it in the process's RSS."""
+    holds one window of it in the process's RSS; never past ``hi`` nor what
+    the file system says holds data (the preallocated zeros past the end,
+    read ahead, would be cached and so become data for the next start)."""
     pos, total, first, last = lo, 0, None, None
     held = lo
     while True:
         if cl is not None:
-            cl.will_need(base + pos, base + pos + WALK_WINDOW_BYTES)
+            cl.will_need(base + pos, base + min(hi, pos + WALK_WINDOW_BYTES),  # no zeros past
+                         data_only=True)              # the end: cached, they would become data
             if pos - held >= WALK_WINDOW_BYTES:
                 cl.drop(base + held, base + pos)
                 held = pos
