@@ -254,6 +254,8 @@ class BrokerConfig:
             object.__setattr__(self, "brokerId", 0)    # a master is broker 0 (BrokerStartup)
         if not 0 <= self.haListenPort <= 65535:
             errors.append(f"haListenPort={self.haListenPort}: not a port (0: listenPort + 1)")
+        else:
+            errors += self._port_clashes()
         if self.haMasterAddress and not _is_addr(self.haMasterAddress):
             errors.append(f"haMasterAddress={self.haMasterAddress!r}: want host:port")
         for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",
@@ -264,6 +266,36 @@ class BrokerConfig:
                               self.logFileMaxIndex).problems()
         if errors:
             raise ValueError("; ".join(errors))
+
+    def _port_clashes(self) -> list[str]:
+        """The ports this broker binds that are one port (or no port at
+        all: listenPort 65535's HA port), each named by its settings: caught
+        at bind time, one of them would be 'Address already in use' as if
+        another broker held it, or, the HA port taking the embedded
+        NameServer's, a broker registering with its own HA port."""
+        if not 0 <= self.listenPort <= 65535:
+            return []           # said already
+        if self.ha_port > 65535:
+            return [f"listenPort={self.listenPort}: its HA port, listenPort + 1, is not a port; "
+                    f"set haListenPort"]
+        bound = [("listenPort", self.listenPort)]
+        if self.brokerRole != SLAVE:         # only a master listens for slaves
+            bound.append(("haListenPort", self.ha_port))
+        if self.runs_embedded_namesrv:
+            bound.append(("namesrvListenPort", self.namesrvListenPort))
+        bound.append(("metricsPort", self.metricsPort))
+        errors, seen = [], {}
+        for name, port in bound:
+            if not port:                     # 0: any free port (or off)
+                continue
+            said = f"{name}={port}"
+            if name == "haListenPort" and not self.haListenPort:
+                said += " (listenPort + 1)"
+            if port in seen:
+                errors.append(f"{seen[port]} and {said}: one port for two listeners")
+            else:
+                seen[port] = said
+        return errors
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

@@ -563,6 +563,26 @@ def test_roles_and_settings_with_rocketmq_names_and_defaults():
             BrokerConfig(**bad)
 
 
+def test_ports_that_clash_are_refused_naming_both_settings():
+    """Caught at bind time, these were 'Address already in use; is another
+    broker running there?' (its own port), or a broker that started with its
+    HA port on the embedded NameServer's and registered with itself."""
+    for bad, words in (
+            (dict(brokerRole="SYNC_MASTER", listenPort=5000, haListenPort=5000),
+             "listenPort=5000 and haListenPort=5000: one port for two listeners"),
+            (dict(listenPort=9875),
+             r"haListenPort=9876 \(listenPort \+ 1\) and namesrvListenPort=9876"),
+            (dict(listenPort=9876), "listenPort=9876 and namesrvListenPort=9876"),
+            (dict(listenPort=5000, metricsPort=5001), r"\(listenPort \+ 1\) and metricsPort=5001"),
+            (dict(listenPort=65535), "listenPort=65535: its HA port, listenPort [+] 1, is not a port")):
+        with pytest.raises(ValueError, match=words):
+            BrokerConfig(**bad)
+    # a slave binds no HA port; NameServers elsewhere leave namesrvListenPort unbound
+    BrokerConfig(brokerRole="SLAVE", brokerId=1, listenPort=5000, haListenPort=5000)
+    BrokerConfig(listenPort=9875, namesrvAddr="127.0.0.1:9876")
+    BrokerConfig(listenPort=0, metricsPort=0)
+
+
 # ------------------------------------------------------------ the slave's store
 def _master_store(root):
     from conftest import small_config
