@@ -15,9 +15,6 @@
     close  stop the flusher (it flushes and checkpoints), flush again,
            remove ``abort``, unlink the control block, release the lock
 
-``open_offline`` is a tool's open of a store no broker runs (``open_local``,
-a killed broker's control block retired first, as ``open`` does).
-
 ``attach`` is what every other process (worker, flusher, a test's writer)
 calls: it maps the control block and returns a ``MessageStore`` whose
 appends wake parked readers and, under SYNC_FLUSH, the flusher.
@@ -40,10 +37,9 @@ from shmq.core.retention import publish_disk_full
 from shmq.core.records import warm_up
 from shmq.core.recovery import RecoveryReport, TagsCodeRule, recover
 from shmq.core.state import STATE_RUNNING, STATE_STOPPING, StoreState, state_bytes
-from shmq.core.store import MessageStore, flush_all, init_state, open_local
+from shmq.core.store import MessageStore, flush_all, init_state
 from shmq.ipc.control import (LOCK_GRACE_S, FLUSHER_SLOT, ROLE_FLUSHER, ROLE_OTHER, ROLE_OWNER, ROLE_WORKER,
-                              WANT_FLUSH, WANT_PUBLISH, ControlBlock, NotRunning, pid_alive,
-                              unlink_names)
+                              WANT_FLUSH, WANT_PUBLISH, ControlBlock, NotRunning, pid_alive)
 
 log = logging.getLogger("shmq.store")
 
@@ -100,26 +96,6 @@ def wait_flushed(store: MessageStore, cb: ControlBlock, end: int, wait=None,
         cb.set_flag(WANT_FLUSH, False)
 
 
-def retire_dead_owner(root: str) -> None:
-    """With the store's lock file held (so whoever owned the store before is
-    dead): retire the control block a dead owner left (``ControlBlock.
-    retire_stale``: no process still attached to it can append any more)
-    and unlink its names, before the store is recovered. A broker's start
-    (``StoreOwner.open``) and an offline open (``open_offline``) both."""
-    if ControlBlock.retire_stale(root):
-        unlink_names(root)
-        log.warning("retired the control block of a previous owner of %s", root)
-
-
-def open_offline(config: StoreConfig, tags_code_rules: Mapping[str, TagsCodeRule] | None = None,
-                 ) -> tuple[MessageStore, RecoveryReport]:
-    """``core.store.open_local`` for a store a broker may have owned (a
-    tool's or a script's offline open): refused while its broker runs
-    (StoreInUse), and the control block a killed broker left in /dev/shm is
-    retired and gone before recovery, as a broker's start does."""
-    return open_local(config, tags_code_rules=tags_code_rules, before_recovery=retire_dead_owner)
-
-
 class StoreOwner:
     def __init__(self, config: StoreConfig, extra_bytes: int = 0,
                  tags_code_rules: Mapping[str, TagsCodeRule] | None = None, mp_context=None,
@@ -144,7 +120,8 @@ class StoreOwner:
         self.lockfile = REAL_FILES.lock_store(self.root)
         try:
             warm_up()
-            retire_dead_owner(self.root)
+            if ControlBlock.retire_stale(self.root):
+                log.warning("retired the control block of a previous owner of %s", self.root)
             rec = recover(cfg, REAL_FILES, self.tags_code_rules)
             self.report = rec.report
             log.info("%s", rec.report.summary())

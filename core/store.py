@@ -903,21 +903,15 @@ def init_state(state: StoreState, rec: Recovered) -> None:
 
 def open_local(config: StoreConfig, files: FileLayer = REAL_FILES,
                tags_code_rules: Mapping[str, TagsCodeRule] | None = None,
-               before_recovery: Callable[[str], None] | None = None,
                ) -> tuple[MessageStore, RecoveryReport]:
     """Recover and open a store for this process alone (tools, tests): the
     state lives in private memory and the flusher's work is done by calling
     ``flush_all``. Holds the store's lock file (a running broker's store is
     refused with StoreInUse) and marks it running (``abort``) until
     ``close_clean``. ``tags_code_rules``: as ``recover`` takes them (a
-    broker's store wants the broker's, ``broker.delivery.tags_code_rules``).
-    ``before_recovery(root)`` runs once the lock is held, before recovery:
-    ``broker.shared_store.open_offline`` retires there the control block a
-    killed broker left (core knows no control block)."""
+    broker's store wants the broker's, ``broker.delivery.tags_code_rules``)."""
     lock = files.lock_store(config.storePathRootDir)   # StoreInUse if a broker has it
     try:
-        if before_recovery is not None:
-            before_recovery(config.storePathRootDir)
         rec = recover(config, files, tags_code_rules)
         state = StoreState.create_local(config.maxQueueSlots, config.mappedFileSizeCommitLog)
         init_state(state, rec)

@@ -12,9 +12,8 @@ import procs
 from conftest import small_config
 from shmq.broker.shared_store import StoreOwner
 from shmq.broker.shared_store import attach as attach_store
-from shmq.broker.shared_store import open_offline
 from shmq.core.records import encode
-from shmq.core.store import close_clean, open_local
+from shmq.core.store import open_local
 from shmq.core.files import StoreInUse, StoreLock
 from shmq.ipc.control import ControlBlock, NotRunning, names, unlink_names
 
@@ -55,14 +54,9 @@ def test_a_second_owner_is_refused(store_dir):
 
 
 def test_a_tool_cannot_open_a_store_a_broker_owns(owner):
-    """open_local would run recovery (truncation) under a live broker; the
-    offline open leaves the live broker's control block alone."""
-    blocks = _shm_inodes(owner.root)
-    for opener in (open_local, open_offline):
-        with pytest.raises(StoreInUse, match="in use"):
-            opener(owner.config)
-    assert _shm_inodes(owner.root) == blocks and len(blocks) == 2
-    ControlBlock.attach(owner.root).close()
+    """open_local would run recovery (truncation) under a live broker."""
+    with pytest.raises(StoreInUse, match="in use"):
+        open_local(owner.config)
 
 
 def test_attach_needs_a_live_owner(store_dir):
@@ -120,23 +114,6 @@ def _owner_dies(cfg):
     o.open()
     o.store.append(encode("Stale", [b"before death"], properties=b""))
     procs.die()
-
-
-def test_an_offline_open_after_a_kill_9_retires_the_dead_owners_block(store_dir):
-    """A tool's open (``open_offline``) of a store whose owner (the broker's
-    boss) was killed -9: the control block and semaphore it left in /dev/shm
-    are gone, as a broker's start would have made them, and what it wrote
-    is recovered."""
-    cfg = small_config(store_dir)
-    assert run(_owner_dies, cfg) == -9
-    assert len(_shm_inodes(store_dir)) == 2          # kill -9: nobody unlinked them
-    store, report = open_offline(cfg)
-    try:
-        assert _shm_inodes(store_dir) == []
-        assert report.mode == "abnormal"
-        assert store.read_queue("Stale", 0)[0].body == b"before death"
-    finally:
-        close_clean(store)
 
 
 def test_the_flusher_dies_with_its_owner(store_dir):
