@@ -9,11 +9,13 @@ haSlaveFallbehindMax behind, answers SLAVE_NOT_AVAILABLE at once (after the
 flush, under SYNC_FLUSH): the message is stored, as RocketMQ's is.
 
 A single message is the common case and has a budget (issue 14: ≤ 20 µs
-of worker CPU per send, socket included): the topic's checks are cached
-until the tables change (config_epoch), the record is written by
-``records.encode_one`` (struct + zlib, no kernel call over arrays), the
-born host comes parsed from the peer, and the SUCCESS reply is a template
-(``remoting.send_ok_head``) rather than a command the driver encodes.
+of worker CPU per send, socket included): the header's fields are read
+straight from extFields, whole and first (``send_fields``), the topic's
+checks are cached until the tables change (config_epoch), the record is
+written by ``records.encode_one`` (struct + zlib, no kernel call over
+arrays), the born host comes parsed from the peer, and the SUCCESS reply
+is a template (``remoting.send_ok_head``) rather than a command the
+driver encodes.
 
 Duplicates (``sendDedupWindowSize``, ``core/dedup.py``): a send carrying a
 UNIQ_KEY (to any topic but a %RETRY% or %DLQ% one, with reconsumeTimes 0)
