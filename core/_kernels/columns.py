@@ -15,7 +15,7 @@ from ..layout import (S_BODY_LEN, S_BODY_POS, S_PHY, S_PROPS_LEN, S_PROPS_POS,  
                       S_QUEUE_ID, S_QUEUE_OFFSET, S_SIZE, S_STORE_TS, S_SYSFLAG, S_TOPIC_LEN,
                       S_TOPIC_POS)
 from .binary import JIT, ld_i32, ld_i64
-from .properties import _piece
+from .properties import _is_key, _piece
 from .records import _scan_headers
 
 
@@ -109,16 +109,6 @@ def _copy(buf, src, n, out, o):
         out[o + k] = buf[src + k]
         k += 1
     return o + n
-
-
-@njit(inline="always", **JIT)
-def _is_key(buf, i, sep, key):
-    if sep - i != key.shape[0]:
-        return False
-    for k in range(key.shape[0]):
-        if buf[i + k] != key[k]:
-            return False
-    return True
 
 
 @njit(**JIT)

@@ -28,12 +28,22 @@ def _piece(buf, i, end):
     return sep, j
 
 
+@njit(inline="always", **JIT)
+def _is_key(buf, i, sep, key):
+    """Is the key of the piece at ``i`` (its 0x01 at ``sep``) ``key``?"""
+    if sep - i != key.shape[0]:
+        return False
+    for k in range(key.shape[0]):
+        if buf[i + k] != key[k]:
+            return False
+    return True
+
+
 @njit(**JIT)
 def find_property(buf, start, n, key):
     """Value (start, length) of property ``key`` in a properties string
     buf[start:start+n], as Java's string2messageProperties would give it (the
     last duplicate wins); (-1, 0) when absent."""
-    klen = key.shape[0]
     found_at = np.int64(-1)
     found_len = np.int64(0)
     i = start
@@ -41,15 +51,9 @@ def find_property(buf, start, n, key):
     while i < end:
         sep, j = _piece(buf, i, end)
         # (lengths in bytes or UTF-16 units agree on "non-empty")
-        if sep > i and sep < j - 1 and sep - i == klen:
-            same = True
-            for k in range(klen):
-                if buf[i + k] != key[k]:
-                    same = False
-                    break
-            if same:
-                found_at = sep + 1
-                found_len = j - sep - 1
+        if sep > i and sep < j - 1 and _is_key(buf, i, sep, key):
+            found_at = sep + 1
+            found_len = j - sep - 1
         i = j + 1
     return found_at, found_len
 

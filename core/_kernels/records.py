@@ -19,7 +19,7 @@ from ..layout import (MESSAGE_MAGIC_V2_I32, N_SCAN, S_BODY_LEN, S_BODY_POS, S_PH
                       S_SYSFLAG, S_TAGS_CODE, S_TOPIC_HASH, S_TOPIC_LEN, S_TOPIC_POS,
                       SCAN_BLANK, SCAN_CORRUPT, SCAN_END, SCAN_FOREIGN, SCAN_FULL)
 from .binary import JIT, crc32, java_hash_utf8, ld_i16, ld_i32, ld_i64
-from .properties import _piece, find_property
+from .properties import _is_key, _piece, find_property
 
 
 @njit(**JIT)
@@ -191,7 +191,6 @@ def uniq_hashes(buf, phy_base, phys, sizes, count, t, uniq_key, out):
     seg = buf.shape[0]
     row = np.empty((1, N_SCAN), dtype=np.int64)
     no_tags = uniq_key[:0]
-    klen = uniq_key.shape[0]
     found = 0
     for i in range(count):
         out[i] = 0
@@ -213,17 +212,11 @@ def uniq_hashes(buf, phy_base, phys, sizes, count, t, uniq_key, out):
         end = j + row[0, S_PROPS_LEN]
         while j < end:
             sep, e = _piece(buf, j, end)
-            if sep - j == klen:
-                same = True
-                for k in range(klen):
-                    if buf[j + k] != uniq_key[k]:
-                        same = False
-                        break
-                if same:
-                    if e > sep + 1:
-                        h = crc32(buf, sep + 1, e, t)
-                        out[i] = h if h != 0 else 1
-                        found += 1
-                    break
+            if _is_key(buf, j, sep, uniq_key):
+                if e > sep + 1:
+                    h = crc32(buf, sep + 1, e, t)
+                    out[i] = h if h != 0 else 1
+                    found += 1
+                break
             j = e + 1
     return found
