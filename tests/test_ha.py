@@ -205,9 +205,10 @@ def test_ha_status_and_cluster_list_show_the_group_and_its_lag(pair):
     assert (s["brokerId"], s["addr"], s["brokerRole"]) == (1, pair.slave.addr, "SLAVE")
     # nothing sent meanwhile: the slave acked the master's end, 0 bytes behind
     assert m["haSlaveAckOffset"] == m["commitLogMaxOffset"] == s["commitLogMaxOffset"]
-    assert m["diff"] == s["diff"] == 0
+    assert m["diff"] == s["diff"] == 0 and s["status"] == "OK"
     rc, text = admin(pair.ns, "haStatus", "-b", pair.slave.addr, json_out=False)
     assert rc == 0 and "#SlaveAckOffset" in text and "SLAVE" in text and "SYNC_MASTER" in text
+    assert "WARN" not in text
     rc, text = admin(pair.ns, "haStatus", "-b", "127.0.0.1:1", json_out=False)
     assert rc == 1 and "no broker group on the NameServer has 127.0.0.1:1" in text
     rc, d = admin(pair.ns, "clusterList")
@@ -310,6 +311,57 @@ def test_a_slave_reporting_past_the_masters_end_is_dropped_and_never_counted_as_
     assert send(pair.master.addr, b"after the liar").code == R.SUCCESS   # the real slave acks
 
 
+def test_a_slave_refused_again_and_again_is_one_line_in_the_masters_log(pair):
+    """A slave whose store is ahead of its master (the master restarted on
+    another store) comes back every second to be dropped: one line says so,
+    not one a second."""
+    host = pair.master.addr.split(":")[0]
+    past = int(_info(pair.master)["commitLogMaxOffset"]) + (96 << 20)
+    for _ in range(3):
+        with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
+            s.sendall(struct.pack(">q", past))
+            s.settimeout(5)
+            try:
+                while s.recv(65536):                   # until the master closes it
+                    pass
+            except ConnectionResetError:
+                pass
+    assert pair.master.log().count(f"asks from offset {past}, past this CommitLog's end") == 1
+
+
+def test_a_slave_pointed_at_a_port_that_is_no_ha_port_says_so_once(pair, tmp_path, caplog):
+    """haMasterAddress naming the master's listenPort (its remoting port
+    closes the connection at the slave's first report): the slave's log
+    names the address and the likely mistake once, then stays quiet while
+    it retries (it said "closed by the master" twice a second)."""
+    import logging
+    from conftest import small_config
+    from shmq.broker.ha.slave import HAClient
+    from shmq.core.replica import Replica
+    from shmq.core.store import close_clean, open_local
+    caplog.set_level(logging.DEBUG, "shmq.ha")
+    store, _ = open_local(small_config(str(tmp_path)))
+    now = [0.0]
+    client = HAClient(BrokerConfig(brokerRole="SLAVE", brokerId=1,
+                                   haMasterAddress=pair.master.addr), Replica(store),
+                      clock=lambda: now[0])
+
+    def drops():
+        client.step()
+        now[0] += 0.5                      # RETRY_S passes every other step
+        return sum("closed by the master" in r.getMessage() for r in caplog.records) >= 3
+    try:
+        until("the slave tried three times", drops)
+    finally:
+        client.close()
+        close_clean(store)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [f"HA: connection to the master {pair.master.addr} closed: closed by the "
+                      f"master before it sent anything: is {pair.master.addr} the master's "
+                      f"haListenPort? (a master also drops a slave whose offset, here 0, its "
+                      f"CommitLog does not continue from: its log says why)"]
+
+
 def _gets(b: BrokerProc) -> int:
     """Messages the broker served to pulls since it started (mqadmin brokerStatus)."""
     with RemotingClient(b.addr) as c:
@@ -391,6 +443,9 @@ def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed
         r.held.set()
         until("the acknowledged messages consumed from the slave", lambda: r.got(acked))
         print(f"consumed from the slave {time.monotonic() - killed:.2f} s after the kill")
+        rc, text = admin(pair.ns, "haStatus", "-b", pair.slave.addr, json_out=False)
+        assert rc == 0 and f"WARN: slave {pair.slave.addr} of broker-a: no master of its group " \
+                           f"answers: nothing to follow" in text, text
     finally:
         r.shutdown()
 

@@ -164,8 +164,12 @@ def ha_status(args, a: AdminClient) -> dict:
     """Each broker group's roles and replication (RocketMQ 5's haStatus,
     from the runtime info a 4.x broker gives): the master's CommitLog end,
     its slaves and the highest offset one acked; each slave's end and how
-    many bytes it is behind its master (``diff``). ``-c``: every group of
-    the cluster; ``-b``: the group the broker is in."""
+    many bytes it is behind its master (``diff``) and its ``status``: OK,
+    NO_MASTER (none in the route, or it does not answer), NOT_CONNECTED
+    (its master has no slave connected) or AHEAD (its CommitLog ends past
+    its master's: the master runs on another store, and drops it), each
+    but OK with a ``why``. ``-c``: every group of the cluster; ``-b``: the
+    group the broker is in."""
     info = a.cluster_info()
     table = info["brokerAddrTable"]
     if args.clusterName:
@@ -202,10 +206,27 @@ def ha_status(args, a: AdminClient) -> dict:
             rows.append(row)
         master = next((r for r in rows if r["brokerId"] == 0 and "error" not in r), None)
         for r in rows:
-            if r["brokerId"] and master is not None and "error" not in r:
-                r["diff"] = master["commitLogMaxOffset"] - r["commitLogMaxOffset"]
+            if r["brokerId"] and "error" not in r:
+                _slave_status(r, master)
         groups.append({"brokerName": name, "brokers": rows})
     return {"groups": groups}
+
+
+def _slave_status(r: dict, master: dict | None) -> None:
+    if master is None:
+        r["status"], r["why"] = "NO_MASTER", "no master of its group answers: nothing to follow"
+        return
+    r["diff"] = master["commitLogMaxOffset"] - r["commitLogMaxOffset"]
+    if r["diff"] < 0:
+        r["status"], r["why"] = "AHEAD", (
+            f"its CommitLog ends {-r['diff']} bytes past its master's: the master runs on "
+            f"another store (or lost its tail) and drops it; its log says so")
+    elif master.get("haSlaveCount") == 0:
+        r["status"], r["why"] = "NOT_CONNECTED", (
+            f"its master {master['addr']} has no slave connected: see the slave's log "
+            f"(haMasterAddress, or the master's haListenPort)")
+    else:
+        r["status"] = "OK"
 
 
 def broker_status(args, a: AdminClient) -> dict:

@@ -189,7 +189,8 @@ def cluster_list(d: dict, args) -> None:
 
 def ha_status(d: dict, args) -> None:
     print(f"{'#Broker Name':<22}  {'#BID':<4}  {'#Addr':<22} {'#Role':<13} {'#CommitLogMaxOffset':>20} "
-          f"{'#Slaves':>7} {'#SlaveAckOffset':>16} {'#Diff':>12}")
+          f"{'#Slaves':>7} {'#SlaveAckOffset':>16} {'#Diff':>12}  #Status")
+    warns = []
     for g in d["groups"]:
         for r in g["brokers"]:
             if "error" in r:
@@ -197,7 +198,12 @@ def ha_status(d: dict, args) -> None:
                 continue
             print(f"{g['brokerName']:<22}  {r['brokerId']:<4}  {r['addr']:<22} {r['brokerRole']:<13} "
                   f"{r['commitLogMaxOffset']:>20} {r.get('haSlaveCount', '-'):>7} "
-                  f"{r.get('haSlaveAckOffset', '-'):>16} {r.get('diff', '-'):>12}")
+                  f"{r.get('haSlaveAckOffset', '-'):>16} {r.get('diff', '-'):>12}  "
+                  f"{r.get('status', '-')}")
+            if "why" in r:
+                warns.append(f"WARN: slave {r['addr']} of {g['brokerName']}: {r['why']}")
+    if warns:
+        print("\n" + "\n".join(warns))
 
 
 def broker_status(d: dict, args) -> None:

@@ -25,7 +25,11 @@ A slave that reports past the master's end, needs bytes retention deleted
 (its store must then be emptied or copied anew), or says nothing for
 ``haHousekeepingInterval``, is dropped, with a line saying why; ``ha_slaves``
 counts the live connections (published at once, so a SYNC_MASTER send
-answers SLAVE_NOT_AVAILABLE as soon as the last slave is gone).
+answers SLAVE_NOT_AVAILABLE as soon as the last slave is gone). A slave
+that comes back every second to be dropped, before a byte was sent to it,
+for the same reason (a store ahead of this one, or behind what is kept)
+is logged once, then at DEBUG until a slave from its host is sent bytes
+again.
 """
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ class Connection:
         self.next = -1             # the next CommitLog byte to send
         self.pending: list = []    # what the socket has not taken yet (buffers)
         self.last_read = self.last_write = now
+        self.fed = False           # a byte was sent to it
 
 
 class HAService:
@@ -73,6 +78,7 @@ class HAService:
         self.sel.register(listener, selectors.EVENT_READ, None)
         self.sel.register(cb.waiter.fileno(), selectors.EVENT_READ, "wake")
         self.conns: dict[socket.socket, Connection] = {}
+        self.refused: dict[str, str] = {}    # host -> why its last slave was dropped unfollowed
         st = store.state
         st.set("ha_slaves", 0)       # a restarted service: whatever its predecessor counted is gone
         self.acked = st.get("confirm_pos")
@@ -114,7 +120,8 @@ class HAService:
         self.conns[sock] = c
         self.sel.register(sock, selectors.EVENT_READ, c)
         self._count()
-        log.info("HA: slave %s connected", c.peer)
+        log.log(logging.DEBUG if addr[0] in self.refused else logging.INFO,
+                "HA: slave %s connected", c.peer)
 
     def _count(self) -> None:
         self.store.state.set("ha_slaves", len(self.conns))
@@ -124,7 +131,11 @@ class HAService:
     def _drop(self, c: Connection, why: str) -> None:
         if self.conns.pop(c.sock, None) is None:
             return
-        log.info("HA: slave %s dropped: %s", c.peer, why)
+        host = c.peer.rpartition(":")[0]
+        quiet = not c.fed and self.refused.get(host) == why
+        log.log(logging.DEBUG if quiet else logging.INFO, "HA: slave %s dropped: %s", c.peer, why)
+        if not c.fed:
+            self.refused[host] = why
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
@@ -157,8 +168,9 @@ class HAService:
             return
         if c.request < 0:
             c.request = offset
-            log.info("HA: slave %s asks from offset %d (this CommitLog: %d..%d)", c.peer,
-                     offset, st.get("cl_min_offset"), st.write_pos)
+            log.log(logging.DEBUG if c.peer.rpartition(":")[0] in self.refused else logging.INFO,
+                    "HA: slave %s asks from offset %d (this CommitLog: %d..%d)", c.peer,
+                    offset, st.get("cl_min_offset"), st.write_pos)
         if offset > self.acked:
             self.acked = offset
             st.set("confirm_pos", offset)
@@ -195,6 +207,9 @@ class HAService:
             self._drop(c, e.strerror or str(e))
             return
         c.last_write = now
+        if n and not c.fed:
+            c.fed = True
+            self.refused.pop(c.peer.rpartition(":")[0], None)
         self._consume(c, n)
         more = c.pending or c.next < st.write_pos     # a backlog: send on as the socket drains
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if more else 0)

@@ -21,6 +21,13 @@ One connection at a time, in the ``shmq-ha`` process of a SLAVE:
     drop      on a frame that does not continue the store, garbage, EOF, or
               haHousekeepingInterval without a byte from the master; then
               connect again after RETRY_S
+
+A master that closes the connection before sending a byte is named as
+such (the address may be another port, a broker's listenPort, or a master
+that refuses this slave's offset: past its end, or behind what it keeps,
+which its log says): the slave cannot tell which. A failure that repeats, refused connection or
+such a drop, is logged once at WARNING, then at DEBUG until bytes flow
+again (a line a second for as long as a master stays wrong helped no one).
 """
 from __future__ import annotations
 
@@ -87,6 +94,8 @@ class HAClient:
         self.unsent = b""            # the rest of a report the socket took part of
         self.last_report = self.last_read = 0.0
         self.next_try = 0.0
+        self.fed = False             # this connection brought a byte from the master
+        self.failing = ""            # the failure last logged: the same again is not
 
     def master_addr(self) -> str:
         c = self.config
@@ -125,9 +134,8 @@ class HAClient:
         try:
             sock = socket.create_connection(split_addr(addr), timeout=CONNECT_TIMEOUT_S)
         except (OSError, ValueError) as e:
-            if addr != self.master:
-                log.warning("HA: cannot connect to the master %s: %s", addr, e)
             self.master = addr
+            self._failed(f"cannot connect to the master {addr}: {e}")
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
@@ -137,8 +145,9 @@ class HAClient:
         self.last_read = now
         self.reported = -1
         self.unsent = b""
-        log.info("HA: connected to the master %s; this store ends at %d", addr,
-                 self.replica.received)
+        self.fed = False
+        log.log(logging.DEBUG if self.failing else logging.INFO,
+                "HA: connected to the master %s; this store ends at %d", addr, self.replica.received)
         self._report(self.replica.received, now)
 
     def _report(self, offset: int, now: float) -> None:
@@ -171,6 +180,12 @@ class HAClient:
             self.drop("closed by the master")
             return 0
         self.last_read = self.clock()
+        if not self.fed:
+            self.fed = True
+            if self.failing:
+                log.info("HA: replicating from the master %s from offset %d", self.master,
+                         self.replica.received)
+                self.failing = ""
         try:
             # the read's body pieces, written before the next read reuses the
             # buffer: contiguous ones (a backlog's) as one run of writes
@@ -201,11 +216,23 @@ class HAClient:
     def drop(self, why: str) -> None:
         if self.sock is None:
             return
-        log.warning("HA: connection to the master %s closed: %s", self.master, why)
         self.sel.unregister(self.sock)
         self.sock.close()
         self.sock = None
         self.next_try = self.clock() + RETRY_S
+        text = f"connection to the master {self.master} closed: {why}"
+        if self.fed:
+            log.warning("HA: %s", text)
+        else:
+            self._failed(f"{text} before it sent anything: is {self.master} the master's "
+                         f"haListenPort? (a master also drops a slave whose offset, here "
+                         f"{self.replica.received}, its CommitLog does not continue from: its "
+                         f"log says why)")
+
+    def _failed(self, text: str) -> None:
+        """A connection that never brought a byte: WARNING once, DEBUG while it repeats."""
+        log.log(logging.DEBUG if text == self.failing else logging.WARNING, "HA: %s", text)
+        self.failing = text
 
     def close(self) -> None:
         if self.sock is not None:
