@@ -497,12 +497,12 @@ def test_a_callers_short_timeout_in_a_batch_is_its_own(broker, request):
                                  send_msg_timeout=10) as p:
             await p.publish_queues(topic)
             p._template(topic)                           # the fast lane takes the topic's sends
-            both = await asyncio.gather(p.send(Message(topic, b"short"), timeout=1.6),
+            both = await asyncio.gather(p.send(Message(topic, b"short"), timeout=1.2),
                                         p.send(Message(topic, b"long"), timeout=10))
             os.killpg(broker.proc.pid, signal.SIGSTOP)
             try:
                 waits = asyncio.ensure_future(p.send(Message(topic, b"waits"), timeout=60))
-                gives_up = asyncio.ensure_future(p.send(Message(topic, b"gives up"), timeout=0.5))
+                gives_up = asyncio.ensure_future(p.send(Message(topic, b"gives up"), timeout=0.3))
                 async with asyncio.timeout(30):                # a hang guard, not a timing
                     with pytest.raises(RemotingError, match="within its timeout"):
                         await gives_up
