@@ -99,6 +99,12 @@ def test_a_direct_producer_leaves_shared_memory_as_it_found_it(broker, request):
         assert ds is not None and ds.appended == 1
         slot, procs = ds.cb.slot, ds.cb.procs
         assert int(procs["pid"][slot]) == os.getpid()
+        # what this process maps of /dev/shm while attached: the broker's
+        # block and semaphore, no store block of its own making
+        with open("/proc/self/maps") as f:
+            mapped = {line.split()[-1][len("/dev/shm/"):] for line in f
+                      if line.split()[-1].startswith("/dev/shm/")}
+        assert {n for n in mapped if n.startswith(("shmq-", "sem.shmq-"))} == set(ours)
     assert int(procs["pid"][slot]) == 0
     # what other processes make meanwhile: stores' blocks, multiprocessing's
     # semaphores (unlinked as soon as made), the headless Chromium of
