@@ -17,6 +17,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -175,6 +176,20 @@ def test_an_unreachable_namesrv_is_named_and_does_not_hang():
         rc, _, err = admin(argparse.Namespace(namesrv=addr), "topicList", "--timeout", "0.5")
         assert rc == 1 and addr in err and "0.5 s" in err
         assert time.monotonic() - t0 < 2
+    with socket.socket() as web:             # -n naming a web server (the console's port)
+        web.bind(("127.0.0.1", 0))
+        web.listen()
+        addr = f"127.0.0.1:{web.getsockname()[1]}"
+
+        def answer_http():
+            conn, _ = web.accept()
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        threading.Thread(target=answer_http, daemon=True).start()
+        rc, _, err = admin(argparse.Namespace(namesrv=addr), "topicList", "--timeout", "2")
+        # it said "cannot reach the NameServer …: frame length 1213486160 exceeds the limit"
+        assert rc == 1 and err.startswith(f"shmq admin topicList: {addr} is not a NameServer: it "
+                                          f"does not speak RocketMQ's remoting protocol ("), err
 
 
 def test_unknown_topic_group_and_a_refusal_are_named(broker):

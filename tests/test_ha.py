@@ -446,6 +446,19 @@ def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed
         rc, text = admin(pair.ns, "haStatus", "-b", pair.slave.addr, json_out=False)
         assert rc == 0 and f"WARN: slave {pair.slave.addr} of broker-a: no master of its group " \
                            f"answers: nothing to follow" in text, text
+        # an operator's reads go to the slave, as the consumers' do (they found nothing:
+        # only masters were asked); a send is refused naming the missing master
+        until("the route names the slave alone", lambda: admin(
+            pair.ns, "topicRoute", "-t", TOPIC)[1]["brokerDatas"][0]["brokerAddrs"] == {
+                "1": pair.slave.addr})
+        rc, d = admin(pair.ns, "queryMsgByKey", "-t", TOPIC, "-k", "k7")
+        assert rc == 0 and [m["body"] for m in d["messages"]] == ["sync 7"], d
+        rc, d = admin(pair.ns, "consumeMessage", "-t", TOPIC, "-b", "broker-a", "-i", "0",
+                      "-o", "0", "-c", "1")
+        assert rc == 0 and len(d["messages"]) == 1, d
+        rc, text = admin(pair.ns, "sendMessage", "-t", TOPIC, "-p", "x", json_out=False)
+        assert rc == 1 and "broker broker-a has no master in the route of topic HaTopic (only " \
+                           f"its slaves, brokerId 1 {pair.slave.addr}: is the master down?)" in text
     finally:
         r.shutdown()
 

@@ -125,10 +125,14 @@ class AdminClient:
         except RemotingTimeout:
             self._drop(addr)
             raise AdminError(f"the {role} at {addr} did not answer within {wait:g} s") from None
-        except (OSError, RemoteProtocolError) as e:   # refused, reset, unreachable, not RocketMQ
+        except RemoteProtocolError as e:   # an HTTP server, an HA port, …: another protocol
             self._drop(addr)
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-            raise AdminError(f"cannot reach the {role} at {addr}: {why}") from None
+            raise AdminError(f"{addr} is not a {role}: it does not speak RocketMQ's remoting "
+                             f"protocol ({e})") from None
+        except OSError as e:               # refused, reset, unreachable
+            self._drop(addr)
+            raise AdminError(f"cannot reach the {role} at {addr}: "
+                             f"{e.strerror or str(e) or type(e).__name__}") from None
 
     def _drop(self, addr: str) -> None:
         conn = self._conns.pop(addr, None)
@@ -221,11 +225,33 @@ class AdminClient:
                 out.append((bd["brokerName"], addr))
         return out
 
-    def broker_of(self, route: dict, topic: str, broker_name: str) -> str:
-        for name, addr in self.route_masters(route):
-            if name == broker_name:
-                return addr
-        names = ", ".join(n for n, _ in self.route_masters(route)) or "none"
+    @staticmethod
+    def route_readers(route: dict) -> list[tuple[str, str]]:
+        """(brokerName, addr) of each broker in a route: its master, else its
+        first slave (mqadmin's reads, BrokerData.selectBrokerAddr, take a
+        slave at random): with a master down, queries, consumeMessage and
+        printMsg read what its slave holds, as consumers do."""
+        out = []
+        for bd in sorted(route.get("brokerDatas") or [], key=lambda b: b["brokerName"]):
+            addrs = bd.get("brokerAddrs") or {}
+            if addrs:
+                out.append((bd["brokerName"], addrs[min(addrs, key=int)]))
+        return out
+
+    def broker_of(self, route: dict, topic: str, broker_name: str, write: bool = False) -> str:
+        """The address of ``broker_name`` in ``topic``'s route: to read from
+        (its master, else a slave) or, ``write``, its master."""
+        for name, addr in self.route_readers(route):
+            if name != broker_name:
+                continue
+            bd = next(b for b in route["brokerDatas"] if b["brokerName"] == name)
+            if write and MASTER_ID not in bd["brokerAddrs"]:
+                slaves = ", ".join(f"{bid} {a}" for bid, a in sorted(bd["brokerAddrs"].items()))
+                raise AdminError(f"broker {broker_name} has no master in the route of topic "
+                                 f"{topic} (only its slaves, brokerId {slaves}: is the master "
+                                 f"down?): a slave takes no sends")
+            return addr
+        names = ", ".join(n for n, _ in self.route_readers(route)) or "none"
         raise AdminError(f"broker {broker_name} does not serve topic {topic} (its brokers: {names})")
 
     def delete_topic_in_namesrv(self, addr: str, topic: str, cluster: str) -> None:

@@ -128,7 +128,7 @@ def topic_route(args, a: AdminClient) -> dict:
 
 def topic_status(args, a: AdminClient) -> dict:
     rows = []
-    for _, addr in a.route_masters(a.route(args.topic)):
+    for _, addr in a.route_readers(a.route(args.topic)):
         rows += a.topic_stats(addr, args.topic)
     if not rows:
         raise AdminError(f"topic {args.topic}: no broker reported its queues")
@@ -524,7 +524,7 @@ def _find_by_id(a: AdminClient, msg_id: str, topic: str | None) -> dict:
     """An offset msgId is read from the broker it names; a client's msgId
     (UNIQ_KEY) is looked up in the topic's index (``-t``)."""
     if topic:
-        for name, addr in a.route_masters(a.route(topic)):
+        for name, addr in a.route_readers(a.route(topic)):
             found = a.query_messages(addr, topic, msg_id, unique=True)
             if found:
                 return message_dict(found[0], name)
@@ -545,7 +545,7 @@ def _find_by_id(a: AdminClient, msg_id: str, topic: str | None) -> dict:
 
 def query_msg_by_key(args, a: AdminClient) -> dict:
     out = []
-    for name, addr in a.route_masters(a.route(args.topic)):
+    for name, addr in a.route_readers(a.route(args.topic)):
         for m in a.query_messages(addr, args.topic, args.msgKey):
             if args.msgKey in m.keys:
                 out.append(message_dict(m, name))
@@ -573,7 +573,10 @@ def send_message(args, a: AdminClient) -> dict:
                     if any(q["brokerName"] == n and q.get("perm", 6) & PERM_WRITE
                            for q in route.get("queueDatas") or [])]
         if args.broker:
-            a.broker_of(route, args.topic, args.broker)
+            a.broker_of(route, args.topic, args.broker, write=True)
+        elif not writable:                  # a group whose master is gone is named as such
+            for bd in route.get("brokerDatas") or []:
+                a.broker_of(route, args.topic, bd["brokerName"], write=True)
         if not writable or (args.broker and args.broker not in writable):
             raise AdminError(f"topic {args.topic} is not writable: its route on the NameServer "
                              f"gives no queue write permission (perm without 2)")
@@ -682,7 +685,7 @@ def query_msg_by_unique_key(args, a: AdminClient) -> dict:
     """The messages stored under a client msgId (a retried send may have
     stored it twice), oldest first; the first only unless -a."""
     found = []
-    for name, addr in a.route_masters(a.route(args.topic)):
+    for name, addr in a.route_readers(a.route(args.topic)):
         found += [message_dict(m, name) for m in
                   a.query_messages(addr, args.topic, args.msgId, unique=True, max_num=UNIQUE_MAX_NUM)]
     if not found:
@@ -733,11 +736,12 @@ class Progress:
 
 
 def readable_queues(a: AdminClient, route: dict, topic: str) -> list[tuple[str, str, int]]:
-    """(brokerName, master addr, queueId) of each queue a consumer reads
-    (fetchSubscribeMessageQueues: read queues of brokers with perm R)."""
+    """(brokerName, addr, queueId) of each queue a consumer reads
+    (fetchSubscribeMessageQueues: read queues of brokers with perm R), at
+    the broker's master, else its slave."""
     readable = {q["brokerName"]: q["readQueueNums"] for q in route.get("queueDatas") or []
                 if q.get("perm", 6) & PERM_READ}
-    return [(name, addr, qid) for name, addr in a.route_masters(route)
+    return [(name, addr, qid) for name, addr in a.route_readers(route)
             for qid in range(readable.get(name, 0))]
 
 

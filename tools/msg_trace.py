@@ -48,7 +48,7 @@ def query_msg_trace(a: AdminClient, msg_id: str, trace_topic: str = TRACE_TOPIC)
                          f"for it (no client with enableMsgTrace sent to it, and no broker has "
                          f"traceTopicEnable=true)")
     out = []
-    for name, addr in a.route_masters(route):
+    for name, addr in a.route_readers(route):
         for m in a.query_messages(addr, trace_topic, msg_id):
             if m.topic != trace_topic or msg_id not in m.keys:
                 continue
