@@ -345,8 +345,10 @@ class AsyncProducer:
         return self.instance
 
     # ------------------------------------------------------------ sending
-    def _check(self, msg: Message) -> None:
-        if self.closing:
+    def _check(self, msg: Message, draining: bool = False) -> None:
+        """Refuse a new send once shutdown began; ``draining``: a chunk of
+        what ``put`` took before, which shutdown's flush stores."""
+        if self.closing and not draining:
             raise shut_down(self.group)
         if msg.topic not in self._templates:
             self._template(msg.topic)
@@ -678,11 +680,12 @@ class AsyncProducer:
         return min(most, self.config.max_message_size) - 1024
 
     async def _store_chunk(self, q: MessageQueue, bodies: list, props: str | list[str],
-                           timeout: float | None) -> SendManyResult:
+                           timeout: float | None, draining: bool = False) -> SendManyResult:
         """One chunk of ``send_many`` (or of ``put``) stored in ``q``: one
         direct claim, waiting for the flusher under SYNC_FLUSH, or one
         SEND_BATCH_MESSAGE. ``props``: one properties string for all or one
-        per message (TAGS and KEYS)."""
+        per message (TAGS and KEYS). ``draining``: ``put``'s, which a
+        shutdown's flush still stores."""
         inst = self._inst()
         # the first connection to a broker on this host attaches its store
         conn = inst.broker_now(q.broker_name) or await inst.broker(q.broker_name)
@@ -701,7 +704,7 @@ class AsyncProducer:
         else:
             msgs = [Message(topic, b, properties=string_to_properties(p) if p else {})
                     for b, p in zip(bodies, props)]
-        sr = await self.send_batch(msgs, q, timeout)
+        sr = await self._send_batch(msgs, q, timeout, draining)
         return SendManyResult(sr.status, sr.queue, sr.queue_offset, len(bodies),
                               ids=sr.offset_msg_id.split(","))
 
@@ -853,7 +856,7 @@ class AsyncProducer:
                 try:
                     if q is None:
                         q = self.pick(self._queues_now(b.topic) or await self.publish_queues(b.topic))
-                    r = await self._store_chunk(q, bodies, props, None)
+                    r = await self._store_chunk(q, bodies, props, None, draining=True)
                     self.stored += r.count
                     if r.status is not SendStatus.SEND_OK:
                         self._put_fail(MQClientError(-1, f"{r.count} messages put to {q} are "
@@ -902,12 +905,16 @@ class AsyncProducer:
     async def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None,
                          timeout: float | None = None) -> SendResult:
         """One SEND_BATCH_MESSAGE: every message to one topic and queue."""
+        return await self._send_batch(msgs, queue, timeout)
+
+    async def _send_batch(self, msgs: list[Message], queue: MessageQueue | None,
+                          timeout: float | None, draining: bool = False) -> SendResult:
         if not msgs:
             raise MQClientError(R.MESSAGE_ILLEGAL, "the batch is empty")
         topic = msgs[0].topic
         body, uniqs = bytearray(), []
         for m in msgs:
-            self._check(m)
+            self._check(m, draining)
             if m.topic != topic:
                 raise MQClientError(R.MESSAGE_ILLEGAL, "the messages of a batch go to one topic")
             if m.delay_level > 0:

@@ -118,12 +118,17 @@ def test_a_put_lingers_at_most_put_linger_ms(broker, request):
     assert [m.body for m in stored_records(broker, topic, 1)] == [b"alone"]
 
 
-def test_shutdown_stores_what_put_holds(broker, request):
+@pytest.mark.parametrize("direct", [True, False])
+def test_shutdown_stores_what_put_holds(broker, request, direct):
+    """Over the socket too: the chunks shutdown's flush sends are not new
+    sends refused because the producer is closing."""
     topic = routed_topic(broker, topic_for(request, "P_"), queues=1)
-    with Producer("put-close", namesrv_addr=broker.namesrv, put_linger_ms=60_000) as p:
+    cfg = ClientConfig(namesrv_addr=broker.namesrv, direct_append=direct)
+    with Producer("put-close", client=cfg, put_linger_ms=60_000) as p:
         for i in range(5):
             p.put(topic, b"c%d" % i)
         assert p._p.stored == 0                         # still lingering
+    assert (p._p.puts, p._p.stored) == (5, 5)
     assert [m.body for m in stored_records(broker, topic, 1)] == [b"c%d" % i for i in range(5)]
 
 
