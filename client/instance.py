@@ -461,9 +461,17 @@ class ClientInstance:
                     if old is not None:         # a new connection: the broker may be a new one
                         self._drop_direct(old)
                     await self._attach_direct(addr, conn)
-            self.conns[addr] = conn
-            if not direct:                 # a broker learns our groups at once
+            if direct:
+                self.conns[addr] = conn
+                return conn
+            # A broker learns our groups at once. The connection is published
+            # after that: a send that comes meanwhile waits on the lock, and
+            # so goes out after the sends that were already waiting (published
+            # before, it went first, and a queue's sends left out of call order).
+            try:
                 await self._heartbeat_to(addr, conn, self.heartbeat_body())
+            finally:
+                self.conns[addr] = conn
             return conn
 
     async def _prefer_unix(self, addr: str, conn: Connection) -> Connection:

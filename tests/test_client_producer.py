@@ -878,6 +878,40 @@ def test_a_route_refresh_the_nameserver_answers_topic_not_exist_keeps_the_last_r
     assert sorted(m.body for m in stored(broker, topic, 2)) == [b"after %d" % i for i in range(4)] + [b"before"]
 
 
+def test_sends_to_a_queue_while_its_broker_connection_opens_keep_call_order(broker, request):
+    """A send issued while the first send's connection to the broker is
+    still opening (its heartbeat on the way) is written after it: each
+    waits for the connection, in the order they came."""
+    topic = topic_of(request)
+    make_topic(broker, topic, 1)
+
+    async def main():
+        cfg = ClientConfig(namesrv_addr=broker.namesrv, direct_append=False,
+                           instance_name=f"order-open-{time.time_ns()}")
+        async with AsyncProducer("pg-order-open", client=cfg) as p:
+            inst = p.instance
+            [q] = await p.publish_queues(topic)      # the route: no broker connection yet
+            assert inst.broker_now(q.broker_name) is None
+            entered, gate = asyncio.Event(), asyncio.Event()
+            heartbeat = inst._heartbeat_to
+
+            async def held(addr, conn, body):        # the real heartbeat, held until the gate
+                entered.set()
+                await gate.wait()
+                await heartbeat(addr, conn, body)
+            inst._heartbeat_to = held
+            first = asyncio.ensure_future(p.send(Message(topic, b"first"), q))
+            await asyncio.wait_for(entered.wait(), 30)
+            second = asyncio.ensure_future(p.send(Message(topic, b"second"), q))
+            for _ in range(20):                       # turns of the loop the second could take
+                await asyncio.sleep(0)
+            gate.set()
+            return await first, await second
+    r1, r2 = asyncio.run(main())
+    assert (r1.queue_offset, r2.queue_offset) == (0, 1)
+    assert [m.body for m in stored(broker, topic, 1)] == [b"first", b"second"]
+
+
 def test_members_made_from_one_client_config_are_one_client_and_keywords_change_a_copy():
     """RocketMQ's rule: one ClientConfig, one client instance (one clientId,
     one set of connections, one heartbeat). A ClientConfig setting given as a
