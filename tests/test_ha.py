@@ -362,6 +362,47 @@ def test_a_slave_pointed_at_a_port_that_is_no_ha_port_says_so_once(pair, tmp_pat
                       f"CommitLog does not continue from: its log says why)"]
 
 
+def test_a_slave_whose_disk_is_full_keeps_running_and_resumes(pair, tmp_path, caplog, monkeypatch):
+    """ENOSPC writing what arrived (a new segment's fallocate, a write) killed
+    shmq-ha with a traceback, five times, and the boss then stopped the whole
+    slave: now the connection is dropped with one line naming the store and
+    the error, the master is asked again DISK_RETRY_S later, and the slave
+    catches up once there is room."""
+    import errno
+    import logging
+    from conftest import small_config
+    from shmq.broker.ha.slave import DISK_RETRY_S, HAClient
+    from shmq.core.replica import Replica
+    from shmq.core.store import close_clean, open_local
+    caplog.set_level(logging.INFO, "shmq.ha")
+    store, _ = open_local(small_config(str(tmp_path), mappedFileSizeCommitLog=SEGMENT,
+                                       maxMessageSize=SMALL["maxMessageSize"]))
+    now = [0.0]
+    ha = f"{pair.master.addr.split(':')[0]}:{pair.master.conf['haListenPort']}"
+    client = HAClient(BrokerConfig(brokerRole="SLAVE", brokerId=1, haMasterAddress=ha),
+                      Replica(store), clock=lambda: now[0])
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(store.cl, "write", no_space)
+    try:
+        until("the write failed", lambda: client.step() or any(
+            "No space left on device" in r.getMessage() for r in caplog.records))
+        [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert f"cannot write to this store under {tmp_path}: No space left on device; trying " \
+               f"again in 10 s (pulls go on)" in line and client.sock is None
+        now[0] += DISK_RETRY_S - 0.5
+        client.step()
+        assert client.sock is None                     # not asked again before DISK_RETRY_S
+        monkeypatch.undo()                             # room again
+        now[0] += 1
+        end = int(_info(pair.master)["commitLogMaxOffset"])
+        until("the slave caught up", lambda: client.step() or store.state.write_pos >= end)
+    finally:
+        client.close()
+        close_clean(store)
+
+
 def _gets(b: BrokerProc) -> int:
     """Messages the broker served to pulls since it started (mqadmin brokerStatus)."""
     with RemotingClient(b.addr) as c:

@@ -20,7 +20,10 @@ One connection at a time, in the ``shmq-ha`` process of a SLAVE:
               haSendHeartbeatInterval, report the offset received
     drop      on a frame that does not continue the store, garbage, EOF, or
               haHousekeepingInterval without a byte from the master; then
-              connect again after RETRY_S
+              connect again after RETRY_S; on a write the store refuses (its
+              disk full: ENOSPC from a new segment or a write) after
+              DISK_RETRY_S, from where the store ends (the process used to
+              die of it, five times, and take the whole slave down with it)
 
 A master that closes the connection before sending a byte is named as
 such (the address may be another port, a broker's listenPort, or a master
@@ -45,6 +48,9 @@ from .protocol import Frames, ProtocolError, report
 
 log = logging.getLogger("shmq.ha")
 RETRY_S = 1.0
+# a store that could not write what arrived (its disk full) is given this
+# long before the master is asked again (the flusher's wait for a segment)
+DISK_RETRY_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 TICK_S = 0.1
 RECV_BYTES = 1 << 20
@@ -205,6 +211,9 @@ class HAClient:
         except (ProtocolError, ReplicaError) as e:
             self.drop(str(e))
             return 0
+        except OSError as e:
+            self._cannot_write(e)
+            return 0
         return got
 
     def _dispatch(self) -> None:
@@ -212,6 +221,17 @@ class HAClient:
             self.replica.dispatch()
         except ReplicaError as e:
             self.drop(str(e))
+        except OSError as e:
+            self._cannot_write(e)
+
+    def _cannot_write(self, e: OSError) -> None:
+        """The store cannot take what arrived (a full disk: a new segment's
+        fallocate, a write): what it holds stays served; the master is asked
+        again in DISK_RETRY_S, from where the store ends."""
+        root = self.replica.store.config.storePathRootDir
+        self.drop(f"cannot write to this store under {root}: {e.strerror or e}; trying again "
+                  f"in {DISK_RETRY_S:.0f} s (pulls go on)")
+        self.next_try = self.clock() + DISK_RETRY_S
 
     def drop(self, why: str) -> None:
         if self.sock is None:
