@@ -478,6 +478,7 @@ def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed
             acked = [f"last {i}".encode() for i in range(30) if m.invoke(
                 send_message(TOPIC, f"last {i}".encode(), queue_id=0)).code == R.SUCCESS]
         assert len(acked) == 30 and not r.got(acked)
+        assert send(pair.master.addr, b"keyed", qid=1, keys="k-failover").code == R.SUCCESS
         pair.master.kill9()
         killed = time.monotonic()
         assert [m.body for m in pull_all(pair.slave.addr, 0)][-30:] == acked
@@ -492,8 +493,10 @@ def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed
         until("the route names the slave alone", lambda: admin(
             pair.ns, "topicRoute", "-t", TOPIC)[1]["brokerDatas"][0]["brokerAddrs"] == {
                 "1": pair.slave.addr})
-        rc, d = admin(pair.ns, "queryMsgByKey", "-t", TOPIC, "-k", "k7")
-        assert rc == 0 and [m["body"] for m in d["messages"]] == ["sync 7"], d
+        found = until("the slave's IndexFile has k-failover", lambda: (
+            lambda rc_d: rc_d[0] == 0 and rc_d[1]["messages"])(
+                admin(pair.ns, "queryMsgByKey", "-t", TOPIC, "-k", "k-failover")))
+        assert [m["body"] for m in found] == ["keyed"]
         rc, d = admin(pair.ns, "consumeMessage", "-t", TOPIC, "-b", "broker-a", "-i", "0",
                       "-o", "0", "-c", "1")
         assert rc == 0 and len(d["messages"]) == 1, d
