@@ -478,13 +478,15 @@ class AsyncProducer:
         self._switch_lock: tuple[asyncio.Lock | None, Any] = (None, None)    # and its loop
 
     async def _switch(self, name: str, ds) -> None:
-        """Before ``send`` first appends to ``ds``, the store of broker
-        ``name`` attached while this producer sent over its socket: wait
-        until every send in flight over that socket is answered, so that no
-        append overtakes one (the order within a queue). The sends that
-        come meanwhile wait too, and go on in call order (the lock is
-        FIFO; each appends before the next one resumes, and a new send
-        waits behind them while any is in here)."""
+        """Before ``send`` appends to ``ds``, the store of broker ``name``,
+        while sends to that broker are in flight over its socket (the store
+        attached while this producer sent over the socket, or an earlier
+        send the store left to the broker: busy, the broker's logic
+        needed): wait until every one is answered, so that no append
+        overtakes one (the order within a queue). The sends that come
+        meanwhile wait too, and go on in call order (the lock is FIFO; each
+        appends before the next one resumes, and a new send waits behind
+        them while any is in here)."""
         loop = asyncio.get_running_loop()
         lock, at = self._switch_lock
         if lock is None or at is not loop:             # a lock serves one loop
@@ -582,7 +584,10 @@ class AsyncProducer:
                         name = q.broker_name
                         ds = inst.direct_now(name)
                         if ds is not None:
-                            if self._direct_of.get(name) is not ds or self._switching:
+                            # (a send still over the socket, this one's turn to
+                            # append after it: as at the switch)
+                            if self._direct_of.get(name) is not ds or self._switching \
+                                    or self._over_socket.get(name):
                                 await self._switch(name, ds)
                             r = self._append(ds, q, msg, props, uniq, sysflag)
                             if r is not None:

@@ -210,6 +210,33 @@ def test_what_needs_the_broker_still_goes_over_the_socket(broker, request):
     assert [m.body for m in stored_records(broker, new_topic, 4)] == [b"first"]
 
 
+def test_a_send_the_store_leaves_to_the_broker_is_not_overtaken_by_the_next_append(broker, request):
+    """The store leaves a send to the broker (busy, a topic its tables do
+    not hold yet: here its first append says so once): while that send is
+    over the socket, the next send to the queue waits for its answer before
+    appending, so the queue keeps call order."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+
+    async def main():
+        async with AsyncProducer("dp-fallback", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"attach"))
+            ds = direct_of(p)
+            append, left = ds.append, [1]
+
+            def once_to_the_broker(*args, **kw):
+                if left[0]:
+                    left[0] = 0
+                    return None
+                return append(*args, **kw)
+            ds.append = once_to_the_broker
+            rs = await asyncio.gather(*(p.send(Message(topic, b"m%d" % i)) for i in range(4)))
+            return rs, ds.appended
+    rs, appended = asyncio.run(main())
+    assert [r.queue_offset for r in rs] == [1, 2, 3, 4]        # m0 over the socket, first
+    assert appended == 4                                       # the attach's and m1..m3
+    assert [m.body for m in stored_records(broker, topic, 1)] == [b"attach", b"m0", b"m1", b"m2", b"m3"]
+
+
 def test_the_switch_off_sends_over_the_socket(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
     with Producer("dp-off", namesrv_addr=broker.namesrv,
