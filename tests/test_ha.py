@@ -467,6 +467,8 @@ def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed
             body = orjson.dumps({"groupName": g, "whichBrokerWhenConsumeSlowly": 0})
             assert m.invoke(RemotingCommand(RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
                                             body=body)).code == R.SUCCESS
+    # for the admin's query on the slave below
+    assert send(pair.master.addr, b"keyed", qid=1, keys="k-failover").code == R.SUCCESS
     # one message at a time, one waiting at most: the rest stay on the brokers
     r = Reader(pair.ns, "haFailover", poll_name_server_interval=3600, pull_batch_size=1,
                pull_threshold_for_queue=1)
@@ -478,7 +480,6 @@ def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed
             acked = [f"last {i}".encode() for i in range(30) if m.invoke(
                 send_message(TOPIC, f"last {i}".encode(), queue_id=0)).code == R.SUCCESS]
         assert len(acked) == 30 and not r.got(acked)
-        assert send(pair.master.addr, b"keyed", qid=1, keys="k-failover").code == R.SUCCESS
         pair.master.kill9()
         killed = time.monotonic()
         assert [m.body for m in pull_all(pair.slave.addr, 0)][-30:] == acked
@@ -500,9 +501,15 @@ def test_a_running_consumer_reads_from_the_slave_soon_after_the_master_is_killed
         rc, d = admin(pair.ns, "consumeMessage", "-t", TOPIC, "-b", "broker-a", "-i", "0",
                       "-o", "0", "-c", "1")
         assert rc == 0 and len(d["messages"]) == 1, d
-        rc, text = admin(pair.ns, "sendMessage", "-t", TOPIC, "-p", "x", json_out=False)
-        assert rc == 1 and "broker broker-a has no master in the route of topic HaTopic (only " \
-                           f"its slaves, brokerId 1 {pair.slave.addr}: is the master down?)" in text
+        missing = ("broker broker-a has no master in the route of topic HaTopic (only its "
+                   f"slaves, brokerId 1 {pair.slave.addr}: is the master down?)")
+        for argv in (("sendMessage", "-t", TOPIC, "-p", "x"),      # it exited 0 having reset nothing
+                     ("resetOffsetByTime", "-g", "haFailover", "-t", TOPIC, "-s", "now")):
+            rc, text = admin(pair.ns, *argv, json_out=False)
+            assert rc == 1 and missing in text, (argv, text)
+        rc, d = admin(pair.ns, "topicList", "-c")
+        assert {"cluster": "DefaultCluster", "topic": TOPIC} in [
+            {k: t[k] for k in ("cluster", "topic")} for t in d["topics"]], d
     finally:
         r.shutdown()
 

@@ -240,7 +240,8 @@ class AdminClient:
 
     def broker_of(self, route: dict, topic: str, broker_name: str, write: bool = False) -> str:
         """The address of ``broker_name`` in ``topic``'s route: to read from
-        (its master, else a slave) or, ``write``, its master."""
+        (its master, else a slave) or, ``write``, its master (sends, offset
+        resets: a slave takes neither)."""
         for name, addr in self.route_readers(route):
             if name != broker_name:
                 continue
@@ -249,7 +250,7 @@ class AdminClient:
                 slaves = ", ".join(f"{bid} {a}" for bid, a in sorted(bd["brokerAddrs"].items()))
                 raise AdminError(f"broker {broker_name} has no master in the route of topic "
                                  f"{topic} (only its slaves, brokerId {slaves}: is the master "
-                                 f"down?): a slave takes no sends")
+                                 f"down?)")
             return addr
         names = ", ".join(n for n, _ in self.route_readers(route)) or "none"
         raise AdminError(f"broker {broker_name} does not serve topic {topic} (its brokers: {names})")

@@ -114,10 +114,10 @@ def topic_list(args, a: AdminClient) -> dict:
         if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
             continue
         route = a.route_or_none(topic)
-        masters = a.route_masters(route) if route else []
-        names = {n for n, _ in masters}
+        brokers = a.route_readers(route) if route else []
+        names = {n for n, _ in brokers}
         cluster = next((c for c, ns in sorted(clusters.items()) if names & set(ns)), "")
-        groups = a.topic_consumed_by(masters[0][1], topic) if masters else []
+        groups = a.topic_consumed_by(brokers[0][1], topic) if brokers else []
         rows.append({"cluster": cluster, "topic": topic, "consumerGroups": groups})
     return {"topics": rows}
 
@@ -140,7 +140,7 @@ def _broker_targets(args, a: AdminClient, masters_only: bool = True) -> list[str
         return [args.brokerAddr]
     addrs = [addr for _, _, addr in a.cluster_brokers(args.clusterName, masters_only)]
     if not addrs:
-        raise AdminError(f"cluster {args.clusterName} has no broker")
+        raise AdminError(f"cluster {args.clusterName} has no {'master ' * masters_only}broker")
     return addrs
 
 
@@ -397,6 +397,8 @@ def reset_offsets(a: AdminClient, group: str, topic: str, timestamp: int, force:
     the broker tells the group's live consumers; with none online, each
     queue's offset is committed here (``consumerOffline``)."""
     route = a.route(topic)
+    for bd in route.get("brokerDatas") or []:     # none reset rather than some: name the gap
+        a.broker_of(route, topic, bd["brokerName"], write=True)
     rows, fallback = [], False
     for name, addr in a.route_masters(route):
         table = a.reset_offset(addr, topic, group, timestamp, force, cplus)
