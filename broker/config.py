@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from shmq.core.config import OLD_NAMES, StoreConfig, _convert
+from shmq.broker.ha.protocol import FRAME_BYTES_MAX
 from shmq.broker.logs import LogSettings
 from shmq.ipc.signing import Credentials
 
@@ -262,6 +263,9 @@ class BrokerConfig:
                      "haSlaveFallbehindMax", "slaveTimeout"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name}={getattr(self, name)}: must be positive")
+        if self.haTransferBatchSize > FRAME_BYTES_MAX:    # a slave would drop every such frame
+            errors.append(f"haTransferBatchSize={self.haTransferBatchSize}: at most "
+                          f"{FRAME_BYTES_MAX} (the largest HA frame a slave takes)")
         errors += LogSettings(self.logRoot, self.logLevel, self.logFileMaxSize,
                               self.logFileMaxIndex).problems()
         if errors:

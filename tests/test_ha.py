@@ -677,7 +677,10 @@ def test_roles_and_settings_with_rocketmq_names_and_defaults():
     assert BrokerConfig(brokerRole="SYNC_MASTER", brokerId=2).brokerId == 0
     for bad, words in ((dict(brokerRole="SLAVE"), "brokerId must be > 0"),
                        (dict(brokerRole="MASTER"), "brokerRole='MASTER'"),
-                       (dict(haMasterAddress="nohost"), "haMasterAddress")):
+                       (dict(haMasterAddress="nohost"), "haMasterAddress"),
+                       # a frame that large: the slave dropped the connection, again and again
+                       (dict(haTransferBatchSize=100 << 20), "haTransferBatchSize=104857600: at "
+                                                             "most 67108864")):
         with pytest.raises(ValueError, match=words):
             BrokerConfig(**bad)
 
