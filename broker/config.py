@@ -251,6 +251,11 @@ class BrokerConfig:
                           f"or SLAVE")
         elif self.brokerRole == SLAVE and self.brokerId <= 0:
             errors.append(f"brokerId={self.brokerId}: a SLAVE's brokerId must be > 0")
+        elif self.brokerRole == SLAVE and not (self.namesrvAddr or self.haMasterAddress):
+            # it started, registered with its own embedded NameServer and waited forever
+            errors.append("brokerRole=SLAVE with neither namesrvAddr nor haMasterAddress: a slave "
+                          "finds its master through the NameServers it shares with it "
+                          "(namesrvAddr); its own embedded NameServer knows no master")
         elif self.brokerRole != SLAVE and self.brokerId != 0:
             object.__setattr__(self, "brokerId", 0)    # a master is broker 0 (BrokerStartup)
         if not 0 <= self.haListenPort <= 65535:

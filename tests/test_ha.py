@@ -678,6 +678,9 @@ def test_roles_and_settings_with_rocketmq_names_and_defaults():
     for bad, words in ((dict(brokerRole="SLAVE"), "brokerId must be > 0"),
                        (dict(brokerRole="MASTER"), "brokerRole='MASTER'"),
                        (dict(haMasterAddress="nohost"), "haMasterAddress"),
+                       # it started, and waited for a master its own NameServer never knew
+                       (dict(brokerRole="SLAVE", brokerId=1),
+                        "brokerRole=SLAVE with neither namesrvAddr nor haMasterAddress"),
                        # a frame that large: the slave dropped the connection, again and again
                        (dict(haTransferBatchSize=100 << 20), "haTransferBatchSize=104857600: at "
                                                              "most 67108864")):
@@ -700,7 +703,8 @@ def test_ports_that_clash_are_refused_naming_both_settings():
         with pytest.raises(ValueError, match=words):
             BrokerConfig(**bad)
     # a slave binds no HA port; NameServers elsewhere leave namesrvListenPort unbound
-    BrokerConfig(brokerRole="SLAVE", brokerId=1, listenPort=5000, haListenPort=5000)
+    BrokerConfig(brokerRole="SLAVE", brokerId=1, listenPort=5000, haListenPort=5000,
+                 namesrvAddr="127.0.0.1:9876")
     BrokerConfig(listenPort=9875, namesrvAddr="127.0.0.1:9876")
     BrokerConfig(listenPort=0, metricsPort=0)
 
