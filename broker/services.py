@@ -108,7 +108,7 @@ class Services:
         self.next_expire = 0.0
         # a slave's copy of the master's topics, groups, offsets (broker/ha/sync.py)
         self.slave_sync = (SlaveSync(config, tables, registry, time.monotonic(),
-                                     self.progress if store is not None else None)
+                                     self.progress if store is not None else None, store)
                            if config.brokerRole == SLAVE else None)
         self.saved_offsets: dict | None = None
         # One lasting connection per NameServer: a NameServer drops a broker

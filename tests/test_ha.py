@@ -216,6 +216,38 @@ def test_ha_status_and_cluster_list_show_the_group_and_its_lag(pair):
         ("broker-a", 0, pair.master.addr), ("broker-a", 1, pair.slave.addr)]
 
 
+def test_a_slave_copies_no_tables_from_a_master_whose_commitlog_ends_before_its_own(
+        pair, tmp_path, caplog):
+    """A master restarted on another store: the slave's HA connection is
+    dropped, and its topics, groups and consumer offsets are not replaced by
+    that master's (they were, every 10 s)."""
+    import logging
+    from conftest import small_config
+    from shmq.broker.ha.sync import SlaveSync
+    from shmq.core.store import close_clean, open_local
+    from shmq.core.replica import Replica
+    end = int(_info(pair.master)["commitLogMaxOffset"])
+    ahead, behind = (open_local(small_config(str(tmp_path / n)))[0] for n in ("a", "b"))
+    Replica(ahead).receive(1 << 30, [])     # an empty slave told its stream starts there
+    ours = ahead.state.write_pos
+    assert ours > end
+    config = BrokerConfig(brokerRole="SLAVE", brokerId=1, namesrvAddr=pair.ns)
+    syncs = [SlaveSync(config, None, None, 0.0, store=store) for store in (behind, ahead)]
+    try:
+        assert syncs[0]._follows(pair.master.addr)
+        assert not syncs[1]._follows(pair.master.addr)
+        assert not syncs[1]._follows(pair.master.addr)        # said once
+    finally:
+        for sync in syncs:
+            sync.close()
+        close_clean(ahead)
+        close_clean(behind)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line == (f"not copying topics, groups and offsets from the master {pair.master.addr}: "
+                    f"its CommitLog ends at {end}, before this slave's {ours} "
+                    f"(another store than the one this slave followed?)")
+
+
 def test_a_master_with_slave_read_enable_suggests_the_slave_to_a_consumer_far_behind(pair):
     for b, suggest in ((pair.master, "1"), (pair.slave, "0")):
         with RemotingClient(b.addr) as c:

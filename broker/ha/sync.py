@@ -17,6 +17,14 @@ delay service, so nothing else moves them), saved to the slave's
 ``config/delayOffset.json`` as a master's is: a slave restarted as the
 master re-posts from where its master had got to, not from the start. A
 master that does not answer is tried again next round.
+
+A master whose CommitLog ends before this slave's (GET_BROKER_RUNTIME_INFO's
+commitLogMaxOffset, asked after reading the slave's own end: a master's
+only grows) is not the one this store followed — started on another store,
+or a backup's — and drops the slave's HA connection; its tables are not
+copied either (they replaced the slave's topics and subscription groups
+and overwrote its consumer offsets), with one WARNING, until it catches up
+or the right master returns.
 """
 from __future__ import annotations
 
@@ -43,9 +51,11 @@ TIMEOUT_S = 3.0
 
 class SlaveSync:
     def __init__(self, config: BrokerConfig, tables: Tables, registry: Registry, now: float,
-                 cursors: Progress | None = None):
+                 cursors: Progress | None = None, store=None):
         self.config, self.tables, self.registry = config, tables, registry
         self.cursors = cursors             # the services process's, None without a store
+        self.store = store                 # this slave's (its CommitLog's end), None without one
+        self.refused = ""                  # the master last skipped as not ours (said once)
         self.next = now
         self.versions: dict[str, object] = {}
         self.client: RemotingClient | None = None
@@ -61,6 +71,8 @@ class SlaveSync:
         self.next = now + SYNC_EVERY_S
         t = self.tables
         try:
+            if not self._follows(master):
+                return
             for code, table, key in ((RC.GET_ALL_TOPIC_CONFIG, t.topics, "topicConfigTable"),
                                      (RC.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, t.groups,
                                       "subscriptionGroupTable")):
@@ -70,6 +82,26 @@ class SlaveSync:
         except OSError as e:
             log.warning("syncing from the master %s: %s", master, e)
             self.close()
+
+    def _follows(self, master: str) -> bool:
+        """Whether ``master``'s CommitLog could be the one this store copies."""
+        if self.store is None:
+            return True
+        ours = self.store.state.write_pos           # first: the master's end only grows
+        table = self._ask(master, RC.GET_BROKER_RUNTIME_INFO).get("table")
+        try:
+            theirs = int(table["commitLogMaxOffset"])
+        except (TypeError, KeyError, ValueError):
+            return True                                 # a master that does not say: as before
+        if theirs >= ours:
+            self.refused = ""
+            return True
+        if self.refused != master:
+            log.warning("not copying topics, groups and offsets from the master %s: its CommitLog "
+                        "ends at %d, before this slave's %d (another store than the one this "
+                        "slave followed?)", master, theirs, ours)
+            self.refused = master
+        return False
 
     def _ask(self, master: str, code: int) -> dict:
         """The master's JSON answer to ``code`` ({} unless SUCCESS with an object)."""
