@@ -67,18 +67,22 @@ def _ephemeral_low() -> int:
 # use" at random under pytest -n). The kernel gives no port of this pool to
 # anyone who did not ask for it by number, the workers' slices are disjoint,
 # and within one process the pool is walked in turn, so a port once handed
-# out is not handed out again before the walk wraps (a slice holds ~1500).
+# out is not handed out again before the walk wraps (a slice holds ~800).
+# Even ports only: a broker whose haListenPort is left at listenPort + 1
+# (RocketMQ's default) binds an odd one, which no free_port hands out (a
+# walk in steps of one gave that port to the next setting of the same
+# broker, namesrvListenPort: "one port for two listeners").
 PORTS_LOW = 20000
 PORTS_SLICES = 8
 
 
 def _port_pool() -> list[int]:
     high = max(_ephemeral_low(), PORTS_LOW + PORTS_SLICES * 100)
-    size = (high - PORTS_LOW) // PORTS_SLICES
+    pairs = (high - PORTS_LOW) // PORTS_SLICES // 2
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     index = int(worker[2:]) % (PORTS_SLICES - 1) if worker.startswith("gw") else PORTS_SLICES - 1
-    start = os.getpid() % size                   # two runs at once start apart
-    return [PORTS_LOW + index * size + (start + i) % size for i in range(size)]
+    start = os.getpid() % pairs                  # two runs at once start apart
+    return [PORTS_LOW + 2 * (index * pairs + (start + i) % pairs) for i in range(pairs)]
 
 
 _POOL: list[int] = []

@@ -124,6 +124,7 @@ def keeps_every_page(directory) -> bool:
 MAX_WORKERS = 4
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """How many workers `-n auto` starts: none for one file (loadfile would
     give it one worker anyway; here -s and --pdb work as usual), else one a
@@ -131,24 +132,27 @@ def pytest_xdist_auto_num_workers(config):
     MAX_WORKERS: every test file starts brokers of ~6 processes each (boss,
     workers, flusher, services, NameServer) and real clients with their own
     threads, a cold start's compile takes a process per core, and the
-    longest files (~75 s) bound the run anyway, so more workers would add
-    contention, not speed."""
+    longest files (1.5-2 minutes) bound the run anyway, so more workers
+    would add contention, not speed."""
     files = {arg.split("::")[0] for arg in config.args}
     if len(files) == 1 and files.pop().endswith(".py"):
         return 0
     return max(2, min(MAX_WORKERS, len(os.sched_getaffinity(0))))   # the cores it may run on
 
 
-# The slowest files first (per-file sums of a --durations=0 run, a fresh
-# clone on the 2-core VM): started first, they end in the middle of the run
-# with the many short files around them, instead of one of them starting
-# late and running alone at the end. xdist hands the files out in this
-# order (--no-loadscope-reorder keeps it; its default orders by test count).
+# The slowest files first (their shares of the test time in two fresh-clone
+# runs under xdist, 2026-11-26, 2-core VM: test_compat_clients and
+# test_kernels ~10% each, test_spark 7%, the rest 5% or less): started
+# first, they end in the middle of the run with the many short files around
+# them, instead of one of them starting late and running alone at the end.
+# xdist hands the files out in this order (--no-loadscope-reorder keeps it;
+# its default orders by test count); the files not named follow in theirs.
 SLOWEST_FIRST = (
-    "test_compat_clients.py", "test_spark.py", "test_kernels.py", "test_features.py",
-    "test_crash.py", "test_ha.py", "test_acl.py", "test_control.py", "test_examples.py",
-    "test_broker_robust.py", "test_boss.py", "test_inspect.py", "test_direct.py",
-    "test_dedup.py", "test_client_consumer.py", "test_bench.py", "test_faults.py",
+    "test_compat_clients.py", "test_kernels.py", "test_spark.py", "test_boss.py",
+    "test_control.py", "test_crash.py", "test_features.py", "test_direct.py",
+    "test_broker_robust.py", "test_examples.py", "test_dedup.py", "test_faults.py", "test_ha.py",
+    "test_cli.py", "test_bench.py", "test_inspect.py", "test_config_files.py", "test_claims.py",
+    "test_admin.py", "test_jit.py",
 )
 
 
