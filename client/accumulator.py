@@ -30,12 +30,14 @@ when
   queue that goes alone: it must not overtake the batch).
 
 Timeouts are each caller's own (``send(..., timeout=)``): a batch's request
-waits as long as its latest caller's deadline (the batch's opening + the
-caller's timeout), and a caller whose deadline comes earlier gets its
-timeout then, alone (the others wait on; as for any send that timed out,
-its message may still be stored). A caller whose timeout is under twice
-``linger_ms`` makes its batch leave by half of it (``_hurry``), so that
-lingering never uses up its time: Kafka requires delivery.timeout.ms >=
+waits as long as its latest caller's deadline (the caller's own call + its
+timeout: one who joined a batch late has lost nothing to the lingering
+before it came), and a caller whose deadline comes earlier gets its
+timeout then, alone (the others wait on, the batch's retries included; as
+for any send that timed out, its message may still be stored). A caller
+whose timeout is under twice ``linger_ms`` makes its batch leave by half
+of it (``_hurry``, counted from its call), so that lingering never uses
+up its time: Kafka requires delivery.timeout.ms >=
 linger.ms + request.timeout.ms for the same reason, and as there a batch
 is never failed for lingering past a deadline.
 
@@ -207,7 +209,7 @@ class Batch:
         self.buf = bytearray()                             # the encoded entries
         self.uniqs: list[str] = []
         self.futures: list[asyncio.Future] = []
-        self.deadlines: list[float] = []                   # each caller's: opened + its timeout
+        self.deadlines: list[float] = []                   # each caller's: its call + its timeout
         self.first: Message | None = None                  # sent alone if the batch stays at one
         self.leaves = 0.0                                  # when its timer sends it
         self.deadline = 0.0                                # its request's: the latest caller's
@@ -340,9 +342,10 @@ class Accumulator:
         fut = inst.loop.create_future()
         b.futures.append(fut)
         b.uniqs.append(uniq)
-        b.deadlines.append(b.opened + timeout)
+        now = time.monotonic()
+        b.deadlines.append(now + timeout)
         if timeout < self.hurried:
-            self._hurry(b, timeout)
+            self._hurry(b, now, timeout)
         self.lingering += 1
         if len(buf) >= self.max_bytes:
             self._flush(b)
@@ -370,16 +373,17 @@ class Accumulator:
             self.sticky[msg.topic] = b
         return b
 
-    def _hurry(self, b: Batch, timeout: float) -> None:
-        """A caller whose ``timeout`` is short beside the linger: ``b`` leaves
-        by half of it, so its answer has the other half (Kafka refuses a
-        delivery.timeout.ms under linger.ms + request.timeout.ms for the same
-        reason: waiting in a batch must not use up a send's time)."""
-        leaves = b.opened + timeout / 2
+    def _hurry(self, b: Batch, now: float, timeout: float) -> None:
+        """A caller (sending at ``now``) whose ``timeout`` is short beside the
+        linger: ``b`` leaves by half of it, so its answer has the other half
+        (Kafka refuses a delivery.timeout.ms under linger.ms +
+        request.timeout.ms for the same reason: waiting in a batch must not
+        use up a send's time)."""
+        leaves = now + timeout / 2
         if leaves < b.leaves:
             b.leaves = leaves
             b.timer.cancel()
-            b.timer = self.loop.call_later(max(0.0, leaves - time.monotonic()), self._flush, b)
+            b.timer = self.loop.call_later(leaves - now, self._flush, b)
 
     def flush(self) -> None:
         """Send every open batch now."""
@@ -464,8 +468,8 @@ class Accumulator:
                 continue
             if d <= now:
                 f.set_exception(RemotingError(f"no reply to the send within its timeout "
-                                              f"({d - b.opened:g} s; its batch of "
-                                              f"{len(b.futures)} to {b.queue} is still waiting)"))
+                                              f"(its batch of {len(b.futures)} to {b.queue} "
+                                              f"is still waiting)"))
             elif d < nxt:
                 nxt = d
         b.expiry = self.loop.call_later(nxt - now, self._expire, b) if nxt < b.deadline else None
@@ -552,6 +556,9 @@ class Accumulator:
                 left = b.deadline - time.monotonic()
                 if left <= 0:
                     break
+                if b.expiry is not None:
+                    b.expiry.cancel()
+                self._expire(b)            # a caller whose deadline is earlier still gets it then
                 q = b.queue = p.pick(await p.publish_queues(b.queue.topic))
                 try:
                     results = p.results(await self._write(await p.instance.broker(q.broker_name),
@@ -564,6 +571,8 @@ class Accumulator:
                     last = e
                 else:
                     p.failed_broker = None
+                    if b.expiry is not None:
+                        b.expiry.cancel()
                     for f, r in zip(b.futures, results):
                         if not f.done():
                             f.set_result(r)

@@ -519,6 +519,88 @@ def test_a_callers_short_timeout_in_a_batch_is_its_own(broker, request):
     assert sorted(m.body for m in held.values()) == [b"gives up", b"long", b"short", b"waits"]
 
 
+def test_a_caller_joining_a_batch_late_has_its_whole_timeout(broker, request):
+    """A caller's send timeout counts from its own call, not from when the
+    batch it joins was opened: a send with a 0.2 s timeout joining a batch
+    that has lingered 0.3 s already is sent and answered (or, on a very
+    slow machine, times out no sooner than 0.2 s after it was called); it
+    failed at once, its time spent before it existed."""
+    topic = topic_of(request)
+    make_topic(broker, topic)
+
+    async def main():
+        async with AsyncProducer("pg-acc-late", namesrv_addr=broker.namesrv, linger_ms=5000,
+                                 send_msg_timeout=30) as p:
+            await p.publish_queues(topic)
+            p._template(topic)
+            first = asyncio.ensure_future(p.send(Message(topic, b"first"), timeout=30))
+            await _lingering(p, 1)
+            await asyncio.sleep(0.3)                     # the batch's age, what the test is about
+            t0 = time.monotonic()
+            try:
+                late = await p.send(Message(topic, b"late"), timeout=0.2)
+            except Exception as e:                       # noqa: BLE001 (asserted below)
+                late = e
+            took = time.monotonic() - t0
+            return await asyncio.wait_for(first, 30), late, took
+    first, late, took = asyncio.run(main())
+    if isinstance(late, BaseException):
+        assert took >= 0.2, f"the late caller failed after {took * 1000:.0f} ms: {late!r}"
+    else:
+        assert (late.queue, late.queue_offset) == (first.queue, first.queue_offset + 1)
+        held = _by_position(broker, topic)
+        assert held[(late.queue.queue_id, late.queue_offset)].body == b"late"
+
+
+def test_a_short_timeout_holds_while_its_batch_is_retried(broker, request):
+    """A batch whose connection broke is retried (here its reconnection is
+    held at the broker's heartbeat): a caller of it whose timeout is short
+    gets its timeout when that passes, while the one beside it waits on
+    and is answered once the broker is back; the short one waited out the
+    long one's retries."""
+    import os
+    import signal
+    from shmq.client.connection import RemotingError
+    topic = topic_of(request)
+    make_topic(broker, topic)
+
+    async def main():
+        cfg = ClientConfig(namesrv_addr=broker.namesrv, direct_append=False,
+                           instance_name=f"acc-retry-{time.time_ns()}")
+        async with AsyncProducer("pg-acc-retry", client=cfg, linger_ms=5000,
+                                 send_msg_timeout=30) as p:
+            inst = p.instance
+            queues = await p.publish_queues(topic)
+            conn = await inst.broker(queues[0].broker_name)     # the connection the batch takes
+            p._template(topic)
+            entered, gate = asyncio.Event(), asyncio.Event()
+            heartbeat = inst._heartbeat_to
+
+            async def held(addr, conn, body):        # the reconnection's real heartbeat, held
+                entered.set()
+                await gate.wait()
+                await heartbeat(addr, conn, body)
+            os.killpg(broker.proc.pid, signal.SIGSTOP)
+            try:
+                waits = asyncio.ensure_future(p.send(Message(topic, b"waits"), timeout=30))
+                short = asyncio.ensure_future(p.send(Message(topic, b"short"), timeout=0.5))
+                await _lingering(p, 2)
+                inst._heartbeat_to = held
+                p.accumulator.flush()                    # written to the stopped broker ...
+                await conn.close()                       # ... whose connection breaks: a retry
+                async with asyncio.timeout(20):          # a hang guard, not a timing
+                    await entered.wait()
+                    with pytest.raises(RemotingError, match="within its timeout"):
+                        await short
+                assert not waits.done() and not gate.is_set()
+            finally:
+                os.killpg(broker.proc.pid, signal.SIGCONT)
+                gate.set()
+            return await asyncio.wait_for(waits, 30)
+    waited = asyncio.run(main())
+    assert _by_position(broker, topic)[(waited.queue.queue_id, waited.queue_offset)].body == b"waits"
+
+
 def test_a_linger_not_shorter_than_the_send_timeout_is_refused_when_the_producer_is_made():
     """A batch leaves linger_ms after its first message and fails once that
     message's send timeout passed: linger_ms >= send_msg_timeout would fail
