@@ -493,12 +493,14 @@ def test_a_callers_short_timeout_in_a_batch_is_its_own(broker, request):
     make_topic(broker, topic)
 
     async def main():
-        async with AsyncProducer("pg-acc-timeouts", namesrv_addr=broker.namesrv, linger_ms=2000,
-                                 send_msg_timeout=10) as p:
+        # the short caller's batch leaves by half its timeout (2.5 s), 17.5 s
+        # before the linger would send it: the broker has seconds to answer
+        async with AsyncProducer("pg-acc-timeouts", namesrv_addr=broker.namesrv, linger_ms=20000,
+                                 send_msg_timeout=60) as p:
             await p.publish_queues(topic)
             p._template(topic)                           # the fast lane takes the topic's sends
-            both = await asyncio.gather(p.send(Message(topic, b"short"), timeout=1.2),
-                                        p.send(Message(topic, b"long"), timeout=10))
+            both = await asyncio.gather(p.send(Message(topic, b"short"), timeout=5),
+                                        p.send(Message(topic, b"long"), timeout=60))
             os.killpg(broker.proc.pid, signal.SIGSTOP)
             try:
                 waits = asyncio.ensure_future(p.send(Message(topic, b"waits"), timeout=60))
