@@ -430,6 +430,11 @@ def test_a_slave_whose_disk_is_full_keeps_running_and_resumes(pair, tmp_path, ca
         now[0] += 1
         end = int(_info(pair.master)["commitLogMaxOffset"])
         until("the slave caught up", lambda: client.step() or store.state.write_pos >= end)
+        # a slave the route does not name (this one registers nowhere)
+        rc, text = admin(pair.ns, "haStatus", "-b", pair.master.addr, json_out=False)
+        assert rc == 0 and ("WARN: broker-a: its master has 2 slaves connected, the route names "
+                            "1: a slave registered with other NameServers, or two that share a "
+                            "brokerId") in text, text
     finally:
         client.close()
         close_clean(store)

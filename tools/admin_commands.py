@@ -168,7 +168,8 @@ def ha_status(args, a: AdminClient) -> dict:
     NO_MASTER (none in the route, or it does not answer), NOT_CONNECTED
     (its master has no slave connected) or AHEAD (its CommitLog ends past
     its master's: the master runs on another store, and drops it), each
-    but OK with a ``why``. ``-c``: every group of the cluster; ``-b``: the
+    but OK with a ``why``; a group's ``why`` when its master has more slaves
+    connected than the route names. ``-c``: every group of the cluster; ``-b``: the
     group the broker is in."""
     info = a.cluster_info()
     table = info["brokerAddrTable"]
@@ -208,7 +209,13 @@ def ha_status(args, a: AdminClient) -> dict:
         for r in rows:
             if r["brokerId"] and "error" not in r:
                 _slave_status(r, master)
-        groups.append({"brokerName": name, "brokers": rows})
+        group = {"brokerName": name, "brokers": rows}
+        named = sum(1 for r in rows if r["brokerId"])
+        if master is not None and master.get("haSlaveCount", 0) > named:
+            group["why"] = (f"its master has {master['haSlaveCount']} slaves connected, the route "
+                            f"names {named}: a slave registered with other NameServers, or two "
+                            f"that share a brokerId")
+        groups.append(group)
     return {"groups": groups}
 
 

@@ -202,6 +202,8 @@ def ha_status(d: dict, args) -> None:
                   f"{r.get('status', '-')}")
             if "why" in r:
                 warns.append(f"WARN: slave {r['addr']} of {g['brokerName']}: {r['why']}")
+        if "why" in g:
+            warns.append(f"WARN: {g['brokerName']}: {g['why']}")
     if warns:
         print("\n" + "\n".join(warns))
 
