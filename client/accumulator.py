@@ -3,9 +3,10 @@
 ``Window`` bounds the sends of one producer that are waiting for their
 answer (``max_in_flight``): a send past it waits, and a freed slot is handed
 to the oldest waiter, so nobody starves and the count never overshoots. A
-new send does not take a free slot while a waiter that was handed one has
-not resumed yet (``handed``): it would write (or append) before that older
-send, out of call order.
+new send does not take a free slot while anyone waits or a waiter that was
+handed one has not resumed yet (``handed``): it would write (or append)
+before those older sends, out of call order; a slot freed before a handed
+waiter resumed goes to the next waiter when it does.
 
 ``Accumulator`` (on when ``linger_ms`` > 0) turns single ``send`` calls into
 SEND_BATCH_MESSAGE requests. It owns the open batches, one per queue; each
@@ -154,19 +155,25 @@ def running_here(loop: asyncio.AbstractEventLoop) -> bool:
 
 class Window:
     """At most ``size`` sends in flight; ``try_take`` or ``await wait()``, then
-    ``release`` exactly once."""
+    ``release`` exactly once. Slots go in call order: a send takes a free
+    slot only while nobody waits for one and no waiter handed one has
+    resumed yet (it would go first); a slot freed, or found free when a
+    handed waiter resumes, goes to the oldest waiter."""
 
-    __slots__ = ("size", "used", "handed", "_waiters")
+    __slots__ = ("size", "used", "handed", "limit", "_waiters")
 
     def __init__(self, size: int):
         if size < 1:
             raise ValueError(f"max_in_flight {size}: at least 1")
         self.size, self.used = size, 0
         self.handed = 0                    # slots handed to waiters that have not resumed yet
+        # ``size`` while nobody waits and no slot is handed, else 0: ``used <
+        # limit`` is try_take's whole test (the send path inlines it)
+        self.limit = size
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
 
     def try_take(self) -> bool:
-        if self.used < self.size and not self.handed:
+        if self.used < self.limit:
             self.used += 1
             return True
         return False
@@ -176,28 +183,38 @@ class Window:
         return bool(self._waiters)
 
     async def wait(self) -> None:
-        """Wait for a slot: ``release`` hands it over (``used`` already counts it)."""
+        """Wait for a slot: it is handed over (``used`` already counts it)."""
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self.limit = 0
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.handed -= 1
                 self.release()               # handed over, then cancelled: pass it on
+            else:
+                self._waiters.remove(fut)
+                self._hand()
             raise
         self.handed -= 1
+        self._hand()                         # a slot freed meanwhile is the next waiter's
 
     def release(self, n: int = 1) -> None:
         """Free ``n`` slots: each goes to the oldest waiter, if any."""
+        self.used -= n
+        self._hand()
+
+    def _hand(self) -> None:
+        """Free slots to the oldest waiters; ``limit`` again."""
         waiters = self._waiters
-        while n and waiters:
+        while waiters and self.used < self.size:
             w = waiters.popleft()
             if not w.done():
                 w.set_result(None)
+                self.used += 1
                 self.handed += 1
-                n -= 1
-        self.used -= n
+        self.limit = 0 if waiters or self.handed else self.size
 
 
 class Batch:
@@ -269,7 +286,7 @@ class Accumulator:
         p = self.p
         inst = p.instance
         body = msg.body
-        if window.used >= window.size or window.handed or msg.properties or msg.delay_level \
+        if window.used >= window.limit or msg.properties or msg.delay_level \
                 or inst is None or inst.pid != instance.PID or not running_here(inst.loop) \
                 or body.__class__ is not bytes or not 0 < len(body) <= self.small:
             return None
@@ -281,7 +298,7 @@ class Accumulator:
             queues = p._queues_now(topic)
             if queues is None:
                 return None
-        window.used += 1
+        window.used += 1                                 # Window.try_take, inline (tested above)
         try:
             fut = self.add(msg, unique_ids.next(), None, queues, timeout)
         except BaseException:

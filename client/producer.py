@@ -555,7 +555,7 @@ class AsyncProducer:
         if queue is None and selector is not None:
             queue = selector(queues, msg, arg)
         window = self.window
-        if window.used < window.size and not window.handed:   # Window.try_take, inline: the hot path
+        if window.used < window.limit:             # Window.try_take, inline: the hot path
             window.used += 1
         else:
             if acc is not None and acc.lingering >= window.used:

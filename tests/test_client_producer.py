@@ -603,6 +603,46 @@ def test_a_short_timeout_holds_while_its_batch_is_retried(broker, request):
     assert _by_position(broker, topic)[(waited.queue.queue_id, waited.queue_offset)].body == b"waits"
 
 
+def test_sends_past_a_full_window_get_their_slots_in_call_order():
+    """max_in_flight 2, two sends in flight and C waiting: when both answers
+    come at once, C and then D (issued meanwhile) go, and E, issued after
+    them, waits for the next free slot; E took the free slot ahead of D,
+    which sat waiting while a slot was free. A waiter cancelled leaves
+    the order to the others."""
+    from shmq.client.accumulator import Window
+
+    async def main():
+        w = Window(2)
+        went = []
+
+        async def send(name):                        # a send's window step (AsyncProducer._send)
+            if not w.try_take():
+                await w.wait()
+            went.append(name)
+
+        async def turns():                           # a bounded number of loop turns
+            for _ in range(20):
+                await asyncio.sleep(0)
+        assert w.try_take() and w.try_take()         # A and B in flight
+        c = asyncio.ensure_future(send("C"))
+        await turns()                                # C waits for a slot
+        d = asyncio.ensure_future(send("D"))         # D's first step still to run ...
+        w.release(2)                                 # ... when A's and B's answers come together
+        e = asyncio.ensure_future(send("E"))
+        await turns()
+        assert went == ["C", "D"] and not e.done() and w.used == 2
+        f = asyncio.ensure_future(send("F"))
+        await turns()
+        f.cancel()
+        await turns()
+        w.release()                                  # C's answer: E's turn
+        await turns()
+        assert went == ["C", "D", "E"] and c.done() and d.done() and f.cancelled()
+        w.release(2)
+        assert w.try_take() and w.used == 1          # nobody waits: a free slot is taken at once
+    asyncio.run(main())
+
+
 def test_a_linger_not_shorter_than_the_send_timeout_is_refused_when_the_producer_is_made():
     """A batch leaves linger_ms after its first message and fails once that
     message's send timeout passed: linger_ms >= send_msg_timeout would fail
