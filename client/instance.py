@@ -210,6 +210,8 @@ class ClientInstance:
         self.conns: dict[str, Connection] = {}
         self._by_name: dict[str, Connection] = {}    # broker name → its open connection (a cache)
         self._conn_locks: dict[str, asyncio.Lock] = {}
+        self._opening: dict[str, Connection] = {}    # address → opened, not published yet
+        self._conn_waiting: dict[str, int] = {}      # address → callers in connection()
         self.producers: dict[str, object] = {}
         self.consumers: dict[str, object] = {}
         self.tasks: list[asyncio.Task] = []
@@ -289,9 +291,10 @@ class ClientInstance:
                 ds.close()
         self.direct.clear()
         self._direct_by_name.clear()
-        for c in list(self.conns.values()):
+        for c in list(self.conns.values()) + list(self._opening.values()):
             await c.close()
         self.conns.clear()
+        self._opening.clear()
         self._by_name.clear()
 
     def inherited(self) -> None:
@@ -305,9 +308,10 @@ class ClientInstance:
         closed (closing would free the parent's process slot in the store).
         A member used in the child attaches a new instance (``get``)."""
         self.stopped = True
-        for conn in self.conns.values():
+        for conn in list(self.conns.values()) + list(self._opening.values()):
             conn.inherited()
         self.conns.clear()
+        self._opening.clear()
         self._by_name.clear()
         self.direct.clear()
         self._direct_by_name.clear()
@@ -442,37 +446,53 @@ class ClientInstance:
 
     # ------------------------------------------------------------ connections
     async def connection(self, addr: str, direct: bool = False) -> Connection:
-        """The connection to ``addr`` (opened, or re-opened after it broke)."""
+        """The connection to ``addr`` (opened, or re-opened after it broke).
+
+        One caller opens it, holding ``addr``'s lock; the callers that came
+        meanwhile wait on the lock (FIFO) and take it from ``_opening`` in
+        turn. It is published (``conns``, and so ``broker_now``) only when
+        the last of them has left the lock: a send that comes while any
+        still waits queues behind them, where published earlier (once
+        opened, or once the first heartbeat was answered) it was written
+        ahead of them, out of call order."""
         conn = self.conns.get(addr)
         if conn is not None and not conn.closed:
             return conn
         lock = self._conn_locks.setdefault(addr, asyncio.Lock())
-        async with lock:
-            conn = self.conns.get(addr)
-            if conn is not None and not conn.closed:
+        waiting = self._conn_waiting
+        waiting[addr] = waiting.get(addr, 0) + 1
+        try:
+            async with lock:
+                conn = self._opening.get(addr) or self.conns.get(addr)
+                if conn is None or conn.closed:
+                    conn = await self._open(addr, direct)
                 return conn
-            conn = await Connection.open(addr, self._on_request, self.config.request_timeout,
-                                         self.config.credentials)
-            if not direct and self.config.use_unix_socket:
-                conn = await self._prefer_unix(addr, conn)
-                if self.config.direct_append and (self.producers or self.consumers) \
-                        and conn.addr.startswith("unix:"):
-                    old = self.direct.get(addr)
-                    if old is not None:         # a new connection: the broker may be a new one
-                        self._drop_direct(old)
-                    await self._attach_direct(addr, conn)
-            if direct:
-                self.conns[addr] = conn
-                return conn
-            # A broker learns our groups at once. The connection is published
-            # after that: a send that comes meanwhile waits on the lock, and
-            # so goes out after the sends that were already waiting (published
-            # before, it went first, and a queue's sends left out of call order).
-            try:
-                await self._heartbeat_to(addr, conn, self.heartbeat_body())
-            finally:
-                self.conns[addr] = conn
-            return conn
+        finally:
+            n = waiting[addr] - 1
+            if n:
+                waiting[addr] = n
+            else:                                   # the last caller: publish it
+                del waiting[addr]
+                opened = self._opening.pop(addr, None)
+                if opened is not None:
+                    self.conns[addr] = opened
+
+    async def _open(self, addr: str, direct: bool) -> Connection:
+        """A new connection to ``addr``, in ``_opening`` (``connection``)."""
+        conn = await Connection.open(addr, self._on_request, self.config.request_timeout,
+                                     self.config.credentials)
+        if not direct and self.config.use_unix_socket:
+            conn = await self._prefer_unix(addr, conn)
+            if self.config.direct_append and (self.producers or self.consumers) \
+                    and conn.addr.startswith("unix:"):
+                old = self.direct.get(addr)
+                if old is not None:         # a new connection: the broker may be a new one
+                    self._drop_direct(old)
+                await self._attach_direct(addr, conn)
+        self._opening[addr] = conn          # the waiters' even if the heartbeat fails
+        if not direct:
+            await self._heartbeat_to(addr, conn, self.heartbeat_body())   # our groups at once
+        return conn
 
     async def _prefer_unix(self, addr: str, conn: Connection) -> Connection:
         """A broker on this host that advertises its Unix socket is used through it."""
@@ -588,7 +608,10 @@ class ClientInstance:
         conn = self._by_name.get(broker_name)
         if conn is not None and not conn.closed:
             return conn
-        conn = self._by_name[broker_name] = await self.connection(self._master(broker_name))
+        addr = self._master(broker_name)
+        conn = await self.connection(addr)
+        if self.conns.get(addr) is conn:       # published: no send waits for it any more
+            self._by_name[broker_name] = conn
         return conn
 
     def _master(self, broker_name: str) -> str:

@@ -1005,7 +1005,11 @@ def test_a_route_refresh_the_nameserver_answers_topic_not_exist_keeps_the_last_r
 def test_sends_to_a_queue_while_its_broker_connection_opens_keep_call_order(broker, request):
     """A send issued while the first send's connection to the broker is
     still opening (its heartbeat on the way) is written after it: each
-    waits for the connection, in the order they came."""
+    waits for the connection, in the order they came. So is a send that
+    comes in the very loop turn the connection is ready (here issued as
+    the heartbeat's answer is taken, as a timer or I/O could wake one),
+    while the second still waits for its turn: it found the connection
+    published and was stored second."""
     topic = topic_of(request)
     make_topic(broker, topic, 1)
 
@@ -1016,24 +1020,26 @@ def test_sends_to_a_queue_while_its_broker_connection_opens_keep_call_order(brok
             inst = p.instance
             [q] = await p.publish_queues(topic)      # the route: no broker connection yet
             assert inst.broker_now(q.broker_name) is None
-            entered, gate = asyncio.Event(), asyncio.Event()
+            entered, gate, sends = asyncio.Event(), asyncio.Event(), []
             heartbeat = inst._heartbeat_to
 
             async def held(addr, conn, body):        # the real heartbeat, held until the gate
                 entered.set()
                 await gate.wait()
                 await heartbeat(addr, conn, body)
+                sends.append(asyncio.ensure_future(p.send(Message(topic, b"third"), q)))
             inst._heartbeat_to = held
-            first = asyncio.ensure_future(p.send(Message(topic, b"first"), q))
+            sends.append(asyncio.ensure_future(p.send(Message(topic, b"first"), q)))
             await asyncio.wait_for(entered.wait(), 30)
-            second = asyncio.ensure_future(p.send(Message(topic, b"second"), q))
+            sends.append(asyncio.ensure_future(p.send(Message(topic, b"second"), q)))
             for _ in range(20):                       # turns of the loop the second could take
                 await asyncio.sleep(0)
             gate.set()
-            return await first, await second
-    r1, r2 = asyncio.run(main())
-    assert (r1.queue_offset, r2.queue_offset) == (0, 1)
-    assert [m.body for m in stored(broker, topic, 1)] == [b"first", b"second"]
+            first, second = await sends[0], await sends[1]
+            return first, second, await asyncio.wait_for(sends[2], 30)
+    results = asyncio.run(main())
+    assert [r.queue_offset for r in results] == [0, 1, 2]
+    assert [m.body for m in stored(broker, topic, 1)] == [b"first", b"second", b"third"]
 
 
 def test_members_made_from_one_client_config_are_one_client_and_keywords_change_a_copy():
