@@ -474,8 +474,9 @@ class AsyncProducer:
         self._direct_of: dict[str, Any] = {}          # broker name → the store sends append to
         self._over_socket: dict[str, int] = {}        # broker name → sends in flight over its socket
         self._drained: dict[str, asyncio.Future] = {}  # broker name → set once none is
-        self._switching = 0                            # sends in ``_switch``
-        self._switch_lock: tuple[asyncio.Lock | None, Any] = (None, None)    # and its loop
+        self._switching: dict[str, int] = {}           # broker name → sends in its ``_switch``
+        self._switch_locks: dict[str, asyncio.Lock] = {}   # broker name → its switch's lock
+        self._switch_loop: Any = None                  # the loop they serve
 
     async def _switch(self, name: str, ds) -> None:
         """Before ``send`` appends to ``ds``, the store of broker ``name``,
@@ -486,12 +487,16 @@ class AsyncProducer:
         overtakes one (the order within a queue). The sends that come
         meanwhile wait too, and go on in call order (the lock is FIFO; each
         appends before the next one resumes, and a new send waits behind
-        them while any is in here)."""
+        them while any is in here). One broker's switch holds up only the
+        sends to that broker."""
         loop = asyncio.get_running_loop()
-        lock, at = self._switch_lock
-        if lock is None or at is not loop:             # a lock serves one loop
-            lock, _ = self._switch_lock = asyncio.Lock(), loop
-        self._switching += 1
+        if self._switch_loop is not loop:              # a lock serves one loop
+            self._switch_locks, self._switch_loop = {}, loop
+        lock = self._switch_locks.get(name)
+        if lock is None:
+            lock = self._switch_locks[name] = asyncio.Lock()
+        switching = self._switching
+        switching[name] = switching.get(name, 0) + 1
         try:
             async with lock:
                 while self._over_socket.get(name):
@@ -501,7 +506,11 @@ class AsyncProducer:
                     await fut
                 self._direct_of[name] = ds
         finally:
-            self._switching -= 1
+            n = switching[name] - 1
+            if n:
+                switching[name] = n
+            else:
+                del switching[name]
 
     def _socket_answered(self, name: str) -> None:
         n = self._over_socket[name] - 1
@@ -586,8 +595,8 @@ class AsyncProducer:
                         if ds is not None:
                             # (a send still over the socket, this one's turn to
                             # append after it: as at the switch)
-                            if self._direct_of.get(name) is not ds or self._switching \
-                                    or self._over_socket.get(name):
+                            if self._direct_of.get(name) is not ds or self._over_socket.get(name) \
+                                    or self._switching and name in self._switching:
                                 await self._switch(name, ds)
                             r = self._append(ds, q, msg, props, uniq, sysflag)
                             if r is not None:

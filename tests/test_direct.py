@@ -237,6 +237,56 @@ def test_a_send_the_store_leaves_to_the_broker_is_not_overtaken_by_the_next_appe
     assert [m.body for m in stored_records(broker, topic, 1)] == [b"attach", b"m0", b"m1", b"m2", b"m3"]
 
 
+def test_a_send_waiting_for_one_brokers_socket_holds_up_no_send_to_another(broker, tmp_path,
+                                                                           request):
+    """While a send to broker A waits for A's socket sends to be answered
+    before it appends (A is stopped), a send to broker B, both stores
+    attached, appends and is answered at once: it waited on A's switch
+    (one switch for every broker), until A answered."""
+    name = topic_for(request, "D_")
+    with BrokerProc(tmp_path, broker_conf(tmp_path, brokerName="broker-b",
+                                          namesrvAddr=broker.namesrv)).start() as b:
+        topic = routed_topic(b, routed_topic(broker, name, queues=1), queues=1)
+
+        async def main():
+            async with AsyncProducer("dp-switch-each", namesrv_addr=broker.namesrv) as p:
+                inst = p.instance
+                qs = {}
+                deadline = time.monotonic() + 15        # both brokers in the route
+                while len(qs) < 2:
+                    assert time.monotonic() < deadline, f"route of {topic}: {qs}"
+                    qs = {q.broker_name: q for q in await p.publish_queues(topic)}
+                    await inst.route(topic, refresh=True)
+                [qa] = [q for n, q in qs.items() if n != "broker-b"]
+                qb = qs["broker-b"]
+                for q in (qa, qb):
+                    await p.send(Message(topic, b"attach"), q)
+                ds = inst.direct_now(qa.broker_name)
+                assert ds is not None and inst.direct_now("broker-b") not in (None, ds)
+                append = ds.append
+
+                def to_the_broker_once(*args, **kw):   # A's store leaves the next send to A
+                    ds.append = append
+                    return None
+                ds.append = to_the_broker_once
+                os.killpg(broker.proc.pid, signal.SIGSTOP)
+                try:
+                    over = asyncio.ensure_future(p.send(Message(topic, b"a1"), qa, timeout=60))
+                    waits = asyncio.ensure_future(p.send(Message(topic, b"a2"), qa, timeout=60))
+                    for _ in range(20):                  # a2 in A's switch, waiting for a1
+                        await asyncio.sleep(0)
+                    assert not over.done() and not waits.done()
+                    other = await asyncio.wait_for(p.send(Message(topic, b"b1"), qb), 30)
+                    assert not over.done() and not waits.done()
+                finally:
+                    os.killpg(broker.proc.pid, signal.SIGCONT)
+                return await over, await waits, other
+        a1, a2, b1 = asyncio.run(main())
+        assert (a1.queue_offset, a2.queue_offset, b1.queue_offset) == (1, 2, 1)
+        assert [m.body for m in stored_records(broker, topic, 1)] == [b"attach", b"a1", b"a2"]
+        assert [m.body for m in stored_records(b, topic, 1)] == [b"attach", b"b1"]
+
+
 def test_the_switch_off_sends_over_the_socket(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
     with Producer("dp-off", namesrv_addr=broker.namesrv,
