@@ -416,6 +416,10 @@ def test_a_slave_whose_disk_is_full_keeps_running_and_resumes(pair, tmp_path, ca
 
     def no_space(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if pair.slave is None:                           # (run alone: -k)
+        pair.start_slave(pair.tmp)
+    # the pair's slave connected (haStatus below counts it), and bytes to replicate
+    until("the slave connected", lambda: send(pair.master.addr, b"probe").code == R.SUCCESS)
     monkeypatch.setattr(store.cl, "write", no_space)
     try:
         until("the write failed", lambda: client.step() or any(
@@ -435,6 +439,9 @@ def test_a_slave_whose_disk_is_full_keeps_running_and_resumes(pair, tmp_path, ca
         assert rc == 0 and ("WARN: broker-a: its master has 2 slaves connected, the route names "
                             "1: a slave registered with other NameServers, or two that share a "
                             "brokerId") in text, text
+        # an error that is not the disk's is a bug: raised, not retried
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            client._cannot_write(OSError(errno.EBADF, os.strerror(errno.EBADF)))
     finally:
         client.close()
         close_clean(store)

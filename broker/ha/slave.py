@@ -34,6 +34,7 @@ again (a line a second for as long as a master stays wrong helped no one).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -51,6 +52,9 @@ RETRY_S = 1.0
 # a store that could not write what arrived (its disk full) is given this
 # long before the master is asked again (the flusher's wait for a segment)
 DISK_RETRY_S = 10.0
+# what a store's disk says when it cannot take a write: full, over quota,
+# failing, remounted read-only, a file too large
+DISK_ERRORS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG))
 CONNECT_TIMEOUT_S = 5.0
 TICK_S = 0.1
 RECV_BYTES = 1 << 20
@@ -226,8 +230,11 @@ class HAClient:
 
     def _cannot_write(self, e: OSError) -> None:
         """The store cannot take what arrived (a full disk: a new segment's
-        fallocate, a write): what it holds stays served; the master is asked
-        again in DISK_RETRY_S, from where the store ends."""
+        fallocate, a write; a disk that fails or went read-only): what it
+        holds stays served; the master is asked again in DISK_RETRY_S, from
+        where the store ends. Any other OSError is a bug, raised."""
+        if e.errno not in DISK_ERRORS:
+            raise e
         root = self.replica.store.config.storePathRootDir
         self.drop(f"cannot write to this store under {root}: {e.strerror or e}; trying again "
                   f"in {DISK_RETRY_S:.0f} s (pulls go on)")
