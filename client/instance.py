@@ -227,7 +227,7 @@ class ClientInstance:
         # last pull reply's suggestWhichBrokerId (RocketMQ's pullFromWhichNodeTable)
         self.pull_from: dict[tuple[str, MessageQueue], str] = {}
         self._rerouting: asyncio.Task | None = None
-        self._rerouted = asyncio.Event()       # its first round done
+        self._rerouted = asyncio.Event()       # its current round done (a new one each round)
         self._gave_up: dict[str, float] = {}   # broker address → when a reroute last gave up
 
     # ------------------------------------------------------------ lifecycle
@@ -414,15 +414,18 @@ class ClientInstance:
             return
         if self.loop.time() - self._gave_up.get(addr, -1e9) < self.config.poll_name_server_interval:
             return                 # tried lately: the periodic refresh will see it go
-        self._rerouted.clear()
+        self._rerouted = asyncio.Event()
         self._rerouting = background.spawn(self._reroute(addr), f"the route refresh of "
                                            f"{self.client_id} after {addr} went", self._bug)
 
-    async def rerouted(self) -> None:
-        """Until the first round of the route refresh ``broker_unreachable``
-        started has ended (at once when none runs)."""
-        if self._rerouting is not None and not self._rerouting.done():
-            await self._rerouted.wait()
+    async def rerouted(self) -> bool:
+        """Until the round of the route refresh ``broker_unreachable``
+        started that runs now has ended; True then, False at once when
+        none runs (the refresh ended: it will not ask again)."""
+        if self._rerouting is None or self._rerouting.done():
+            return False
+        await self._rerouted.wait()
+        return True
 
     async def _reroute(self, addr: str) -> None:
         """A group whose master is gone from the NameServers gets the route
@@ -431,7 +434,8 @@ class ClientInstance:
         try:
             for _ in range(REROUTE_TRIES):
                 await self.refresh_routes()
-                self._rerouted.set()
+                done, self._rerouted = self._rerouted, asyncio.Event()
+                done.set()                   # this round's waiters; the next round's wait anew
                 if addr not in self.broker_addrs(slaves=True):
                     return
                 await asyncio.sleep(REROUTE_EVERY_S)

@@ -49,6 +49,7 @@ from .subscription import SubscriptionData
 
 log = logging.getLogger("shmq.client")
 FLOW_CONTROL_DELAY = 0.05                   # PULL_TIME_DELAY_MILLS_WHEN_CACHE_FLOW_CONTROL
+FAILOVER_ROUNDS = 2       # rounds of the route refresh a pull whose broker went awaits
 
 
 class PullStatus(enum.Enum):
@@ -127,9 +128,16 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
             break
         except RemotingError:
             # the broker is gone: once the routes are asked again, a queue whose
-            # group has another broker left (the slave) is pulled there at once
-            await instance.rerouted()
-            other, slave = instance.find_broker(mq.broker_name, which)
+            # group has another broker left (the slave) is pulled there at once.
+            # The NameServers drop a broker when its connection closes, which
+            # the first round of asking can beat: a second round is awaited
+            # (REROUTE_EVERY_S later) before the pull fails and waits the
+            # consumer's pull_time_delay_millis_when_exception.
+            for _ in range(FAILOVER_ROUNDS):
+                asking = await instance.rerouted()
+                other, slave = instance.find_broker(mq.broker_name, which)
+                if other is not None and other != addr or not asking:
+                    break
             if other is None or other == addr:
                 raise
             addr = other
