@@ -28,6 +28,9 @@ assert _UNIT.size == CQ_UNIT_DTYPE.itemsize, "ConsumeQueue unit: struct and dtyp
 
 # Units a walk over a file reads ahead at a time (320 KiB).
 WALK_UNITS = 1 << 14
+# A file's pages get blocks (fallocate) ahead of the units written into them
+# (``ConsumeQueues._allocate``): a page, then twice what the file has, up to this.
+ALLOCATE_AHEAD_MAX = 64 << 10
 
 # A tag filter that matches everything ("*").
 ALL_TAGS = np.zeros(0, dtype=np.int64)
@@ -122,6 +125,9 @@ class ConsumeQueues:
             fi, rel = divmod(first_offset, upf)
             n = min(count, upf - rel)
             cq = self.mapped(topic, queue_id, fi, create=True)
+            h = self._open[(topic, queue_id, fi)]
+            if (rel + n) * CQ_UNIT_BYTES > h.allocated:
+                self._allocate(h, (rel + n) * CQ_UNIT_BYTES)
             K.cq_put_many(cq, rel, phys, sizes, codes, start, n)
             first_offset += n
             start += n
@@ -134,8 +140,31 @@ class ConsumeQueues:
             "ConsumeQueue: a record's unit names a real position and size", offset, phy, size)
         fi, rel = divmod(offset, self.units_per_file)
         h = self._open.get((topic, queue_id, fi))
-        cq = h.array if h is not None else self.mapped(topic, queue_id, fi, create=True)
-        _UNIT.pack_into(cq, rel * CQ_UNIT_BYTES, phy, size, tags_code)
+        if h is None:
+            self.mapped(topic, queue_id, fi, create=True)
+            h = self._open[(topic, queue_id, fi)]
+        at = rel * CQ_UNIT_BYTES
+        if at + CQ_UNIT_BYTES > h.allocated:
+            self._allocate(h, at + CQ_UNIT_BYTES)
+        _UNIT.pack_into(h.array, at, phy, size, tags_code)
+
+    def _allocate(self, h: Handle, end: int) -> None:
+        """Blocks for ``h``'s bytes below ``end`` and some ahead, before units
+        are stored there. The files are sparse (10,000 queues cost a page
+        each, not 6 MB), and a store through the mapping into a page with
+        no block is a SIGBUS on a full disk: the writing worker (or the HA
+        slave) died mid-append with no message. fallocate says ENOSPC
+        instead, which the append turns into a refused send (its claim
+        rolled back). Ahead: a page at first, then as much as the file has
+        allocated, up to ALLOCATE_AHEAD_MAX: a busy queue makes the three
+        system calls once per 64 KiB of units (3,276), a quiet one keeps
+        to a page or two; a disk that has no room ahead is asked for the
+        units' own pages alone."""
+        ahead = min(ALLOCATE_AHEAD_MAX, max(4096, h.allocated))
+        try:
+            self.files.allocate(h, min(self.file_bytes, end + ahead))
+        except OSError:
+            self.files.allocate(h, end)          # the units' own pages, if the disk has them
 
     def put_padding(self, topic: str, queue_id: int, first_offset: int, count: int) -> None:
         """Padding units (RocketMQ's fillPreBlank: size Integer.MAX_VALUE, the

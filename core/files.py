@@ -133,6 +133,7 @@ class Handle:
     fd: int = -1
     writable: bool = True
     dev: int = -1          # st_dev: its device's read-ahead limit (``will_need``)
+    allocated: int = 0     # bytes from the start known to have blocks (``allocate``)
     array: np.ndarray | None = None
     _mmap: mmap.mmap | None = field(default=None, repr=False)
 
@@ -216,6 +217,22 @@ class FileLayer:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    def allocate(self, h: Handle, end: int) -> None:
+        """Blocks for ``h``'s bytes below ``end`` (a sparse file written
+        through its mapping): a store into a page with no block on a full
+        disk is a SIGBUS that kills the writer, where fallocate says ENOSPC
+        (OSError) first. From ``h.allocated``, by the path: the descriptor
+        of a mapped ConsumeQueue file is closed (``map_only``)."""
+        begin = h.allocated - h.allocated % PAGE_BYTES
+        if end <= begin:
+            return
+        fd = os.open(h.path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.posix_fallocate(fd, begin, end - begin)
+        finally:
+            os.close(fd)
+        h.allocated = end
 
     def open(self, path: str, writable: bool = True) -> Handle:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
@@ -525,6 +542,9 @@ class SimFileLayer(FileLayer):
         f.linked = not sparse  # the real layer fsyncs the directory of non-sparse files
         self.files[path] = f
         return True
+
+    def allocate(self, h, end):
+        h.allocated = max(h.allocated, end)     # in memory: every byte has its place
 
     def extend(self, path, size):
         f = self.files[path]

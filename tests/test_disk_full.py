@@ -139,3 +139,62 @@ def test_a_full_disk_refuses_sends_with_code_14_serves_pulls_and_recovers(tmp_pa
         with RemotingClient(b.addr) as c:
             r = c.invoke(send_message(topic, b"m3", queue_id=0))
             assert r.code == R.SUCCESS and r.ext["queueOffset"] == "3"
+
+
+_FULL_TMPFS = r'''
+import errno, os, sys
+from shmq.core.config import StoreConfig
+from shmq.core.records import encode
+from shmq.core.store import open_local
+root = sys.argv[1]
+if os.system(f"mount -t tmpfs -o size=4m none {root}") != 0:
+    print("no mount"); sys.exit(0)
+cfg = StoreConfig(storePathRootDir=root + "/store", mappedFileSizeCommitLog=1 << 20,
+                  maxMessageSize=8192, mappedFileSizeConsumeQueue=300_000 * 20)
+store, _ = open_local(cfg)
+store.append(encode("T", [b"before"], properties=b""))
+fd = os.open(root + "/filler", os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"\1" * 4096)                  # every block of the file system taken
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+failed = None
+for i in range(3000):                 # past the pages the queue has (a page: 204.8 units)
+    try:
+        store.append(encode("T", [b"m%d" % i], properties=b""))
+    except OSError as e:
+        failed = (i, errno.errorcode[e.errno])
+        break
+os.close(fd)
+os.unlink(root + "/filler")                         # room again: the next append is stored
+store.append(encode("T", [b"after"], properties=b""))
+bodies = [m.body for m in store.read_queue("T", 0)]
+print("failed", failed, "stored", len(bodies), bodies[0], bodies[-1], flush=True)
+'''
+
+
+def test_a_full_disk_under_the_consumequeue_is_enospc_not_a_bus_error(tmp_path):
+    """ConsumeQueue files are sparse and written through their mapping: a
+    unit stored into a page with no block on a full disk was a SIGBUS that
+    killed the writer (a worker, the HA slave) with no message. Pages get
+    their blocks ahead (fallocate), so the append is refused with ENOSPC, its
+    claim rolled back, and the store goes on once there is room. A real full
+    file system: a 4 MiB tmpfs in a mount namespace of the test's own."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: no mount namespace for a tiny tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+                        _FULL_TMPFS, str(mnt)], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
+        pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
+    assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
+    failed, stored = p.stdout.split(" stored ")
+    i = int(failed.split("(")[1].split(",")[0])
+    assert failed.endswith("'ENOSPC')") and 0 < i < 3000, p.stdout   # refused, not killed
+    # every append before it, and the one after the room came back, stored once, in order
+    assert stored.strip() == f"{i + 2} b'before' b'after'", p.stdout
