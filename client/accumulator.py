@@ -193,8 +193,9 @@ class Window:
             if fut.done() and not fut.cancelled():
                 self.handed -= 1
                 self.release()               # handed over, then cancelled: pass it on
-            else:
-                self._waiters.remove(fut)
+            else:        # (a release in the same turn may have dropped it already)
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
                 self._hand()
             raise
         self.handed -= 1

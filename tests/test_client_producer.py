@@ -640,6 +640,14 @@ def test_sends_past_a_full_window_get_their_slots_in_call_order():
         assert went == ["C", "D", "E"] and c.done() and d.done() and f.cancelled()
         w.release(2)
         assert w.try_take() and w.used == 1          # nobody waits: a free slot is taken at once
+        # a waiter cancelled in the same turn as a release: cancelled, the slot passed on
+        assert w.try_take() and w.used == 2
+        g, h = asyncio.ensure_future(send("G")), asyncio.ensure_future(send("H"))
+        await turns()
+        g.cancel()
+        w.release()
+        await turns()
+        assert g.cancelled() and went[-1] == "H" and w.used == 2
     asyncio.run(main())
 
 
