@@ -478,7 +478,7 @@ class AsyncProducer:
         self._switch_locks: dict[str, asyncio.Lock] = {}   # broker name → its switch's lock
         self._switch_loop: Any = None                  # the loop they serve
 
-    async def _switch(self, name: str, ds) -> None:
+    async def _switch(self, name: str, ds, deadline: float) -> None:
         """Before ``send`` appends to ``ds``, the store of broker ``name``,
         while sends to that broker are in flight over its socket (the store
         attached while this producer sent over the socket, or an earlier
@@ -488,7 +488,10 @@ class AsyncProducer:
         meanwhile wait too, and go on in call order (the lock is FIFO; each
         appends before the next one resumes, and a new send waits behind
         them while any is in here). One broker's switch holds up only the
-        sends to that broker."""
+        sends to that broker. A send whose ``deadline`` (monotonic) passes
+        first fails (RemotingError) without appending: its order is kept by
+        not being stored. Each waits through a shield: a waiter cancelled
+        leaves the others' wait as it was."""
         loop = asyncio.get_running_loop()
         if self._switch_loop is not loop:              # a lock serves one loop
             self._switch_locks, self._switch_loop = {}, loop
@@ -498,13 +501,16 @@ class AsyncProducer:
         switching = self._switching
         switching[name] = switching.get(name, 0) + 1
         try:
-            async with lock:
+            async with asyncio.timeout(deadline - time.monotonic()), lock:
                 while self._over_socket.get(name):
                     fut = self._drained.get(name)
                     if fut is None:
                         fut = self._drained[name] = loop.create_future()
-                    await fut
+                    await asyncio.shield(fut)
                 self._direct_of[name] = ds
+        except TimeoutError:
+            raise RemotingError(f"the send timed out waiting for the sends in flight over "
+                                f"{name}'s socket, which a direct append must not overtake") from None
         finally:
             n = switching[name] - 1
             if n:
@@ -597,7 +603,7 @@ class AsyncProducer:
                             # append after it: as at the switch)
                             if self._direct_of.get(name) is not ds or self._over_socket.get(name) \
                                     or self._switching and name in self._switching:
-                                await self._switch(name, ds)
+                                await self._switch(name, ds, deadline)
                             r = self._append(ds, q, msg, props, uniq, sysflag)
                             if r is not None:
                                 self.failed_broker = None

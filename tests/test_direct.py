@@ -287,6 +287,36 @@ def test_a_send_waiting_for_one_brokers_socket_holds_up_no_send_to_another(broke
         assert [m.body for m in stored_records(b, topic, 1)] == [b"attach", b"b1"]
 
 
+def test_a_send_waiting_for_the_socket_sends_gives_up_alone_and_at_its_own_deadline():
+    """The wait before a direct append (sends to the broker still in flight
+    over its socket): a waiter cancelled leaves the others waiting, and a
+    waiter whose deadline passes fails without appending, while the others
+    go on once the socket sends are answered. No broker: the producer's
+    switch state alone."""
+    import types
+
+    from shmq.client.errors import RemotingError
+
+    async def main():
+        p = types.SimpleNamespace()
+        AsyncProducer._direct_init(p)
+        p._over_socket["A"] = 1                          # a send in flight over A's socket
+        now = time.monotonic()
+        first = asyncio.ensure_future(AsyncProducer._switch(p, "A", "ds", now + 30))
+        second = asyncio.ensure_future(AsyncProducer._switch(p, "A", "ds", now + 30))
+        hurried = asyncio.ensure_future(AsyncProducer._switch(p, "A", "ds", now + 0.05))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        first.cancel()                                   # its caller gave up
+        with pytest.raises(RemotingError, match="timed out waiting for the sends in flight"):
+            await hurried                                # its own deadline, not the others'
+        assert first.cancelled() and not second.done() and "A" not in p._direct_of
+        AsyncProducer._socket_answered(p, "A")           # the socket send is answered
+        await asyncio.wait_for(second, 30)
+        assert p._direct_of["A"] == "ds" and not p._switching
+    asyncio.run(main())
+
+
 def test_the_switch_off_sends_over_the_socket(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
     with Producer("dp-off", namesrv_addr=broker.namesrv,
