@@ -751,13 +751,20 @@ def warm_up_appends(wait: bool = True) -> bool:
     it is done. True once it is. The client does it on its first connection
     to a local broker and sends over the socket until it is done; an
     application that wants its very first send appended calls it at start."""
-    if not _appends_loader:
-        t = threading.Thread(target=load_appends, daemon=True, name="shmq-direct-append-warm-up")
-        _appends_loader.append(t)
+    return _once_in_a_thread(_appends_loader, load_appends, "shmq-direct-append-warm-up",
+                             _APPENDS_LOADED, wait)
+
+
+def _once_in_a_thread(loader: list, target, name: str, done: threading.Event, wait: bool) -> bool:
+    """``target`` in a daemon thread, once per process (``loader`` keeps
+    it); with ``wait``, until it has ended. True once ``done`` is set."""
+    if not loader:
+        t = threading.Thread(target=target, daemon=True, name=name)
+        loader.append(t)
         t.start()
     if wait:
-        _appends_loader[0].join()
-    return _APPENDS_LOADED.is_set()
+        loader[0].join()
+    return done.is_set()
 
 
 _SCAN_LOADED = threading.Event()
@@ -770,13 +777,8 @@ def warm_up_reads(wait: bool = True) -> bool:
     consumer calls it on its first direct pull and pulls over the socket
     until it is done; an application that wants direct reads from its very
     first message calls it at start (the local_ipc bench does)."""
-    if not _scan_loader:
-        t = threading.Thread(target=_load_scan, daemon=True, name="shmq-direct-read-warm-up")
-        _scan_loader.append(t)
-        t.start()
-    if wait:
-        _scan_loader[0].join()
-    return _SCAN_LOADED.is_set()
+    return _once_in_a_thread(_scan_loader, _load_scan, "shmq-direct-read-warm-up", _SCAN_LOADED,
+                             wait)
 
 
 def _load_scan() -> None:

@@ -320,24 +320,31 @@ def test_the_ha_port_speaks_rocketmq_4_to_a_raw_slave(pair):
     assert struct.unpack_from(">qi", got, 12 + size) == (1 << 20, 1 << 20)
 
 
+def report_until_dropped(pair, offsets: list[int]) -> None:
+    """A slave of our own on the master's HA port: it reports each of
+    ``offsets`` (its max CommitLog offset), then reads until the master
+    closes the connection."""
+    host = pair.master.addr.split(":")[0]
+    with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
+        for offset in offsets:
+            s.sendall(struct.pack(">q", offset))
+        s.settimeout(5)
+        try:
+            while s.recv(65536):                       # until the master closes it
+                pass
+        except ConnectionResetError:
+            pass
+
+
 def test_a_slave_reporting_past_the_masters_end_is_dropped_and_never_counted_as_an_ack(pair):
     """A master that lost its unflushed tail, a store restored from a backup,
     another master's slave: a report past this CommitLog's end, first or
     later, is no acknowledgement (counted, it would answer SEND_OK to SYNC_MASTER
     sends no slave holds); the connection is dropped."""
-    host = pair.master.addr.split(":")[0]
     end = int(_info(pair.master)["commitLogMaxOffset"])
     for first in (True, False):
-        with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
-            if not first:
-                s.sendall(struct.pack(">q", end))      # a fair first report, then a bad one
-            s.sendall(struct.pack(">q", end + (64 << 20)))
-            s.settimeout(5)
-            try:
-                while s.recv(65536):                   # until the master closes it
-                    pass
-            except ConnectionResetError:
-                pass
+        # a fair first report, then a bad one
+        report_until_dropped(pair, [end + (64 << 20)] if first else [end, end + (64 << 20)])
         info = _info(pair.master)
         assert int(info["haSlaveAckOffset"]) <= int(info["commitLogMaxOffset"]), (first, info)
     assert send(pair.master.addr, b"after the liar").code == R.SUCCESS   # the real slave acks
@@ -347,17 +354,9 @@ def test_a_slave_refused_again_and_again_is_one_line_in_the_masters_log(pair):
     """A slave whose store is ahead of its master (the master restarted on
     another store) comes back every second to be dropped: one line says so,
     not one a second."""
-    host = pair.master.addr.split(":")[0]
     past = int(_info(pair.master)["commitLogMaxOffset"]) + (96 << 20)
     for _ in range(3):
-        with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
-            s.sendall(struct.pack(">q", past))
-            s.settimeout(5)
-            try:
-                while s.recv(65536):                   # until the master closes it
-                    pass
-            except ConnectionResetError:
-                pass
+        report_until_dropped(pair, [past])
     assert pair.master.log().count(f"asks from offset {past}, past this CommitLog's end") == 1
 
 
