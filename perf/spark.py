@@ -108,7 +108,7 @@ def _session(ctx):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from shmq.spark import register
+    from shmq.spark import register, stop
     cores = os.cpu_count() or 2
     spark = (SparkSession.builder.master(f"local[{cores}]").appName("shmq-perf")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -118,7 +118,7 @@ def _session(ctx):
     register(spark)
     ctx.shared["spark"] = spark
     ctx.shared["spark_cores"] = cores
-    ctx.on_close(spark.stop)
+    ctx.on_close(lambda: stop(spark))      # (once the last bench stopped it: nothing to do)
     return spark
 
 
