@@ -103,6 +103,8 @@ class Flusher:
             if st.get("flush_request_pos") > fl or (now >= self.next_cl and st.write_pos > fl):
                 self.flush_commitlog()
                 self.next_cl = now + cfg.flushIntervalCommitLog / 1000
+            elif now >= self.next_cl:       # nothing to flush: look again an interval on (a
+                self.next_cl = now + cfg.flushIntervalCommitLog / 1000   # request wakes it)
         elif now >= self.next_cl:
             dirty = st.write_pos - fl
             if dirty >= cfg.flushCommitLogLeastPages * PAGE_BYTES or (dirty > 0 and now >= self.next_thorough):

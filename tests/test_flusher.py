@@ -67,6 +67,20 @@ def test_sync_flush_answers_a_request_at_once_for_everything_published(store_dir
     assert a.end < b.end
 
 
+def test_an_idle_sync_flush_flusher_sleeps_until_its_interval(store_dir):
+    """With nothing to flush a SYNC_FLUSH flusher's next pass is an interval
+    away (an append's request wakes it sooner): its timer was never moved on
+    once it had passed, so every pass said "due now" and the idle flusher
+    spun a whole core (95% CPU in `top`)."""
+    store, f, clock = setup(store_dir, flushDiskType="SYNC_FLUSH")   # 500 ms interval
+    f.step()
+    clock.advance(600)                           # past the interval, nothing written
+    for _ in range(3):
+        assert f.step() > 0.1                    # a wait, not 0 s again and again
+    put(store, 10)                               # an append asks: at once, as before
+    assert f.step() >= 0 and store.state.flushed_pos == store.state.write_pos
+
+
 def test_consume_queues_flush_busy_queues_each_second_and_all_at_the_thorough_interval(store_dir):
     store, f, clock = setup(store_dir)
     st = store.state
