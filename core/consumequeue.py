@@ -133,6 +133,28 @@ class ConsumeQueues:
             start += n
             count -= n
 
+    def put_units(self, topic: str, queue_id: int, first_offset: int, units: np.ndarray) -> int:
+        """Write ``units`` (``CQ_UNIT_DTYPE``) at queue offsets first_offset,
+        first_offset+1, … (crossing file boundaries as needed), their pages
+        given blocks first as ``put``'s; returns how many differed there
+        before (recovery's count of units rebuilt)."""
+        raw = units.view(np.uint8).reshape(-1)
+        count = raw.shape[0] // CQ_UNIT_BYTES
+        upf = self.units_per_file
+        changed = start = 0
+        while count > 0:
+            fi, rel = divmod(first_offset, upf)
+            n = min(count, upf - rel)
+            cq = self.mapped(topic, queue_id, fi, create=True)
+            h = self._open[(topic, queue_id, fi)]
+            if (rel + n) * CQ_UNIT_BYTES > h.allocated:
+                self._allocate(h, (rel + n) * CQ_UNIT_BYTES)
+            changed += int(K.cq_put_units(cq, rel, raw[start * CQ_UNIT_BYTES:], n))
+            first_offset += n
+            start += n
+            count -= n
+        return changed
+
     def put_one(self, topic: str, queue_id: int, offset: int, phy: int, size: int,
                 tags_code: int) -> None:
         """Write one unit (a single send: no arrays, no kernel call)."""

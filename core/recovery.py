@@ -896,34 +896,34 @@ class _Dispatcher:
         self.topics: dict[int, str] = {}
 
     def chunk(self, buf: np.ndarray, rows: np.ndarray) -> None:
-        tt = rows[:, K.S_SYSFLAG] & SYSFLAG_TRANSACTION_MASK
-        keep = (tt != SYSFLAG_TRANSACTION_PREPARED) & (tt != SYSFLAG_TRANSACTION_ROLLBACK)
-        if not keep.all():
-            rows = rows[keep]
-            if not rows.shape[0]:
-                return
-        self._learn_topics(buf, rows)
-        th, qid = rows[:, K.S_TOPIC_HASH], rows[:, K.S_QUEUE_ID]
-        order = np.lexsort((qid, th))   # stable: each queue's records stay in order
-        th, qid = th[order], qid[order]
-        cols = {c: rows[:, c][order] for c in (K.S_PHY, K.S_SIZE, K.S_TAGS_CODE, K.S_QUEUE_OFFSET)}
-        change = np.flatnonzero((th[1:] != th[:-1]) | (qid[1:] != qid[:-1])) + 1
-        bounds = np.concatenate(([0], change, [th.shape[0]]))
-        rep = self.rep
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            key = (self.topics[int(th[a])], int(qid[a]))
-            q = cols[K.S_QUEUE_OFFSET][a:b]
-            self._arrive(key, int(q[0]), int(cols[K.S_PHY][a]))
-            rep.offset_anomalies += int(np.count_nonzero(np.diff(q) != 1))
-            units = np.empty(b - a, dtype=CQ_UNIT_DTYPE)
-            units["phy_offset"] = cols[K.S_PHY][a:b]
-            units["size"] = cols[K.S_SIZE][a:b]
-            rule = self.rules.get(key[0])
-            if rule is None:
-                units["tags_code"] = cols[K.S_TAGS_CODE][a:b]
-            else:
-                units["tags_code"] = _ruled_codes(rule, key, buf, rows[order[a:b]])
-            rep.units_rebuilt += _write_units(self.cqs, key, q, units)
+        """Write the units of the scanned ``rows`` (``cq_group_rows``: one
+        kernel call groups them by queue and lays out their units; then a
+        Python step per queue, not per record)."""
+        n = rows.shape[0]
+        units = np.empty(n, dtype=CQ_UNIT_DTYPE)
+        order = np.empty(n, dtype=np.int64)
+        qoffs = np.empty(n, dtype=np.int64)
+        bounds = np.empty(n + 1, dtype=np.int64)
+        anomalies = np.empty(n, dtype=np.int64)
+        groups = K.cq_group_rows(rows, units.view(np.uint8), order, qoffs, bounds, anomalies)
+        rep, topics = self.rep, self.topics
+        for g, a, b in zip(range(groups), bounds[:groups].tolist(), bounds[1:groups + 1].tolist()):
+            row = rows[int(order[a])]
+            th = int(row[K.S_TOPIC_HASH])
+            topic = topics.get(th)
+            if topic is None:        # the first record of a topic not seen yet names it
+                p, tl = int(row[K.S_TOPIC_POS]), int(row[K.S_TOPIC_LEN])
+                topic = topics[th] = buf[p:p + tl].tobytes().decode("utf-8", "replace")
+            key = (topic, int(row[K.S_QUEUE_ID]))
+            q = qoffs[a:b]
+            self._arrive(key, int(q[0]), int(row[K.S_PHY]))
+            anomalous = int(anomalies[g])
+            rep.offset_anomalies += anomalous
+            u = units[a:b]
+            rule = self.rules.get(topic)
+            if rule is not None:
+                u["tags_code"] = _ruled_codes(rule, key, buf, rows[order[a:b]])
+            rep.units_rebuilt += _write_units(self.cqs, key, q, u, consecutive=not anomalous)
             self.new_max[key] = int(q[-1]) + 1
 
     def pad(self, pad: L.Pad) -> None:
@@ -956,14 +956,6 @@ class _Dispatcher:
         if q0 != expect and key in self.new_max:
             rep.offset_anomalies += 1
 
-    def _learn_topics(self, buf: np.ndarray, rows: np.ndarray) -> None:
-        """Topic hash → name, decoding one record per topic not seen yet."""
-        hashes, first = np.unique(rows[:, K.S_TOPIC_HASH], return_index=True)
-        for h, i in zip(hashes.tolist(), first.tolist()):
-            if h not in self.topics:
-                p, n = int(rows[i, K.S_TOPIC_POS]), int(rows[i, K.S_TOPIC_LEN])
-                self.topics[h] = buf[p:p + n].tobytes().decode("utf-8", "replace")
-
 
 def _ruled_codes(rule: TagsCodeRule, key: tuple[str, int], buf: np.ndarray,
                  rows: np.ndarray) -> np.ndarray:
@@ -975,29 +967,20 @@ def _ruled_codes(rule: TagsCodeRule, key: tuple[str, int], buf: np.ndarray,
     return codes
 
 
-def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray) -> int:
-    """Write units at their queue offsets; returns how many differed on disk."""
-    upf = cqs.units_per_file
-    raw = units.view(np.uint8).reshape(-1, CQ_UNIT_BYTES)
-    n = qoffs.shape[0]
-    if int(qoffs[-1]) - int(qoffs[0]) == n - 1 and int(qoffs[0]) // upf == int(qoffs[-1]) // upf:
-        # the usual case: consecutive offsets in one file, compared as one slice
-        fi, lo = divmod(int(qoffs[0]), upf)
-        cq = cqs.mapped(key[0], key[1], fi, create=True)[lo * CQ_UNIT_BYTES:(lo + n) * CQ_UNIT_BYTES]
-        new = raw.reshape(-1)
-        if np.array_equal(cq, new):
-            return 0
-        changed = int(np.count_nonzero((cq.reshape(-1, CQ_UNIT_BYTES) != raw).any(axis=1)))
-        cq[:] = new
-        return changed
+def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray,
+                 consecutive: bool = True) -> int:
+    """Write ``units`` at their queue offsets ``qoffs`` (``consecutive``:
+    each one more than the one before, the usual case: one run); returns
+    how many differed on disk. Their pages get blocks first
+    (``ConsumeQueues.put_units``): on a full disk a store through the
+    mapping into a hole was a SIGBUS that killed the slave or the
+    recovering broker; now it is ENOSPC."""
+    if consecutive:
+        return cqs.put_units(key[0], key[1], int(qoffs[0]), units)
+    cut = np.flatnonzero(np.diff(qoffs) != 1) + 1     # runs of consecutive offsets, in order
     changed = 0
-    file_idx = qoffs // upf
-    for fi in np.unique(file_idx):
-        sel = np.flatnonzero(file_idx == fi)
-        cq = cqs.mapped(key[0], key[1], int(fi), create=True).reshape(-1, CQ_UNIT_BYTES)
-        rel = qoffs[sel] - fi * upf
-        changed += int(np.count_nonzero((cq[rel] != raw[sel]).any(axis=1)))
-        cq[rel] = raw[sel]
+    for a, b in zip([0] + cut.tolist(), cut.tolist() + [qoffs.shape[0]]):
+        changed += cqs.put_units(key[0], key[1], int(qoffs[a]), units[a:b])
     return changed
 
 

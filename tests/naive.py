@@ -366,6 +366,30 @@ def cq_scan(units: bytes, first: int, count: int, codes_sorted, max_msgs: int,
     return phys, sizes, count, CQ_DONE
 
 
+def cq_put_units(cq: bytes, first: int, units: bytes) -> tuple[bytes, int]:
+    """``cq`` with ``units`` written from unit ``first`` on, and how many of
+    them differed there before."""
+    n = len(units) // CQ_UNIT_BYTES
+    at = first * CQ_UNIT_BYTES
+    old = [cq[at + k * CQ_UNIT_BYTES:at + (k + 1) * CQ_UNIT_BYTES] for k in range(n)]
+    new = [units[k * CQ_UNIT_BYTES:(k + 1) * CQ_UNIT_BYTES] for k in range(n)]
+    return cq[:at] + units + cq[at + len(units):], sum(a != b for a, b in zip(old, new))
+
+
+def cq_group_rows(rows: list[dict]) -> list[tuple[tuple[int, int], list[int], int]]:
+    """((topic hash, queue id), the rows' indexes, offset anomalies) per
+    queue, in the order each queue's first row comes; prepared and
+    rolled-back transaction records (no unit) left out."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, r in enumerate(rows):
+        if r["sysflag"] & 0xC in (0x4, 0xC):
+            continue
+        groups.setdefault((r["topic_hash"], r["queue_id"]), []).append(i)
+    return [(key, idx, sum(rows[b]["queue_offset"] != rows[a]["queue_offset"] + 1
+                           for a, b in zip(idx, idx[1:])))
+            for key, idx in groups.items()]
+
+
 def cq_valid_units(units: bytes, first: int, max_units: int, cl_end: int) -> tuple[int, int]:
     """How many units from ``first`` are padding (size CQ_PAD_SIZE) or
     real positions lying wholly before ``cl_end``, counting until the first

@@ -198,3 +198,79 @@ def test_a_full_disk_under_the_consumequeue_is_enospc_not_a_bus_error(tmp_path):
     assert failed.endswith("'ENOSPC')") and 0 < i < 3000, p.stdout   # refused, not killed
     # every append before it, and the one after the room came back, stored once, in order
     assert stored.strip() == f"{i + 2} b'before' b'after'", p.stdout
+
+
+_FULL_TMPFS_SLAVE = r'''
+import errno, os, sys
+from shmq.core.config import StoreConfig
+from shmq.core.records import encode
+from shmq.core.replica import Replica
+from shmq.core.store import open_local
+root, master_root = sys.argv[1], sys.argv[2]
+def cfg(path):
+    return StoreConfig(storePathRootDir=path, mappedFileSizeCommitLog=1 << 20, maxMessageSize=8192,
+                       mappedFileSizeConsumeQueue=300_000 * 20)
+m, _ = open_local(cfg(master_root))
+for i in range(3000):
+    m.append(encode("T", [b"m%d" % i], properties=b""))
+end = m.state.write_pos
+if os.system(f"mount -t tmpfs -o size=4m none {root}") != 0:
+    print("no mount"); sys.exit(0)
+s, _ = open_local(cfg(root + "/store"))
+r = Replica(s)
+pos = 0
+while pos < 4096:                       # a few records first: the queue's file and first page
+    r.append(pos, m.cl.read(pos, 512))
+    pos += 512
+fd = os.open(root + "/filler", os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"\1" * 4096)                  # every block of the file system taken
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+failed = None
+while pos < end:                                    # as a slave catching up: 4 KiB reads
+    n = min(4096, end - pos)
+    try:
+        r.append(pos, m.cl.read(pos, n))
+    except OSError as e:
+        failed = (pos, errno.errorcode[e.errno])
+        break
+    pos += n
+os.close(fd)
+os.unlink(root + "/filler")                         # room again: what arrived is dispatched
+if failed is not None:
+    r.dispatch()
+    while r.received < end:
+        n = min(4096, end - r.received)
+        r.append(r.received, m.cl.read(r.received, n))
+bodies = [x.body for x in s.read_queue("T", 0)]
+print("failed", failed, "stored", len(bodies), bodies[0], bodies[-1], s.state.write_pos == end,
+      flush=True)
+'''
+
+
+def test_a_slave_on_a_full_disk_gets_enospc_dispatching_not_a_bus_error(tmp_path):
+    """A slave (``core.replica``) writes the units of the records it
+    receives as recovery does, through the ConsumeQueue mapping: on a full
+    disk a unit stored into a hole page killed the HA process with SIGBUS.
+    Now its pages get blocks first: ENOSPC, which the HA client answers by
+    dropping the connection and trying again later (``broker/ha/slave.py``);
+    once there is room, what arrived is dispatched and the slave goes on."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: no mount namespace for a tiny tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+                        _FULL_TMPFS_SLAVE, str(mnt), str(tmp_path / "master")],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
+        pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
+    assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
+    failed, stored = p.stdout.split(" stored ")
+    at = int(failed.split("(")[1].split(",")[0])
+    assert failed.endswith("'ENOSPC')") and at > 4096, p.stdout      # refused, not killed
+    assert stored.strip() == "3000 b'm0' b'm2999' True", p.stdout

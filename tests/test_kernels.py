@@ -960,6 +960,83 @@ def test_cq_put_many_writes_the_unit_layout(units, data):
     assert [tuple(int(x) for x in u) for u in view] == units[start:start + count]
 
 
+@budget(100)
+@given(old=st.lists(cq_unit(), min_size=1, max_size=12), data=st.data())
+def test_cq_put_units_writes_them_and_counts_the_changed(old, data):
+    """cq_put_units against its twin: the bytes after, and the units that
+    differed (some drawn equal to what was there)."""
+    first = data.draw(st.integers(0, len(old) - 1))
+    new = [data.draw(st.just(u) | cq_unit()) for u in old[first:]][:data.draw(st.integers(0, len(old) - first))]
+    raw, units = cq_bytes(old), cq_bytes(new)
+    cq = u8(raw)
+    got = K.cq_put_units(cq, first, u8(units) if units else np.zeros(0, np.uint8), len(new))
+    want_bytes, want = naive.cq_put_units(raw, first, units)
+    assert bytes(cq) == want_bytes and got == want
+    assert got == sum(a != b for a, b in zip(old[first:], new))
+
+
+@st.composite
+def scan_rows(draw) -> list[dict]:
+    """Rows as scan_records gives them, for cq_group_rows: few queues (so
+    they repeat), transaction types of every kind, queue offsets mostly
+    consecutive per queue, sometimes not."""
+    n = draw(st.integers(0, 40))
+    keys = draw(st.lists(st.tuples(INT64, st.integers(0, 2**31 - 1)), min_size=1, max_size=4))
+    nxt: dict = {}
+    rows = []
+    for _ in range(n):
+        key = draw(st.sampled_from(keys))
+        q = nxt.get(key, draw(st.integers(0, 2**40)))
+        if draw(st.integers(0, 9)) == 0:
+            q = draw(st.integers(0, 2**40))          # an anomaly
+        nxt[key] = q + 1
+        rows.append(dict(topic_hash=key[0], queue_id=key[1], queue_offset=q,
+                         sysflag=draw(st.sampled_from([0, 0x4, 0x8, 0xC, 0x1, 0x2])),
+                         phy=draw(st.integers(0, 2**50)), size=draw(st.integers(1, 2**31 - 2)),
+                         tags_code=draw(INT64)))
+    return rows
+
+
+@budget(150)
+@given(rows=scan_rows())
+def test_cq_group_rows_matches_twin(rows):
+    """cq_group_rows against its twin: the groups, their order and rows,
+    their anomalies, and each row's unit in the layout."""
+    n = len(rows)
+    arr = np.zeros((n, L.N_SCAN), np.int64)
+    for i, r in enumerate(rows):
+        arr[i, L.S_TOPIC_HASH], arr[i, L.S_QUEUE_ID] = r["topic_hash"], r["queue_id"]
+        arr[i, L.S_QUEUE_OFFSET], arr[i, L.S_SYSFLAG] = r["queue_offset"], r["sysflag"]
+        arr[i, L.S_PHY], arr[i, L.S_SIZE], arr[i, L.S_TAGS_CODE] = r["phy"], r["size"], r["tags_code"]
+    units, order, qoffs = np.zeros(n * 20, np.uint8), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    bounds, anomalies = np.zeros(n + 1, np.int64), np.zeros(n, np.int64)
+    groups = K.cq_group_rows(arr, units, order, qoffs, bounds, anomalies)
+    want = naive.cq_group_rows(rows)
+    assert groups == len(want)
+    for g, (key, idx, anomalous) in enumerate(want):
+        a, b = int(bounds[g]), int(bounds[g + 1])
+        assert order[a:b].tolist() == idx and int(anomalies[g]) == anomalous
+        assert qoffs[a:b].tolist() == [rows[i]["queue_offset"] for i in idx]
+        assert bytes(units[a * 20:b * 20]) == cq_bytes(
+            [(rows[i]["phy"], rows[i]["size"], rows[i]["tags_code"]) for i in idx])
+        assert all((rows[i]["topic_hash"], rows[i]["queue_id"]) == key for i in idx)
+
+
+def test_cq_group_rows_queues_whose_slots_collide():
+    """Two queues whose (topic hash ^ queue id) is the same slot: the table
+    probes on; 20 rows: a table past its first size. Each keeps its rows."""
+    keys = [(0, 1), (1, 0), (2, 3)]              # 0 ^ 1 == 1 ^ 0: one slot
+    arr = np.zeros((20, L.N_SCAN), np.int64)
+    for i in range(20):
+        arr[i, L.S_TOPIC_HASH], arr[i, L.S_QUEUE_ID] = keys[i % 3]
+        arr[i, L.S_QUEUE_OFFSET], arr[i, L.S_SIZE] = i // 3, 1
+    units, order, qoffs = np.zeros(400, np.uint8), np.zeros(20, np.int64), np.zeros(20, np.int64)
+    bounds, anomalies = np.zeros(21, np.int64), np.zeros(20, np.int64)
+    assert K.cq_group_rows(arr, units, order, qoffs, bounds, anomalies) == 3
+    assert bounds[:4].tolist() == [0, 7, 14, 20] and anomalies[:3].tolist() == [0, 0, 0]
+    assert order[:7].tolist() == list(range(0, 20, 3)) and order[7:14].tolist() == list(range(1, 20, 3))
+
+
 # ---------------------------------------------------------------- batch bodies
 @st.composite
 def batch_entries(draw) -> bytes:

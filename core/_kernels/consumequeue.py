@@ -10,6 +10,9 @@ import numpy as np
 from numba import njit
 
 from ..layout import CQ_PAD_SIZE  # noqa: F401  (re-exported: K.CQ_PAD_SIZE)
+from ..layout import (S_PHY, S_QUEUE_ID, S_QUEUE_OFFSET, S_SIZE, S_SYSFLAG, S_TAGS_CODE,
+                      S_TOPIC_HASH, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
+                      SYSFLAG_TRANSACTION_ROLLBACK)
 from .binary import JIT, ld_i32, ld_i64, st_i32, st_i64
 
 CQ_DONE = 0      # scanned every unit asked for
@@ -29,6 +32,95 @@ def cq_put(cq, unit, phy, size, tags_code):
 def cq_put_many(cq, first_unit, phys, sizes, codes, start, count):
     for k in range(count):
         cq_put(cq, first_unit + k, phys[start + k], sizes[start + k], codes[start + k])
+
+
+@njit(**JIT)
+def cq_put_units(cq, first_unit, units, count):
+    """Copy ``count`` units (20 bytes each, back to back in ``units``) into
+    ``cq`` from ``first_unit`` on; returns how many differed there before
+    (recovery counts the units it rebuilt)."""
+    changed = 0
+    for k in range(count):
+        p = (first_unit + k) * 20
+        s = k * 20
+        same = True
+        for j in range(20):
+            if cq[p + j] != units[s + j]:
+                same = False
+                cq[p + j] = units[s + j]
+        if not same:
+            changed += 1
+    return changed
+
+
+@njit(**JIT)
+def cq_group_rows(rows, units, order, qoffs, bounds, anomalies):
+    """The ConsumeQueue units of scanned records (``rows``: scan_records'
+    N_SCAN columns, in CommitLog order), queue by queue: prepared and
+    rolled-back transaction records have none and are left out; the rest
+    are grouped by (topic hash, queue id), groups in the order their first
+    record comes, records in CommitLog order within each. Group g is
+    [bounds[g], bounds[g + 1]) of ``order`` (each record's row), ``qoffs``
+    (its queue offset) and ``units`` (its unit: 20 bytes each, back to
+    back); ``anomalies[g]``: its queue offsets that do not follow the one
+    before by 1. Returns the number of groups. Linear: the groups are found
+    through an open-addressing table of twice the rows' count."""
+    n = rows.shape[0]
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    slot_gid = np.full(size, -1, np.int64)
+    group_hash = np.empty(n, np.int64)
+    group_qid = np.empty(n, np.int64)
+    gid = np.full(n, -1, np.int64)
+    count = np.zeros(n + 1, np.int64)
+    groups = 0
+    for i in range(n):
+        tx = rows[i, S_SYSFLAG] & SYSFLAG_TRANSACTION_MASK
+        if tx == SYSFLAG_TRANSACTION_PREPARED or tx == SYSFLAG_TRANSACTION_ROLLBACK:
+            continue
+        th = rows[i, S_TOPIC_HASH]
+        qid = rows[i, S_QUEUE_ID]
+        h = (th ^ qid) & mask
+        while True:
+            g = slot_gid[h]
+            if g < 0:
+                g = groups
+                groups += 1
+                slot_gid[h] = g
+                group_hash[g] = th
+                group_qid[g] = qid
+                break
+            if group_hash[g] == th and group_qid[g] == qid:
+                break
+            h = (h + 1) & mask
+        gid[i] = g
+        count[g] += 1
+    at = np.empty(groups + 1, np.int64)
+    total = 0
+    for g in range(groups):
+        bounds[g] = total
+        at[g] = total
+        anomalies[g] = 0
+        total += count[g]
+    bounds[groups] = total
+    for i in range(n):
+        g = gid[i]
+        if g < 0:
+            continue
+        k = at[g]
+        at[g] = k + 1
+        q = rows[i, S_QUEUE_OFFSET]
+        if k > bounds[g] and q != qoffs[k - 1] + 1:
+            anomalies[g] += 1
+        order[k] = i
+        qoffs[k] = q
+        p = k * 20
+        st_i64(units, p, rows[i, S_PHY])
+        st_i32(units, p + 8, rows[i, S_SIZE])
+        st_i64(units, p + 12, rows[i, S_TAGS_CODE])
+    return groups
 
 
 @njit(**JIT)
