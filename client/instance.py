@@ -470,6 +470,9 @@ class ClientInstance:
                 conn = self._opening.get(addr) or self.conns.get(addr)
                 if conn is None or conn.closed:
                     conn = await self._open(addr, direct)
+                if self.stopped:   # shut down while it opened: the last caller closes it
+                    raise RemotingError(f"the client {self.client_id} was shut down while "
+                                        f"it connected to {addr}")
                 return conn
         finally:
             n = waiting[addr] - 1
@@ -479,7 +482,10 @@ class ClientInstance:
                 del waiting[addr]
                 opened = self._opening.pop(addr, None)
                 if opened is not None:
-                    self.conns[addr] = opened
+                    if self.stopped:    # close() ran meanwhile: it outlives no close()
+                        await opened.close()
+                    else:
+                        self.conns[addr] = opened
 
     async def _open(self, addr: str, direct: bool) -> Connection:
         """A new connection to ``addr``, in ``_opening`` (``connection``)."""

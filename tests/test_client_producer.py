@@ -1062,3 +1062,32 @@ def test_members_made_from_one_client_config_are_one_client_and_keywords_change_
     off = AsyncProducer("share-c", client=cfg, direct_append=False)
     assert off.client_config.direct_append is False and cfg.direct_append is True
     assert off.client_config.client_id() == cfg.client_id()       # still the same client
+
+
+def test_a_connection_opening_while_the_client_shuts_down_is_closed_not_leaked(broker):
+    """close() while a connection to a broker is still being opened (its
+    connect, the Unix-socket switch and first heartbeat under way): the
+    opener gets an error and the connection is closed, not published into
+    a client that is gone with its socket left open (and heartbeating)."""
+    from shmq.client.errors import RemotingError
+    from shmq.client.instance import ClientInstance
+
+    async def main():
+        inst = ClientInstance(ClientConfig(namesrv_addr=broker.namesrv, direct_append=False,
+                                           instance_name="closing-while-opening"))
+        opening = [asyncio.create_task(inst.connection(broker.addr)) for _ in range(2)]
+        await asyncio.sleep(0)                      # both in connection(): one opening
+        await inst.close()
+        got = await asyncio.gather(*opening, return_exceptions=True)
+        assert all(isinstance(g, RemotingError) and "shut down" in str(g) for g in got), got
+        assert not inst.conns and not inst._opening
+        # and it was really opened, then closed: a fresh instance opens one as usual
+        fresh = ClientInstance(ClientConfig(namesrv_addr=broker.namesrv, direct_append=False,
+                                            instance_name="after-closing"))
+        conn = await fresh.connection(broker.addr)
+        assert not conn.closed and fresh.conns[broker.addr] is conn
+        await fresh.close()
+        assert conn.closed
+        return inst
+
+    asyncio.run(main())
