@@ -360,6 +360,22 @@ def test_a_slave_refused_again_and_again_is_one_line_in_the_masters_log(pair):
     assert pair.master.log().count(f"asks from offset {past}, past this CommitLog's end") == 1
 
 
+def test_a_refused_slave_does_not_quiet_another_slave_on_its_host(pair):
+    """The master quiets a slave refused again and again by its host and the
+    offset it asks from: another slave on the same host (here 127.0.0.1, as
+    every local pair), asking from its own offset, still gets its line
+    (keyed by host alone, it was logged at DEBUG: not at all)."""
+    past = int(_info(pair.master)["commitLogMaxOffset"]) + (80 << 20)
+    for _ in range(2):
+        report_until_dropped(pair, [past])
+    host = pair.master.addr.split(":")[0]
+    with socket.create_connection((host, int(pair.master.conf["haListenPort"])), timeout=5) as s:
+        s.sendall(struct.pack(">q", 0))            # a slave of its own: from the first byte
+        line = f"HA: slave {host}:{s.getsockname()[1]} connected, asks from offset 0"
+        until("the second slave's line", lambda: line in pair.master.log())
+    assert pair.master.log().count(f"asks from offset {past}, past this CommitLog's end") == 1
+
+
 def test_a_slave_pointed_at_a_port_that_is_no_ha_port_says_so_once(pair, tmp_path, caplog):
     """haMasterAddress naming the master's listenPort (its remoting port
     closes the connection at the slave's first report): the slave's log

@@ -28,8 +28,11 @@ counts the live connections (published at once, so a SYNC_MASTER send
 answers SLAVE_NOT_AVAILABLE as soon as the last slave is gone). A slave
 that comes back every second to be dropped, before a byte was sent to it,
 for the same reason (a store ahead of this one, or behind what is kept)
-is logged once, then at DEBUG until a slave from its host is sent bytes
-again.
+is logged once, then at DEBUG until it is sent bytes. Such a slave is
+known by its host and the offset it asks from (its port changes with each
+connection): another slave on that host, asking from its own offset, is
+logged as any (keyed by host alone, one refused slave on 127.0.0.1 hid a
+healthy one's lines).
 """
 from __future__ import annotations
 
@@ -78,7 +81,8 @@ class HAService:
         self.sel.register(listener, selectors.EVENT_READ, None)
         self.sel.register(cb.waiter.fileno(), selectors.EVENT_READ, "wake")
         self.conns: dict[socket.socket, Connection] = {}
-        self.refused: dict[str, str] = {}    # host -> why its last slave was dropped unfollowed
+        # (host, offset asked from) -> why that slave was last dropped before a byte was sent
+        self.refused: dict[tuple[str, int], str] = {}
         st = store.state
         st.set("ha_slaves", 0)       # a restarted service: whatever its predecessor counted is gone
         self.acked = st.get("confirm_pos")
@@ -120,8 +124,7 @@ class HAService:
         self.conns[sock] = c
         self.sel.register(sock, selectors.EVENT_READ, c)
         self._count()
-        log.log(logging.DEBUG if addr[0] in self.refused else logging.INFO,
-                "HA: slave %s connected", c.peer)
+        log.debug("HA: slave %s connected", c.peer)     # INFO at its first report: who it is
 
     def _count(self) -> None:
         self.store.state.set("ha_slaves", len(self.conns))
@@ -131,11 +134,11 @@ class HAService:
     def _drop(self, c: Connection, why: str) -> None:
         if self.conns.pop(c.sock, None) is None:
             return
-        host = c.peer.rpartition(":")[0]
-        quiet = not c.fed and self.refused.get(host) == why
+        key = (c.peer.rpartition(":")[0], c.request)
+        quiet = not c.fed and self.refused.get(key) == why
         log.log(logging.DEBUG if quiet else logging.INFO, "HA: slave %s dropped: %s", c.peer, why)
         if not c.fed:
-            self.refused[host] = why
+            self.refused[key] = why
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
@@ -163,14 +166,17 @@ class HAService:
         if offset > st.write_pos:        # never an ack: the bytes past the end are not ours
             # (a master that lost its unflushed tail, a store from a backup, another
             # master's slave): counted, it would answer SEND_OK for sends no slave has
-            self._drop(c, f"it {'asks from' if c.request < 0 else 'reports'} offset {offset}, "
+            asked = c.request < 0
+            if asked:
+                c.request = offset
+            self._drop(c, f"it {'asks from' if asked else 'reports'} offset {offset}, "
                           f"past this CommitLog's end {st.write_pos}")
             return
         if c.request < 0:
             c.request = offset
-            log.log(logging.DEBUG if c.peer.rpartition(":")[0] in self.refused else logging.INFO,
-                    "HA: slave %s asks from offset %d (this CommitLog: %d..%d)", c.peer,
-                    offset, st.get("cl_min_offset"), st.write_pos)
+            log.log(logging.DEBUG if (c.peer.rpartition(":")[0], offset) in self.refused
+                    else logging.INFO, "HA: slave %s connected, asks from offset %d (this "
+                    "CommitLog: %d..%d)", c.peer, offset, st.get("cl_min_offset"), st.write_pos)
         if offset > self.acked:
             self.acked = offset
             st.set("confirm_pos", offset)
@@ -209,7 +215,7 @@ class HAService:
         c.last_write = now
         if n and not c.fed:
             c.fed = True
-            self.refused.pop(c.peer.rpartition(":")[0], None)
+            self.refused.pop((c.peer.rpartition(":")[0], c.request), None)
         self._consume(c, n)
         more = c.pending or c.next < st.write_pos     # a backlog: send on as the socket drains
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if more else 0)
