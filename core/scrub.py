@@ -28,9 +28,9 @@ cached stay, whoever read them. It reads through a CommitLog of its own,
 one segment open at a time, its mappings advised MADV_RANDOM: a fault
 reads its own page, never the kernel's read-around (read_ahead_kb, 8 MiB
 on this VM, centred on the fault), which would bring back pages behind it
-that it had dropped and cache pages past what it noted. It reads ahead in
-pieces of READ_AHEAD_BYTES, as one posix_fadvise(WILLNEED) reads at most
-max(read_ahead_kb, the device's largest request) of what it asks for.
+that it had dropped and cache pages past what it noted. It reads ahead
+with ``CommitLog.will_need`` (posix_fadvise WILLNEED in pieces of the
+device's read_ahead_kb, as one call reads at most that much).
 Checking stops where the read-ahead ends: a record cut there is checked
 whole by the next call; only a record that fits in no window (damaged, or
 larger than the window) is judged against the checked end, the pages up
@@ -62,7 +62,6 @@ from .recovery import DamageLog, next_valid_record
 
 log = logging.getLogger("shmq.store")
 ROWS = 4096                  # records checked per kernel call
-READ_AHEAD_BYTES = 128 << 10   # one posix_fadvise(WILLNEED) (read_ahead_kb's usual default)
 
 
 class Scrubber:
@@ -132,8 +131,7 @@ class Scrubber:
             if hi > self._ahead:
                 self._cold += self.cl.uncached(self._ahead, hi)
                 if not whole:
-                    for lo in range(self._ahead, hi, READ_AHEAD_BYTES):
-                        self.cl.will_need(lo, min(hi, lo + READ_AHEAD_BYTES))
+                    self.cl.will_need(self._ahead, hi)
                 self._ahead = hi
         return min(self._ahead, end)
 
