@@ -86,6 +86,7 @@ import asyncio
 import collections
 import functools
 import logging
+import math
 import struct
 import time
 from threading import get_ident
@@ -443,6 +444,10 @@ class Accumulator:
         conn = inst.broker_now(name)
         waiting = self._unconnected.get(name)
         if conn is None:                  # one task opens the connection; batches queue behind it
+            # each caller gets its timeout at its own deadline meanwhile
+            # (an opening connection may take several request timeouts)
+            b.deadline = max(b.deadlines)
+            self._expire(b, connecting=True)
             if waiting is None:
                 self._spawn(self._connect(name))
                 self._unconnected[name] = [b]     # only once the task that sends them exists
@@ -458,6 +463,9 @@ class Accumulator:
         its answer settles it in ``_answered``. The request waits as long as
         the latest caller's deadline; a caller whose deadline is earlier
         gets its timeout then (``_expire``), alone."""
+        if b.expiry is not None:           # armed while its connection opened
+            b.expiry.cancel()
+            b.expiry = None
         deadlines = b.deadlines
         b.deadline = max(deadlines)
         now = time.monotonic()
@@ -475,22 +483,27 @@ class Accumulator:
         self._inflight.add(fut)
         fut.add_done_callback(functools.partial(self._answered, b))
 
-    def _expire(self, b: Batch) -> None:
+    def _expire(self, b: Batch, connecting: bool = False) -> None:
         """Fail the callers of ``b`` whose deadline has passed (a timeout of
         their own, as a send alone gets it: the message may still be
-        stored); again at the next earlier deadline than the batch's."""
+        stored); again at the next earlier deadline than the batch's (its
+        request waits as long as the latest), or, ``connecting`` (no request
+        yet: its broker's connection opens), at the next deadline whatever
+        it is."""
         now = time.monotonic()
-        nxt = b.deadline
+        nxt = math.inf if connecting else b.deadline
         for f, d in zip(b.futures, b.deadlines):
             if f.done():
                 continue
             if d <= now:
-                f.set_exception(RemotingError(f"no reply to the send within its timeout "
-                                              f"(its batch of {len(b.futures)} to {b.queue} "
-                                              f"is still waiting)"))
+                f.set_exception(RemotingError(
+                    f"no reply to the send within its timeout (its batch of {len(b.futures)} "
+                    f"to {b.queue} is still waiting"
+                    f"{f' for the connection to {b.queue.broker_name}' if connecting else ''})"))
             elif d < nxt:
                 nxt = d
-        b.expiry = self.loop.call_later(nxt - now, self._expire, b) if nxt < b.deadline else None
+        b.expiry = (self.loop.call_later(nxt - now, self._expire, b, connecting)
+                    if nxt < (math.inf if connecting else b.deadline) else None)
 
     def _send_waiting(self, name: str, conn) -> None:
         for b in self._unconnected.pop(name, ()):

@@ -1091,3 +1091,47 @@ def test_a_connection_opening_while_the_client_shuts_down_is_closed_not_leaked(b
         return inst
 
     asyncio.run(main())
+
+
+def test_batched_sends_waiting_for_their_brokers_connection_time_out_at_their_own_deadline(
+        broker, request):
+    """With linger_ms, the first sends to a broker wait in their batch while
+    its connection opens (one connect, then the client's first requests,
+    each up to request_timeout). A caller's send timeout held only once a
+    request was written: here a broker that accepts and never answers kept
+    every caller waiting for the whole connection attempt (over 20 s with
+    this client's settings) past its 0.3 s. Now each gets its timeout at its
+    own deadline, while the connection is still opening."""
+    import socket
+    from shmq.broker.namesrv.bodies import register_broker_request
+    from shmq.client.errors import RemotingError
+    from shmq.client.remoting import RemotingClient
+    topic = topic_of(request)
+    with socket.socket() as silent, RemotingClient(broker.namesrv) as ns:   # accepts, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        addr = f"127.0.0.1:{silent.getsockname()[1]}"
+        # the route names it as the topic's broker (while this connection, its
+        # registration's channel, stays open: the NameServer drops it after)
+        r = ns.invoke(register_broker_request(
+            cluster="SilentCluster", broker_name="broker-silent", broker_addr=addr, broker_id=0,
+            topic_configs={topic: {"readQueueNums": 1, "writeQueueNums": 1, "perm": 6}},
+            data_version={"timestamp": 1700000000000, "counter": 1}))
+        assert r.code == 0, r.remark
+
+        async def main():
+            cfg = ClientConfig(namesrv_addr=broker.namesrv, request_timeout=10.0,
+                               instance_name="silent-broker")
+            p = AsyncProducer("pg-silent", client=cfg, linger_ms=5)
+            await p.start()
+            sends = [asyncio.create_task(p.send(Message(topic, b"x%d" % i), timeout=0.3))
+                     for i in range(3)]
+            await asyncio.wait(sends)
+            errors = [t.exception() for t in sends]
+            assert all(isinstance(e, RemotingError) and "waiting for the connection to "
+                       "broker-silent" in str(e) for e in errors), errors
+            # ... while the connection was still opening: its batch still waits for it
+            assert p.accumulator._unconnected.get("broker-silent"), p.accumulator._unconnected
+            silent.close()          # the queued connection is reset: the attempt ends at once
+            await p.shutdown()
+        asyncio.run(main())
