@@ -462,17 +462,20 @@ class ClientInstance:
         conn = self.conns.get(addr)
         if conn is not None and not conn.closed:
             return conn
+        if self.stopped:
+            raise self._shut_down(addr)
         lock = self._conn_locks.setdefault(addr, asyncio.Lock())
         waiting = self._conn_waiting
         waiting[addr] = waiting.get(addr, 0) + 1
         try:
             async with lock:
                 conn = self._opening.get(addr) or self.conns.get(addr)
+                if self.stopped:   # shut down meanwhile: nothing opened (the last caller
+                    raise self._shut_down(addr)     # closes what is), nothing opens
                 if conn is None or conn.closed:
                     conn = await self._open(addr, direct)
-                if self.stopped:   # shut down while it opened: the last caller closes it
-                    raise RemotingError(f"the client {self.client_id} was shut down while "
-                                        f"it connected to {addr}")
+                    if self.stopped:
+                        raise self._shut_down(addr)
                 return conn
         finally:
             n = waiting[addr] - 1
@@ -486,6 +489,9 @@ class ClientInstance:
                         await opened.close()
                     else:
                         self.conns[addr] = opened
+
+    def _shut_down(self, addr: str) -> RemotingError:
+        return RemotingError(f"the client {self.client_id} is shut down: no connection to {addr}")
 
     async def _open(self, addr: str, direct: bool) -> Connection:
         """A new connection to ``addr``, in ``_opening`` (``connection``)."""

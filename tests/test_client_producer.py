@@ -1064,13 +1064,24 @@ def test_members_made_from_one_client_config_are_one_client_and_keywords_change_
     assert off.client_config.client_id() == cfg.client_id()       # still the same client
 
 
-def test_a_connection_opening_while_the_client_shuts_down_is_closed_not_leaked(broker):
+def test_a_connection_opening_while_the_client_shuts_down_is_closed_not_leaked(broker,
+                                                                               monkeypatch):
     """close() while a connection to a broker is still being opened (its
     connect, the Unix-socket switch and first heartbeat under way): the
-    opener gets an error and the connection is closed, not published into
-    a client that is gone with its socket left open (and heartbeating)."""
+    opener gets an error and every connection it opened is closed, not
+    published into a client that is gone with its socket left open (and
+    heartbeating); a caller that comes after close() opens none."""
+    from shmq.client.connection import Connection
     from shmq.client.errors import RemotingError
     from shmq.client.instance import ClientInstance
+    opened = []
+    real_open = Connection.open.__func__
+
+    async def watched_open(cls, *args, **kw):          # the real open; each one noted
+        conn = await real_open(cls, *args, **kw)
+        opened.append(conn)
+        return conn
+    monkeypatch.setattr(Connection, "open", classmethod(watched_open))
 
     async def main():
         inst = ClientInstance(ClientConfig(namesrv_addr=broker.namesrv, direct_append=False,
@@ -1080,15 +1091,12 @@ def test_a_connection_opening_while_the_client_shuts_down_is_closed_not_leaked(b
         await inst.close()
         got = await asyncio.gather(*opening, return_exceptions=True)
         assert all(isinstance(g, RemotingError) and "shut down" in str(g) for g in got), got
+        assert opened and all(c.closed for c in opened), opened      # opened, then closed
         assert not inst.conns and not inst._opening
-        # and it was really opened, then closed: a fresh instance opens one as usual
-        fresh = ClientInstance(ClientConfig(namesrv_addr=broker.namesrv, direct_append=False,
-                                            instance_name="after-closing"))
-        conn = await fresh.connection(broker.addr)
-        assert not conn.closed and fresh.conns[broker.addr] is conn
-        await fresh.close()
-        assert conn.closed
-        return inst
+        before = len(opened)
+        with pytest.raises(RemotingError, match="shut down"):
+            await inst.connection(broker.addr)
+        assert len(opened) == before                # nothing dialled for a closed client
 
     asyncio.run(main())
 
