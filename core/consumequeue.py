@@ -120,40 +120,34 @@ class ConsumeQueues:
         first_offset, first_offset+1, … (crossing file boundaries as needed)."""
         assert first_offset >= 0 and start >= 0 and count >= 0, (
             "ConsumeQueue: queue offsets and counts are never negative", first_offset, count)
-        upf = self.units_per_file
-        while count > 0:
-            fi, rel = divmod(first_offset, upf)
-            n = min(count, upf - rel)
-            cq = self.mapped(topic, queue_id, fi, create=True)
-            h = self._open[(topic, queue_id, fi)]
-            if (rel + n) * CQ_UNIT_BYTES > h.allocated:
-                self._allocate(h, (rel + n) * CQ_UNIT_BYTES)
-            K.cq_put_many(cq, rel, phys, sizes, codes, start, n)
-            first_offset += n
-            start += n
-            count -= n
+        for cq, rel, k, n in self._spans(topic, queue_id, first_offset, count):
+            K.cq_put_many(cq, rel, phys, sizes, codes, start + k, n)
 
     def put_units(self, topic: str, queue_id: int, first_offset: int, units: np.ndarray) -> int:
         """Write ``units`` (``CQ_UNIT_DTYPE``) at queue offsets first_offset,
-        first_offset+1, … (crossing file boundaries as needed), their pages
-        given blocks first as ``put``'s; returns how many differed there
-        before (recovery's count of units rebuilt)."""
+        first_offset+1, … as ``put``; returns how many differed there before
+        (recovery's count of units rebuilt)."""
+        assert first_offset >= 0, ("ConsumeQueue: queue offsets are never negative", first_offset)
         raw = units.view(np.uint8).reshape(-1)
-        count = raw.shape[0] // CQ_UNIT_BYTES
+        return sum(int(K.cq_put_units(cq, rel, raw[k * CQ_UNIT_BYTES:], n))
+                   for cq, rel, k, n in self._spans(topic, queue_id, first_offset,
+                                                    raw.shape[0] // CQ_UNIT_BYTES))
+
+    def _spans(self, topic: str, queue_id: int, first_offset: int, count: int):
+        """(file mapping, first unit in it, units before it, units in it) of
+        queue offsets [first_offset, first_offset + count), file by file,
+        each file's pages for them given blocks first (``_allocate``)."""
         upf = self.units_per_file
-        changed = start = 0
-        while count > 0:
-            fi, rel = divmod(first_offset, upf)
-            n = min(count, upf - rel)
+        done = 0
+        while done < count:
+            fi, rel = divmod(first_offset + done, upf)
+            n = min(count - done, upf - rel)
             cq = self.mapped(topic, queue_id, fi, create=True)
             h = self._open[(topic, queue_id, fi)]
             if (rel + n) * CQ_UNIT_BYTES > h.allocated:
                 self._allocate(h, (rel + n) * CQ_UNIT_BYTES)
-            changed += int(K.cq_put_units(cq, rel, raw[start * CQ_UNIT_BYTES:], n))
-            first_offset += n
-            start += n
-            count -= n
-        return changed
+            yield cq, rel, done, n
+            done += n
 
     def put_one(self, topic: str, queue_id: int, offset: int, phy: int, size: int,
                 tags_code: int) -> None:

@@ -712,8 +712,8 @@ def warm_up_queue() -> None:
     K.cq_scan(ro, 0, 1, one, 1, 1 << 20, o, o)
     K.cq_valid_units(ro, 0, 2, 1 << 20)
     K.min_phy_from(ro, 0, 2, 0)
-    K.cq_put_units(cq, 0, np.zeros(20, np.uint8), 1)          # recovery's and a slave's units
-    rows = np.zeros((1, K.N_SCAN), np.int64)
+    K.cq_put_units(cq, 0, jit.readonly(np.zeros(20, np.uint8)), 1)   # recovery's, a slave's units
+    rows = jit.readonly(np.zeros((1, K.N_SCAN), np.int64))
     K.cq_group_rows(rows, np.zeros(20, np.uint8), o, o, np.zeros(2, np.int64), o)
 
 

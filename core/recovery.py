@@ -976,6 +976,7 @@ def _write_units(cqs: ConsumeQueues, key, qoffs: np.ndarray, units: np.ndarray,
     mapping into a hole was a SIGBUS that killed the slave or the
     recovering broker; now it is ENOSPC."""
     if consecutive:
+        assert int(qoffs[-1]) - int(qoffs[0]) == qoffs.shape[0] - 1, (key, qoffs[0], qoffs[-1])
         return cqs.put_units(key[0], key[1], int(qoffs[0]), units)
     cut = np.flatnonzero(np.diff(qoffs) != 1) + 1     # runs of consecutive offsets, in order
     changed = 0

@@ -141,6 +141,16 @@ def test_a_full_disk_refuses_sends_with_code_14_serves_pulls_and_recovers(tmp_pa
             assert r.code == R.SUCCESS and r.ext["queueOffset"] == "3"
 
 
+# a script's lines that take every block of the tmpfs mounted at ``root``
+# (the file stays open as ``fd``; unlinking it makes room again)
+_FILL_DISK = r'''fd = os.open(root + "/filler", os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"\1" * 4096)                  # every block of the file system taken
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+'''
+
 _FULL_TMPFS = r'''
 import errno, os, sys
 from shmq.core.config import StoreConfig
@@ -153,13 +163,7 @@ cfg = StoreConfig(storePathRootDir=root + "/store", mappedFileSizeCommitLog=1 <<
                   maxMessageSize=8192, mappedFileSizeConsumeQueue=300_000 * 20)
 store, _ = open_local(cfg)
 store.append(encode("T", [b"before"], properties=b""))
-fd = os.open(root + "/filler", os.O_WRONLY | os.O_CREAT)
-try:
-    while True:
-        os.write(fd, b"\1" * 4096)                  # every block of the file system taken
-except OSError as e:
-    assert e.errno == errno.ENOSPC, e
-failed = None
+''' + _FILL_DISK + r'''failed = None
 for i in range(3000):                 # past the pages the queue has (a page: 204.8 units)
     try:
         store.append(encode("T", [b"m%d" % i], properties=b""))
@@ -222,13 +226,7 @@ pos = 0
 while pos < 4096:                       # a few records first: the queue's file and first page
     r.append(pos, m.cl.read(pos, 512))
     pos += 512
-fd = os.open(root + "/filler", os.O_WRONLY | os.O_CREAT)
-try:
-    while True:
-        os.write(fd, b"\1" * 4096)                  # every block of the file system taken
-except OSError as e:
-    assert e.errno == errno.ENOSPC, e
-failed = None
+''' + _FILL_DISK + r'''failed = None
 while pos < end:                                    # as a slave catching up: 4 KiB reads
     n = min(4096, end - pos)
     try:

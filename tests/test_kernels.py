@@ -1035,6 +1035,13 @@ def test_cq_group_rows_queues_whose_slots_collide():
     assert K.cq_group_rows(arr, units, order, qoffs, bounds, anomalies) == 3
     assert bounds[:4].tolist() == [0, 7, 14, 20] and anomalies[:3].tolist() == [0, 0, 0]
     assert order[:7].tolist() == list(range(0, 20, 3)) and order[7:14].tolist() == list(range(1, 20, 3))
+    # the last slot of a table of 16 taken twice: the probe goes on at its first
+    arr = np.zeros((4, L.N_SCAN), np.int64)
+    for i, key in enumerate([(15, 0), (0, 15), (15, 0), (0, 15)]):
+        arr[i, L.S_TOPIC_HASH], arr[i, L.S_QUEUE_ID] = key
+        arr[i, L.S_QUEUE_OFFSET] = i // 2
+    assert K.cq_group_rows(arr, units, order, qoffs, bounds, anomalies) == 2
+    assert bounds[:3].tolist() == [0, 2, 4] and order[:4].tolist() == [0, 2, 1, 3]
 
 
 # ---------------------------------------------------------------- batch bodies

@@ -551,3 +551,26 @@ def test_the_broker_starts_on_a_store_with_a_truncated_last_segment(tmp_path):
     assert "extended to" in log and f"{0:020d}" in log
     store, report = open_local(cfg)
     assert [m.queue_offset for m in store.read_queue("BrokerCut", 0)] == list(range(12))
+
+
+def test_units_at_offsets_out_of_order_land_each_at_its_own_offset(store_dir):
+    """Re-dispatched records whose queue offsets repeat or jump (a queue's
+    offset anomalies) get their units written at their own offsets, the
+    later of two at one offset winning, across a ConsumeQueue file's end;
+    nothing lands at an offset no record has. (The one-slice fast path
+    was once chosen from the first and last offsets alone: [1, 1, 3] put
+    the second record's unit at offset 2.)"""
+    from shmq.core.layout import CQ_UNIT_DTYPE
+    from shmq.core.recovery import _write_units
+    store, _ = open_local(small_config(store_dir))
+    cqs, upf = store.cqs, store.cqs.units_per_file
+    qoffs = np.array([1, 1, 3, upf - 1, upf, upf + 2], np.int64)
+    units = np.zeros(qoffs.shape[0], CQ_UNIT_DTYPE)
+    units["phy_offset"] = [3000, 4100, 4600, 5000, 6000, 7000]
+    units["size"] = 100
+    assert _write_units(cqs, ("T", 0), qoffs, units, consecutive=False) == 6
+    at = {q: cqs.unit("T", 0, q) for q in (0, 1, 2, 3, upf - 1, upf, upf + 1, upf + 2)}
+    assert {q: u[0] for q, u in at.items()} == {0: 0, 1: 4100, 2: 0, 3: 4600, upf - 1: 5000,
+                                               upf: 6000, upf + 1: 0, upf + 2: 7000}
+    assert _write_units(cqs, ("T", 0), qoffs[2:], units[2:], consecutive=False) == 0  # as on disk
+    close_clean(store)
