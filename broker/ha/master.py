@@ -56,6 +56,9 @@ FRAMES_PER_SEND = 16
 # stays well below that
 CATCHUP_FRAME_BYTES = 1 << 20
 RECV_BYTES = 64 * 1024
+# refused slaves remembered for quieting their lines (one a second otherwise):
+# a fixed slave's entry is never taken out, so the oldest go past this many
+REFUSED_KEPT = 64
 
 
 class Connection:
@@ -138,7 +141,10 @@ class HAService:
         quiet = not c.fed and self.refused.get(key) == why
         log.log(logging.DEBUG if quiet else logging.INFO, "HA: slave %s dropped: %s", c.peer, why)
         if not c.fed:
-            self.refused[key] = why
+            self.refused.pop(key, None)
+            self.refused[key] = why                  # the newest last; the oldest go past a cap
+            while len(self.refused) > REFUSED_KEPT:
+                del self.refused[next(iter(self.refused))]
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
