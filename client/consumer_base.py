@@ -136,19 +136,24 @@ class ConsumerBase(abc.ABC):
         """Routes, offset store, registration (a heartbeat) and the SQL92 check."""
         check_group(self.group)
         self.failure, self._failed_in = None, ""
-        self.instance = inst = ClientInstance.get(self.client_config)
-        if self.clustering:
-            self.offset_store = RemoteBrokerOffsetStore(inst, self.group)
-        else:
-            self.offset_store = LocalFileOffsetStore(inst.client_id, self.group,
-                                                     self.config.local_offset_store_dir)
-        await self.offset_store.load()
-        for topic in self.topics():
-            try:
-                await inst.route(topic)
-            except (RemotingError, MQClientError) as e:
-                log.warning("route of %s: %s", topic, e)
-        await inst.register("consumer", self.group, self)
+        while True:
+            self.instance = inst = ClientInstance.get(self.client_config)
+            if self.clustering:
+                self.offset_store = RemoteBrokerOffsetStore(inst, self.group)
+            else:
+                self.offset_store = LocalFileOffsetStore(inst.client_id, self.group,
+                                                         self.config.local_offset_store_dir)
+            await self.offset_store.load()
+            for topic in self.topics():
+                try:
+                    await inst.route(topic)
+                except (RemotingError, MQClientError) as e:
+                    log.warning("route of %s: %s", topic, e)
+            # the last member of the instance left meanwhile and closed it (its
+            # loops stopped, its connections refused): start on a new one
+            if not inst.stopped:
+                break
+        await inst.register("consumer", self.group, self)   # (no await before it joins)
         self.running = True
         self.start_ms = int(time.time() * 1000)
         try:

@@ -846,3 +846,33 @@ def test_the_push_consumer_delivers_messages_as_stored(broker, request):
     first = next(m for m in got if m.body == b"one")
     assert (first.tags, first.keys, first.key_list, first.flag) == ("A", "k1 k2", ["k1", "k2"], 3)
     assert first.properties["color"] == "réd" and {"MIN_OFFSET", "MAX_OFFSET"} <= set(first.properties)
+
+
+def test_a_consumer_whose_client_instance_closes_while_it_starts_starts_on_a_new_one(broker):
+    """A consumer shares its process's client instance with the producers
+    and consumers of the same client id; the last of them to leave closes
+    it. Closed while a consumer was starting on it (its routes fetched,
+    before it joined), the consumer joined a closed instance: no heartbeat,
+    no rebalance, every pull refused. It now starts on a new one."""
+    from shmq.client import ClientConfig
+    from shmq.client.instance import ClientInstance
+
+    async def main():
+        cfg = ClientConfig(namesrv_addr=broker.namesrv, instance_name="closing-under-a-consumer")
+        c = AsyncPushConsumer("cg-closing-under", client=cfg)
+        c.subscribe("TopicClosingUnder", "*")
+        c.register_message_listener(lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+        starting = asyncio.create_task(c.start())
+        while c.instance is None:                   # it took the instance; now it starts on it
+            await asyncio.sleep(0)
+        first = c.instance
+        await first.close()                         # as the last other member leaving does
+        await starting
+        try:
+            assert c.instance is not first and not c.instance.stopped
+            assert c.instance.consumers.get("cg-closing-under") is c
+            assert ClientInstance.get(cfg) is c.instance
+        finally:
+            await c.shutdown()
+
+    asyncio.run(main())
