@@ -35,7 +35,9 @@ waits as long as its latest caller's deadline (the caller's own call + its
 timeout: one who joined a batch late has lost nothing to the lingering
 before it came), and a caller whose deadline comes earlier gets its
 timeout then, alone (the others wait on, the batch's retries included; as
-for any send that timed out, its message may still be stored). A caller
+for any send that timed out, its message may still be stored). Before its
+request is written — its broker's connection still opening — every
+caller, the latest included, gets its timeout at its own deadline. A caller
 whose timeout is under twice ``linger_ms`` makes its batch leave by half
 of it (``_hurry``, counted from its call), so that lingering never uses
 up its time: Kafka requires delivery.timeout.ms >=
