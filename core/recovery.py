@@ -357,7 +357,7 @@ def find_end(cl: CommitLog, segs: list[int], flushed: int) -> int:
         buf = cl.map(s)            # a short file (cut) maps short: past it are zeros
         pos, status, held = 0, K.SCAN_END, 0
         while pos < buf.shape[0]:
-            cl.will_need(s + pos, s + pos + SCAN_AHEAD_BYTES, data_only=True)
+            cl.will_need(s + pos, min(s + seg_bytes, s + pos + SCAN_AHEAD_BYTES), data_only=True)
             if pos - held >= SCAN_AHEAD_BYTES:
                 cl.drop(s + held, s + pos)
                 held = pos

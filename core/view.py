@@ -36,7 +36,7 @@ from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .config import StoreConfig
 from .consumequeue import ConsumeQueues
-from .files import REAL_FILES, FileLayer
+from .files import PAGE_BYTES, REAL_FILES, FileLayer
 from .layout import CQ_UNIT_BYTES, CQ_UNITS_PER_FILE
 from .recovery import find_end
 from .state import StoreState
@@ -203,7 +203,10 @@ def _segment_bytes(files: FileLayer, cl: CommitLog, segs: list[int]) -> int:
         return 0
     sizes = [files.file_size(cl.path(s)) for s in segs]
     steps = [b - a for a, b in zip(segs, segs[1:])]
-    return min(steps) if steps else max(sizes)
+    # one file: its size, up to whole pages, as every segment size is
+    # (StoreConfig); a file cut to a few bytes made a segment of that many,
+    # and a walk of a range of such segments never ended
+    return min(steps) if steps else max(PAGE_BYTES, -(-max(sizes) // PAGE_BYTES) * PAGE_BYTES)
 
 
 def _units_per_file(files: FileLayer, base: str) -> int:

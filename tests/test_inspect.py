@@ -406,6 +406,30 @@ def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(cap
     assert SMALL_SEGMENT == os.path.getsize(seg)
 
 
+def test_a_store_whose_only_segment_is_cut_to_a_few_bytes_is_inspected_not_a_hang(capsys,
+                                                                                  tmp_path):
+    """The segment size of a store with one segment is read from its file:
+    cut to 3 bytes, that made a 3-byte segment, and the read-ahead of the
+    scan for the end walked its 32 MiB in 3-byte segments (11 M steps, each
+    a file lookup): the inspector never finished. A segment size is whole
+    pages (StoreConfig), and the scan reads ahead within its segment."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from conftest import small_config
+    from shmq.core.records import encode
+    from shmq.core.store import close_clean, open_local
+    root = str(tmp_path / "cut3")
+    store, _ = open_local(small_config(root))
+    for _ in range(5):
+        store.append(encode("Cut", [b"m" * 100], properties=b""))
+    close_clean(store)
+    seg = os.path.join(root, "commitlog", f"{0:020d}")
+    os.truncate(seg, 3)
+    code, out, err = inspect(capsys, root)
+    assert code == 0, err
+    assert "short: 3 bytes of 4096" in out and "next start repairs it" in out
+
+
 def test_verify_names_a_short_middle_segment_as_what_the_next_start_repairs(capsys, tmp_path):
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
