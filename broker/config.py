@@ -264,6 +264,10 @@ class BrokerConfig:
             errors += self._port_clashes()
         if self.haMasterAddress and not _is_addr(self.haMasterAddress):
             errors.append(f"haMasterAddress={self.haMasterAddress!r}: want host:port")
+        bad = [a for a in self.namesrvAddr.split(";") if a.strip() and not _is_addr(a.strip())]
+        if bad:     # the services process died of it at its first registration, a traceback
+            errors.append(f"namesrvAddr={self.namesrvAddr!r}: want host:port, several joined "
+                          f"by ';' ({bad[0].strip()!r} is not)")
         for name in ("haSendHeartbeatInterval", "haHousekeepingInterval", "haTransferBatchSize",
                      "haSlaveFallbehindMax", "slaveTimeout"):
             if getattr(self, name) <= 0:

@@ -41,6 +41,15 @@ def test_bad_settings_are_named(tmp_path):
     assert r.returncode == 2 and "flushDiskType" in r.stderr
     r = shmq("broker", "-c", str(tmp_path / "missing.conf"))
     assert r.returncode == 2 and "missing.conf" in r.stderr
+    # a NameServer address without its port: the services process died of it at
+    # its first registration, a traceback, and the broker exited
+    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nnamesrvAddr=notahost\n")
+    r = shmq("broker", "-c", str(conf))
+    assert r.returncode == 2 and "namesrvAddr='notahost': want host:port" in r.stderr
+    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\n")
+    r = shmq("broker", "-c", str(conf), "-n", "127.0.0.1:9876;127.0.0.1")
+    assert r.returncode == 2 and "('127.0.0.1' is not)" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize("setting", ["listenPort", "namesrvListenPort"])
