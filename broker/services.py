@@ -165,23 +165,28 @@ class Services:
         SUCCESS (each such reply handed to ``on_reply``, if given)."""
         ok = 0
         for addr in self.config.namesrv_addrs:
-            try:
-                c = self.channels.get(addr)
-                if c is None:
-                    c = self.channels[addr] = RemotingClient(addr, timeout=3.0,
-                                                             credentials=self.config.credentials)
-                r = c.invoke(make(), timeout=3.0)
-                if r.code != ResponseCode.SUCCESS:
-                    log.warning("NameServer %s answered %d: %s", addr, r.code, r.remark)
-                else:
-                    ok += 1
-                    if on_reply is not None:
-                        on_reply(r)
-            except OSError as e:
-                log.warning("NameServer %s: %s", addr, e)
-                c = self.channels.pop(addr, None)
-                if c is not None:
-                    c.close()
+            for _ in range(2):
+                kept = addr in self.channels
+                try:
+                    c = self.channels.get(addr)
+                    if c is None:
+                        c = self.channels[addr] = RemotingClient(
+                            addr, timeout=3.0, credentials=self.config.credentials)
+                    r = c.invoke(make(), timeout=3.0)
+                    if r.code != ResponseCode.SUCCESS:
+                        log.warning("NameServer %s answered %d: %s", addr, r.code, r.remark)
+                    else:
+                        ok += 1
+                        if on_reply is not None:
+                            on_reply(r)
+                except OSError as e:
+                    c = self.channels.pop(addr, None)
+                    if c is not None:
+                        c.close()
+                    if kept:    # a connection the NameServer closed (it restarted): a new one,
+                        continue        # now, not a registration period later with no routes
+                    log.warning("NameServer %s: %s", addr, e)
+                break
         return ok
 
     def register_all(self) -> None:

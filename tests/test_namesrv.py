@@ -467,3 +467,52 @@ class _Errors(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+def test_a_broker_registers_at_once_with_a_nameserver_that_restarted(tmp_path):
+    """A NameServer restarted (same address) closed the connection the
+    broker registers on: its next registration failed on that dead
+    connection, was not tried again, and the routes it carries were missing
+    until the one after, a registerNameServerPeriod later (30 s by default;
+    a new-user walkthrough saw sends answered "No route info" for ~60 s).
+    The registration now goes again at once on a new connection: a topic
+    created after the restart is routed long before the next period."""
+    import subprocess
+    import sys
+    import time
+    from brokerproc import BrokerProc, broker_conf, free_port, ready_line
+    from shmq.client.remoting import RemotingClient
+    from shmq.client.requests import create_topic
+    port = free_port()
+
+    def namesrv():
+        p = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(port)],
+                             stdout=subprocess.PIPE, text=True)
+        assert ready_line(p, 60).startswith("shmq namesrv ready")
+        return p
+    ns = namesrv()
+    addr = f"127.0.0.1:{port}"
+    broker = BrokerProc(tmp_path, broker_conf(tmp_path, namesrvAddr=addr,
+                                              registerNameServerPeriod=60_000)).start()
+    try:
+        def routed(topic):
+            route = RemotingCommand(R.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic})
+            deadline = time.monotonic() + 20        # the next period is 60 s away
+            with RemotingClient(addr) as c:
+                while c.invoke(route).code != C.SUCCESS:
+                    assert time.monotonic() < deadline, f"{topic} was not registered"
+                    time.sleep(0.05)
+        with RemotingClient(broker.addr) as c:
+            assert c.invoke(create_topic("BeforeRestart", 1)).code == C.SUCCESS
+        routed("BeforeRestart")                     # registered on the connection kept
+        ns.terminate()
+        assert ns.wait(30) == 0
+        ns = namesrv()                              # the same address, nothing registered
+        with RemotingClient(broker.addr) as c:
+            assert c.invoke(create_topic("AfterRestart", 1)).code == C.SUCCESS
+        routed("AfterRestart")                      # at once, on a new connection
+        assert f"NameServer {addr}" not in broker.log()      # no failure worth a line
+    finally:
+        assert broker.stop() == 0
+        ns.terminate()
+        ns.wait(30)
