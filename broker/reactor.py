@@ -49,6 +49,11 @@ from shmq.ipc.remoting import FrameDecoder, RemoteProtocolError, RemotingCommand
 log = logging.getLogger("shmq.reactor")
 
 RECV_BYTES = 256 * 1024
+# a connection closed for the same reason as one from the same host less than
+# this long ago is a DEBUG line (a client retrying the same mistake every
+# second — an HA slave pointed at this port — wrote a WARNING a second)
+QUIET_REPEATS_S = 60.0
+QUIET_KEPT = 256
 IOV_MAX = 512
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _READABLE = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
@@ -228,8 +233,10 @@ class Connection:
             if self.closed:
                 return
         self.closed = True
-        level = logging.DEBUG if reason in ("closed by peer", "closed") else logging.WARNING
-        log.log(level, "connection %s: %s", self.peer, reason)
+        if reason in ("closed by peer", "closed"):
+            log.debug("connection %s: %s", self.peer, reason)
+        else:
+            self.reactor.warn_closed(self.peer, reason)
         self.reactor.watch(self.fd, 0, self)
         self.reactor.conns.pop(self.id, None)
         self.reactor.pending -= self.held
@@ -286,6 +293,8 @@ class Reactor:
         self.stopping = False
         self.pending = 0                     # bytes held in the connections' decoders
         self.pending_max = pending_max
+        # (peer host, why) -> [when it was last a WARNING, DEBUG lines since]
+        self._warned: dict[tuple[str, str], list] = {}
 
     def shed(self) -> None:
         """Over ``pending_max``: close the connection holding the most bytes
@@ -403,6 +412,25 @@ class Reactor:
             for conn in dirty:
                 conn.write_out()
             dirty = self.dirty
+
+    def warn_closed(self, peer: str, reason: str) -> None:
+        """A connection closed for ``reason``: a WARNING, unless one from the
+        same host said the same less than QUIET_REPEATS_S ago (then DEBUG,
+        counted in the next WARNING)."""
+        key = (peer.rpartition(":")[0], reason)
+        now = time.monotonic()
+        seen = self._warned.get(key)
+        if seen is not None and now - seen[0] < QUIET_REPEATS_S:
+            seen[1] += 1
+            log.debug("connection %s: %s", peer, reason)
+            return
+        more = f" ({seen[1]} more from {key[0]} in the last {QUIET_REPEATS_S:.0f} s)" \
+            if seen is not None and seen[1] else ""
+        log.warning("connection %s: %s%s", peer, reason, more)
+        self._warned.pop(key, None)
+        self._warned[key] = [now, 0]
+        while len(self._warned) > QUIET_KEPT:
+            del self._warned[next(iter(self._warned))]
 
     def close_idle(self, idle_s: float) -> None:
         cutoff = time.monotonic() - idle_s

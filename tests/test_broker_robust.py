@@ -74,6 +74,22 @@ def test_a_malformed_frame_closes_only_its_connection(broker, frame):
     assert "protocol error" in broker.log()
 
 
+def test_a_client_making_the_same_mistake_again_and_again_is_one_warning(broker):
+    """An HA slave pointed at the broker's remoting port reports its offset
+    there (8 bytes: a frame length of 0) every second and is dropped each
+    time: that was a WARNING a second, for good. The same reason from the
+    same host is one WARNING a minute (per worker: each has its own)."""
+    workers = os.cpu_count() or 1                     # the fixture's (workerProcessNums 0)
+    host, port = broker.addr.rsplit(":", 1)
+    for _ in range(2 * workers + 2):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(struct.pack(">q", 123))             # frame length 0: a protocol error
+        assert closed_by_broker(s)
+        s.close()
+    still_serves(broker)
+    assert 1 <= broker.log().count("frame length 0 is shorter than its header length field") <= workers
+
+
 def test_random_bytes_fed_in_random_pieces_never_hurt_the_broker(broker):
     rng = random.Random(1234)
     host, port = broker.addr.rsplit(":", 1)
