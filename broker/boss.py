@@ -205,9 +205,15 @@ class Boss:
             check_unix_path(c.unix_path)
             compile_cold(jit.BROKER, should_stop=lambda: self.stopping)
             os.environ[FORK_SERVER_OWNER] = str(os.getpid())    # the fork server's owner (preload.py)
+            # Ctrl-C reaches the whole process group: the fork server (and so
+            # every child it forks) ignores SIGINT, as the boss ends them; with
+            # Python's default it died of a KeyboardInterrupt in its imports
+            # when Ctrl-C came while it loaded, a traceback and an EOF here
+            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 multiprocessing.forkserver.ensure_running()   # it loads while we recover
             finally:
+                signal.signal(signal.SIGINT, sigint)
                 del os.environ[FORK_SERVER_OWNER]
             jit.load(jit.BROKER)     # from the cache, now complete
             jit.freeze(jit.BROKER)   # no compile on a request path (core/jit.py)

@@ -112,3 +112,27 @@ def test_help_names_shmq_bench_json_flag():
     that only `shmq bench` takes), so `shmq --help` names it."""
     r = shmq("--help")
     assert r.returncode == 0 and "(--json: the JSON lines on stdout instead)" in " ".join(r.stdout.split())
+
+
+def test_ctrl_c_at_any_point_of_a_start_is_never_a_traceback(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while
+    `shmq broker` starts: before its modules are loaded (numpy, numba: a
+    KeyboardInterrupt from deep in an import, a traceback) it ends with
+    "shmq: interrupted" and 130; while its fork server loads (which died of
+    the same, a traceback and "unexpected EOF") or later, the boss stops it
+    cleanly. Each point: no traceback, the process group gone."""
+    import signal
+    import time
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nlistenPort={free_port()}\n"
+                    f"namesrvListenPort={free_port()}\nhaListenPort={free_port()}\n")
+    for delay in (0.1, 0.4, 0.8, 1.5):
+        p = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        time.sleep(delay)
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+        assert "Traceback" not in out and "unexpected EOF" not in out, (delay, out)
+        assert p.returncode in (0, 130, -signal.SIGINT), (delay, p.returncode, out)
+        assert p.returncode != 130 or out.strip().endswith("shmq: interrupted"), out

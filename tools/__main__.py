@@ -1,5 +1,5 @@
 import sys
 
-from shmq.tools.cli import main
+from shmq.tools.entry import main
 
 sys.exit(main())
