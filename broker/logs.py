@@ -75,6 +75,31 @@ DEFAULT_MAX_INDEX = 10                     # ... and maxIndex 10
 MAX_SIZE_MIN = 4096
 
 
+class Repeats:
+    """What a log line last said, per key (a peer's host and what it got
+    wrong), so that a client repeating one mistake every second is logged
+    once and then quietly: at most ``kept`` keys, the oldest forgotten
+    first (a key is never taken out when the mistake stops)."""
+
+    def __init__(self, kept: int):
+        self.kept = kept
+        self._last: dict = {}
+
+    def get(self, key, default=None):
+        return self._last.get(key, default)
+
+    def note(self, key, value) -> None:
+        """``key`` said ``value`` now (the newest key)."""
+        last = self._last
+        last.pop(key, None)
+        last[key] = value
+        while len(last) > self.kept:
+            del last[next(iter(last))]
+
+    def forget(self, key) -> None:
+        self._last.pop(key, None)
+
+
 @dataclass(frozen=True)
 class LogSettings:
     logRoot: str = DEFAULT_ROOT

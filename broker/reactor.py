@@ -46,6 +46,8 @@ from typing import Callable
 from shmq.core.commitlog import FileRange  # a piece of a pull body, as the store makes it
 from shmq.ipc.remoting import FrameDecoder, RemoteProtocolError, RemotingCommand
 
+from .logs import Repeats
+
 log = logging.getLogger("shmq.reactor")
 
 RECV_BYTES = 256 * 1024
@@ -294,7 +296,7 @@ class Reactor:
         self.pending = 0                     # bytes held in the connections' decoders
         self.pending_max = pending_max
         # (peer host, why) -> [when it was last a WARNING, DEBUG lines since]
-        self._warned: dict[tuple[str, str], list] = {}
+        self._warned = Repeats(QUIET_KEPT)
 
     def shed(self) -> None:
         """Over ``pending_max``: close the connection holding the most bytes
@@ -427,10 +429,7 @@ class Reactor:
         more = f" ({seen[1]} more from {key[0]} in the last {QUIET_REPEATS_S:.0f} s)" \
             if seen is not None and seen[1] else ""
         log.warning("connection %s: %s%s", peer, reason, more)
-        self._warned.pop(key, None)
-        self._warned[key] = [now, 0]
-        while len(self._warned) > QUIET_KEPT:
-            del self._warned[next(iter(self._warned))]
+        self._warned.note(key, [now, 0])
 
     def close_idle(self, idle_s: float) -> None:
         cutoff = time.monotonic() - idle_s

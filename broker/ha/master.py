@@ -45,6 +45,7 @@ from shmq.core.store import MessageStore
 from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH, ControlBlock
 
 from ..config import BrokerConfig
+from ..logs import Repeats
 from .protocol import Reports, header
 
 log = logging.getLogger("shmq.ha")
@@ -85,7 +86,7 @@ class HAService:
         self.sel.register(cb.waiter.fileno(), selectors.EVENT_READ, "wake")
         self.conns: dict[socket.socket, Connection] = {}
         # (host, offset asked from) -> why that slave was last dropped before a byte was sent
-        self.refused: dict[tuple[str, int], str] = {}
+        self.refused = Repeats(REFUSED_KEPT)
         st = store.state
         st.set("ha_slaves", 0)       # a restarted service: whatever its predecessor counted is gone
         self.acked = st.get("confirm_pos")
@@ -141,10 +142,7 @@ class HAService:
         quiet = not c.fed and self.refused.get(key) == why
         log.log(logging.DEBUG if quiet else logging.INFO, "HA: slave %s dropped: %s", c.peer, why)
         if not c.fed:
-            self.refused.pop(key, None)
-            self.refused[key] = why                  # the newest last; the oldest go past a cap
-            while len(self.refused) > REFUSED_KEPT:
-                del self.refused[next(iter(self.refused))]
+            self.refused.note(key, why)
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
@@ -180,7 +178,7 @@ class HAService:
             return
         if c.request < 0:
             c.request = offset
-            log.log(logging.DEBUG if (c.peer.rpartition(":")[0], offset) in self.refused
+            log.log(logging.DEBUG if self.refused.get((c.peer.rpartition(":")[0], offset))
                     else logging.INFO, "HA: slave %s connected, asks from offset %d (this "
                     "CommitLog: %d..%d)", c.peer, offset, st.get("cl_min_offset"), st.write_pos)
         if offset > self.acked:
@@ -221,7 +219,7 @@ class HAService:
         c.last_write = now
         if n and not c.fed:
             c.fed = True
-            self.refused.pop((c.peer.rpartition(":")[0], c.request), None)
+            self.refused.forget((c.peer.rpartition(":")[0], c.request))
         self._consume(c, n)
         more = c.pending or c.next < st.write_pos     # a backlog: send on as the socket drains
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if more else 0)
