@@ -79,7 +79,8 @@ class ConsumeQueues:
         h = self._open.get(key)
         if h is None:
             path = self.file_path(topic, queue_id, file_index)
-            if not self.files.exists(path):
+            new = not self.files.exists(path)
+            if new:
                 if not create or self.read_only:
                     return None
                 self.files.makedirs(os.path.dirname(path))
@@ -89,6 +90,12 @@ class ConsumeQueues:
                 self.files.close(h)
                 raise ValueError(f"{path}: {h.size} bytes, expected {self.file_bytes} "
                                  f"(mappedFileSizeConsumeQueue differs from the store's)")
+            if new:     # its first units' blocks while the descriptor is open (not by path later)
+                try:
+                    self._allocate(h, CQ_UNIT_BYTES)
+                except OSError:
+                    self.files.close(h)
+                    raise
             self.files.map_only(h)
             self._open[key] = h
             prev = self._open.get((topic, queue_id, file_index - 1)) if create else None

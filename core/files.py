@@ -222,16 +222,20 @@ class FileLayer:
         """Blocks for ``h``'s bytes below ``end`` (a sparse file written
         through its mapping): a store into a page with no block on a full
         disk is a SIGBUS that kills the writer, where fallocate says ENOSPC
-        (OSError) first. From ``h.allocated``, by the path: the descriptor
-        of a mapped ConsumeQueue file is closed (``map_only``)."""
+        (OSError) first. From ``h.allocated``: through the handle's
+        descriptor while it is open, else by the path (the descriptor of a
+        mapped ConsumeQueue file is closed: ``map_only``)."""
         begin = h.allocated - h.allocated % PAGE_BYTES
         if end <= begin:
             return
-        fd = os.open(h.path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            os.posix_fallocate(fd, begin, end - begin)
-        finally:
-            os.close(fd)
+        if h.fd >= 0:
+            os.posix_fallocate(h.fd, begin, end - begin)
+        else:
+            fd = os.open(h.path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.posix_fallocate(fd, begin, end - begin)
+            finally:
+                os.close(fd)
         h.allocated = end
 
     def open(self, path: str, writable: bool = True) -> Handle:
