@@ -100,11 +100,11 @@ class Flusher:
             log.info("cleanExpiredCQ: deleted %d ConsumeQueue files", clean_consume_queues(self.store))
         fl = st.flushed_pos
         if cfg.sync_flush:
-            if st.get("flush_request_pos") > fl or (now >= self.next_cl and st.write_pos > fl):
-                self.flush_commitlog()
+            requested = st.get("flush_request_pos") > fl
+            if requested or now >= self.next_cl:    # (nothing to flush: look again an
+                if requested or st.write_pos > fl:  # interval on; a request wakes it)
+                    self.flush_commitlog()
                 self.next_cl = now + cfg.flushIntervalCommitLog / 1000
-            elif now >= self.next_cl:       # nothing to flush: look again an interval on (a
-                self.next_cl = now + cfg.flushIntervalCommitLog / 1000   # request wakes it)
         elif now >= self.next_cl:
             dirty = st.write_pos - fl
             if dirty >= cfg.flushCommitLogLeastPages * PAGE_BYTES or (dirty > 0 and now >= self.next_thorough):
