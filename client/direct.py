@@ -184,7 +184,8 @@ class DirectStore:
             from shmq.core.config import StoreConfig
             from shmq.core.dedup import dedupable_topic, key_hash
             from shmq.core.files import REAL_FILES
-            from shmq.core.records import encode, encode_one, host_raw
+            from shmq.core.layout import lay_out
+            from shmq.core.records import encode_arrays, encode_one, host_raw
             from shmq.core.state import STATE_RUNNING, StoreState, StoreStopping
             from shmq.core.store import DuplicateResult, MessageStore
             import posix_ipc
@@ -195,7 +196,7 @@ class DirectStore:
                                     f"installed: pip install 'shmq[broker]')") from None
         self._load_table, self._files = load_table, REAL_FILES
         self._encode, self._key_hash, self._dedupable = encode_one, key_hash, dedupable_topic
-        self._encode_many = encode
+        self._encode_arrays, self._lay_out = encode_arrays, lay_out
         self._duplicate, self._stopping = DuplicateResult, (StoreStopping, Retired)
         self.stopped = False
         try:
@@ -330,15 +331,17 @@ class DirectStore:
                 self.count_put(topic, 1, batch.buf.shape[0])
         return f"{self.msgid_prefix}{r.phy_offset:016X}", queue_id, r.queue_offset, r.end
 
-    def append_many(self, topic: str, queue_id: int, bodies, props: str | list[str],
+    def append_many(self, topic: str, queue_id: int, flat, offs, lens, props: str | list[str],
                     flag: int = 0):
-        """Append ``bodies`` to one queue as one claim: (the first record's
+        """Append bodies to one queue as one claim: (the first record's
         CommitLog offset, each record's offset from it, the first queue
         offset, end), or None as ``append``. What a SEND_BATCH_MESSAGE
-        stores, encoded by the batch kernel in one call. ``props`` is one
-        properties string for all, or one per message (``put``'s tags and
-        keys, "" for none: TAGS and KEYS only, nothing the broker routes);
-        messages with none share one properties value (CLUSTER)."""
+        stores, encoded by the batch kernel in one call. The bodies are laid
+        out in ``flat`` (read-only uint8), body i at ``offs[i]``, ``lens[i]``
+        bytes. ``props`` is one properties string for all, or one per
+        message (``put``'s tags and keys, "" for none: TAGS and KEYS only,
+        nothing the broker routes); messages with none share one properties
+        value (CLUSTER)."""
         if self.stopped:
             return None
         one = props.__class__ is str
@@ -356,16 +359,19 @@ class DirectStore:
             pb = (f"{props}\x02{cluster}" if props else cluster).encode()
         else:
             pb = props.encode()
-        batch = self._encode_many(topic, bodies, properties=pb, queue_ids=queue_id,
-                                  flag=flag, sysflag=extra, born_timestamp=now,
-                                  born_host=("127.0.0.1", 0), store_host=self.store_host_pair,
-                                  store_timestamp=now, max_message_bytes=self.max_bytes)
+        n = lens.shape[0]
+        batch = self._encode_arrays(topic, flat, offs, lens, *self._lay_out(pb, "properties", n),
+                                    queue_ids=queue_id, flag=flag, sysflag=extra,
+                                    born_timestamp=now, born_host=("127.0.0.1", 0),
+                                    store_host=self.store_host_pair, store_timestamp=now,
+                                    max_message_bytes=self.max_bytes,
+                                    shared_properties=pb if one else None)
         r = self._append(batch, 0, topic)
         if r is None:
             return None
-        self.appended += len(bodies)
+        self.appended += n
         if self.tally is not None:
-            self.count_put(topic, len(bodies), batch.buf.shape[0])
+            self.count_put(topic, n, batch.buf.shape[0])
         return r.phy_offset, r.rec_pos, r.queue_offset, r.end
 
     def _append(self, batch, dh: int, topic: str):

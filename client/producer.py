@@ -94,6 +94,7 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
+from shmq.core.layout import lay_out
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import send_ext
@@ -184,6 +185,75 @@ def _byte_bodies(bodies) -> list:
         bodies = [b.tobytes() if b.__class__ is memoryview and b.itemsize != 1 else b
                   for b in bodies]
     return bodies
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+class _Bodies:
+    """Bodies laid out once: ``flat``, one read-only uint8 array, and each
+    body's offset and length in it — what the batch kernel encodes from,
+    with no Python step per body — and ``items``, the caller's list of
+    bytes where it gave one (the socket path's messages)."""
+    __slots__ = ("flat", "offs", "lens", "items")
+
+    def __init__(self, flat: np.ndarray, offs: np.ndarray, lens: np.ndarray,
+                 items: list | None = None):
+        self.flat, self.offs, self.lens, self.items = flat, offs, lens, items
+
+    @classmethod
+    def of_list(cls, items: list) -> "_Bodies":
+        """A list of bytes-like bodies (checked: ``_byte_bodies``)."""
+        return cls(*lay_out(items, "bodies", len(items)), items)
+
+    @classmethod
+    def of(cls, bodies, lengths) -> "_Bodies":
+        """``send_many``'s ``bodies`` (and ``lengths``), laid out; TypeError
+        or ValueError for a shape it does not take, MQClientError for a
+        body that is not bytes."""
+        if lengths is not None:                 # one buffer of bodies back to back
+            if isinstance(bodies, np.ndarray):
+                flat = np.ascontiguousarray(bodies).reshape(-1).view(np.uint8)
+            elif isinstance(bodies, (bytes, bytearray, memoryview)):
+                flat = np.frombuffer(bodies, np.uint8)
+            else:
+                raise TypeError(f"send_many with lengths= takes one buffer of bodies (bytes, "
+                                f"bytearray, memoryview, numpy array), not {type(bodies).__name__}")
+            lens = np.asarray(lengths, np.int64)
+            if lens.ndim != 1 or int(lens.sum()) != flat.shape[0]:
+                raise ValueError(f"send_many: lengths sum to {int(lens.sum())} bytes, "
+                                 f"the buffer holds {flat.shape[0]}")
+            offs = np.zeros(lens.shape[0], np.int64)
+            np.cumsum(lens[:-1], out=offs[1:])
+            return cls(_read_only(flat), offs, lens)
+        if isinstance(bodies, np.ndarray) and bodies.ndim == 2:   # a body a row
+            a = np.ascontiguousarray(bodies)
+            row = a.shape[1] * a.itemsize
+            n = a.shape[0]
+            return cls(_read_only(a.reshape(-1).view(np.uint8)),
+                       np.arange(n, dtype=np.int64) * row, np.full(n, row, np.int64))
+        if isinstance(bodies, (bytes, bytearray, memoryview, np.ndarray)):
+            raise TypeError("send_many takes a sequence of bodies, a 2-D array (a body a row) "
+                            "or one buffer with lengths=; send() takes one message")
+        return cls.of_list(_byte_bodies(bodies))
+
+    def __len__(self) -> int:
+        return self.lens.shape[0]
+
+    def part(self, i: int, j: int) -> "_Bodies":
+        return _Bodies(self.flat, self.offs[i:j], self.lens[i:j],
+                       None if self.items is None else self.items[i:j])
+
+    def as_list(self) -> list:
+        if self.items is None:
+            flat = self.flat
+            self.items = [flat[o:o + n].tobytes()
+                          for o, n in zip(self.offs.tolist(), self.lens.tolist())]
+        return self.items
 
 
 _CACHED_MAX = 4096                     # topics whose name and template a producer keeps
@@ -656,26 +726,24 @@ class AsyncProducer:
         conn.send_oneway(self._request(msg, q, msg.properties.get(UNIQ_KEY) or unique_ids.next()))
 
     async def send_many(self, topic: str, bodies, *, tags: str | None = None,
-                        queue: MessageQueue | None = None,
-                        timeout: float | None = None) -> list[SendManyResult]:
+                        queue: MessageQueue | None = None, timeout: float | None = None,
+                        lengths=None) -> list[SendManyResult]:
         """The hot loop's call: many bodies to one queue of ``topic`` (``queue``,
         else the next round robin), with one ``tags`` for all and no other
         properties — no ``Message`` objects, and appended here no UNIQ_KEY
         (each message is known by its offset msgId; over the socket each gets
-        one, as RocketMQ's batch send gives). On the broker's host (direct appends)
-        each ~1 MiB of bodies is one claim, encoded by the batch kernel in
-        one call; elsewhere each is one SEND_BATCH_MESSAGE. One result per
-        claim, in order."""
-        if isinstance(bodies, (bytes, bytearray, memoryview)):
-            raise TypeError("send_many takes a sequence of bodies; send() takes one message")
+        one, as RocketMQ's batch send gives). ``bodies``: a sequence of
+        bytes-like bodies; a 2-D numpy array, a body a row; or one buffer of
+        bodies back to back with their ``lengths`` (an Arrow binary column's
+        data and lengths, say). The arrays cost no Python step per body. On
+        the broker's host (direct appends) each ~1 MiB of bodies is one
+        claim, encoded by the batch kernel in one call; elsewhere each is one
+        SEND_BATCH_MESSAGE. One result per claim, in order."""
         self._template(topic)
-        bodies = _byte_bodies(bodies)
+        laid = _Bodies.of(bodies, lengths)
+        lens = laid.lens
+        n = lens.shape[0]
         limit = self.config.max_message_size
-        n = len(bodies)
-        # the lengths as one array: the checks and the chunks below are array
-        # operations, not a Python step per body (a third of a direct
-        # send_many's time when they were)
-        lens = np.fromiter(map(len, bodies), np.int64, n)
         bad = np.flatnonzero((lens < 1) | (lens > limit))
         if bad.shape[0]:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {lens[bad[0]]} bytes: 1..{limit}")
@@ -690,7 +758,7 @@ class AsyncProducer:
         i, base = 0, 0
         while i < n:
             j = max(i + 1, int(np.searchsorted(ends, base + budget, "right")))
-            out.append(await self._store_chunk(q, bodies[i:j], props, timeout))
+            out.append(await self._store_chunk(q, laid.part(i, j), props, timeout))
             base, i = int(ends[j - 1]), j
         return out
 
@@ -699,7 +767,7 @@ class AsyncProducer:
         carries at most: ``most``, within the broker's maxMessageSize."""
         return min(most, self.config.max_message_size) - 1024
 
-    async def _store_chunk(self, q: MessageQueue, bodies: list, props: str | list[str],
+    async def _store_chunk(self, q: MessageQueue, bodies: _Bodies, props: str | list[str],
                            timeout: float | None, draining: bool = False) -> SendManyResult:
         """One chunk of ``send_many`` (or of ``put``) stored in ``q``: one
         direct claim, waiting for the flusher under SYNC_FLUSH, or one
@@ -720,15 +788,15 @@ class AsyncProducer:
         topic = q.topic
         if props.__class__ is str:
             msgs = [Message(topic, b, properties=string_to_properties(props) if props else {})
-                    for b in bodies]
+                    for b in bodies.as_list()]
         else:
             msgs = [Message(topic, b, properties=string_to_properties(p) if p else {})
-                    for b, p in zip(bodies, props)]
+                    for b, p in zip(bodies.as_list(), props)]
         sr = await self._send_batch(msgs, q, timeout, draining)
         return SendManyResult(sr.status, sr.queue, sr.queue_offset, len(bodies),
                               ids=sr.offset_msg_id.split(","))
 
-    def _append_chunk(self, q: MessageQueue, bodies: list, props: str | list[str]):
+    def _append_chunk(self, q: MessageQueue, bodies: _Bodies, props: str | list[str]):
         """``bodies`` appended to ``q`` as one claim by this process, without
         yielding: (its ``SendManyResult``, the store, the end a SYNC_FLUSH
         waits for), or None: it goes over the socket (no direct appends to
@@ -740,7 +808,7 @@ class AsyncProducer:
         if ds is None:
             return None
         try:
-            got = ds.append_many(q.topic, q.queue_id, bodies, props)
+            got = ds.append_many(q.topic, q.queue_id, bodies.flat, bodies.offs, bodies.lens, props)
         except ValueError as e:             # what the broker answers MESSAGE_ILLEGAL
             raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
         if got is None:
@@ -844,6 +912,7 @@ class AsyncProducer:
         those for the topic's one task (``_put_drain``), which awaits what
         must be awaited (the route, the socket) and keeps the order.
         ``release`` is called once the chunk is done with (stored or failed)."""
+        bodies = _Bodies.of_list(bodies)
         q = None
         if not b.waiting:
             queues = self._queues_now(b.topic)

@@ -314,3 +314,22 @@ def java_string_hash(s: str) -> int:
 def tags_code(tags: str | None) -> int:
     """The ConsumeQueue tags code: ``(long) tags.hashCode()``, 0 when untagged."""
     return java_string_hash(tags) if tags else 0
+
+
+# ---------------------------------------------------------- bodies laid out
+_ZERO1 = np.zeros(1, np.int64)
+
+
+def lay_out(items, what: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """bytes (one for all: arrays of length 1) or a list of n bytes-like →
+    (buffer, offsets, lengths): what the encoding kernels read, built by a
+    direct producer (numpy only, no numba) and the store alike."""
+    if isinstance(items, (bytes, bytearray, memoryview)):
+        buf = np.frombuffer(items, np.uint8)
+        return buf, _ZERO1, np.array([buf.shape[0]], np.int64)
+    if len(items) != n:
+        raise ValueError(f"{len(items)} {what} for {n} messages")
+    lens = np.fromiter(map(len, items), np.int64, n)
+    offs = np.zeros(n, np.int64)
+    np.cumsum(lens[:-1], out=offs[1:])
+    return np.frombuffer(b"".join(items), np.uint8), offs, lens

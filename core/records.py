@@ -79,22 +79,6 @@ def properties_bytes(props: dict[str, str] | None = None, *, tags: str | None = 
     return L.properties_to_string(d).encode()
 
 
-def _concat(items, what: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """bytes (one for all: arrays of length 1) or a list of n bytes →
-    (buffer, offsets, lengths)."""
-    if isinstance(items, (bytes, bytearray, memoryview)):
-        buf = np.frombuffer(items, np.uint8)
-        return buf, _ZERO1, np.array([buf.shape[0]], np.int64)
-    if len(items) != n:
-        raise ValueError(f"{len(items)} {what} for {n} messages")
-    lens = np.fromiter(map(len, items), np.int64, n)
-    offs = np.empty(n, np.int64)
-    offs[0] = 0
-    np.cumsum(lens[:-1], out=offs[1:])
-    return np.frombuffer(b"".join(items), np.uint8), offs, lens
-
-
-_ZERO1 = np.zeros(1, np.int64)
 
 
 def _column(value, n: int, what: str) -> np.ndarray:
@@ -134,9 +118,9 @@ def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] =
     n = len(bodies)
     if n == 0:
         raise ValueError("empty batch")
-    body_buf, body_off, body_len = _concat(bodies, "bodies", n)
-    props_buf, props_off, props_len = _concat(properties, "properties", n)
-    shared = None if props_off is not _ZERO1 else bytes(properties)
+    body_buf, body_off, body_len = L.lay_out(bodies, "bodies", n)
+    props_buf, props_off, props_len = L.lay_out(properties, "properties", n)
+    shared = bytes(properties) if isinstance(properties, (bytes, bytearray, memoryview)) else None
     return encode_arrays(topic, body_buf, body_off, body_len, props_buf, props_off, props_len,
                          queue_ids=queue_ids, flag=flag, sysflag=sysflag,
                          born_timestamp=born_timestamp, reconsume_times=reconsume_times,
@@ -677,9 +661,9 @@ _WARM_BODY = b"\x00\x00\x00\x18" + bytes(12) + b"\x00\x00\x00\x01x\x00\x01t"   #
 
 
 def warm_up_encode() -> None:
-    bodies = _concat([b"x", b"yz"], "bodies", 2)
+    bodies = L.lay_out([b"x", b"yz"], "bodies", 2)
     for props in ([b"TAGS\x01a\x02KEYS\x01k", b""], b"TAGS\x01t"):   # one each; one for all
-        arrays = _ro(bodies + _concat(props, "properties", 2))
+        arrays = _ro(bodies + L.lay_out(props, "properties", 2))
         encode_arrays("warmup", *arrays)                                # encode_uniform, tags_codes
         encode_arrays("warmup", *arrays, flag=[0, 1])                   # encode_batch
     _tags_code_one(jit.readonly(np.frombuffer(b"TAGS\x01t", np.uint8)), 0, 6)

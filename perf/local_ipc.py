@@ -19,10 +19,14 @@
   multiprocessing.Pipe, measured here), and the blocking ``Producer.put``
   (buffered in the calling thread). Issue 17's target: 500 k msg/s, ahead
   of every peer.
-- local_ipc_send_many: ``Producer.send_many`` of 4096 bodies a call (one
-  claim per ~1 MiB, the batch kernel encoding): direct vs the Unix socket
-  (SEND_BATCH_MESSAGE), beside memcpy of the same bytes (the limit).
-  Issue 17's target: 5 M msg/s.
+- local_ipc_send_many: ``AsyncProducer.send_many`` of 4096 bodies a call
+  (one claim per ~1 MiB, the batch kernel encoding) and the client's CPU a
+  message: direct vs the Unix socket (SEND_BATCH_MESSAGE), beside memcpy
+  of the same bytes (the limit), and the blocking ``Producer.send_many``
+  (each call a trip to the client's loop thread and back). Issue 17's
+  target: 5 M msg/s.
+- local_ipc_send_many_array: the same bodies as one 2-D numpy array (a
+  body a row): no Python step per body on the direct path.
 - local_ipc_send_sync: ``Producer.send`` (blocking), one at a time: direct
   vs the Unix socket (each send waits for its result).
 - local_ipc_consume: ``AsyncPushConsumer`` (listener batches of 32)
@@ -64,6 +68,8 @@ import asyncio
 import os
 import struct
 import time
+
+import numpy as np
 
 from perf.client import (BODY, WINDOW, _LAST_CPU_US, _backlog, _broker, _namesrv, _ready_topic,
                          _shmq_consume, _shmq_send, peers)
@@ -191,20 +197,63 @@ def _pipe_send(tx, n: int) -> None:
 MANY = 4096                      # bodies per send_many call
 
 
-def _many_sends(namesrv: str, topic: str, seconds: float, direct: bool) -> float:
-    """``Producer.send_many`` of MANY 100 B bodies per call: msg/s."""
-    cfg = ClientConfig(namesrv_addr=namesrv, direct_append=direct, instance_name=f"perf-many-{direct}")
-    bodies = [BODY] * MANY
-    with Producer("perf-local-many", client=cfg) as p:
+def _many_bodies(array: bool):
+    """MANY 100 B bodies: a list of bytes, or one 2-D numpy array (a body a row)."""
+    return np.frombuffer(BODY * MANY, np.uint8).reshape(MANY, -1) if array else [BODY] * MANY
+
+
+def _check_many(rs) -> None:
+    if any(r.status is not SendStatus.SEND_OK for r in rs) or sum(r.count for r in rs) != MANY:
+        raise AssertionError("send_many: not every message SEND_OK")
+
+
+async def _many_sends(namesrv: str, topic: str, seconds: float, direct: bool,
+                      array: bool = False) -> tuple[float, float]:
+    """``AsyncProducer.send_many`` of MANY 100 B bodies per call: (msg/s,
+    client CPU ns a message); with ``direct``, every one appended by this
+    process."""
+    cfg = ClientConfig(namesrv_addr=namesrv, direct_append=direct,
+                       instance_name=f"perf-many-{direct}-{array}")
+    bodies = _many_bodies(array)
+    async with AsyncProducer("perf-local-many", client=cfg) as p:
+        await p.send_many(topic, bodies[:16])
+        before = _direct_appended(p)
+        n, c0, t0 = 0, time.process_time(), time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            _check_many(await p.send_many(topic, bodies))
+            n += MANY
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if direct and _direct_appended(p) - before != n:
+            raise AssertionError("send_many: not every message appended by this process")
+    return n / dt, cpu / n * 1e9
+
+
+def _blocking_many_sends(namesrv: str, topic: str, seconds: float, array: bool) -> float:
+    """The same through the blocking ``Producer.send_many`` (a trip to the
+    client's loop thread and back a call): msg/s."""
+    cfg = ClientConfig(namesrv_addr=namesrv, instance_name=f"perf-many-blocking-{array}")
+    bodies = _many_bodies(array)
+    with Producer("perf-local-many-blocking", client=cfg) as p:
         p.send_many(topic, bodies[:16])
         n, t0 = 0, time.perf_counter()
         end = t0 + seconds
         while time.perf_counter() < end:
-            rs = p.send_many(topic, bodies)
-            if any(r.status is not SendStatus.SEND_OK for r in rs) or sum(r.count for r in rs) != MANY:
-                raise AssertionError("send_many: not every message SEND_OK")
+            _check_many(p.send_many(topic, bodies))
             n += MANY
         return n / (time.perf_counter() - t0)
+
+
+def _send_many_row(ctx, ns: str, topic: str, seconds: float, array: bool, result):
+    rate, cpu = asyncio.run(_many_sends(ns, topic, seconds, True, array))
+    socket_rate, _ = asyncio.run(_many_sends(ns, topic, seconds, False, array))
+    return result("local_ipc_send_many_array" if array else "local_ipc_send_many", rate, "msg/s",
+                  ctx.memcpy_bps() / 100,
+                  "memcpy of 100 B per message into a mapping (this host, same run)",
+                  client_cpu_ns_per_msg=round(cpu), unix_socket=round(socket_rate),
+                  vs_socket=round(rate / socket_rate, 2),
+                  blocking_producer=round(_blocking_many_sends(ns, topic, seconds, array)),
+                  call_bodies=MANY, body_bytes=100, target=5_000_000)
 
 
 def run(ctx, result):
@@ -238,11 +287,8 @@ def run(ctx, result):
                  client_cpu_us_per_msg=round(cpu_put, 3), vs_best_peer=round(rate / best, 2),
                  blocking_producer_put=round(_blocking_puts(ns, topic, seconds)),
                  mp_pipe=pipe, body_bytes=100, target=500_000, **p)
-    many, many_socket = (_many_sends(ns, topic, seconds, d) for d in (True, False))
-    yield result("local_ipc_send_many", many, "msg/s", ctx.memcpy_bps() / 100,
-                 "memcpy of 100 B per message into a mapping (this host, same run)",
-                 unix_socket=round(many_socket), vs_socket=round(many / many_socket, 2),
-                 call_bodies=MANY, body_bytes=100, target=5_000_000)
+    yield _send_many_row(ctx, ns, topic, seconds, False, result)
+    yield _send_many_row(ctx, ns, topic, seconds, True, result)
     d1 = _sync_sends(ns, topic, seconds, True)
     s1 = _sync_sends(ns, topic, seconds, False)
     yield result("local_ipc_send_sync", d1, "msg/s", limit,

@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import orjson
 import pytest
 from brokerproc import (broker_conf, BrokerProc, routed_topic, shared_memory, start_broker,
@@ -578,6 +579,38 @@ def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(brok
         assert [r.queue_offset for r in rs] == [first + sum(x.count for x in rs[:k])
                                                 for k in range(len(rs))]
     assert len(results[True]) > 1                       # ~1 MiB a claim
+
+
+def test_send_many_takes_arrays_of_bodies_direct_and_over_the_socket_the_same(broker, request):
+    """A 2-D array (a body a row, any dtype: its bytes) and one buffer with
+    lengths= store what the same bodies as a list store; a shape it does not
+    take is refused at once, naming what it takes, and nothing is stored."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    rows = np.arange(3000 * 25, dtype=np.int32).reshape(3000, 25)     # 100 B a body, ~0.3 MB
+    lens = np.array([1 + i % 300 for i in range(4000)])                # ~0.6 MB
+    packed = bytes(range(256)) * (int(lens.sum()) // 256 + 1)
+    packed = bytearray(packed[:int(lens.sum())])
+    ends = np.cumsum(lens)
+    expected = [r.tobytes() for r in rows] + [bytes(packed[e - n:e]) for e, n in zip(ends, lens)]
+    for direct in (True, False):
+        with Producer("dp-arrays-%s" % direct, namesrv_addr=broker.namesrv,
+                      client=ClientConfig(direct_append=direct)) as p:
+            rs = p.send_many(topic, rows) + p.send_many(topic, packed, lengths=lens)
+            assert (direct_of(p) is not None) == direct
+            assert all(r.status is SendStatus.SEND_OK for r in rs)
+            assert sum(r.count for r in rs) == 7000
+            for bad, kw, error, says in (
+                    (packed, dict(lengths=lens[:-1]), ValueError, "lengths sum to"),
+                    ([b"a", b"b"], dict(lengths=[1, 1]), TypeError, "one buffer of bodies"),
+                    (b"ab", {}, TypeError, "lengths="),
+                    (np.zeros(8, np.uint8), {}, TypeError, "2-D array"),
+                    (np.zeros((2, 0), np.uint8), {}, MQClientError, "a body of 0 bytes"),
+                    (packed, dict(lengths=np.append(lens[:-1], [0, lens[-1]])), MQClientError,
+                     "a body of 0 bytes")):
+                with pytest.raises(error, match=says):
+                    p.send_many(topic, bad, **kw)
+    stored = stored_records(broker, topic, 1)
+    assert [m.body for m in stored] == expected + expected              # in order, once each
 
 
 def test_the_topics_no_producer_may_send_to_are_the_brokers():
