@@ -260,7 +260,9 @@ class MessageStore:
         w[I_PUBLISH_SEQ] = seq + 1
         if self.on_published is not None:
             self.on_published()
-        if self._sync and self.on_flush_request is not None:
+        # the flusher, under SYNC_FLUSH for this append; on a roll into a new
+        # segment for the one after it, to be created before it is needed
+        if (self._sync or phy != start) and self.on_flush_request is not None:
             self.on_flush_request()
         return AppendResult(phy, end, q0 if nq else -1, rec_pos, ts)
 

@@ -85,8 +85,9 @@ def test_summary_counts_what_the_broker_stored(capsys, broker_store):
     assert not doc["live"] and not doc["abort"] and not doc["unclean_shutdown"]
     counts = {q["queue_id"]: q["count"] for q in doc["queues"] if q["topic"] == topic}
     assert counts == {0: 6, 1: 6, 2: 16, 3: 7}
-    (seg,) = doc["segments"]
+    seg, ahead = doc["segments"]        # the flusher prepares the next one at once
     assert seg["file"] == offset_to_file_name(0) and seg["size"] == 16 << 20
+    assert ahead["file"] == offset_to_file_name(16 << 20) and ahead["records"] == 0
     assert seg["records"] == 35 and seg["first_offset"] == 0 and seg["end_offset"] == doc["max_offset"]
     last = int(sent[-1]["msg_id"][-16:], 16)
     assert seg["last_offset"] == last and doc["min_offset"] == 0
