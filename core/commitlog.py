@@ -177,6 +177,25 @@ class CommitLog:
         return [(lo + int(a) * PAGE_BYTES, min(lo + int(b) * PAGE_BYTES, start + self.segment_bytes))
                 for a, b in zip(edges[::2], edges[1::2])]
 
+    def last_written(self, segs: list[int]) -> int | None:
+        """The last of ``segs`` (ascending) with a record at its start, or
+        None: the ones after it are the flusher's preallocated next segment,
+        zeros never written (it exists from the first append to a segment).
+        What holds the write head, where a cut file lost only what was never
+        durable, is this one, not the last file. Opens each file it looks
+        at on its own (no cached handle: a repair may extend it next)."""
+        for s in reversed(segs):
+            path = self.path(s)
+            if self.files.file_size(path) < 4:
+                continue
+            h = self.files.open(path, writable=False)
+            try:
+                if self.files.map(h)[:4].any():
+                    return s
+            finally:
+                self.files.close(h)
+        return None
+
     def last_nonzero(self, begin: int, end: int) -> tuple[int, int]:
         """(CommitLog offset of the last nonzero byte in [begin, end), which
         must lie in one segment, or -1; the bytes read to find it): what

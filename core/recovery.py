@@ -442,8 +442,9 @@ def _repair_short_segments(cl: CommitLog, segs: list[int], short: list[tuple[int
     gone). Returns whether a middle segment was repaired."""
     seg = cl.segment_bytes
     middle = False
+    tail = cl.last_written(segs) if short else None
     for s, size in short:
-        last = s == segs[-1]
+        last = tail is None or s >= tail      # past the write head: only the never durable
         r = SegmentRepair(offset_to_file_name(s), size, seg, last)
         # its records past the cut: never durable (a crash) or lost (a copy, a disk)
         cl.files.extend(cl.path(s), seg)

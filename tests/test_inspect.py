@@ -384,7 +384,11 @@ def test_beside_a_live_broker_it_sees_only_whole_records(capsys, tmp_path):
     assert code == 0 and not v["live"] and v["commitlog"]["records"] == sent[0]
 
 
-def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(capsys, tmp_path):
+@pytest.mark.parametrize("made_ahead", [False, True], ids=["alone", "next-made-ahead"])
+def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(capsys, tmp_path,
+                                                                             made_ahead):
+    """Also when the flusher had made the next segment (empty) ahead of the
+    writers: the cut one is still where they were, losing only its tail."""
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from conftest import SMALL_SEGMENT, small_config
@@ -394,12 +398,16 @@ def test_a_truncated_last_segment_is_reported_as_what_the_next_start_repairs(cap
     store, _ = open_local(small_config(root))
     phys = [int(store.append(encode("Cut", [b"m" * 500], properties=b"")).phy_offset) for _ in range(20)]
     close_clean(store)
+    if made_ahead:
+        with open(os.path.join(root, "commitlog", f"{SMALL_SEGMENT:020d}"), "wb") as f:
+            f.truncate(SMALL_SEGMENT)
     seg = os.path.join(root, "commitlog", f"{0:020d}")
     os.truncate(seg, phys[12] + 77)
     before = (os.path.getsize(seg), os.stat(seg).st_mtime_ns)
     code, out, err = inspect(capsys, root)
     assert code == 0, err
     assert f"short: {phys[12] + 77} bytes of" in out and "next start repairs it" in out
+    assert "its records past the cut are truncated" in out
     assert "differs from the store's" not in out + err
     assert (os.path.getsize(seg), os.stat(seg).st_mtime_ns) == before   # read-only
     store, report = open_local(small_config(root))

@@ -434,11 +434,21 @@ def _fill(store, n, topic="Cut", queues=3, size=900):
     return out
 
 
+@pytest.mark.parametrize("made_ahead", [False, True], ids=["alone", "next-made-ahead"])
 def test_a_truncated_last_segment_is_repaired_keeps_every_whole_record_and_reuses_no_offset(
-        store_dir, caplog):
+        store_dir, caplog, made_ahead):
+    """The segment the writers were in, cut: also when the flusher had made
+    the next one (empty) ahead of them, as it does from their first append
+    to a segment — the cut one is still the last with data."""
+    from shmq.broker.flusher import Flusher
     cfg = small_config(store_dir)
     store, _ = open_local(cfg)
     recs = _fill(store, 40)                      # ~37 KiB: one segment of 64 KiB
+    if made_ahead:
+        f = Flusher(store, cb=None)
+        f.prepare_next_segment()
+        f._preparing.join()
+        assert os.path.getsize(_segment(store_dir, 1)) == SMALL_SEGMENT
     close_clean(store)                           # the checkpoint: all 40 flushed
     cut = recs[29][0] + 333                      # mid-record 29, not a multiple of 4096
     os.truncate(_segment(store_dir, 0), cut)
