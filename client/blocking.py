@@ -214,11 +214,12 @@ class Producer(_Blocking):
         self._run(self._p.send_oneway(msg, queue))
 
     def send_many(self, topic: str, bodies, *, tags: str | None = None,
-                  queue: MessageQueue | None = None, lengths=None) -> list:
+                  queue: MessageQueue | None = None, timeout: float | None = None,
+                  lengths=None) -> list:
         """``AsyncProducer.send_many``: many bodies (a sequence, a 2-D array,
         or one buffer with ``lengths``), one queue, few calls."""
         return self._run(self._p.send_many(topic, bodies, tags=tags, queue=queue,
-                                           lengths=lengths))
+                                           timeout=timeout, lengths=lengths))
 
     def send_batch(self, msgs: list[Message], queue: MessageQueue | None = None) -> SendResult:
         return self._run(self._p.send_batch(msgs, queue))

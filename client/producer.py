@@ -94,6 +94,7 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
+from shmq.core.jit import readonly
 from shmq.core.layout import lay_out
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
@@ -172,9 +173,10 @@ _BYTES_LIKE = {bytes, bytearray, memoryview}
 
 def _byte_bodies(bodies) -> list:
     """``send_many``'s bodies, each bytes-like, checked before any is stored
-    (the same refusal on the direct and the socket path); a memoryview
-    whose items are not bytes (an int array's) as its bytes, so that its
-    length is its byte length. (One type pass in C for the common case.)"""
+    (the same refusal on the direct and the socket path); a memoryview that
+    is not flat bytes (an int array's, a 2-D or a strided one) as its bytes,
+    so that its length is its byte length. (One type pass in C for the
+    common case.)"""
     types = set(map(type, bodies))
     if not types <= _BYTES_LIKE:
         for b in bodies:
@@ -182,39 +184,26 @@ def _byte_bodies(bodies) -> list:
                 raise MQClientError(R.MESSAGE_ILLEGAL, f"send_many takes bodies of bytes, "
                                     f"not {type(b).__name__}")
     if memoryview in types:
-        bodies = [b.tobytes() if b.__class__ is memoryview and b.itemsize != 1 else b
-                  for b in bodies]
+        bodies = [b.tobytes() if b.__class__ is memoryview and not (
+            b.ndim == 1 and b.itemsize == 1 and b.c_contiguous) else b for b in bodies]
     return bodies
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
-
-
 class _Bodies:
-    """Bodies laid out once: ``flat``, one read-only uint8 array, and each
-    body's offset and length in it — what the batch kernel encodes from,
-    with no Python step per body — and ``items``, the caller's list of
-    bytes where it gave one (the socket path's messages)."""
-    __slots__ = ("flat", "offs", "lens", "items")
+    """Bodies as the batch kernel encodes them: ``laid()`` is one read-only
+    uint8 array and each body's offset and length in it, with no Python
+    step per body; made once, and from the caller's list of bytes
+    (``items``, also the socket path's messages) only when first asked."""
+    __slots__ = ("items", "_laid")
 
-    def __init__(self, flat: np.ndarray, offs: np.ndarray, lens: np.ndarray,
-                 items: list | None = None):
-        self.flat, self.offs, self.lens, self.items = flat, offs, lens, items
-
-    @classmethod
-    def of_list(cls, items: list) -> "_Bodies":
-        """A list of bytes-like bodies (checked: ``_byte_bodies``)."""
-        return cls(*lay_out(items, "bodies", len(items)), items)
+    def __init__(self, items: list | None = None, laid: tuple | None = None):
+        self.items, self._laid = items, laid
 
     @classmethod
     def of(cls, bodies, lengths) -> "_Bodies":
-        """``send_many``'s ``bodies`` (and ``lengths``), laid out; TypeError
-        or ValueError for a shape it does not take, MQClientError for a
-        body that is not bytes."""
+        """``send_many``'s ``bodies`` (and ``lengths``); TypeError or
+        ValueError for a shape it does not take, MQClientError for a body
+        that is not bytes."""
         if lengths is not None:                 # one buffer of bodies back to back
             if isinstance(bodies, np.ndarray):
                 flat = np.ascontiguousarray(bodies).reshape(-1).view(np.uint8)
@@ -223,36 +212,51 @@ class _Bodies:
             else:
                 raise TypeError(f"send_many with lengths= takes one buffer of bodies (bytes, "
                                 f"bytearray, memoryview, numpy array), not {type(bodies).__name__}")
-            lens = np.asarray(lengths, np.int64)
-            if lens.ndim != 1 or int(lens.sum()) != flat.shape[0]:
+            given = np.asarray(lengths)
+            if given.ndim != 1 or given.dtype.kind not in "iu" and given.shape[0]:
+                raise ValueError("send_many: lengths= is one integer per body (a 1-D sequence "
+                                 f"of integers), not {given.dtype} of shape {given.shape}")
+            # a copy: the kernels' own type (int64, contiguous, writable), whatever came
+            lens = np.array(given, dtype=np.int64)
+            if int(lens.sum()) != flat.shape[0]:
                 raise ValueError(f"send_many: lengths sum to {int(lens.sum())} bytes, "
                                  f"the buffer holds {flat.shape[0]}")
             offs = np.zeros(lens.shape[0], np.int64)
             np.cumsum(lens[:-1], out=offs[1:])
-            return cls(_read_only(flat), offs, lens)
-        if isinstance(bodies, np.ndarray) and bodies.ndim == 2:   # a body a row
-            a = np.ascontiguousarray(bodies)
+            return cls(laid=(readonly(flat), offs, lens))
+        if isinstance(bodies, np.ndarray) and bodies.dtype.kind not in "OS":
+            if bodies.ndim != 2:
+                raise TypeError("send_many takes a sequence of bodies, a 2-D array (a body a "
+                                "row) or one buffer with lengths=")
+            a = np.ascontiguousarray(bodies)        # a body a row: its bytes
             row = a.shape[1] * a.itemsize
             n = a.shape[0]
-            return cls(_read_only(a.reshape(-1).view(np.uint8)),
-                       np.arange(n, dtype=np.int64) * row, np.full(n, row, np.int64))
-        if isinstance(bodies, (bytes, bytearray, memoryview, np.ndarray)):
+            return cls(laid=(readonly(a.reshape(-1).view(np.uint8)),
+                             np.arange(n, dtype=np.int64) * row, np.full(n, row, np.int64)))
+        if isinstance(bodies, (bytes, bytearray, memoryview)):
             raise TypeError("send_many takes a sequence of bodies, a 2-D array (a body a row) "
                             "or one buffer with lengths=; send() takes one message")
-        return cls.of_list(_byte_bodies(bodies))
+        if isinstance(bodies, np.ndarray) or not hasattr(bodies, "__len__"):
+            bodies = list(bodies)                  # an array of bytes objects, a generator
+        return cls(_byte_bodies(bodies))
+
+    def laid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._laid is None:
+            self._laid = lay_out(self.items, "bodies", len(self.items))
+        return self._laid
 
     def __len__(self) -> int:
-        return self.lens.shape[0]
+        return len(self.items) if self.items is not None else self._laid[2].shape[0]
 
     def part(self, i: int, j: int) -> "_Bodies":
-        return _Bodies(self.flat, self.offs[i:j], self.lens[i:j],
-                       None if self.items is None else self.items[i:j])
+        laid = self._laid
+        return _Bodies(None if self.items is None else self.items[i:j],
+                       None if laid is None else (laid[0], laid[1][i:j], laid[2][i:j]))
 
     def as_list(self) -> list:
         if self.items is None:
-            flat = self.flat
-            self.items = [flat[o:o + n].tobytes()
-                          for o, n in zip(self.offs.tolist(), self.lens.tolist())]
+            flat, offs, lens = self._laid
+            self.items = [flat[o:o + n].tobytes() for o, n in zip(offs.tolist(), lens.tolist())]
         return self.items
 
 
@@ -492,9 +496,10 @@ class AsyncProducer:
         return [SendResult(status, u, i, q, o, tx, region)
                 for u, i, o in zip(uniqs, ids, range(first, first + len(uniqs)))]
 
-    def _request(self, msg: Message, q: MessageQueue, uniq: str, sysflag: int = 0) -> RemotingCommand:
+    def _request(self, msg: Message, q: MessageQueue, uniq: str, sysflag: int = 0,
+                 compress: bool = True) -> RemotingCommand:
         body = msg.body
-        if len(body) > self.config.compress_msg_body_over_howmuch:
+        if compress and len(body) > self.config.compress_msg_body_over_howmuch:
             body = zlib.compress(body, 5)
             sysflag |= SYSFLAG_COMPRESSED
         props = msg.properties_string(uniq)
@@ -741,13 +746,15 @@ class AsyncProducer:
         SEND_BATCH_MESSAGE. One result per claim, in order."""
         self._template(topic)
         laid = _Bodies.of(bodies, lengths)
-        lens = laid.lens
+        lens = laid.laid()[2]
         n = lens.shape[0]
         limit = self.config.max_message_size
         bad = np.flatnonzero((lens < 1) | (lens > limit))
         if bad.shape[0]:
             raise MQClientError(R.MESSAGE_ILLEGAL, f"a body of {lens[bad[0]]} bytes: 1..{limit}")
         props = put_properties(tags, None)
+        if queue is not None and queue.topic != topic:
+            raise ValueError(f"send_many to {topic}: queue= is a queue of {queue.topic}")
         q = queue or self.pick(self._queues_now(topic) or await self.publish_queues(topic))
         out: list[SendManyResult] = []
         # a claim's bodies, as a batch entry counts them (a socket batch's
@@ -792,7 +799,17 @@ class AsyncProducer:
         else:
             msgs = [Message(topic, b, properties=string_to_properties(p) if p else {})
                     for b, p in zip(bodies.as_list(), props)]
-        sr = await self._send_batch(msgs, q, timeout, draining)
+        if len(msgs) == 1:
+            # one message alone (a body up to max_message_size, which a batch's
+            # entry head would push over it): a plain send, stored as the direct
+            # path and a batch store it (not compressed)
+            m = msgs[0]
+            self._check(m, draining)
+            uniq = unique_ids.next()
+            sr = await self._send_to(q, self._request(m, q, uniq, compress=False), uniq,
+                                     timeout or self.config.send_msg_timeout)
+        else:
+            sr = await self._send_batch(msgs, q, timeout, draining)
         return SendManyResult(sr.status, sr.queue, sr.queue_offset, len(bodies),
                               ids=sr.offset_msg_id.split(","))
 
@@ -808,7 +825,7 @@ class AsyncProducer:
         if ds is None:
             return None
         try:
-            got = ds.append_many(q.topic, q.queue_id, bodies.flat, bodies.offs, bodies.lens, props)
+            got = ds.append_many(q.topic, q.queue_id, *bodies.laid(), props)
         except ValueError as e:             # what the broker answers MESSAGE_ILLEGAL
             raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
         if got is None:
@@ -912,7 +929,7 @@ class AsyncProducer:
         those for the topic's one task (``_put_drain``), which awaits what
         must be awaited (the route, the socket) and keeps the order.
         ``release`` is called once the chunk is done with (stored or failed)."""
-        bodies = _Bodies.of_list(bodies)
+        bodies = _Bodies(bodies)
         q = None
         if not b.waiting:
             queues = self._queues_now(b.topic)

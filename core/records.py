@@ -144,6 +144,13 @@ def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_l
         raise ValueError("empty batch")
     tb = topic.encode()
     check_sizes(tb, int(body_len.max()), int(props_len.max()), max_message_bytes)
+    # the kernels copy with memcpy, unchecked: every span must lie in its buffer
+    for what, buf, off, ln in (("body", body_buf, body_off, body_len),
+                               ("properties", props_buf, props_off, props_len)):
+        if off.shape != ln.shape or (ln < 0).any() or (off < 0).any() or (
+                off + ln > buf.shape[0]).any():
+            raise ValueError(f"{what} offsets and lengths reach outside their buffer "
+                             f"of {buf.shape[0]} bytes")
     now = int(time.time() * 1000)
     born_row, born_v6 = host_row(*born_host)
     store_row, store_v6 = host_row(*store_host)

@@ -27,7 +27,8 @@ import orjson
 import pytest
 from brokerproc import (broker_conf, BrokerProc, routed_topic, shared_memory, start_broker,
                         stored_records, topic_for, until)
-from shmq.client import AsyncProducer, ClientConfig, Message, MQClientError, Producer, SendStatus
+from shmq.client import (AsyncProducer, ClientConfig, Message, MessageQueue, MQClientError,
+                         Producer, SendStatus)
 from shmq.client.direct import warm_up_appends
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import pull_message
@@ -582,24 +583,38 @@ def test_send_many_appends_bodies_as_one_claim_and_over_the_socket_the_same(brok
 
 
 def test_send_many_takes_arrays_of_bodies_direct_and_over_the_socket_the_same(broker, request):
-    """A 2-D array (a body a row, any dtype: its bytes) and one buffer with
-    lengths= store what the same bodies as a list store; a shape it does not
-    take is refused at once, naming what it takes, and nothing is stored."""
+    """A 2-D array (a body a row, any dtype: its bytes; strided too) and one
+    buffer with lengths= (read-only ones too) store what the same bodies as
+    a list store, as a 1-D array of bytes objects still does; a shape it
+    does not take is refused at once, naming what it takes, and nothing is
+    stored."""
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
-    rows = np.arange(3000 * 25, dtype=np.int32).reshape(3000, 25)     # 100 B a body, ~0.3 MB
+    rows = np.arange(3000 * 50, dtype=np.int32).reshape(3000, 50)[:, ::2]   # 100 B a body, ~0.3 MB
     lens = np.array([1 + i % 300 for i in range(4000)])                # ~0.6 MB
+    lens.flags.writeable = False
     packed = bytes(range(256)) * (int(lens.sum()) // 256 + 1)
     packed = bytearray(packed[:int(lens.sum())])
     ends = np.cumsum(lens)
-    expected = [r.tobytes() for r in rows] + [bytes(packed[e - n:e]) for e, n in zip(ends, lens)]
+    objects = np.array([b"obj-%d" % i for i in range(50)], dtype=object)
+    square = memoryview(b"abcdef").cast("B", (2, 3))                 # a 2-D view: its 6 bytes
+    expected = ([r.tobytes() for r in rows] + [bytes(packed[e - n:e]) for e, n in zip(ends, lens)]
+                + list(objects) + [b"abcdef", b"gen-0", b"gen-1"])
     for direct in (True, False):
         with Producer("dp-arrays-%s" % direct, namesrv_addr=broker.namesrv,
                       client=ClientConfig(direct_append=direct)) as p:
-            rs = p.send_many(topic, rows) + p.send_many(topic, packed, lengths=lens)
+            limit = 1 << 20                   # the broker's maxMessageSize (brokerproc.SMALL)
+            rs = (p.send_many(topic, rows) + p.send_many(topic, packed, lengths=lens)
+                  + p.send_many(topic, objects) + p.send_many(topic, [square])
+                  + p.send_many(topic, (b"gen-%d" % i for i in range(2)))
+                  + p.send_many(topic, [b"m" * limit]))     # the largest body, on either path
             assert (direct_of(p) is not None) == direct
             assert all(r.status is SendStatus.SEND_OK for r in rs)
-            assert sum(r.count for r in rs) == 7000
+            assert sum(r.count for r in rs) == 7054
             for bad, kw, error, says in (
+                    (packed, dict(lengths=lens[:, None]), ValueError, "one integer per body"),
+                    (packed, dict(lengths=lens.astype(float)), ValueError, "of integers"),
+                    ([b"x"], dict(queue=MessageQueue("Other", "broker-a", 0)), ValueError,
+                     "queue= is a queue of Other"),
                     (packed, dict(lengths=lens[:-1]), ValueError, "lengths sum to"),
                     ([b"a", b"b"], dict(lengths=[1, 1]), TypeError, "one buffer of bodies"),
                     (b"ab", {}, TypeError, "lengths="),
@@ -610,7 +625,9 @@ def test_send_many_takes_arrays_of_bodies_direct_and_over_the_socket_the_same(br
                 with pytest.raises(error, match=says):
                     p.send_many(topic, bad, **kw)
     stored = stored_records(broker, topic, 1)
-    assert [m.body for m in stored] == expected + expected              # in order, once each
+    big = [m.body for m in stored if len(m.body) > 1000]
+    assert len(big) == 2 and all(b == b"m" * len(big[0]) for b in big)
+    assert [m.body for m in stored if len(m.body) <= 1000] == expected + expected   # in order, once each
 
 
 def test_the_topics_no_producer_may_send_to_are_the_brokers():

@@ -309,6 +309,17 @@ def test_encode_rejects_a_queue_id_out_of_range(queue_ids):
         R.encode("T", bodies, queue_ids=queue_ids)
 
 
+@pytest.mark.parametrize("offs,lens", [([0, 8], [4, 8]),       # past the end: would copy what follows
+                                       ([0, -2], [4, 2]), ([0, 4], [4, -1]), ([0], [4, 4])])
+def test_encode_arrays_refuses_spans_outside_their_buffer(offs, lens):
+    """The kernels copy bodies with memcpy, unchecked: a span outside the
+    buffer is refused before, never read past it (or a huge copy)."""
+    body = np.frombuffer(b"0123456789", np.uint8)
+    props = L.lay_out(b"", "properties", 2)
+    with pytest.raises(ValueError, match="outside their buffer of 10 bytes"):
+        R.encode_arrays("T", body, np.array(offs, np.int64), np.array(lens, np.int64), *props)
+
+
 def test_encode_rejects_a_port_out_of_range():
     with pytest.raises(ValueError, match="port"):
         R.encode("T", [b"x"], born_host=("10.0.0.1", -1))

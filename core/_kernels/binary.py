@@ -75,8 +75,11 @@ else:  # pragma: no cover  (compile-time code: the JIT-off run uses the twins ab
     def _flat_u8(a) -> bool:
         return isinstance(a, _t.Array) and a.dtype == _t.uint8 and a.ndim == 1 and a.layout == "C"
 
-    def _at(context, builder, arr_type, arr, index, width=8):
-        """A pointer to ``width``-bit integers at byte ``index`` of a uint8 array."""
+    def _at(context, builder, arr_type, arr, index, index_type, width=8):
+        """A pointer to ``width``-bit integers at byte ``index`` of a uint8
+        array (an unsigned index widened as unsigned: gep sign-extends)."""
+        if not index_type.signed and index.type.width < 64:
+            index = builder.zext(index, _ir.IntType(64))
         p = builder.gep(context.make_array(arr_type)(context, builder, arr).data, [index])
         return p if width == 8 else builder.bitcast(p, _ir.IntType(width).as_pointer())
 
@@ -90,7 +93,9 @@ else:  # pragma: no cover  (compile-time code: the JIT-off run uses the twins ab
                 return None
 
             def codegen(context, builder, signature, args):
-                v = builder.load(_at(context, builder, signature.args[0], *args, width), align=1)
+                ty = signature.args
+                v = builder.load(_at(context, builder, ty[0], args[0], args[1], ty[1], width),
+                                 align=1)
                 if swap:
                     v = builder.bswap(v)
                 to = context.get_value_type(result)
@@ -114,8 +119,8 @@ else:  # pragma: no cover  (compile-time code: the JIT-off run uses the twins ab
                 x = context.cast(builder, args[2], ty[2], _t.int64)
                 if width < 64:
                     x = builder.trunc(x, _ir.IntType(width))
-                builder.store(builder.bswap(x), _at(context, builder, ty[0], args[0], args[1], width),
-                              align=1)
+                builder.store(builder.bswap(x),
+                              _at(context, builder, ty[0], args[0], args[1], ty[1], width), align=1)
                 return context.get_dummy_value()
             return _t.void(b, p, v), codegen
         return store
@@ -136,8 +141,11 @@ else:  # pragma: no cover  (compile-time code: the JIT-off run uses the twins ab
 
         def codegen(context, builder, signature, args):
             ty = signature.args
-            _cg.raw_memcpy(builder, _at(context, builder, ty[0], args[0], args[1]),
-                           _at(context, builder, ty[2], args[2], args[3]), args[4], 1)
+            n = args[4]
+            if not ty[4].signed and n.type.width < 64:
+                n = builder.zext(n, _ir.IntType(64))
+            _cg.raw_memcpy(builder, _at(context, builder, ty[0], args[0], args[1], ty[1]),
+                           _at(context, builder, ty[2], args[2], args[3], ty[3]), n, 1)
             return context.get_dummy_value()
         return sig, codegen
 
