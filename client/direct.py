@@ -338,7 +338,8 @@ class DirectStore:
         offset, end), or None as ``append``. What a SEND_BATCH_MESSAGE
         stores, encoded by the batch kernel in one call. The bodies are laid
         out in ``flat`` (read-only uint8), body i at ``offs[i]``, ``lens[i]``
-        bytes. ``props`` is one properties string for all, or one per
+        bytes, each inside ``flat`` (the producer's ``_Bodies`` make them so;
+        not checked again). ``props`` is one properties string for all, or one per
         message (``put``'s tags and keys, "" for none: TAGS and KEYS only,
         nothing the broker routes); messages with none share one properties
         value (CLUSTER)."""
@@ -365,7 +366,8 @@ class DirectStore:
                                     born_timestamp=now, born_host=("127.0.0.1", 0),
                                     store_host=self.store_host_pair, store_timestamp=now,
                                     max_message_bytes=self.max_bytes,
-                                    shared_properties=pb if one else None)
+                                    shared_properties=pb if one else None,
+                                    spans_checked=True)   # laid out by the producer
         r = self._append(batch, 0, topic)
         if r is None:
             return None

@@ -126,7 +126,8 @@ def encode(topic: str, bodies: list[bytes], *, properties: bytes | list[bytes] =
                          born_timestamp=born_timestamp, reconsume_times=reconsume_times,
                          prepared_offset=prepared_offset, born_host=born_host,
                          store_host=store_host, store_timestamp=store_timestamp,
-                         max_message_bytes=max_message_bytes, shared_properties=shared)
+                         max_message_bytes=max_message_bytes, shared_properties=shared,
+                         spans_checked=True)
 
 
 def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_len: np.ndarray,
@@ -135,18 +136,21 @@ def encode_arrays(topic: str, body_buf: np.ndarray, body_off: np.ndarray, body_l
                   prepared_offset=0, born_host: tuple[str, int] = ("127.0.0.1", 0),
                   store_host: tuple[str, int] = ("127.0.0.1", 10911),
                   store_timestamp: int | None = None, max_message_bytes: int = 4 * 1024 * 1024,
-                  shared_properties: bytes | None = None) -> EncodedBatch:
+                  shared_properties: bytes | None = None,
+                  spans_checked: bool = False) -> EncodedBatch:
     """``encode`` over bodies and properties already laid out in buffers
     (offsets and lengths per message; properties arrays of length 1 are one
-    string for all, ``shared_properties`` if the caller has it as bytes)."""
+    string for all, ``shared_properties`` if the caller has it as bytes).
+    ``spans_checked``: the caller made the offsets and lengths itself
+    (``lay_out``, ``split_batch``), so they lie in their buffers; else they
+    are checked here (ValueError), as the kernels copy with memcpy."""
     n = body_len.shape[0]
     if n == 0:
         raise ValueError("empty batch")
     tb = topic.encode()
     check_sizes(tb, int(body_len.max()), int(props_len.max()), max_message_bytes)
-    # the kernels copy with memcpy, unchecked: every span must lie in its buffer
-    for what, buf, off, ln in (("body", body_buf, body_off, body_len),
-                               ("properties", props_buf, props_off, props_len)):
+    for what, buf, off, ln in () if spans_checked else (
+            ("body", body_buf, body_off, body_len), ("properties", props_buf, props_off, props_len)):
         if off.shape != ln.shape or (ln < 0).any() or (off < 0).any() or (
                 off + ln > buf.shape[0]).any():
             raise ValueError(f"{what} offsets and lengths reach outside their buffer "

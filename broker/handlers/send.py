@@ -94,7 +94,8 @@ def _encode_batch(topic: str, body, props: bytes, common: dict) -> EncodedBatch:
         flags = bb.flags
         f = int(flags[0]) if (flags == flags[0]).all() else flags
         return encode_arrays(topic, bb.body_buf, bb.body_off, bb.body_len,
-                             bb.props_buf, bb.props_off, bb.props_len, flag=f, **common)
+                             bb.props_buf, bb.props_off, bb.props_len, flag=f, **common,
+                             spans_checked=True)       # split_batch checked every length
     except ValueError as e:
         raise BadRequest(R.MESSAGE_ILLEGAL, str(e)) from None
 
