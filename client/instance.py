@@ -188,6 +188,15 @@ def split_settings(settings: dict, config_class) -> tuple[dict, dict]:
             {k: v for k, v in settings.items() if k in own_names})
 
 
+def _close_attached(work: asyncio.Future) -> None:
+    """``_attaching``'s thread finished after its task was cancelled: let go
+    of what it attached."""
+    if not work.cancelled() and work.exception() is None:
+        ds, _ = work.result()
+        if ds is not None:
+            ds.close()
+
+
 class ClientInstance:
     _instances: dict[tuple[int, str, str, str], "ClientInstance"] = {}
 
@@ -574,7 +583,18 @@ class ClientInstance:
             return None, e
 
     async def _attaching(self, addr: str, conn: Connection, info: bytes) -> None:
-        self._attached(addr, conn, *await asyncio.to_thread(self._attach, info))
+        # a plain future (not a task: asyncio.run's end cancels the tasks)
+        work = asyncio.get_running_loop().run_in_executor(None, self._attach, info)
+        try:
+            got = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # the loop ends (asyncio.run's end cancels this; it then waits for
+            # the thread): a store attached after that would keep its process
+            # slot until the process exits, and the broker would take the
+            # exit for a death ("pid ... is gone")
+            work.add_done_callback(_close_attached)
+            raise
+        self._attached(addr, conn, *got)
 
     def _attached(self, addr: str, conn: Connection, ds, why) -> None:
         if ds is None:

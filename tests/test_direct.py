@@ -630,6 +630,48 @@ def test_send_many_takes_arrays_of_bodies_direct_and_over_the_socket_the_same(br
     assert [m.body for m in stored if len(m.body) <= 1000] == expected + expected   # in order, once each
 
 
+ENDS_WHILE_ATTACHING = textwrap.dedent("""
+    import asyncio, os, sys
+    from shmq.client import AsyncProducer
+
+    async def main():     # a new process: the store attaches in a thread meanwhile
+        async with AsyncProducer("dp-ends", namesrv_addr=sys.argv[1]) as p:
+            await p.send_many(sys.argv[2], [b"x"] * 10)
+    asyncio.run(main())
+    print(os.getpid())
+""")
+
+DIES_ATTACHED = textwrap.dedent("""
+    import os, sys
+    from shmq.client import Producer
+    from shmq.client.direct import warm_up_appends
+    warm_up_appends()     # attached at the first connection
+    with Producer("dp-dies", namesrv_addr=sys.argv[1]) as p:
+        p.send_many(sys.argv[2], [b"y"])
+        print(os.getpid(), flush=True)
+        os._exit(0)
+""")
+
+
+def test_a_process_that_ends_while_its_store_attaches_leaves_no_slot_to_the_broker(broker,
+                                                                                   request):
+    """asyncio.run's end cancelled the task waiting for the attaching thread,
+    which then attached anyway: the process slot stayed taken until the
+    process exited, and the broker logged a normal exit as a death ("pid
+    ... is gone"). A process that does die attached is logged so, which
+    also says the broker has looked since the first one ended."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    pids = []
+    for script in (ENDS_WHILE_ATTACHING, DIES_ATTACHED):
+        r = subprocess.run([sys.executable, "-c", script, broker.namesrv, topic],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-3000:]
+        pids.append(int(r.stdout.split()[-1]))
+    until(lambda: f"pid {pids[1]} (slot" in broker.log(), "the broker to see the second die")
+    assert f"pid {pids[0]} (slot" not in broker.log()
+    assert len(stored_records(broker, topic, 1)) == 11
+
+
 def test_the_topics_no_producer_may_send_to_are_the_brokers():
     """client/direct.py keeps its own copy (the client cannot import the broker)."""
     from shmq.broker.topics import NOT_ALLOWED_SEND_TOPICS
