@@ -96,6 +96,32 @@ def test_naive_crc32_matches_zlib_on_every_byte_value():
     assert naive.crc32(data) == zlib.crc32(data)
 
 
+def test_byte_helpers_take_any_integer_index():
+    """The byte helpers (numba intrinsics under the JIT) read and write the
+    same bytes for a narrow unsigned index as for an int64 one: LLVM's gep
+    sign-extends, so an unsigned byte index of 200 once read b[-56]."""
+    from numba import njit
+    from shmq.core._kernels.binary import (copy_bytes, ld_i16, ld_i32, ld_i64, ld_le64, ld_u32,
+                                           st_i32)
+
+    @njit
+    def probe(b, p, out):
+        copy_bytes(out, p, b, p, np.uint8(8))
+        st_i32(out, p, ld_i32(b, p) + 1)
+        return ld_u32(b, p), ld_i16(b, p), ld_i64(b, p), ld_le64(b, p)
+
+    b = np.arange(256, dtype=np.uint8)
+    for p in (np.uint8(200), np.int64(200), np.uint16(200), np.int32(200)):
+        out = np.zeros(256, np.uint8)
+        u32, i16, i64, le64 = probe(b, p, out)
+        raw = bytes(range(200, 208))
+        assert u32 == int.from_bytes(raw[:4], "big")
+        assert i16 == int.from_bytes(raw[:2], "big", signed=True)
+        assert i64 == int.from_bytes(raw, "big", signed=True) and le64 == int.from_bytes(raw, "little")
+        assert bytes(out[200:208]) == (int.from_bytes(raw[:4], "big", signed=True) + 1).to_bytes(
+            4, "big", signed=True) + raw[4:]
+
+
 @budget(200)
 @given(data=st.integers(0, 300).flatmap(lambda n: st.binary(min_size=n, max_size=n)),
        before=st.binary(max_size=15), after=st.binary(max_size=15))
