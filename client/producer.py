@@ -95,7 +95,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from shmq.core.jit import readonly
-from shmq.core.layout import lay_out
+from shmq.core.layout import lay_out, offsets
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import send_ext
@@ -193,11 +193,14 @@ class _Bodies:
     """Bodies as the batch kernel encodes them: ``laid()`` is one read-only
     uint8 array and each body's offset and length in it, with no Python
     step per body; made once, and from the caller's list of bytes
-    (``items``, also the socket path's messages) only when first asked."""
-    __slots__ = ("items", "_laid")
+    (``items``, also the socket path's messages) only when the direct path
+    asks (the socket path needs the lengths alone: ``lens()``)."""
+    __slots__ = ("items", "_laid", "_lens")
 
-    def __init__(self, items: list | None = None, laid: tuple | None = None):
+    def __init__(self, items: list | None = None, laid: tuple | None = None,
+                 lens: np.ndarray | None = None):
         self.items, self._laid = items, laid
+        self._lens = laid[2] if laid is not None else lens
 
     @classmethod
     def of(cls, bodies, lengths) -> "_Bodies":
@@ -218,12 +221,11 @@ class _Bodies:
                                  f"of integers), not {given.dtype} of shape {given.shape}")
             # a copy: the kernels' own type (int64, contiguous, writable), whatever came
             lens = np.array(given, dtype=np.int64)
-            if int(lens.sum()) != flat.shape[0]:
-                raise ValueError(f"send_many: lengths sum to {int(lens.sum())} bytes, "
+            total = int(lens.sum())
+            if total != flat.shape[0]:
+                raise ValueError(f"send_many: lengths sum to {total} bytes, "
                                  f"the buffer holds {flat.shape[0]}")
-            offs = np.zeros(lens.shape[0], np.int64)
-            np.cumsum(lens[:-1], out=offs[1:])
-            return cls(laid=(readonly(flat), offs, lens))
+            return cls(laid=(readonly(flat), offsets(lens), lens))
         if isinstance(bodies, np.ndarray) and bodies.dtype.kind not in "OS":
             if bodies.ndim != 2:
                 raise TypeError("send_many takes a sequence of bodies, a 2-D array (a body a "
@@ -243,15 +245,22 @@ class _Bodies:
     def laid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._laid is None:
             self._laid = lay_out(self.items, "bodies", len(self.items))
+            self._lens = self._laid[2]
         return self._laid
 
+    def lens(self) -> np.ndarray:
+        if self._lens is None:
+            self._lens = np.fromiter(map(len, self.items), np.int64, len(self.items))
+        return self._lens
+
     def __len__(self) -> int:
-        return len(self.items) if self.items is not None else self._laid[2].shape[0]
+        return len(self.items) if self.items is not None else self._lens.shape[0]
 
     def part(self, i: int, j: int) -> "_Bodies":
-        laid = self._laid
+        laid, lens = self._laid, self._lens
         return _Bodies(None if self.items is None else self.items[i:j],
-                       None if laid is None else (laid[0], laid[1][i:j], laid[2][i:j]))
+                       None if laid is None else (laid[0], laid[1][i:j], laid[2][i:j]),
+                       None if lens is None else lens[i:j])
 
     def as_list(self) -> list:
         if self.items is None:
@@ -746,7 +755,7 @@ class AsyncProducer:
         SEND_BATCH_MESSAGE. One result per claim, in order."""
         self._template(topic)
         laid = _Bodies.of(bodies, lengths)
-        lens = laid.laid()[2]
+        lens = laid.lens()
         n = lens.shape[0]
         limit = self.config.max_message_size
         bad = np.flatnonzero((lens < 1) | (lens > limit))

@@ -330,6 +330,11 @@ def lay_out(items, what: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     if len(items) != n:
         raise ValueError(f"{len(items)} {what} for {n} messages")
     lens = np.fromiter(map(len, items), np.int64, n)
-    offs = np.zeros(n, np.int64)
+    return np.frombuffer(b"".join(items), np.uint8), offsets(lens), lens
+
+
+def offsets(lens: np.ndarray) -> np.ndarray:
+    """Where each of items of ``lens`` bytes, laid back to back, begins."""
+    offs = np.zeros(lens.shape[0], np.int64)
     np.cumsum(lens[:-1], out=offs[1:])
-    return np.frombuffer(b"".join(items), np.uint8), offs, lens
+    return offs
