@@ -74,7 +74,11 @@ class ConsumeQueues:
                     out.append((topic, int(qid)))
         return out
 
-    def mapped(self, topic: str, queue_id: int, file_index: int, create: bool) -> np.ndarray | None:
+    def mapped(self, topic: str, queue_id: int, file_index: int, create: bool,
+               need: int = CQ_UNIT_BYTES) -> np.ndarray | None:
+        """File ``file_index`` of the queue mapped (None if it does not exist
+        and ``create`` is false). A file created here gets blocks for its
+        first ``need`` bytes (and ahead) while its descriptor is open."""
         key = (topic, queue_id, file_index)
         h = self._open.get(key)
         if h is None:
@@ -92,7 +96,7 @@ class ConsumeQueues:
                                  f"(mappedFileSizeConsumeQueue differs from the store's)")
             if new:     # its first units' blocks while the descriptor is open (not by path later)
                 try:
-                    self._allocate(h, CQ_UNIT_BYTES)
+                    self._allocate(h, need)
                 except OSError:
                     self.files.close(h)
                     raise
@@ -149,12 +153,19 @@ class ConsumeQueues:
         while done < count:
             fi, rel = divmod(first_offset + done, upf)
             n = min(count - done, upf - rel)
-            cq = self.mapped(topic, queue_id, fi, create=True)
-            h = self._open[(topic, queue_id, fi)]
-            if (rel + n) * CQ_UNIT_BYTES > h.allocated:
-                self._allocate(h, (rel + n) * CQ_UNIT_BYTES)
-            yield cq, rel, done, n
+            yield self._writable(topic, queue_id, fi, (rel + n) * CQ_UNIT_BYTES).array, rel, done, n
             done += n
+
+    def _writable(self, topic: str, queue_id: int, fi: int, end: int) -> Handle:
+        """File ``fi`` of the queue, mapped (created if new) with blocks for
+        its bytes below ``end`` (``_allocate``)."""
+        h = self._open.get((topic, queue_id, fi))
+        if h is None:
+            self.mapped(topic, queue_id, fi, create=True, need=end)
+            h = self._open[(topic, queue_id, fi)]
+        if end > h.allocated:
+            self._allocate(h, end)
+        return h
 
     def put_one(self, topic: str, queue_id: int, offset: int, phy: int, size: int,
                 tags_code: int) -> None:
@@ -162,14 +173,9 @@ class ConsumeQueues:
         assert offset >= 0 and phy >= 0 and 0 < size < K.CQ_PAD_SIZE, (
             "ConsumeQueue: a record's unit names a real position and size", offset, phy, size)
         fi, rel = divmod(offset, self.units_per_file)
-        h = self._open.get((topic, queue_id, fi))
-        if h is None:
-            self.mapped(topic, queue_id, fi, create=True)
-            h = self._open[(topic, queue_id, fi)]
         at = rel * CQ_UNIT_BYTES
-        if at + CQ_UNIT_BYTES > h.allocated:
-            self._allocate(h, at + CQ_UNIT_BYTES)
-        _UNIT.pack_into(h.array, at, phy, size, tags_code)
+        _UNIT.pack_into(self._writable(topic, queue_id, fi, at + CQ_UNIT_BYTES).array, at, phy,
+                        size, tags_code)
 
     def _allocate(self, h: Handle, end: int) -> None:
         """Blocks for ``h``'s bytes below ``end`` and some ahead, before units
