@@ -116,10 +116,7 @@ def cq_group_rows(rows, units, order, qoffs, bounds, anomalies):
             anomalies[g] += 1
         order[k] = i
         qoffs[k] = q
-        p = k * 20
-        st_i64(units, p, rows[i, S_PHY])
-        st_i32(units, p + 8, rows[i, S_SIZE])
-        st_i64(units, p + 12, rows[i, S_TAGS_CODE])
+        cq_put(units, k, rows[i, S_PHY], rows[i, S_SIZE], rows[i, S_TAGS_CODE])
     return groups
 
 
