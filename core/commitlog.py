@@ -196,6 +196,13 @@ class CommitLog:
                 self.files.close(h)
         return None
 
+    def at_or_past_head(self, segs: list[int], s: int) -> bool:
+        """Is segment ``s`` of ``segs`` the one the writers were in, or an
+        empty one made ahead of them (``last_written``)? A cut there loses
+        only what was never durable; anywhere before it, records."""
+        tail = self.last_written(segs)
+        return tail is None or s >= tail
+
     def last_nonzero(self, begin: int, end: int) -> tuple[int, int]:
         """(CommitLog offset of the last nonzero byte in [begin, end), which
         must lie in one segment, or -1; the bytes read to find it): what

@@ -79,8 +79,6 @@ def properties_bytes(props: dict[str, str] | None = None, *, tags: str | None = 
     return L.properties_to_string(d).encode()
 
 
-
-
 def _column(value, n: int, what: str) -> np.ndarray:
     a = np.asarray(value, dtype=np.int64)
     if a.shape != (n,):

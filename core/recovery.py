@@ -107,8 +107,7 @@ from .commitlog import CommitLog
 from .config import StoreConfig, record_paths
 from .consumequeue import ConsumeQueues
 from .files import FileLayer
-from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, PROPERTY_TAGS, SYSFLAG_TRANSACTION_MASK, \
-    SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK, offset_to_file_name
+from .layout import CQ_UNIT_BYTES, CQ_UNIT_DTYPE, PROPERTY_TAGS, offset_to_file_name
 
 SCAN_ROWS = 1 << 16
 SCAN_AHEAD_BYTES = 32 << 20      # the scan reads this far ahead of itself (posix_fadvise)
@@ -442,9 +441,8 @@ def _repair_short_segments(cl: CommitLog, segs: list[int], short: list[tuple[int
     gone). Returns whether a middle segment was repaired."""
     seg = cl.segment_bytes
     middle = False
-    tail = cl.last_written(segs) if short else None
     for s, size in short:
-        last = tail is None or s >= tail      # past the write head: only the never durable
+        last = cl.at_or_past_head(segs, s)    # past the write head: only the never durable
         r = SegmentRepair(offset_to_file_name(s), size, seg, last)
         # its records past the cut: never durable (a crash) or lost (a copy, a disk)
         cl.files.extend(cl.path(s), seg)

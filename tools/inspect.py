@@ -186,7 +186,7 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     from shmq.core.commitlog import SegmentMissing
     from shmq.core.reader import record_row, scan_out, walk
     from shmq.tools.storecheck import segment_name
-    from shmq.tools.storecheck import at_or_past_head, short_segment_note
+    from shmq.tools.storecheck import short_segment_note
 
     info = {"file": segment_name(s), "start": s, "size": None, "first_offset": None,
             "last_offset": None, "end_offset": None, "records": None, "full": None,
@@ -204,7 +204,7 @@ def _segment_info(view, cl, s: int, budget: int) -> dict:
     hi = min(hi, buf.shape[0])
     if info["size"] < view.segment_bytes:
         info["problem"] = short_segment_note(info["size"], view.segment_bytes,
-                                             at_or_past_head(cl, view, s))
+                                             cl.at_or_past_head(view.segments, s))
     if hi - lo <= budget:
         # cold: read ahead in large requests, and hold one window of the
         # segments walked (newest first, up to --scan-max), not all of them

@@ -362,14 +362,6 @@ def _verify_commitlog(view: StoreView, cl: CommitLog, units: UnitCheck) -> dict:
     return rep
 
 
-def at_or_past_head(cl: CommitLog, view: StoreView, s: int) -> bool:
-    """Is segment ``s`` the one the writers were in, or an empty one made
-    ahead of them (``CommitLog.last_written``)? A cut there loses only what
-    was never durable; anywhere before it, records."""
-    tail = cl.last_written(view.segments)
-    return tail is None or s >= tail
-
-
 def _segment_layout_problem(view: StoreView, cl: CommitLog) -> dict | None:
     """Segments must be contiguous and all of one size (recovery refuses otherwise)."""
     seg = view.segment_bytes
@@ -386,7 +378,7 @@ def _segment_layout_problem(view: StoreView, cl: CommitLog) -> dict | None:
         if size < seg:               # cut short: the next start repairs it (with what it lost)
             return {"offset": s, "segment": segment_name(s),
                     "problem": f"segment {segment_name(s)}: "
-                               + short_segment_note(size, seg, at_or_past_head(cl, view, s))}
+                               + short_segment_note(size, seg, cl.at_or_past_head(view.segments, s))}
         if size != seg:
             return {"offset": s, "segment": segment_name(s),
                     "problem": f"segment {segment_name(s)} has {size} bytes, the first one {seg}"}
