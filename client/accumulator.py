@@ -448,7 +448,6 @@ class Accumulator:
         if conn is None:                  # one task opens the connection; batches queue behind it
             # each caller gets its timeout at its own deadline meanwhile
             # (an opening connection may take several request timeouts)
-            b.deadline = max(b.deadlines)
             self._expire(b, connecting=True)
             if waiting is None:
                 self._spawn(self._connect(name))
@@ -493,7 +492,7 @@ class Accumulator:
         yet: its broker's connection opens), at the next deadline whatever
         it is."""
         now = time.monotonic()
-        nxt = math.inf if connecting else b.deadline
+        limit = nxt = math.inf if connecting else b.deadline
         for f, d in zip(b.futures, b.deadlines):
             if f.done():
                 continue
@@ -504,8 +503,7 @@ class Accumulator:
                     f"{f' for the connection to {b.queue.broker_name}' if connecting else ''})"))
             elif d < nxt:
                 nxt = d
-        b.expiry = (self.loop.call_later(nxt - now, self._expire, b, connecting)
-                    if nxt < (math.inf if connecting else b.deadline) else None)
+        b.expiry = self.loop.call_later(nxt - now, self._expire, b, connecting) if nxt < limit else None
 
     def _send_waiting(self, name: str, conn) -> None:
         for b in self._unconnected.pop(name, ()):
