@@ -236,12 +236,16 @@ def _blocking_many_sends(namesrv: str, topic: str, seconds: float, array: bool) 
     bodies = _many_bodies(array)
     with Producer("perf-local-many-blocking", client=cfg) as p:
         p.send_many(topic, bodies[:16])
+        before = _direct_appended(p._p)
         n, t0 = 0, time.perf_counter()
         end = t0 + seconds
         while time.perf_counter() < end:
             _check_many(p.send_many(topic, bodies))
             n += MANY
-        return n / (time.perf_counter() - t0)
+        rate = n / (time.perf_counter() - t0)
+        if _direct_appended(p._p) - before != n:
+            raise AssertionError("blocking send_many: not every message appended by this process")
+        return rate
 
 
 def _send_many_rows(ctx, ns: str, topic: str, seconds: float, result):
