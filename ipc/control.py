@@ -36,6 +36,7 @@ owner recovers.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import mmap
 import logging
@@ -343,22 +344,41 @@ class ControlBlock:
     # -------------------------------------------------------- process slots
     def register(self, role: int, slot: int | None = None) -> int:
         """Claim a process slot (``slot`` if given, else a free one) and bind
-        its wake-up socket. Claiming takes the append lock to exclude races."""
+        its wake-up socket. Claiming takes the append lock to exclude races.
+        The bound address is part of the claim: a slot whose address another
+        process still holds (one leaving, between freeing its slot and closing
+        its socket; or a child that inherited the socket through a plain
+        fork) is not free, whatever its row says."""
         pid = os.getpid()
         start = process_start_ticks(pid)
+        explicit = slot is not None
         self.lock.acquire()
         try:
-            if slot is None:
-                free = [i for i in range(1, self.procs.shape[0])
-                        if not pid_alive(int(self.procs["pid"][i]), int(self.procs["start_ticks"][i]))]
-                if not free:
-                    raise RuntimeError(f"all {self.procs.shape[0]} process slots are taken "
-                                       f"(maxProcessSlots)")
-                slot = free[0]
+            if not explicit:
+                candidates = [i for i in range(1, self.procs.shape[0])
+                              if not pid_alive(int(self.procs["pid"][i]),
+                                               int(self.procs["start_ticks"][i]))]
             else:
                 p = self.procs[slot]
                 if int(p["pid"]) not in (0, pid) and pid_alive(int(p["pid"]), int(p["start_ticks"])):
                     raise SlotTaken(f"process slot {slot} belongs to live pid {int(p['pid'])}")
+                candidates = [slot]
+            waiter = None
+            for cand in candidates:
+                try:
+                    waiter = Waiter(self.namespace, cand)
+                except OSError as e:
+                    if e.errno != errno.EADDRINUSE:
+                        raise
+                    continue
+                slot = cand
+                break
+            if waiter is None:
+                if explicit:
+                    raise SlotTaken(f"process slot {slot}: its wake-up address is still "
+                                    f"held by another process")
+                raise RuntimeError(f"all {self.procs.shape[0]} process slots are taken "
+                                   f"(maxProcessSlots)")
             p = self.procs[slot]
             p["flags"] = 0
             p["role"] = role
@@ -368,18 +388,20 @@ class ControlBlock:
         finally:
             self.lock.release()
         self.slot = slot
-        self.waiter = Waiter(self.namespace, slot)
+        self.waiter = waiter
         return slot
 
     def unregister(self) -> None:
+        """Leave the slot: the wake-up address is let go of before the row
+        says the slot is free, so the next process to claim it can bind it."""
+        if self.waiter is not None:
+            self.waiter.close()
+            self.waiter = None
         if self.slot >= 0 and self.procs is not None:
             p = self.procs[self.slot]
             p["flags"] = 0
             p["pid"] = 0
         self.slot = -1
-        if self.waiter is not None:
-            self.waiter.close()
-            self.waiter = None
 
     def set_flag(self, flag: int, on: bool) -> None:
         if on:

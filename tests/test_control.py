@@ -275,3 +275,32 @@ def test_a_dead_lock_holder_that_never_had_a_slot_is_found(owner):
     assert any("died holding the append lock" in d for d in done)
     assert owner.cb.sem.value == 1
     owner.store.append(encode("Free", [b"x"], properties=b""))   # not blocked
+
+
+def test_a_slot_whose_wakeup_address_is_still_held_is_not_claimed(owner):
+    """A process leaving its slot, or a child that inherited its socket
+    through a plain fork, can still hold a slot's wake-up address after the
+    slot's row says it is free: a newcomer takes another slot, and a process
+    that must have that slot (the flusher's) is told why it cannot."""
+    from shmq.ipc.control import SlotTaken
+    from shmq.ipc.wakeup import Waiter
+
+    cb = ControlBlock.attach(owner.root)
+    probe = cb.register(role=0)           # the slot the next newcomer would get
+    cb.unregister()
+    held = Waiter(cb.namespace, probe)    # its address, held by someone else
+    try:
+        got = cb.register(role=0)
+        assert got != probe
+        cb.unregister()
+        with pytest.raises(SlotTaken, match=f"slot {probe}: its wake-up address"):
+            cb.register(role=0, slot=probe)
+        assert int(cb.procs["pid"][probe]) == 0
+    finally:
+        held.close()
+        cb.close()
+    cb = ControlBlock.attach(owner.root)
+    try:
+        assert cb.register(role=0) == probe   # let go of: free again
+    finally:
+        cb.close()
