@@ -41,6 +41,10 @@ FILE_MODE = 0o600   # every file the store creates: owner-only
 DIR_MODE = 0o700    # every directory it creates
 
 PAGE_BYTES = 4096
+# what a store's disk says when it cannot take a write: full, over quota,
+# failing, remounted read-only, a file too large. A process that meets one
+# says so and tries again later; any other OSError is a bug.
+DISK_ERRORS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG))
 READ_AHEAD_DEFAULT_BYTES = 128 << 10   # read_ahead_kb's default: where a device's cannot be read
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 SECTOR_BYTES = 512

@@ -6,6 +6,17 @@ the broker's services process); any process queries (``read_only=True``).
 Keys are stored as hashes only: a query may return records of another key,
 so the caller re-checks the key on each record (RocketMQ's clients do).
 
+Blocks: the files are sparse (a new file costs its header, not 420 MB) and
+written through their mapping, where a store into a page with no block on a
+full disk is a SIGBUS that kills the services process. So the writer gives
+pages blocks (fallocate) before the kernel stores there: the header and the
+hash slots (random access) when the file is made or first opened for
+writing, the entries (sequential) ahead of indexCount, a page at first and
+then as much as is already allocated, up to ENTRIES_AHEAD_MAX bytes at a
+time; the kernel is told to stop at the last entry with blocks
+(``IndexFile.room``). A full disk is then ENOSPC from ``build``, which
+keeps its place (``IndexBuilder`` tries again later).
+
 Concurrency: an insert writes the entry, then its slot, then the header,
 indexCount last, slots and indexCount as aligned 4-byte stores (x86-64 TSO
 keeps the order); a query loads indexCount first and reports only entries
@@ -38,6 +49,8 @@ NAME_DIGITS = 17
 # MessageStoreConfig.maxMsgsNumBatch: IndexService.queryOffset caps maxNum at it.
 MAX_MSGS_NUM_BATCH = 64
 SCAN_ROWS = 8192
+# entries given blocks at a time at most (the module doc): 52,428 entries
+ENTRIES_AHEAD_MAX = 1 << 20
 log = logging.getLogger("shmq.store")
 
 HEADER_DTYPE = np.dtype([("begin_ts", ">i8"), ("end_ts", ">i8"), ("begin_phy", ">i8"),
@@ -101,6 +114,12 @@ class IndexFile:
         if not files.create_preallocated(path, file_bytes(slot_num, index_num), sparse=True):
             return None
         f = cls(files, path, slot_num, index_num, writable=True)
+        try:
+            f.room()                       # blocks for the header and slots before a store there
+        except OSError:                    # the disk is full: no file rather than one that
+            f.close()                      # would be a SIGBUS to write
+            files.unlink(path)
+            raise
         if end_phy > 0:
             f.header["begin_phy"] = f.header["end_phy"] = end_phy
         if end_ts > 0:
@@ -136,6 +155,27 @@ class IndexFile:
     @property
     def is_full(self) -> bool:
         return self.count >= self.index_num
+
+    @property
+    def entries_base(self) -> int:
+        return K.IX_HEADER_BYTES + self.slot_num * K.IX_SLOT_BYTES
+
+    def room(self) -> int:
+        """The writer's limit for the kernel's ``index_num``: entries below
+        it lie in pages with blocks, as do the header and the slots; more
+        are given blocks here when the next entry has none (the module
+        doc). OSError (ENOSPC) when the disk has no room for the next one."""
+        h, base, size = self._h, self.entries_base, K.IX_ENTRY_BYTES
+        have = max(0, (h.allocated - base) // size)
+        if self.count >= have and have < self.index_num:
+            end = base + (self.count + 1) * size              # the next entry's own bytes
+            ahead = min(ENTRIES_AHEAD_MAX, max(4096, h.allocated - base))
+            try:
+                self.files.allocate(h, min(h.size, end + ahead))
+            except OSError:
+                self.files.allocate(h, end)                  # its own page, if the disk has it
+            have = max(0, (h.allocated - base) // size)
+        return min(have, self.index_num)
 
     def time_matched(self, begin: int, end: int) -> bool:
         """``IndexFile.isTimeMatched``."""
@@ -411,11 +451,21 @@ class IndexService:
         return resume
 
     def _index_rows(self, seg: np.ndarray, n: int) -> None:
+        """Index rows[:n]. On OSError (no room on the disk for a new file or
+        the next entry's page) the build's place is the first row not done
+        and the keys of it done, where the next ``build`` goes on."""
         first, skip = 0, self._skip
         while True:
-            f = self._files[-1] if self._files and not self._files[-1].is_full else self._roll()
+            try:
+                f = self._files[-1] if self._files and not self._files[-1].is_full else self._roll()
+                room = f.room()
+            except OSError:
+                self._next_phy, self._skip = int(self._rows[first, K.S_PHY]), skip
+                raise
+            # the kernel stops at ``room`` as at a full file (IX_FULL): a file
+            # not full then gets more room on the next turn, a full one a successor
             row, done, status = K.index_records(seg, self._rows, first, n, skip, f.buf,
-                                                self.slot_num, self.index_num, _UNIQ_KEY, _KEYS)
+                                                self.slot_num, room, _UNIQ_KEY, _KEYS)
             if status == K.IX_DONE:
                 break
             first, skip = row, done

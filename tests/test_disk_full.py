@@ -272,3 +272,97 @@ def test_a_slave_on_a_full_disk_gets_enospc_dispatching_not_a_bus_error(tmp_path
     at = int(failed.split("(")[1].split(",")[0])
     assert failed.endswith("'ENOSPC')") and at > 4096, p.stdout      # refused, not killed
     assert stored.strip() == "3000 b'm0' b'm2999' True", p.stdout
+
+
+_FULL_TMPFS_INDEX = r'''
+import errno, os, sys
+from shmq.core.config import StoreConfig
+from shmq.core.index import IndexService
+from shmq.core.records import encode
+from shmq.core.store import open_local
+root = sys.argv[1]
+if os.system(f"mount -t tmpfs -o size=4m none {root}") != 0:
+    print("no mount"); sys.exit(0)
+cfg = StoreConfig(storePathRootDir=root + "/store", mappedFileSizeCommitLog=1 << 20,
+                  maxMessageSize=8192, mappedFileSizeConsumeQueue=300_000 * 20,
+                  maxHashSlotNum=1000, maxIndexNum=100_000)
+store, _ = open_local(cfg)
+svc = IndexService(cfg)
+N = 3000
+for i in range(5):
+    store.append(encode("T", [b"m%d" % i], properties=b"KEYS\x01k%d" % i))
+svc.build(store)                          # the file, its slots and a page of entries
+for i in range(5, N):
+    store.append(encode("T", [b"m%d" % i], properties=b"KEYS\x01k%d" % i))
+''' + _FILL_DISK + r'''failed = None
+try:
+    svc.build(store)                      # past the entries' page: the disk has no room
+except OSError as e:
+    failed = errno.errorcode[e.errno]
+os.close(fd)
+os.unlink(root + "/filler")               # room again: the build goes on where it stopped
+svc.build(store)
+hits = [len(svc.query("T", "k%d" % i, 64, 0, 1 << 62)) for i in range(N)]
+print("failed", failed, "indexed", sum(h == 1 for h in hits), "twice", sum(h > 1 for h in hits),
+      flush=True)
+'''
+
+
+def test_a_full_disk_under_the_index_is_enospc_not_a_bus_error(tmp_path):
+    """IndexFiles are sparse and written through their mapping: an entry or
+    a slot stored into a page with no block on a full disk was a SIGBUS that
+    killed the services process. Pages get their blocks first, so the build
+    says ENOSPC and keeps its place; once there is room every key is indexed,
+    none twice. A real full file system: a 4 MiB tmpfs in a mount namespace
+    of the test's own."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: no mount namespace for a tiny tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+                        _FULL_TMPFS_INDEX, str(mnt)], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
+        pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
+    assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
+    assert p.stdout.split() == ["failed", "ENOSPC", "indexed", "3000", "twice", "0"], p.stdout
+
+
+def test_the_index_builder_waits_out_a_full_disk_with_one_warning(store_dir, caplog):
+    """What the services process does with the build's ENOSPC: one WARNING
+    naming the index directory, no build for INDEX_RETRY_S, then on; the
+    process does not die of it (the boss stopped a broker whose services
+    process kept dying)."""
+    from shmq.broker.services import INDEX_RETRY_S, IndexBuilder
+    from shmq.core.index import IndexService
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    svc = IndexService(cfg)
+    builder = IndexBuilder(svc, store)
+    store.append(encode("T", [b"x"], properties=b"KEYS\x01k"))
+    calls = []
+
+    def full(s, limit_bytes=None):
+        calls.append(1)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    build, svc.build = svc.build, full
+    with caplog.at_level(logging.INFO, "shmq.services"):
+        assert builder.step(1_000) == 0 and builder.step(1_001) == 0
+        assert len(calls) == 1                      # paused after the failure
+        assert builder.step(1_000 + int(INDEX_RETRY_S * 1000)) == 0 and len(calls) == 2
+        svc.build = build                           # room again
+        assert builder.step(1_000 + int(2 * INDEX_RETRY_S * 1000)) > 0
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.WARNING and r.name == "shmq.services"]
+    assert warned == [f"index: cannot write the IndexFile under {svc.dir}: No space left on "
+                      f"device; messages stored meanwhile are indexed once there is room "
+                      f"(trying again every 10 s)"], warned
+    assert svc.query("T", "k", 64, 0, 1 << 62)
+    with pytest.raises(OSError, match="Bad file descriptor"):   # not the disk's: a bug, raised
+        svc.build = lambda s, limit_bytes=None: (_ for _ in ()).throw(
+            OSError(errno.EBADF, os.strerror(errno.EBADF)))
+        builder.step(10_000_000)
+    svc.close()
+    store.close()

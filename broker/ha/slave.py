@@ -34,7 +34,6 @@ again (a line a second for as long as a master stays wrong helped no one).
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ import selectors
 import socket
 import time
 
+from shmq.core.files import DISK_ERRORS
 from shmq.core.replica import Replica, ReplicaError
 
 from ..config import BrokerConfig
@@ -52,9 +52,6 @@ RETRY_S = 1.0
 # a store that could not write what arrived (its disk full) is given this
 # long before the master is asked again (the flusher's wait for a segment)
 DISK_RETRY_S = 10.0
-# what a store's disk says when it cannot take a write: full, over quota,
-# failing, remounted read-only, a file too large
-DISK_ERRORS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG))
 CONNECT_TIMEOUT_S = 5.0
 TICK_S = 0.1
 RECV_BYTES = 1 << 20
