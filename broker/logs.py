@@ -100,6 +100,43 @@ class Repeats:
         self._last.pop(key, None)
 
 
+# how long a process whose disk refused a write waits before it tries again
+DISK_RETRY_S = 10.0
+
+
+class DiskWait:
+    """A background writer (the index build, the timer log) whose disk
+    refused a write (``core.files.DISK_ERRORS``: full, read-only, failing):
+    one WARNING naming ``what`` and the error, no try for ``retry_s``, then
+    on; INFO once a try succeeds. Its process keeps doing everything else
+    (it used to die of the SIGBUS, and the boss stopped a broker whose
+    process kept dying). Any other OSError is a bug: raised."""
+
+    def __init__(self, log: logging.Logger, what: str, meanwhile: str,
+                 retry_s: float = DISK_RETRY_S):
+        self.log, self.what, self.meanwhile, self.retry_ms = log, what, meanwhile, int(retry_s * 1000)
+        self.until = 0
+        self.failing = False
+
+    def ready(self, now_ms: int) -> bool:
+        return now_ms >= self.until
+
+    def failed(self, e: OSError, now_ms: int) -> None:
+        from shmq.core.files import DISK_ERRORS
+        if e.errno not in DISK_ERRORS:
+            raise e
+        if not self.failing:
+            self.log.warning("cannot write %s: %s; %s (trying again every %.0f s)", self.what,
+                             e.strerror or e, self.meanwhile, self.retry_ms / 1000)
+        self.failing = True
+        self.until = now_ms + self.retry_ms
+
+    def ok(self) -> None:
+        if self.failing:
+            self.log.info("writing %s again", self.what)
+            self.failing = False
+
+
 @dataclass(frozen=True)
 class LogSettings:
     logRoot: str = DEFAULT_ROOT

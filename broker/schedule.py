@@ -32,6 +32,7 @@ from .delivery import (
     Reposter,
     restore_real,
 )
+from .logs import DiskWait
 from .topics import SCHEDULE_TOPIC, TIMER_TOPIC
 
 log = logging.getLogger("shmq.schedule")
@@ -171,6 +172,9 @@ class TimerService:
         self.wheel.open(self.open_slot, self.open_fired)
         if self.wheel.pending:
             log.info("timer wheel: %s", self.wheel.recovery)
+        self.disk = DiskWait(log, f"the timer log under {self.wheel.dir}",
+                             "timer messages stored meanwhile are scheduled once there is room "
+                             "(those already scheduled are delivered)")
 
     def close(self) -> None:
         self.wheel.flush()
@@ -195,7 +199,13 @@ class TimerService:
     def step(self, now_ms: int) -> int:
         cur = self.p[TIMER_CURSOR]
         slot, fired = cur >> FIRED_BITS, cur & FIRED_MASK
-        self._enqueue(slot)
+        if self.disk.ready(now_ms):
+            try:
+                self._enqueue(slot)
+            except OSError as e:              # the log's page, or a new file: the disk is full
+                self.disk.failed(e, now_ms)   # (what got in is the wheel's next_cq_offset)
+            else:
+                self.disk.ok()
         now_slot = now_ms // self.precision
         done = 0
         while True:

@@ -25,7 +25,6 @@ import signal
 import time
 
 from shmq.core import jit
-from shmq.core.files import DISK_ERRORS
 from shmq.core.index import IndexService
 from shmq.core.scrub import Scrubber
 from shmq.core.store import MessageStore
@@ -44,6 +43,7 @@ from .config import SLAVE, BrokerConfig
 from .delivery import Progress, Reposter
 from .ha.slave import load_learned, save_learned
 from .ha.sync import SlaveSync
+from .logs import DiskWait
 from .logs import setup as setup_logs
 from .namesrv import register_broker_request, unregister_broker_request
 from .registry import Registry
@@ -56,39 +56,27 @@ log = logging.getLogger("shmq.services")
 TICK_S = 0.1
 EXPIRE_EVERY_S = 10.0
 STOP_INDEX_S = 2.0
-INDEX_RETRY_S = 10.0        # a full disk: the index build waits this long to try again
 
 
 class IndexBuilder:
     """Keeps the IndexFile up with the CommitLog (keys and unique ids). A
     disk that refuses the index's pages (full: ``core.index``'s blocks
-    ahead) is one WARNING and a pause of INDEX_RETRY_S, then the build
-    goes on where it stopped; the services process (delays, transactions,
-    the NameServer registration) keeps running, as the broker does."""
+    ahead) pauses it (``DiskWait``); the build then goes on where it stopped."""
 
     def __init__(self, index: IndexService, store: MessageStore):
         self.index, self.store = index, store
-        self.paused_until = 0
-        self.failing = False
+        self.disk = DiskWait(log, f"the IndexFile under {index.dir}",
+                             "messages stored meanwhile are indexed once there is room")
 
     def step(self, now_ms: int) -> int:
-        if now_ms < self.paused_until:
+        if not self.disk.ready(now_ms):
             return 0
         try:
             done = self.index.build(self.store)
         except OSError as e:
-            if e.errno not in DISK_ERRORS:
-                raise
-            if not self.failing:
-                log.warning("index: cannot write the IndexFile under %s: %s; messages stored "
-                            "meanwhile are indexed once there is room (trying again every %.0f s)",
-                            self.index.dir, e.strerror or e, INDEX_RETRY_S)
-            self.failing = True
-            self.paused_until = now_ms + int(INDEX_RETRY_S * 1000)
+            self.disk.failed(e, now_ms)
             return 0
-        if self.failing:
-            log.info("index: writing the IndexFile again")
-            self.failing = False
+        self.disk.ok()
         return done
 
 

@@ -179,22 +179,16 @@ class ConsumeQueues:
 
     def _allocate(self, h: Handle, end: int) -> None:
         """Blocks for ``h``'s bytes below ``end`` and some ahead, before units
-        are stored there. The files are sparse (10,000 queues cost a page
-        each, not 6 MB), and a store through the mapping into a page with
-        no block is a SIGBUS on a full disk: the writing worker (or the HA
-        slave) died mid-append with no message. fallocate says ENOSPC
-        instead, which the append turns into a refused send (its claim
-        rolled back). Ahead: a page at first, then as much as the file has
-        allocated, up to ALLOCATE_AHEAD_MAX: a busy queue makes the three
-        system calls once per MiB of units (52,428; at 64 KiB a send_many
-        of 4,096 bodies made them on every call), a quiet one keeps
-        to a page or two; a disk that has no room ahead is asked for the
-        units' own pages alone."""
-        ahead = min(ALLOCATE_AHEAD_MAX, max(4096, h.allocated))
-        try:
-            self.files.allocate(h, min(self.file_bytes, end + ahead))
-        except OSError:
-            self.files.allocate(h, end)          # the units' own pages, if the disk has them
+        are stored there (``FileLayer.allocate_ahead``). The files are
+        sparse (10,000 queues cost a page each, not 6 MB), and a store
+        through the mapping into a page with no block is a SIGBUS on a full
+        disk: the writing worker (or the HA slave) died mid-append with no
+        message. fallocate says ENOSPC instead, which the append turns into
+        a refused send (its claim rolled back). Ahead up to
+        ALLOCATE_AHEAD_MAX: a busy queue makes the three system calls once
+        per MiB of units (52,428; at 64 KiB a send_many of 4,096 bodies made
+        them on every call)."""
+        self.files.allocate_ahead(h, end, self.file_bytes, ALLOCATE_AHEAD_MAX)
 
     def put_padding(self, topic: str, queue_id: int, first_offset: int, count: int) -> None:
         """Padding units (RocketMQ's fillPreBlank: size Integer.MAX_VALUE, the

@@ -242,6 +242,23 @@ class FileLayer:
                 os.close(fd)
         h.allocated = end
 
+    def allocate_ahead(self, h: Handle, end: int, limit: int, ahead_max: int) -> None:
+        """``allocate`` below ``end`` and ahead of it, for a file written
+        through its mapping bit by bit (ConsumeQueues, IndexFile entries,
+        the timer log): as much again as is allocated already, a page at
+        least, ``ahead_max`` at most, never past ``limit`` (the file's
+        size) — a busy file makes the system calls once per ``ahead_max``,
+        a quiet one keeps to a page or two. A disk with no room ahead is
+        asked for the bytes below ``end`` alone; OSError (ENOSPC) when it
+        has none for them."""
+        if end <= h.allocated:
+            return
+        ahead = min(ahead_max, max(PAGE_BYTES, h.allocated))
+        try:
+            self.allocate(h, min(limit, end + ahead))
+        except OSError:
+            self.allocate(h, end)
+
     def open(self, path: str, writable: bool = True) -> Handle:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         st = os.fstat(fd)

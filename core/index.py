@@ -11,9 +11,8 @@ written through their mapping, where a store into a page with no block on a
 full disk is a SIGBUS that kills the services process. So the writer gives
 pages blocks (fallocate) before the kernel stores there: the header and the
 hash slots (random access) when the file is made or first opened for
-writing, the entries (sequential) ahead of indexCount, a page at first and
-then as much as is already allocated, up to ENTRIES_AHEAD_MAX bytes at a
-time; the kernel is told to stop at the last entry with blocks
+writing, the entries (sequential) ahead of indexCount, up to
+ENTRIES_AHEAD_MAX bytes at a time (``FileLayer.allocate_ahead``); the kernel is told to stop at the last entry with blocks
 (``IndexFile.room``). A full disk is then ENOSPC from ``build``, which
 keeps its place (``IndexBuilder`` tries again later).
 
@@ -168,12 +167,8 @@ class IndexFile:
         h, base, size = self._h, self.entries_base, K.IX_ENTRY_BYTES
         have = max(0, (h.allocated - base) // size)
         if self.count >= have and have < self.index_num:
-            end = base + (self.count + 1) * size              # the next entry's own bytes
-            ahead = min(ENTRIES_AHEAD_MAX, max(4096, h.allocated - base))
-            try:
-                self.files.allocate(h, min(h.size, end + ahead))
-            except OSError:
-                self.files.allocate(h, end)                  # its own page, if the disk has it
+            # the next entry's own bytes, and ahead
+            self.files.allocate_ahead(h, base + (self.count + 1) * size, h.size, ENTRIES_AHEAD_MAX)
             have = max(0, (h.allocated - base) // size)
         return min(have, self.index_num)
 

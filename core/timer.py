@@ -16,7 +16,10 @@ restart.
 
 Files: ``timerlog/<20-digit index of the file's first entry>``, each
 ``file_entries`` × 32 bytes, created sparse and written through a shared
-mapping. Entry n lives in file ``n - n % file_entries`` at byte
+mapping; pages get their blocks (fallocate) before entries are stored there,
+up to ALLOCATE_AHEAD_MAX bytes ahead, since a store into a page with no
+block on a full disk is a SIGBUS where fallocate says ENOSPC (``add``
+raises it; what got in is ``next_cq_offset``). Entry n lives in file ``n - n % file_entries`` at byte
 ``(n % file_entries) * 32``. Entry, big-endian, numpy dtype ``ENTRY_DTYPE``::
 
     off size field
@@ -52,6 +55,7 @@ from .files import REAL_FILES, FileLayer, Handle
 ENTRY_DTYPE = np.dtype([("cq_offset", ">i8"), ("phy_offset", ">i8"), ("size", ">i4"),
                         ("check", ">i4"), ("slot", ">i8")])
 ENTRY_BYTES = 32
+ALLOCATE_AHEAD_MAX = 1 << 20       # 32,768 entries given blocks at a time at most
 assert ENTRY_DTYPE.itemsize == ENTRY_BYTES
 
 _CHECK_SEED = np.uint64(0x54494D45524C4F47)   # b"TIMERLOG"
@@ -454,6 +458,9 @@ class TimerWheel:
                 self._roll()
             at = self._end - self._current_first
             m = min(n - done, self.file_entries - at)
+            # blocks before stores through the mapping (the module doc)
+            self.files.allocate_ahead(self._current, (at + m) * ENTRY_BYTES, self.file_bytes,
+                                      ALLOCATE_AHEAD_MAX)
             rows = self._rows[at:at + m]
             part = slice(done, done + m)
             rows["cq_offset"] = cq_offsets[part]

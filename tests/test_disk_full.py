@@ -335,7 +335,8 @@ def test_the_index_builder_waits_out_a_full_disk_with_one_warning(store_dir, cap
     naming the index directory, no build for INDEX_RETRY_S, then on; the
     process does not die of it (the boss stopped a broker whose services
     process kept dying)."""
-    from shmq.broker.services import INDEX_RETRY_S, IndexBuilder
+    from shmq.broker.logs import DISK_RETRY_S as INDEX_RETRY_S
+    from shmq.broker.services import IndexBuilder
     from shmq.core.index import IndexService
     cfg = small_config(store_dir)
     store, _ = open_local(cfg)
@@ -356,7 +357,7 @@ def test_the_index_builder_waits_out_a_full_disk_with_one_warning(store_dir, cap
         assert builder.step(1_000 + int(2 * INDEX_RETRY_S * 1000)) > 0
     warned = [r.getMessage() for r in caplog.records
               if r.levelno >= logging.WARNING and r.name == "shmq.services"]
-    assert warned == [f"index: cannot write the IndexFile under {svc.dir}: No space left on "
+    assert warned == [f"cannot write the IndexFile under {svc.dir}: No space left on "
                       f"device; messages stored meanwhile are indexed once there is room "
                       f"(trying again every 10 s)"], warned
     assert svc.query("T", "k", 64, 0, 1 << 62)
@@ -366,3 +367,58 @@ def test_the_index_builder_waits_out_a_full_disk_with_one_warning(store_dir, cap
         builder.step(10_000_000)
     svc.close()
     store.close()
+
+
+_FULL_TMPFS_TIMER = r"""
+import errno, os, sys
+import numpy as np
+from shmq.core.timer import TimerWheel
+root = sys.argv[1]
+if os.system(f"mount -t tmpfs -o size=4m none {root}") != 0:
+    print("no mount"); sys.exit(0)
+w = TimerWheel(root, file_entries=1 << 16)      # 2 MiB files, sparse
+w.open(0, 0)
+def add(first, n):
+    q = np.arange(first, first + n, dtype=np.int64)
+    w.add(q, q * 100, np.full(n, 100, np.int64), q % 7 + 10, 0)
+add(0, 10)                                      # the file and its first page
+""" + _FILL_DISK + r"""failed = None
+n = 10
+try:
+    while n < 1 << 16:                          # past the page: the disk has no room
+        add(n, 128)
+        n += 128
+except OSError as e:
+    failed = errno.errorcode[e.errno]
+got = w.next_cq_offset                          # what got in before the refusal
+os.close(fd)
+os.unlink(root + "/filler")
+add(got, 1000)
+w.close()
+w = TimerWheel(root, file_entries=1 << 16)      # reopened: the log is whole
+w.open(0, 0)
+print("failed", failed, "kept", w.pending == got + 1000, w.next_cq_offset == got + 1000,
+      got > 10, flush=True)
+"""
+
+
+def test_a_full_disk_under_the_timer_log_is_enospc_not_a_bus_error(tmp_path):
+    """The timer log's files are sparse and written through their mapping:
+    an entry stored into a page with no block on a full disk was a SIGBUS
+    that killed the services process. Pages get their blocks first, so
+    ``add`` raises ENOSPC with what got in kept (``next_cq_offset``), and
+    the log goes on from there once there is room. A real full file system:
+    a 4 MiB tmpfs in a mount namespace of the test's own."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: no mount namespace for a tiny tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+                        _FULL_TMPFS_TIMER, str(mnt)], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
+        pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
+    assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
+    assert p.stdout.split() == ["failed", "ENOSPC", "kept", "True", "True", "True"], p.stdout

@@ -45,13 +45,11 @@ from shmq.core.files import DISK_ERRORS
 from shmq.core.replica import Replica, ReplicaError
 
 from ..config import BrokerConfig
+from ..logs import DISK_RETRY_S   # a store that could not write what arrived: then ask again
 from .protocol import Frames, ProtocolError, report
 
 log = logging.getLogger("shmq.ha")
 RETRY_S = 1.0
-# a store that could not write what arrived (its disk full) is given this
-# long before the master is asked again (the flusher's wait for a segment)
-DISK_RETRY_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 TICK_S = 0.1
 RECV_BYTES = 1 << 20
