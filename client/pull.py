@@ -38,9 +38,10 @@ from dataclasses import dataclass
 
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
-from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, pull_ext
+from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, pull_ext
 from shmq.ipc.remoting import RemotingCommand
 
+from .direct import CAUGHT_UP
 from .errors import MQClientError, RemotingError
 from .instance import MASTER_ID, ClientInstance
 from .message import MessageExt, MessageQueue, decode_messages
@@ -95,8 +96,26 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
         ds = instance.direct_now(mq.broker_name)
         if ds is not None:
             reads = ds.reads
-            got = reads.pull(group, mq.topic, mq.queue_id, offset, max_nums, _tag_codes(sub),
+            codes = _tag_codes(sub)
+            got = reads.pull(group, mq.topic, mq.queue_id, offset, max_nums, codes,
                              commit_offset if sysflag & PULL_COMMIT_OFFSET else None)
+            if got is CAUGHT_UP:
+                # the long poll, here: woken by the append, read again; after
+                # the suspend time with nothing the broker answers at once
+                # (no second wait there); where this process cannot wait, the
+                # broker's long poll does
+                came = None
+                if sysflag & PULL_SUSPEND and suspend_ms > 0:
+                    came = await reads.park(mq.topic, mq.queue_id, offset, suspend_ms / 1000)
+                got = None
+                if came:
+                    got = reads.pull(group, mq.topic, mq.queue_id, offset, max_nums, codes, None)
+                    if got is CAUGHT_UP:
+                        got = None
+                elif came is False:
+                    sysflag &= ~PULL_SUSPEND
+            elif got is None and reads.first_ask(group, mq.topic, mq.queue_id):
+                sysflag &= ~PULL_SUSPEND              # answered at once; the next pull is here
             if got is not None:
                 found, next_begin, mn, mx, body = got
                 result = PullResult(PullStatus.FOUND if found else PullStatus.NO_MATCHED_MSG,

@@ -43,11 +43,15 @@
   loops on its direct read (``DirectReads.pull``, what a push consumer's
   pull asks first) and never parks — the client has no spinning consumer
   of its own: this is the floor one would reach. Parking: an
-  ``AsyncPushConsumer`` with direct reads (caught up, its pull parks in
-  the broker until the append wakes it); beside it the same push consumer
+  ``AsyncPushConsumer`` with direct reads (caught up, its pull waits in
+  its own process until an append wakes it: client/direct.py
+  ``_Parker``); beside it the same push consumer
   over the socket (``direct_append=False``) and the raw Unix-socket round
   trip (the limit). p50/p99 of every message; issue 17's targets 10 µs and
-  40 µs.
+  40 µs. ``broker_cpu_us_per_msg``: the CPU the broker's processes used a
+  message meanwhile (a caught-up direct consumer waits in its own process,
+  so the broker's workers should have none of it; beside it the socket
+  consumer's).
 - local_ipc_2x2: 2 producer processes (``put``, direct) and 2 consumer
   processes (``AsyncPushConsumer``, one group, direct reads) on one
   4-queue topic at once: every message delivered once, stored in put
@@ -389,7 +393,7 @@ async def _spin_consumer(ns: str, topic: str, count: int, pipe) -> list:
     """Read ``topic``'s queue 0 from offset 1 with the client's direct read
     in a loop that never parks, until ``count`` messages came."""
     import numpy as np
-    from shmq.client.direct import warm_up_reads
+    from shmq.client.direct import CAUGHT_UP, warm_up_reads
     from shmq.client.instance import ClientInstance
     from shmq.client.message import decode_messages
     from shmq.client.pull import pull_kernel
@@ -420,7 +424,7 @@ async def _spin_consumer(ns: str, topic: str, count: int, pipe) -> list:
         deadline = time.monotonic() + count / LATENCY_RATE * 3 + 30
         while off <= count:
             got = pull(group, topic, 0, off, 32, codes, None)
-            if got is None or not got[0]:
+            if got is None or got is CAUGHT_UP or not got[0]:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"spinning: {off - 1} of {count} came")
                 continue
@@ -466,18 +470,34 @@ async def _park_consumer(ns: str, topic: str, count: int, direct: bool, pipe) ->
     return lat
 
 
-def _latency(ns: str, topic: str, count: int, consumer, *args) -> dict:
+def _broker_pids(b) -> list[int]:
+    """The broker's processes (boss and children) where this host shows
+    them (a broker started here; a named one's boss is not known): []."""
+    proc = getattr(b, "proc", None)
+    if proc is None:
+        return []
+    from shmq.broker.procs import broker_processes
+    roles, _ = broker_processes(proc.pid)
+    return [proc.pid] + [pid for _, pid in roles if pid != proc.pid]
+
+
+def _latency(ns: str, topic: str, count: int, consumer, *args, broker_pids=()) -> dict:
     """One consumer process ``consumer(ns, topic, count, *args)`` and paced
-    direct sends from this one: the latencies' p50/p99 (µs), the rate."""
+    direct sends from this one: the latencies' p50/p99 (µs), the rate, and
+    the broker processes' CPU a message meanwhile (µs; None where unknown)."""
     import numpy as np
     from perf.broker import spawn
     from perf.net_limits import _check_exit
+    from perf.worker_cpu import CLK_TCK, ticks
     p, a = spawn(_latency_child(consumer), (ns, topic, count, *args))
     try:
         got = a.recv() if a.poll(60) else None
         if got != "ready":
             raise RuntimeError(f"latency consumer did not get ready: {got!r}")
+        t0 = ticks(broker_pids) if broker_pids else None
         rate, late = asyncio.run(_paced_sends(ns, topic, count, LATENCY_RATE))
+        broker_us = (None if t0 is None
+                     else round((ticks(broker_pids) - t0) / CLK_TCK / count * 1e6, 1))
         lat = a.recv() if a.poll(60) else None
         if isinstance(lat, BaseException):
             raise RuntimeError("latency consumer failed") from lat
@@ -489,7 +509,7 @@ def _latency(ns: str, topic: str, count: int, consumer, *args) -> dict:
             p.kill()
     us = np.array(lat) / 1e3
     return {"p50": float(np.percentile(us, 50)), "p99": float(np.percentile(us, 99)),
-            "rate": rate, "late": late}
+            "rate": rate, "late": late, "broker_us": broker_us}
 
 
 def run_latency(ctx, result, b, ns: str):
@@ -499,7 +519,7 @@ def run_latency(ctx, result, b, ns: str):
     for name, consumer, args in (("spin", _spin_consumer, ()), ("park", _park_consumer, (True,)),
                                  ("socket", _park_consumer, (False,))):
         topic = _ready_topic(b, f"PerfLocalIpcLatency_{name}", queues=1)
-        runs[name] = _latency(ns, topic, count, consumer, *args)
+        runs[name] = _latency(ns, topic, count, consumer, *args, broker_pids=_broker_pids(b))
     for name, target in (("spin", 10), ("park", 40)):
         r = runs[name]
         yield result(f"local_ipc_latency_{name}", r["p50"], "us p50", rt["p50_us"],
@@ -507,6 +527,8 @@ def run_latency(ctx, result, b, ns: str):
                      p99_us=round(r["p99"], 1), target_p50_us=target,
                      socket_consumer_p50_us=round(runs["socket"]["p50"], 1),
                      socket_consumer_p99_us=round(runs["socket"]["p99"], 1),
+                     broker_cpu_us_per_msg=r["broker_us"],
+                     socket_consumer_broker_cpu_us_per_msg=runs["socket"]["broker_us"],
                      rate_msg_s=round(r["rate"]), target_rate=LATENCY_RATE, late_sends=r["late"],
                      messages=count, body_bytes=100)
 

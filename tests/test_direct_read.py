@@ -7,7 +7,8 @@ socket consumer (``direct_append=False``) of the same topic (same messages,
 once each, in order per queue, same fields); tag filtering; what goes to
 the broker instead (a read that fails, the scrub's damage list, records
 older than the page-cache window, a topic made unreadable); a caught-up
-consumer woken by a new message (the socket long poll it parks in); its
+consumer woken by a new message (parked in its own process, not in the
+broker), and one that waits past its suspend time; its
 committed offsets as the broker reports them (GET_CONSUME_STATS, what
 ``shmq admin consumerProgress`` shows); a direct consumer SIGKILLed
 mid-consumption resumes at its committed offset in a new process; and mixed
@@ -144,13 +145,14 @@ def test_a_local_consumer_reads_directly_what_a_socket_consumer_reads(broker, re
                                      properties={"n": str(i)}))
         await until(lambda: len(direct) >= 300 and len(socket) >= 300, what="300 each")
         assert reads_of(cd).count > 0 and reads_of(cd).messages > 0      # pulls answered here
-        # caught up: parked in a socket pull, woken by the next message
+        # caught up: parked here (on its own wake-up socket), woken by the next message
         t0 = time.monotonic()
         async with AsyncProducer("drp-2", namesrv_addr=broker.namesrv) as p:
             await p.send(Message(topic, b"wake", tags="W"))
         await until(lambda: len(direct) == 301 and len(socket) == 301, timeout=10,
                     what="the wake-up message")
         assert time.monotonic() - t0 < 10       # not the 15 s hold
+        assert reads_of(cd).woken > 0
         # the broker holds the direct consumer's offsets, as consumerProgress shows them
         deadline = time.monotonic() + WAIT
         while True:
@@ -176,6 +178,40 @@ def test_a_local_consumer_reads_directly_what_a_socket_consumer_reads(broker, re
     for q in d:
         assert [m.queue_offset for m in d[q]] == list(range(len(d[q])))               # in order
         assert [fields(m) for m in d[q]] == [fields(m) for m in s[q]]
+
+
+def test_a_caught_up_direct_consumer_waits_in_its_own_process(broker, request):
+    """Caught up, a direct consumer's pull waits in its process for the next
+    append (its own wake-up socket, which every publish writes to while it
+    waits), not in the broker: each of 30 messages sent one at a time, each
+    consumed before the next is sent, releases a pull waiting here. With
+    nothing to read for longer than its suspend time, the wait ends and the
+    broker is asked once (no second wait there), then it waits here again:
+    a handful of waits, not a loop."""
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
+    got = []
+
+    async def main():
+        c = await consumer(broker, "drg-park", topic, got, instance_name="dr-park",
+                           broker_suspend_max_time_millis=400)
+        async with AsyncProducer("drp-park", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"first"))          # the broker serves the queue once
+            await until(lambda: len(got) == 1, what="the first")
+            reads = reads_of(c)
+            await until(lambda: reads.parked > 0, what="a pull waiting here")
+            woken = reads.woken
+            for i in range(30):
+                await p.send(Message(topic, b"%d" % i))
+                await until(lambda: len(got) == i + 2, what=f"message {i}")
+            assert reads.woken - woken >= 30, (reads.woken, woken)
+            parked = reads.parked
+            await asyncio.sleep(2.0)                         # 5 suspend times with nothing
+            assert 2 <= reads.parked - parked <= 12, reads.parked - parked
+            await p.send(Message(topic, b"after"))
+            await until(lambda: len(got) == 32, what="the message after the quiet")
+        await c.shutdown()
+    asyncio.run(main())
+    assert [m.body for m in got] == [b"first"] + [b"%d" % i for i in range(30)] + [b"after"]
 
 
 def test_tag_filtering_reads_only_the_subscribed_tags(broker, request):
