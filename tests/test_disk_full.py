@@ -178,13 +178,10 @@ print("failed", failed, "stored", len(bodies), bodies[0], bodies[-1], flush=True
 '''
 
 
-def test_a_full_disk_under_the_consumequeue_is_enospc_not_a_bus_error(tmp_path):
-    """ConsumeQueue files are sparse and written through their mapping: a
-    unit stored into a page with no block on a full disk was a SIGBUS that
-    killed the writer (a worker, the HA slave) with no message. Pages get
-    their blocks ahead (fallocate), so the append is refused with ENOSPC, its
-    claim rolled back, and the store goes on once there is room. A real full
-    file system: a 4 MiB tmpfs in a mount namespace of the test's own."""
+def in_full_tmpfs(tmp_path, script: str, *args) -> str:
+    """Run ``script`` (python -c) with a mount point (argv[1], then
+    ``args``) in a mount namespace of its own, where it mounts its tiny
+    tmpfs; its stdout. Skipped where there is no unshare or no mount."""
     import shutil
     import subprocess
     import sys
@@ -193,15 +190,27 @@ def test_a_full_disk_under_the_consumequeue_is_enospc_not_a_bus_error(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
-                        _FULL_TMPFS, str(mnt)], capture_output=True, text=True, timeout=120)
+                        script, str(mnt), *map(str, args)],
+                       capture_output=True, text=True, timeout=120)
     if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
         pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
     assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
-    failed, stored = p.stdout.split(" stored ")
+    return p.stdout
+
+
+def test_a_full_disk_under_the_consumequeue_is_enospc_not_a_bus_error(tmp_path):
+    """ConsumeQueue files are sparse and written through their mapping: a
+    unit stored into a page with no block on a full disk was a SIGBUS that
+    killed the writer (a worker, the HA slave) with no message. Pages get
+    their blocks ahead (fallocate), so the append is refused with ENOSPC, its
+    claim rolled back, and the store goes on once there is room. A real full
+    file system: a 4 MiB tmpfs in a mount namespace of the test's own."""
+    out = in_full_tmpfs(tmp_path, _FULL_TMPFS)
+    failed, stored = out.split(" stored ")
     i = int(failed.split("(")[1].split(",")[0])
-    assert failed.endswith("'ENOSPC')") and 0 < i < 3000, p.stdout   # refused, not killed
+    assert failed.endswith("'ENOSPC')") and 0 < i < 3000, out   # refused, not killed
     # every append before it, and the one after the room came back, stored once, in order
-    assert stored.strip() == f"{i + 2} b'before' b'after'", p.stdout
+    assert stored.strip() == f"{i + 2} b'before' b'after'", out
 
 
 _FULL_TMPFS_SLAVE = r'''
@@ -255,23 +264,11 @@ def test_a_slave_on_a_full_disk_gets_enospc_dispatching_not_a_bus_error(tmp_path
     Now its pages get blocks first: ENOSPC, which the HA client answers by
     dropping the connection and trying again later (``broker/ha/slave.py``);
     once there is room, what arrived is dispatched and the slave goes on."""
-    import shutil
-    import subprocess
-    import sys
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed: no mount namespace for a tiny tmpfs")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
-                        _FULL_TMPFS_SLAVE, str(mnt), str(tmp_path / "master")],
-                       capture_output=True, text=True, timeout=120)
-    if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
-        pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
-    assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
-    failed, stored = p.stdout.split(" stored ")
+    out = in_full_tmpfs(tmp_path, _FULL_TMPFS_SLAVE, tmp_path / "master")
+    failed, stored = out.split(" stored ")
     at = int(failed.split("(")[1].split(",")[0])
-    assert failed.endswith("'ENOSPC')") and at > 4096, p.stdout      # refused, not killed
-    assert stored.strip() == "3000 b'm0' b'm2999' True", p.stdout
+    assert failed.endswith("'ENOSPC')") and at > 4096, out      # refused, not killed
+    assert stored.strip() == "3000 b'm0' b'm2999' True", out
 
 
 _FULL_TMPFS_INDEX = r'''
@@ -315,19 +312,8 @@ def test_a_full_disk_under_the_index_is_enospc_not_a_bus_error(tmp_path):
     says ENOSPC and keeps its place; once there is room every key is indexed,
     none twice. A real full file system: a 4 MiB tmpfs in a mount namespace
     of the test's own."""
-    import shutil
-    import subprocess
-    import sys
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed: no mount namespace for a tiny tmpfs")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
-                        _FULL_TMPFS_INDEX, str(mnt)], capture_output=True, text=True, timeout=120)
-    if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
-        pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
-    assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
-    assert p.stdout.split() == ["failed", "ENOSPC", "indexed", "3000", "twice", "0"], p.stdout
+    out = in_full_tmpfs(tmp_path, _FULL_TMPFS_INDEX)
+    assert out.split() == ["failed", "ENOSPC", "indexed", "3000", "twice", "0"], out
 
 
 def test_the_index_builder_waits_out_a_full_disk_with_one_warning(store_dir, caplog):
@@ -409,16 +395,5 @@ def test_a_full_disk_under_the_timer_log_is_enospc_not_a_bus_error(tmp_path):
     ``add`` raises ENOSPC with what got in kept (``next_cq_offset``), and
     the log goes on from there once there is room. A real full file system:
     a 4 MiB tmpfs in a mount namespace of the test's own."""
-    import shutil
-    import subprocess
-    import sys
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed: no mount namespace for a tiny tmpfs")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
-                        _FULL_TMPFS_TIMER, str(mnt)], capture_output=True, text=True, timeout=120)
-    if p.returncode != 0 and "unshare failed" in p.stderr or "no mount" in p.stdout:
-        pytest.skip(f"no mount namespace with a tmpfs here: {p.stderr.strip() or p.stdout.strip()}")
-    assert p.returncode == 0, f"exit {p.returncode} (-7 or 135: SIGBUS)\n{p.stdout}\n{p.stderr}"
-    assert p.stdout.split() == ["failed", "ENOSPC", "kept", "True", "True", "True"], p.stdout
+    out = in_full_tmpfs(tmp_path, _FULL_TMPFS_TIMER)
+    assert out.split() == ["failed", "ENOSPC", "kept", "True", "True", "True"], out
