@@ -25,6 +25,7 @@ import signal
 import time
 
 from shmq.core import jit
+from shmq.core.files import DISK_ERRORS
 from shmq.core.index import IndexService
 from shmq.core.scrub import Scrubber
 from shmq.core.store import MessageStore
@@ -278,8 +279,14 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
             # step, so a clean stop leaves the IndexFile up with the CommitLog
             # (bounded: a store never indexed catches up after the restart).
             deadline = time.monotonic() + STOP_INDEX_S
-            while svc.index.build(store) and time.monotonic() < deadline:
-                pass
+            try:
+                while svc.index.build(store) and time.monotonic() < deadline:
+                    pass
+            except OSError as e:          # a full disk: indexed after the restart
+                if e.errno not in DISK_ERRORS:
+                    raise
+                log.warning("index: not brought up to date at stop (%s): it catches up after "
+                            "the restart", e.strerror or e)
     finally:
         if svc.timer is not None:
             svc.timer.close()

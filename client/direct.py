@@ -414,6 +414,7 @@ class DirectStore:
         """Leave the store; again (a no-op but for the SIGINT guard's release,
         which a close in another thread could not do: ``_SigintGuard``)."""
         if self.cb is not None:
+            self.stopped = True           # first: nothing starts waiting on what closes
             if self.flush_waiter is not None:
                 self.flush_waiter.stop()
                 self.flush_waiter = None
@@ -581,7 +582,11 @@ def _settle(fut: asyncio.Future, ok: bool) -> None:
 #     pull parked there cost a wake-up of the worker, its reply and the
 #     next pull's request per message: 0.5 ms p50 at 10 k msg/s on 2
 #     cores). Past the pull's suspend time with nothing, or where no slot
-#     is free, the pull goes to the broker;
+#     is free, the pull goes to the broker. A waiting process is woken by
+#     every publish, to any topic, as a worker holding a parked pull is:
+#     each process waiting here costs every append a datagram (the
+#     broker's long poll bounded that by its workers; a wake-up per
+#     queue waited on is an issue of its own);
 #   * an offset too small, too big, a ConsumeQueue file missing: the
 #     broker's OFFSET_MOVED / NOT_FOUND answers;
 #   * records further behind the write position than the broker's in-memory
@@ -626,7 +631,8 @@ class DirectReads:
         # nothing ever in the queue (no ConsumeQueue yet: a %RETRY% queue)
         self.EMPTY = (S.NO_MESSAGE_IN_QUEUE, S.NO_MATCHED_LOGIC_QUEUE)
         self._parker: _Parker | None = None
-        self._no_parker = False        # no slot was free: caught-up pulls park in the broker
+        self._parker_retry_at = 0.0    # no slot was free: caught-up pulls wait in the broker
+        self._parker_failed = False    # ... and that was said
         # the broker's pull limits (BrokerConfig's defaults when it does not say)
         self.count_max = int(info.get("maxTransferCountOnMessageInMemory", 32))
         self.bytes_max = int(info.get("maxTransferBytesOnMessageInMemory", 256 * 1024))
@@ -708,7 +714,7 @@ class DirectReads:
                 body = None
             elif status is self.OVERFLOW_ONE or status in self.EMPTY and offset == 0:
                 if commit_offset is not None:
-                    self._commit(key, commit_offset, now)
+                    self._commit(key, commit_offset, now, at_once=True)
                 return CAUGHT_UP                  # ``park``, then read again
             else:
                 return None
@@ -736,17 +742,21 @@ class DirectReads:
         loop = asyncio.get_running_loop()
         p = self._parker
         if p is None or p.loop is not loop or p.closed:
-            if self._no_parker or self.ds.stopped:
+            if self.ds.stopped or time.monotonic() < self._parker_retry_at:
                 return None
             if p is not None:
                 p.close()
             try:
                 p = self._parker = _Parker(self.ds, loop)
             except Exception as e:           # every slot taken, the block gone: the broker parks
-                log.info("direct reads: caught-up pulls park in the broker: %s", e)
-                self._no_parker = True
+                if not self._parker_failed:
+                    log.warning("direct reads: caught-up pulls wait in the broker, not here: %s "
+                                "(tried again every %.0f s)", e, PARKER_RETRY_S)
+                self._parker_failed = True
+                self._parker_retry_at = time.monotonic() + PARKER_RETRY_S
                 self._parker = None
                 return None
+            self._parker_failed = False
         self.parked += 1
         came = await p.wait(topic, queue_id, offset, timeout_s)
         self.woken += came
@@ -767,9 +777,15 @@ class DirectReads:
         except OSError:                    # cannot tell: the broker checks
             self._damaged = True
 
-    def _commit(self, key: tuple[str, str, int], offset: int, now: float) -> None:
+    def _commit(self, key: tuple[str, str, int], offset: int, now: float,
+                at_once: bool = False) -> None:
+        """The pull's commit offset to the broker (oneway), at most every
+        COMMIT_EVERY_S a queue; ``at_once`` (a caught-up pull, which is about
+        to wait: its offset would otherwise wait for the next persist, 5 s)
+        whenever it moved."""
         last = self._committed.get(key)
-        if last is not None and (last[0] == offset or now - last[1] < COMMIT_EVERY_S):
+        if last is not None and (last[0] == offset
+                                 or not at_once and now - last[1] < COMMIT_EVERY_S):
             return
         conn = self.ds.conn
         if conn is None or conn.closed:
@@ -785,6 +801,9 @@ class DirectReads:
 
 # what ``DirectReads.pull`` answers for a queue with nothing at the offset yet
 CAUGHT_UP = "caught up"
+# a process that could not make its waiting place (every process slot taken,
+# the broker restarting) lets the broker's long poll wait, and tries again after
+PARKER_RETRY_S = 10.0
 # a parked pull looks at its queue this often even without a wake-up (one
 # lost between a publish and the flag being raised costs this, never a hang)
 PARK_LOOK_EVERY_S = 1.0

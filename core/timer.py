@@ -481,11 +481,19 @@ class TimerWheel:
         Returns the number of files deleted."""
         self._index.release(fire_slot)
         self._released_below = max(self._released_below, fire_slot)
-        deleted = 0
+        # the last entry's file, closed when a roll made the next one but the
+        # disk had no room for its first entry: kept (``next_cq_offset``)
+        last = self._end - 1 - (self._end - 1) % self.file_entries if self._end > 0 else -1
+        deleted, kept = 0, []
         while self._closed_files and self._closed_files[0][0] < fire_slot:
-            _, first = heapq.heappop(self._closed_files)
-            self.files.unlink(self._path(first))
+            entry = heapq.heappop(self._closed_files)
+            if entry[1] == last:
+                kept.append(entry)
+                continue
+            self.files.unlink(self._path(entry[1]))
             deleted += 1
+        for entry in kept:
+            heapq.heappush(self._closed_files, entry)
         return deleted
 
     def flush(self) -> None:
@@ -521,9 +529,9 @@ class TimerWheel:
             heapq.heappush(self._closed_files, (self._current_max_slot, self._current_first))
             self._unmap_current()
         assert self._end % self.file_entries == 0, self._end
-        created = self.files.create_preallocated(self._path(self._end), self.file_bytes,
-                                                 sparse=True)
-        assert created, f"{self._path(self._end)} already exists"
+        # it exists when a roll before this one made it and then failed (its
+        # directory sync, its mapping: the disk): never written, it is taken
+        self.files.create_preallocated(self._path(self._end), self.file_bytes, sparse=True)
         self.files.fsync_dir(self.dir)
         self._map_current(self._end, EMPTY)
 

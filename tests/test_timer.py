@@ -502,3 +502,42 @@ TimerWheelModel.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_timer_wheel_model = TimerWheelModel.TestCase
+
+
+def test_a_roll_the_disk_refuses_keeps_the_last_entrys_file(tmp_path, monkeypatch):
+    """A full file rolls to a new one whose first entry's page the disk
+    refuses (ENOSPC): the full file, now closed, still holds the last entry
+    and must outlive every ``release`` (it is where ``next_cq_offset``
+    comes from: without it a restart would enqueue every timer message
+    again). Once there is room the log goes on in the new file, and a
+    retried roll takes the file the failed one made."""
+    import errno
+    from shmq.core.files import FileLayer
+
+    def add(w, first, n, slot=10, fire=0):
+        q = np.arange(first, first + n, dtype=np.int64)
+        w.add(q, q * 100, np.full(n, 100, np.int64), np.full(n, slot, np.int64), fire)
+
+    w = TimerWheel(str(tmp_path), file_entries=4)
+    w.open(0, 0)
+    add(w, 0, 4)                                      # file 0 full
+    real = FileLayer.allocate_ahead
+
+    def full(self, h, end, limit, ahead_max):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(FileLayer, "allocate_ahead", full)
+    with pytest.raises(OSError, match="No space"):
+        add(w, 4, 1)
+    with pytest.raises(OSError, match="No space"):   # tried again: the file made is taken
+        add(w, 4, 1)
+    assert w.next_cq_offset == 4
+    w.release(1000)                                   # every slot of file 0 fired
+    assert os.path.exists(tmp_path / "timerlog" / f"{0:020d}")
+    w.close()
+    again = TimerWheel(str(tmp_path), file_entries=4)
+    again.open(1000, 0)
+    assert again.next_cq_offset == 4                  # not -1: not everything again
+    monkeypatch.setattr(FileLayer, "allocate_ahead", real)
+    add(again, 4, 2, slot=2000, fire=1000)
+    assert again.next_cq_offset == 6 and again.pending == 2
+    again.close()
