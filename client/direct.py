@@ -223,10 +223,10 @@ class DirectStore:
                 raise DirectUnavailable(f"the store {root} runs with other settings than the "
                                         f"broker said")
             # the wake-ups an append owes, coalesced per loop turn (``Wakes``)
-            self.wakes = (Wakes(lambda: cb.wake_flagged(WANT_PUBLISH)),
-                          Wakes(lambda: cb.wake(FLUSHER_SLOT)))
-            self.store = MessageStore(config, state, on_published=self.wakes[0].due,
-                                      on_flush_request=self.wakes[1].due)
+            self.wakes = (Wakes(lambda queues: cb.wake_flagged(WANT_PUBLISH, queues)),
+                          Wakes(lambda _: cb.wake(FLUSHER_SLOT)))
+            self.store = MessageStore(config, state, on_flush_request=self.wakes[1].due)
+            self.store.on_published = lambda: self.wakes[0].due(self.store.published_queues)
         except BaseException:
             cb.close()
             raise
@@ -458,12 +458,12 @@ class Wakes:
     __slots__ = ("wake", "scheduled", "owed", "woke_at")
 
     def __init__(self, wake):
-        self.wake = wake
+        self.wake = wake                 # called with the queues (a ``queue_bit`` mask) it is for
         self.scheduled = False           # a turn_over is queued on the loop
-        self.owed = False
+        self.owed = 0                    # the queues of the appends not woken for yet (0: none)
         self.woke_at = 0.0
 
-    def due(self) -> None:
+    def due(self, queues: int = -1) -> None:
         now = time.monotonic()
         if not self.scheduled:
             try:
@@ -472,11 +472,12 @@ class Wakes:
             except RuntimeError:         # no loop in this thread: at once, always
                 pass
         elif now - self.woke_at < WAKE_EVERY_S:
-            self.owed = True
+            self.owed |= queues
             return
         self.woke_at = now
-        self.owed = False
-        self.wake()
+        queues |= self.owed
+        self.owed = 0
+        self.wake(queues)
 
     def turn_over(self) -> None:
         self.scheduled = False
@@ -484,9 +485,9 @@ class Wakes:
 
     def pay(self) -> None:
         if self.owed:
-            self.owed = False
+            queues, self.owed = self.owed, 0
             self.woke_at = time.monotonic()
-            self.wake()
+            self.wake(queues)
 
 
 class FlushWaiter(threading.Thread):
@@ -575,18 +576,19 @@ def _settle(fut: asyncio.Future, ok: bool) -> None:
 #   * caught up (nothing at the offset): ``pull`` says CAUGHT_UP and the
 #     pull waits here (``park``) for an append to the queue, on a wake-up
 #     socket of its own (``_Parker``: a process slot of the control block,
-#     flagged WANT_PUBLISH while a pull waits, which every publish — a
-#     worker's or a direct producer's — writes to), then reads again: a
+#     flagged WANT_QUEUES while a pull waits, its wait_mask the queues
+#     waited on, which a publish to one of them — a worker's or a direct
+#     producer's — writes to), then reads again: a
 #     consumer costs no system call while messages keep coming and parks
 #     when it is caught up, and the broker's worker is not in the path (a
 #     pull parked there cost a wake-up of the worker, its reply and the
 #     next pull's request per message: 0.5 ms p50 at 10 k msg/s on 2
 #     cores). Past the pull's suspend time with nothing, or where no slot
 #     is free, the pull goes to the broker. A waiting process is woken by
-#     every publish, to any topic, as a worker holding a parked pull is:
-#     each process waiting here costs every append a datagram (the
-#     broker's long poll bounded that by its workers; a wake-up per
-#     queue waited on is an issue of its own);
+#     publishes to its queues only (and to queues whose slots share their
+#     bit, slot % 62; a queue with no slot yet by the publish that makes
+#     one), so consumers idle on quiet queues cost the appends to busy
+#     ones nothing but a look at their flags;
 #   * an offset too small, too big, a ConsumeQueue file missing: the
 #     broker's OFFSET_MOVED / NOT_FOUND answers;
 #   * records further behind the write position than the broker's in-memory
@@ -833,15 +835,17 @@ class _Parker:
     """Caught-up direct pulls of one event loop, waiting for appends on a
     wake-up socket of their own: a process slot of the store's control
     block (not the producer's: its FlushWaiter thread sleeps on that one),
-    flagged WANT_PUBLISH while a pull waits, so every publish — a worker's,
-    a direct producer's — writes a byte to it; the socket is a reader of
-    the loop. Woken, each waiting pull whose queue now reaches past its
-    offset is released. A lost wake-up costs PARK_LOOK_EVERY_S at most."""
+    flagged WANT_QUEUES while a pull waits, with the bits of the queues
+    waited on in its wait_mask, so a publish to one of them — a worker's,
+    a direct producer's (``ControlBlock.wake_flagged``) — writes a byte to
+    it; the socket is a reader of the loop. Woken, each waiting pull whose
+    queue now reaches past its offset is released. A lost wake-up costs
+    PARK_LOOK_EVERY_S at most."""
 
     def __init__(self, ds: DirectStore, loop: asyncio.AbstractEventLoop):
-        from shmq.core.state import STATE_RUNNING
-        from shmq.ipc.control import ROLE_OTHER, WANT_PUBLISH, ControlBlock
-        self.running = STATE_RUNNING
+        from shmq.core.state import STATE_RUNNING, queue_bit
+        from shmq.ipc.control import ROLE_OTHER, WANT_QUEUES, ControlBlock
+        self.running, self.queue_bit = STATE_RUNNING, queue_bit
         cb = ControlBlock.attach(ds.root)
         try:
             cb.register(ROLE_OTHER)
@@ -849,7 +853,7 @@ class _Parker:
         except BaseException:
             cb.close()
             raise
-        self.cb, self.loop, self.ds, self.store, self.flag = cb, loop, ds, ds.store, WANT_PUBLISH
+        self.cb, self.loop, self.ds, self.store, self.flag = cb, loop, ds, ds.store, WANT_QUEUES
         self.waits: dict[int, tuple[str, int, int, asyncio.Future]] = {}
         self.ids = itertools.count()
         self.closed = False
@@ -863,7 +867,9 @@ class _Parker:
         msg/s went to such machinery)."""
         store, cb, loop = self.store, self.cb, self.loop
         k = next(self.ids)
-        if not self.waits:
+        self.waits[k] = (topic, queue_id, offset, None)
+        self._remask()                    # the mask, then the flag: a waker reads them so
+        if len(self.waits) == 1:
             cb.set_flag(self.flag, True)
         try:
             deadline = loop.time() + timeout_s
@@ -897,12 +903,21 @@ class _Parker:
         return (not ds.stopped and not self.cb.hdr_retired[0] and conn is not None
                 and not conn.closed and ds.state.get("state") == self.running)
 
+    def _remask(self) -> None:
+        """This slot's wait_mask: the bits of the queues waited on (a queue
+        with no slot yet waits for NEW_QUEUE, and its slot's bit once made)."""
+        slot_of, bit, mask = self.store.state.queue_slot, self.queue_bit, 0
+        for topic, queue_id, _, _ in self.waits.values():
+            mask |= bit(slot_of(topic, queue_id))
+        self.cb.procs["wait_mask"][self.cb.slot] = mask
+
     def _woken(self) -> None:
         self.cb.waiter.drain()
         store = self.store
         for topic, queue_id, offset, fut in list(self.waits.values()):
-            if not fut.done() and store.max_offset(topic, queue_id) > offset:
+            if fut is not None and not fut.done() and store.max_offset(topic, queue_id) > offset:
                 fut.set_result(True)
+        self._remask()                    # a queue made since: its own bit from now on
 
     def close(self) -> None:
         """Release every waiting pull (to the broker) and leave the slot, in
@@ -921,7 +936,7 @@ class _Parker:
 
     def _close_here(self) -> None:
         for *_, fut in self.waits.values():
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_result(False)
         if not self.loop.is_closed():
             self.loop.remove_reader(self.cb.waiter.fileno())

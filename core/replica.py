@@ -188,6 +188,7 @@ class Replica:
         self.published.update(changed)
         self.dispatched = end
         if self.store.on_published is not None:
+            self.store.published_queues = -1       # any queue may have moved
             self.store.on_published()
         if self.store.config.sync_flush and self.store.on_flush_request is not None:
             self.store.on_flush_request()

@@ -193,6 +193,16 @@ _check_layouts()
 STATE_NEW, STATE_RUNNING, STATE_STOPPING = 0, 1, 2
 
 
+# a mask of queues, a publish's or a waiting direct consumer's (``ipc.control``
+# wait_mask): bit slot % 62 for a queue slot of the table, NEW_QUEUE for a queue
+# with no slot yet (a publish that made one sets it too); -1: any
+NEW_QUEUE = 1 << 62
+
+
+def queue_bit(queue_slot: int) -> int:
+    return 1 << queue_slot % 62 if queue_slot >= 0 else NEW_QUEUE
+
+
 class StoreFullError(RuntimeError):
     """The queue table has no free slot (raise maxQueueSlots)."""
 

@@ -81,7 +81,7 @@ from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_S
                     E_CLAIMED_MS, E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
                     I_CL_MIN_OFFSET, I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ,
                     I_QUEUE_POS, I_WRITE_POS, I_STATE, Q_CLAIM, Q_MIN, Q_NEXT, Q_WORDS, QUEUE_BASE,
-                    RING_BASE, RING_ENTRIES,
+                    NEW_QUEUE, RING_BASE, RING_ENTRIES,
                     STATE_RUNNING, STATE_STOPPING, StoreState, StoreStopping, me, owner_alive)
 
 # Above this many dirty ConsumeQueues one syncfs beats a sync per file
@@ -166,6 +166,9 @@ class MessageStore:
         self.cl = CommitLog(files, config.commitlog_dir, config.mappedFileSizeCommitLog)
         self.cqs = ConsumeQueues(files, config.consumequeue_dir, config.cq_units_per_file)
         self.on_published = on_published
+        # the queues (a ``state.queue_bit`` mask) of the publish ``on_published``
+        # is called for: -1, any, where several were (a slave's dispatch)
+        self.published_queues = -1
         self.on_flush_request = on_flush_request
         self._seg = config.mappedFileSizeCommitLog
         self._sync = config.sync_flush
@@ -220,8 +223,8 @@ class MessageStore:
             nq = n - int(np.count_nonzero(buf[rec_pos + _TX_BYTE] & L.SYSFLAG_TRANSACTION_PREPARED))
         topic, qid = batch.topic, batch.queue_id
         ts = batch.store_timestamp
-        c = self._claim(self.state.queue_slot(topic, qid), topic, qid, nbytes, nq, ts,
-                        dedup_hash if self._dn else 0, batch)
+        known = self.state.queue_slot(topic, qid)
+        c = self._claim(known, topic, qid, nbytes, nq, ts, dedup_hash if self._dn else 0, batch)
         if c.__class__ is DuplicateResult:
             return c
         slot, seq, e, start, phy, q0 = c
@@ -259,6 +262,8 @@ class MessageStore:
             w[I_FLUSH_REQUEST_POS] = end
         w[I_PUBLISH_SEQ] = seq + 1
         if self.on_published is not None:
+            # whom it concerns (state.queue_bit): its queue, and a queue new with it
+            self.published_queues = 1 << slot % 62 | (NEW_QUEUE if known < 0 else 0)
             self.on_published()
         # the flusher, under SYNC_FLUSH for this append; on a roll into a new
         # segment for the one after it, to be created before it is needed

@@ -10,7 +10,8 @@ One POSIX shared-memory object per store, named from the store's real path
            0 pid | 8 start_ticks | 16 flags | 24 role | 32 heartbeat_ms |
           40 msgs_got (a worker's messages returned by pulls: the broker's
              getTransferedTps; kept when a new process takes the slot) |
-          48 corrupt_skipped (damaged records its pulls refused; kept likewise)
+          48 corrupt_skipped (damaged records its pulls refused; kept likewise) |
+          56 wait_mask (WANT_QUEUES: bit q % 63 for each queue slot q waited on)
      region_offset (4 KiB aligned): the caller's region (the store's
          ``StoreState``; this module never interprets it)
 
@@ -54,15 +55,15 @@ MAGIC = 0x73686D716374726C  # "shmqctrl"
 VERSION = 1
 HEADER_BYTES = 128
 PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbeat_ms", "msgs_got",
-                                 "corrupt_skipped"],
-                       "formats": [np.int64] * 7, "offsets": [0, 8, 16, 24, 32, 40, 48],
+                                 "corrupt_skipped", "wait_mask"],
+                       "formats": [np.int64] * 8, "offsets": [0, 8, 16, 24, 32, 40, 48, 56],
                        "itemsize": 64})
 _HDR = ["magic", "version", "proc_slots", "region_offset", "region_bytes", "owner_pid",
         "owner_start", "lock_owner_pid", "lock_owner_start", "retired"]
 # The layouts drawn in the header, checked against the dtypes at import.
 assert len(_HDR) * 8 <= HEADER_BYTES, "control block: the ipc header outgrew its 128 bytes"
 assert PROC_DTYPE.itemsize == 64 and [PROC_DTYPE.fields[n][1] for n in PROC_DTYPE.names] == [
-    0, 8, 16, 24, 32, 40, 48], "control block: PROC_DTYPE is not the process slot drawn above"
+    0, 8, 16, 24, 32, 40, 48, 56], "control block: PROC_DTYPE is not the process slot drawn above"
 
 # process slot flags (all in the flags word's low byte: wake_flagged reads only that)
 WANT_PUBLISH = 1   # has parked pulls: wake me when messages are published
@@ -71,9 +72,12 @@ LOCKING = 4        # waiting for or holding the append lock
 WANT_CLIENTS = 8   # a broker worker: wake me when a consumer group changes
 WANT_CONFIG = 16   # the broker's services: wake me when the topic table changes
 REGISTERED = 32    # the broker's services: a NameServer took its routes since it started
+WANT_QUEUES = 64   # a direct consumer waiting for appends to the queues of its wait_mask
 _FLAGS_LOW = PROC_DTYPE.fields["flags"][1] + (0 if sys.byteorder == "little" else 7)
 _HAS_FLAG = {f: bytes(1 if b & f else 0 for b in range(256))
-             for f in (WANT_PUBLISH, WANT_FLUSH, LOCKING, WANT_CLIENTS, WANT_CONFIG, REGISTERED)}
+             for f in (WANT_PUBLISH, WANT_FLUSH, LOCKING, WANT_CLIENTS, WANT_CONFIG, REGISTERED,
+                       WANT_QUEUES, WANT_PUBLISH | WANT_QUEUES)}
+
 
 # roles
 ROLE_FLUSHER = 1
@@ -381,6 +385,7 @@ class ControlBlock:
                                    f"(maxProcessSlots)")
             p = self.procs[slot]
             p["flags"] = 0
+            p["wait_mask"] = 0
             p["role"] = role
             p["start_ticks"] = start
             p["heartbeat_ms"] = int(time.time() * 1000)
@@ -420,19 +425,31 @@ class ControlBlock:
     def wake(self, slot: int) -> None:
         self.waker.wake(slot)
 
-    def wake_flagged(self, flag: int) -> None:
-        """Wake every process whose slot has ``flag``. Every append publishes
-        through here, so the common answer (nobody) costs one copy of the
-        slots' low flag bytes and a ``bytes.translate``, not numpy's masking
-        and scanning of every slot (5 µs here)."""
+    def wake_flagged(self, flag: int, queues: int = -1) -> None:
+        """Wake every process whose slot has ``flag``; for WANT_PUBLISH also
+        every slot with WANT_QUEUES whose wait_mask meets ``queues`` (the
+        published queues' ``core.state.queue_bit``s, -1: any; a direct
+        consumer waiting on other queues is not woken). Every append publishes through here, so the
+        common answer (nobody) costs one copy of the slots' low flag bytes
+        and a ``bytes.translate``, not numpy's masking and scanning of every
+        slot (5 µs here)."""
         low = self._flag_bytes
         if low is None or self._flag_bytes_of is not self.procs:
             self._flag_bytes_of = self.procs
             low = self._flag_bytes = memoryview(self.procs.view(np.uint8))[_FLAGS_LOW::PROC_DTYPE.itemsize]
-        hits = low.tobytes().translate(_HAS_FLAG[flag])
+        if flag != WANT_PUBLISH:
+            hits = low.tobytes().translate(_HAS_FLAG[flag])
+            slot = hits.find(1)
+            while slot >= 0:
+                self.waker.wake(slot)
+                slot = hits.find(1, slot + 1)
+            return
+        hits = low.tobytes().translate(_HAS_FLAG[WANT_PUBLISH | WANT_QUEUES])
         slot = hits.find(1)
         while slot >= 0:
-            self.waker.wake(slot)
+            p = self.procs[slot]
+            if int(p["flags"]) & WANT_PUBLISH or int(p["wait_mask"]) & queues:
+                self.waker.wake(slot)
             slot = hits.find(1, slot + 1)
 
     def wait(self, timeout_s: float) -> bool:

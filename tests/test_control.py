@@ -305,3 +305,37 @@ def test_a_slot_whose_wakeup_address_is_still_held_is_not_claimed(owner):
         assert cb.register(role=0) == probe   # let go of: free again
     finally:
         cb.close()
+
+
+def test_a_publish_wakes_the_direct_consumers_waiting_on_its_queue_only(owner):
+    """WANT_PUBLISH wake-ups (every append's) reach a slot flagged
+    WANT_QUEUES only when its wait_mask meets the published queues: a
+    direct consumer idle on a quiet queue is not woken by a busy one; one
+    waiting on a queue with no slot yet is woken by the publish that makes
+    one; a worker's WANT_PUBLISH is woken by every publish, as before."""
+    from shmq.core.state import NEW_QUEUE, queue_bit
+    from shmq.ipc.control import WANT_PUBLISH, WANT_QUEUES
+
+    waiting = ControlBlock.attach(owner.root)
+    worker = ControlBlock.attach(owner.root)
+    try:
+        waiting.register(role=0)
+        worker.register(role=0)
+        waiting.procs["wait_mask"][waiting.slot] = queue_bit(3) | queue_bit(-1)
+        waiting.set_flag(WANT_QUEUES, True)
+        worker.set_flag(WANT_PUBLISH, True)
+        cb = owner.cb
+
+        def woken(queues):
+            cb.wake_flagged(WANT_PUBLISH, queues)     # a datagram is queued before this returns
+            return waiting.waiter.drain() > 0, worker.waiter.drain() > 0
+        assert woken(queue_bit(5)) == (False, True)                  # another queue
+        assert woken(queue_bit(3)) == (True, True)                   # its queue
+        assert woken(queue_bit(3 + 62)) == (True, True)              # one sharing its bit
+        assert woken(queue_bit(7) | NEW_QUEUE) == (True, True)       # a queue made by the publish
+        assert woken(-1) == (True, True)                             # any (a slave's dispatch)
+        waiting.set_flag(WANT_QUEUES, False)
+        assert woken(-1) == (False, True)
+    finally:
+        waiting.close()
+        worker.close()

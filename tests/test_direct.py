@@ -169,18 +169,18 @@ def test_wakes_in_one_loop_turn_are_one_at_once_and_one_owed_paid_when_the_turn_
     # the test sets how long ago the last wake-up was where it matters
     monkeypatch.setattr(direct, "WAKE_EVERY_S", 3600.0)
     woken = []
-    w = direct.Wakes(lambda: woken.append(1))
+    w = direct.Wakes(woken.append)      # called with the queues (a mask) the wake-up is for
     for _ in range(3):                  # no running loop: every one at once
         w.due()
-    assert len(woken) == 3 and not w.owed
+    assert woken == [-1, -1, -1] and not w.owed
 
     async def turns():
         woken.clear()
-        for _ in range(5):              # one turn: the first at once, the rest owed
-            w.due()
-        assert len(woken) == 1 and w.owed
-        await asyncio.sleep(0)          # the turn ends: the owed one is paid
-        assert len(woken) == 2 and not w.owed
+        for q in range(5):              # one turn: the first at once, the rest owed
+            w.due(1 << q)
+        assert woken == [1] and w.owed
+        await asyncio.sleep(0)          # the turn ends: the owed one is paid, for their queues
+        assert woken == [1, 0b11110] and not w.owed
         await asyncio.sleep(0)          # nothing owed, nothing paid
         assert len(woken) == 2
         w.due()                         # a new turn's first: at once
