@@ -244,7 +244,8 @@ class MessageStore:
         if hook is not None:
             hook("written", seq)
         # publish, in claim order
-        if w[I_PUBLISH_SEQ] != seq:
+        waited = w[I_PUBLISH_SEQ] != seq
+        if waited:
             try:
                 self._await(seq)
             except BaseException:   # finished, but not ours to publish now: anyone's
@@ -262,8 +263,12 @@ class MessageStore:
             w[I_FLUSH_REQUEST_POS] = end
         w[I_PUBLISH_SEQ] = seq + 1
         if self.on_published is not None:
-            # whom it concerns (state.queue_bit): its queue, and a queue new with it
-            self.published_queues = 1 << slot % 62 | (NEW_QUEUE if known < 0 else 0)
+            # whom it concerns (state.queue_bit): its queue, a queue new with it
+            # (or whose slot a claim that published nothing made: its first
+            # offset), and any, after a wait that may have repaired and
+            # published the claims of others
+            self.published_queues = (-1 if waited else
+                                     1 << slot % 62 | (NEW_QUEUE if known < 0 or q0 == 0 else 0))
             self.on_published()
         # the flusher, under SYNC_FLUSH for this append; on a roll into a new
         # segment for the one after it, to be created before it is needed
@@ -545,10 +550,14 @@ class MessageStore:
         if not lock_held:
             self._lock.acquire()
         try:
-            return self._repair(lock_held)
+            done = self._repair(lock_held)
         finally:
             if not lock_held:
                 self._lock.release()
+        if done != "none" and self.on_published is not None:
+            self.published_queues = -1      # what it published, on whatever queues
+            self.on_published()
+        return done
 
     def _repair(self, normalize: bool) -> str:
         w = self._w

@@ -11,7 +11,8 @@ One POSIX shared-memory object per store, named from the store's real path
           40 msgs_got (a worker's messages returned by pulls: the broker's
              getTransferedTps; kept when a new process takes the slot) |
           48 corrupt_skipped (damaged records its pulls refused; kept likewise) |
-          56 wait_mask (WANT_QUEUES: bit q % 63 for each queue slot q waited on)
+          56 wait_mask (WANT_QUEUES: bit q % 62 for each queue slot q waited on,
+             bit 62 for a queue with no slot yet: ``core.state.queue_bit``)
      region_offset (4 KiB aligned): the caller's region (the store's
          ``StoreState``; this module never interprets it)
 
@@ -52,7 +53,7 @@ import posix_ipc
 from .wakeup import Waiter, Waker
 
 MAGIC = 0x73686D716374726C  # "shmqctrl"
-VERSION = 1
+VERSION = 2        # 2: WANT_QUEUES and wait_mask (a process of version 1 would not wake them)
 HEADER_BYTES = 128
 PROC_DTYPE = np.dtype({"names": ["pid", "start_ticks", "flags", "role", "heartbeat_ms", "msgs_got",
                                  "corrupt_skipped", "wait_mask"],
