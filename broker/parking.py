@@ -50,7 +50,8 @@ from typing import Callable, NamedTuple
 
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
-from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
+from shmq.core.state import queue_bit
+from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH, WANT_QUEUES
 from shmq.ipc.remoting import RemotingCommand, decode_head, encode_head
 
 FLUSH_TIMEOUT_REMARK = "flush the message to disk timed out (syncFlushTimeout)"
@@ -202,9 +203,16 @@ class ParkedSend:
 class Parking:
     def __init__(self, store: MessageStore, set_flag: Callable[[int, bool], None],
                  answer_pull: Callable, clock: Callable[[], float] = time.monotonic,
-                 timers: TimerQueue | None = None):
+                 timers: TimerQueue | None = None,
+                 set_mask: Callable[[int], None] | None = None):
         self.store = store
         self.set_flag = set_flag            # ControlBlock.set_flag of this process
+        # with ``set_mask`` (this process's slot's wait_mask), parked pulls
+        # flag WANT_QUEUES and name their queues (``core.state.queue_bit``):
+        # an append wakes this worker only for a queue a pull waits on; else
+        # WANT_PUBLISH, woken by every append
+        self.set_mask = set_mask
+        self.pull_flag = WANT_PUBLISH if set_mask is None else WANT_QUEUES
         self.answer_pull = answer_pull      # (peer, cmd) → reply or None
         self.clock = clock
         self.timers = timers or TimerQueue()
@@ -220,9 +228,11 @@ class Parking:
         p = ParkedPull(peer, cmd, key, offset)
         waiting = self.pulls.get(key)
         if waiting is None:
-            if not self.pulls:
-                self.set_flag(WANT_PUBLISH, True)
+            first = not self.pulls
             waiting = self.pulls[key] = {}
+            self._remask()                  # the mask, then the flag: a waker reads them so
+            if first:
+                self.set_flag(self.pull_flag, True)
         waiting[p] = None
         p.timer = self.timers.add(self.clock() + hold_s, p)
         if self.store.max_offset(topic, qid) > offset:     # arrived before the flag was up
@@ -241,7 +251,7 @@ class Parking:
         if not waiting:
             del self.pulls[key]
             if not self.pulls:
-                self.set_flag(WANT_PUBLISH, False)
+                self.set_flag(self.pull_flag, False)
 
     def _answer_pull(self, p: ParkedPull, out: list) -> None:
         if p.peer.closed:
@@ -256,15 +266,16 @@ class Parking:
         if not waiting:
             del self.pulls[p.key]
             if not self.pulls:
-                self.set_flag(WANT_PUBLISH, False)
+                self.set_flag(self.pull_flag, False)
         self._answer_pull(p, out)
 
     def drop_pulls_of(self, peer) -> None:
         """A closed connection's parked pulls, gone at once rather than when
         a message or their deadline comes: nothing will be written to them,
-        and while any pull is parked every append anywhere wakes this
-        worker (WANT_PUBLISH) — a consumer that left would keep costing
-        every producer a wake-up until its long polls expired."""
+        and while any pull is parked every append to its queue (or to one
+        sharing its bit of the wait_mask) wakes this worker — a consumer
+        that left would keep costing those producers a wake-up until its
+        long polls expired."""
         for key, waiting in list(self.pulls.items()):
             for p in [p for p in waiting if p.peer is peer]:
                 del waiting[p]
@@ -272,7 +283,7 @@ class Parking:
             if not waiting:
                 del self.pulls[key]
                 if not self.pulls:
-                    self.set_flag(WANT_PUBLISH, False)
+                    self.set_flag(self.pull_flag, False)
 
     def expire_all_pulls(self) -> list:
         out: list = []
@@ -348,7 +359,19 @@ class Parking:
         for key in list(self.pulls):
             self._release_queue(key, out)
         self._release_flushed(out)
+        if self.pulls:
+            self._remask()                  # queues made since: their own bits from now on
         return out
+
+    def _remask(self) -> None:
+        """The wait_mask of the parked pulls' queues (a superset is only
+        extra wake-ups: it is not narrowed as queues are answered)."""
+        if self.set_mask is None:
+            return
+        slot_of, mask = self.store.state.queue_slot, 0
+        for topic, qid in self.pulls:
+            mask |= queue_bit(slot_of(topic, qid))
+        self.set_mask(mask)
 
     def expire(self) -> list:
         """Answers whose deadline has passed."""

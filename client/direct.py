@@ -435,9 +435,10 @@ class Wakes:
     """One kind of wake-up an append owes (the processes waiting for
     appends — a worker with parked pulls, the HA service — or, under
     SYNC_FLUSH, the flusher), coalesced: each wake-up is a datagram that
-    costs the sender a system call and wakes the receiver, and the
-    processes flagged WANT_PUBLISH include any worker holding any parked
-    pull, on any queue. Woken on every append, direct sends paid it on
+    costs the sender a system call and wakes the receiver (a worker or a
+    direct consumer with a pull waiting on the append's queue: the
+    ``queues`` mask each wake-up carries; before the masks, any worker
+    holding any parked pull). Woken on every append, direct sends paid it on
     every send (and the workers woke as often, on the same cores): with one
     consumer waiting anywhere on the broker, direct sends went slower than
     the socket (12 k vs 14 k msg/s, 55 µs of client CPU a send instead of
@@ -909,7 +910,7 @@ class _Parker:
         slot_of, bit, mask = self.store.state.queue_slot, self.queue_bit, 0
         for topic, queue_id, _, _ in self.waits.values():
             mask |= bit(slot_of(topic, queue_id))
-        self.cb.procs["wait_mask"][self.cb.slot] = mask
+        self.cb.set_wait_mask(mask)
 
     def _woken(self) -> None:
         self.cb.waiter.drain()

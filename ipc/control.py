@@ -67,13 +67,13 @@ assert PROC_DTYPE.itemsize == 64 and [PROC_DTYPE.fields[n][1] for n in PROC_DTYP
     0, 8, 16, 24, 32, 40, 48, 56], "control block: PROC_DTYPE is not the process slot drawn above"
 
 # process slot flags (all in the flags word's low byte: wake_flagged reads only that)
-WANT_PUBLISH = 1   # has parked pulls: wake me when messages are published
+WANT_PUBLISH = 1   # wake me on every publish (the HA service; workers before WANT_QUEUES)
 WANT_FLUSH = 2     # has parked sync sends: wake me when flushed_pos moves
 LOCKING = 4        # waiting for or holding the append lock
 WANT_CLIENTS = 8   # a broker worker: wake me when a consumer group changes
 WANT_CONFIG = 16   # the broker's services: wake me when the topic table changes
 REGISTERED = 32    # the broker's services: a NameServer took its routes since it started
-WANT_QUEUES = 64   # a direct consumer waiting for appends to the queues of its wait_mask
+WANT_QUEUES = 64   # pulls waiting (a worker's parked, a direct consumer's) on its wait_mask's queues
 _FLAGS_LOW = PROC_DTYPE.fields["flags"][1] + (0 if sys.byteorder == "little" else 7)
 _HAS_FLAG = {f: bytes(1 if b & f else 0 for b in range(256))
              for f in (WANT_PUBLISH, WANT_FLUSH, LOCKING, WANT_CLIENTS, WANT_CONFIG, REGISTERED,
@@ -414,6 +414,12 @@ class ControlBlock:
             self.proc_flags[self.slot] |= flag
         else:
             self.proc_flags[self.slot] &= ~flag
+
+    def set_wait_mask(self, mask: int) -> None:
+        """This slot's wait_mask: the queues (``core.state.queue_bit``) whose
+        appends wake it while it is flagged WANT_QUEUES."""
+        if self.slot >= 0:
+            self.procs["wait_mask"][self.slot] = mask
 
     def flags_of(self, pid: int) -> int:
         """The flags of the slot ``pid`` holds (0 if it holds none)."""

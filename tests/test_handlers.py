@@ -27,7 +27,7 @@ from shmq.core.layout import java_string_hash
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.codes import not_supported_remark
-from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
+from shmq.ipc.control import WANT_FLUSH, WANT_QUEUES
 from shmq.ipc.headers import V1_KEYS
 from shmq.ipc.remoting import (FLAG_ONEWAY, JSON, ROCKETMQ, VERSION_4_9_7, FrameDecoder, RemotingCommand,
                                encode_head)
@@ -425,7 +425,7 @@ def test_a_pull_with_nothing_to_read_parks_and_is_answered_when_its_queue_gets_a
     cmd = golden("ons-3.12-pull")
     assert cmd.ext["suspendTimeoutMillis"] == "15000"
     assert rig.call(cmd) is PARKED
-    assert rig.flags() & WANT_PUBLISH                   # writers wake this process
+    assert rig.flags() & WANT_QUEUES                    # writers to its queue wake this process
     rig.clock.advance(14.9)
     assert rig.parking.expire() == [] and rig.parking.ready() == []
     rig.ok(golden("ons-3.12-send-v2", queueId="1"))    # another queue: still parked
@@ -435,7 +435,7 @@ def test_a_pull_with_nothing_to_read_parks_and_is_answered_when_its_queue_gets_a
     assert peer is rig.tcp and r.cmd.code == R.SUCCESS and r.cmd.opaque == cmd.opaque
     assert r.cmd.serialize_type == JSON                 # a parked pull's answer, as RocketMQ's
     assert [m.body for m in decode_records(body_of(r))] == [b"golden-body-1"]
-    assert len(rig.parking.timers) == 0 and not rig.flags() & WANT_PUBLISH
+    assert len(rig.parking.timers) == 0 and not rig.flags() & WANT_QUEUES
     rig.clock.advance(1)
     assert rig.parking.expire() == []                  # answered once
 
@@ -461,7 +461,7 @@ def test_a_parked_pull_times_out_with_pull_not_found_at_suspend_timeout_millis(r
     [(peer, r)] = answers(rig.parking.expire())
     assert (r.cmd.code, r.cmd.remark) == (R.PULL_NOT_FOUND, "NO_MATCHED_LOGIC_QUEUE")   # never written
     assert r.cmd.ext["nextBeginOffset"] == "0" and r.nbytes == 0
-    assert rig.parking.next_deadline() is None and not rig.flags() & WANT_PUBLISH
+    assert rig.parking.next_deadline() is None and not rig.flags() & WANT_QUEUES
 
 
 def test_short_polling_holds_a_pull_short_polling_time_mills(store_dir):
@@ -483,10 +483,10 @@ def test_a_parked_pull_of_a_closed_connection_is_dropped(rig):
     # gone at once (not when a message or the deadline comes): the other
     # client's pull stays, and with it the flag that appends wake us by
     assert list(rig.parking.pulls) == [("GoldenTopic", 1)] and len(rig.parking.timers) == 1
-    assert rig.flags() & WANT_PUBLISH
+    assert rig.flags() & WANT_QUEUES
     rig.h.connection_closed(rig.unix)
     assert rig.parking.pulls == {} and len(rig.parking.timers) == 0
-    assert not rig.flags() & WANT_PUBLISH
+    assert not rig.flags() & WANT_QUEUES
     rig.ok(golden("ons-3.12-send-v2", queueId="0"), rig.tcp)
     assert rig.parking.ready() == []
 

@@ -196,3 +196,26 @@ def test_a_parked_pull_times_out_through_the_same_answer(store):
     assert isinstance(next(iter(parking.pulls[("Q", 0)])), ParkedPull)
     clock.t += 0.5 + TICK
     assert [p.id for p, _ in parking.expire()] == [1] and asked == [(asked[0][0], 9)]
+
+
+def test_with_a_mask_parked_pulls_name_their_queues(store):
+    """A worker's parked pulls flag WANT_QUEUES and name their queues in
+    the slot's wait_mask (``core.state.queue_bit``): an append to another
+    queue does not wake the worker. A queue with no slot yet is waited on
+    as NEW_QUEUE, and by its own bit once a message made it."""
+    from shmq.core.state import NEW_QUEUE, queue_bit
+    from shmq.ipc.control import WANT_QUEUES
+    clock, flags, masks = Clock(), Flags(), []
+    parking = Parking(store, flags, lambda peer, cmd: None, clock, set_mask=masks.append)
+    append(store, "PA")
+    parking.park_pull(P(1), None, "PA", 0, 1, 30.0)
+    assert flags.v & WANT_QUEUES and not flags.v & WANT_PUBLISH
+    assert masks[-1] == queue_bit(store.state.queue_slot("PA", 0))
+    parking.park_pull(P(2), None, "PNew", 0, 0, 30.0)        # no slot yet
+    assert masks[-1] == queue_bit(store.state.queue_slot("PA", 0)) | NEW_QUEUE
+    append(store, "PNew")
+    parking.on_wake()                                         # answered; PA still waits
+    assert masks[-1] == queue_bit(store.state.queue_slot("PA", 0))
+    clock.t += 60
+    parking.expire()
+    assert parking.pulls == {} and not flags.v & WANT_QUEUES

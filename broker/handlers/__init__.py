@@ -112,7 +112,8 @@ class Handlers(Broker):
     def __init__(self, config: BrokerConfig, store: MessageStore, cb: ControlBlock,
                  tables: Tables, registry: Registry, clock: Callable[[], float] = time.monotonic):
         super().__init__(config, store, cb, tables, registry)
-        self.parking = Parking(store, cb.set_flag, self.answer_parked_pull, clock)
+        self.parking = Parking(store, cb.set_flag, self.answer_parked_pull, clock,
+                               set_mask=cb.set_wait_mask)
         self.relays = relay.Relays()      # requests passed on to a consumer client
         # None unless aclEnable: then every request is checked before it runs
         self.acl = Acl(config.acl_file) if config.aclEnable else None
