@@ -57,9 +57,9 @@ def _store(config: StoreConfig, cb: ControlBlock, opening: bool = False) -> Mess
         raise ValueError(f"store {root} runs with maxQueueSlots={state.queue_slots} and "
                          f"mappedFileSizeCommitLog={state.get('segment_bytes')}; this process was "
                          f"given {config.maxQueueSlots} and {config.mappedFileSizeCommitLog}")
-    store = MessageStore(config, state, on_flush_request=lambda: cb.wake(FLUSHER_SLOT))
-    store.on_published = lambda: cb.wake_flagged(WANT_PUBLISH, store.published_queues)
-    return store
+    return MessageStore(config, state,
+                        on_published=lambda queues: cb.wake_flagged(WANT_PUBLISH, queues),
+                        on_flush_request=lambda: cb.wake(FLUSHER_SLOT))
 
 
 def attach(config: StoreConfig, role: str = "worker") -> tuple[MessageStore, ControlBlock]:

@@ -225,8 +225,8 @@ class DirectStore:
             # the wake-ups an append owes, coalesced per loop turn (``Wakes``)
             self.wakes = (Wakes(lambda queues: cb.wake_flagged(WANT_PUBLISH, queues)),
                           Wakes(lambda _: cb.wake(FLUSHER_SLOT)))
-            self.store = MessageStore(config, state, on_flush_request=self.wakes[1].due)
-            self.store.on_published = lambda: self.wakes[0].due(self.store.published_queues)
+            self.store = MessageStore(config, state, on_published=self.wakes[0].due,
+                                      on_flush_request=self.wakes[1].due)
         except BaseException:
             cb.close()
             raise

@@ -188,7 +188,6 @@ class Replica:
         self.published.update(changed)
         self.dispatched = end
         if self.store.on_published is not None:
-            self.store.published_queues = -1       # any queue may have moved
-            self.store.on_published()
+            self.store.on_published(-1)           # any queue may have moved
         if self.store.config.sync_flush and self.store.on_flush_request is not None:
             self.store.on_flush_request()

@@ -193,14 +193,15 @@ _check_layouts()
 STATE_NEW, STATE_RUNNING, STATE_STOPPING = 0, 1, 2
 
 
-# a mask of queues, a publish's or a waiting direct consumer's (``ipc.control``
-# wait_mask): bit slot % 62 for a queue slot of the table, NEW_QUEUE for a queue
+# a mask of queues, a publish's or a waiting pull's (``ipc.control`` wait_mask):
+# bit slot % QUEUE_BITS for a queue slot of the table, NEW_QUEUE for a queue
 # with no slot yet (a publish that made one sets it too); -1: any
-NEW_QUEUE = 1 << 62
+QUEUE_BITS = 62
+NEW_QUEUE = 1 << QUEUE_BITS
 
 
 def queue_bit(queue_slot: int) -> int:
-    return 1 << queue_slot % 62 if queue_slot >= 0 else NEW_QUEUE
+    return 1 << queue_slot % QUEUE_BITS if queue_slot >= 0 else NEW_QUEUE
 
 
 class StoreFullError(RuntimeError):

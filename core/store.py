@@ -81,7 +81,7 @@ from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_S
                     E_CLAIMED_MS, E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
                     I_CL_MIN_OFFSET, I_FLUSH_REQUEST_POS, I_LAST_STORE_TS, I_PUBLISH_SEQ,
                     I_QUEUE_POS, I_WRITE_POS, I_STATE, Q_CLAIM, Q_MIN, Q_NEXT, Q_WORDS, QUEUE_BASE,
-                    NEW_QUEUE, RING_BASE, RING_ENTRIES,
+                    NEW_QUEUE, QUEUE_BITS, RING_BASE, RING_ENTRIES,
                     STATE_RUNNING, STATE_STOPPING, StoreState, StoreStopping, me, owner_alive)
 
 # Above this many dirty ConsumeQueues one syncfs beats a sync per file
@@ -157,7 +157,7 @@ def _entry(seq: int) -> int:
 
 class MessageStore:
     def __init__(self, config: StoreConfig, state: StoreState, files: FileLayer = REAL_FILES,
-                 on_published: Callable[[], None] | None = None,
+                 on_published: Callable[[int], None] | None = None,
                  on_flush_request: Callable[[], None] | None = None):
         self.config = config
         self.state = state
@@ -165,10 +165,9 @@ class MessageStore:
         self.root = config.storePathRootDir
         self.cl = CommitLog(files, config.commitlog_dir, config.mappedFileSizeCommitLog)
         self.cqs = ConsumeQueues(files, config.consumequeue_dir, config.cq_units_per_file)
+        # called after each publish with the queues it concerns (a
+        # ``state.queue_bit`` mask; -1: any): the wake-ups of pulls waiting on them
         self.on_published = on_published
-        # the queues (a ``state.queue_bit`` mask) of the publish ``on_published``
-        # is called for: -1, any, where several were (a slave's dispatch)
-        self.published_queues = -1
         self.on_flush_request = on_flush_request
         self._seg = config.mappedFileSizeCommitLog
         self._sync = config.sync_flush
@@ -263,13 +262,12 @@ class MessageStore:
             w[I_FLUSH_REQUEST_POS] = end
         w[I_PUBLISH_SEQ] = seq + 1
         if self.on_published is not None:
-            # whom it concerns (state.queue_bit): its queue, a queue new with it
-            # (or whose slot a claim that published nothing made: its first
-            # offset), and any, after a wait that may have repaired and
-            # published the claims of others
-            self.published_queues = (-1 if waited else
-                                     1 << slot % 62 | (NEW_QUEUE if known < 0 or q0 == 0 else 0))
-            self.on_published()
+            # whom it concerns (a state.queue_bit mask, inline): its queue, a
+            # queue new with it (or whose slot a claim that published nothing
+            # made: its first offset), and any, after a wait that may have
+            # repaired and published the claims of others
+            self.on_published(-1 if waited else 1 << slot % QUEUE_BITS
+                              | (NEW_QUEUE if known < 0 or q0 == 0 else 0))
         # the flusher, under SYNC_FLUSH for this append; on a roll into a new
         # segment for the one after it, to be created before it is needed
         if (self._sync or phy != start) and self.on_flush_request is not None:
@@ -555,8 +553,7 @@ class MessageStore:
             if not lock_held:
                 self._lock.release()
         if done != "none" and self.on_published is not None:
-            self.published_queues = -1      # what it published, on whatever queues
-            self.on_published()
+            self.on_published(-1)           # what it published, on whatever queues
         return done
 
     def _repair(self, normalize: bool) -> str:

@@ -76,8 +76,8 @@ REGISTERED = 32    # the broker's services: a NameServer took its routes since i
 WANT_QUEUES = 64   # pulls waiting (a worker's parked, a direct consumer's) on its wait_mask's queues
 _FLAGS_LOW = PROC_DTYPE.fields["flags"][1] + (0 if sys.byteorder == "little" else 7)
 _HAS_FLAG = {f: bytes(1 if b & f else 0 for b in range(256))
-             for f in (WANT_PUBLISH, WANT_FLUSH, LOCKING, WANT_CLIENTS, WANT_CONFIG, REGISTERED,
-                       WANT_QUEUES, WANT_PUBLISH | WANT_QUEUES)}
+             for f in (WANT_PUBLISH | WANT_QUEUES, WANT_FLUSH, LOCKING, WANT_CLIENTS, WANT_CONFIG,
+                       REGISTERED)}
 
 
 # roles
@@ -243,6 +243,7 @@ class ControlBlock:
         n = int(self.header["proc_slots"][0]) if int(self.header["magic"][0]) == MAGIC else 0
         self.procs = np.ndarray((n,), PROC_DTYPE, self.mm, HEADER_BYTES)
         self.proc_flags = self.procs["flags"]
+        self.wait_masks = self.procs["wait_mask"]
         self.hdr_lock_owner = self.header["lock_owner_pid"]
         self.hdr_lock_owner_start = self.header["lock_owner_start"]
         self.hdr_retired = self.header["retired"]
@@ -275,6 +276,7 @@ class ControlBlock:
         cb.header["magic"] = MAGIC
         cb.procs = np.ndarray((proc_slots,), PROC_DTYPE, cb.mm, HEADER_BYTES)
         cb.proc_flags = cb.procs["flags"]
+        cb.wait_masks = cb.procs["wait_mask"]
         return cb
 
     @classmethod
@@ -336,7 +338,7 @@ class ControlBlock:
         self.unregister()
         self.waker.close()
         self.sem.close()
-        self.header = self.procs = self.proc_flags = self.hdr_lock_owner = None
+        self.header = self.procs = self.proc_flags = self.wait_masks = self.hdr_lock_owner = None
         self.mm = None
 
     def unlink(self) -> None:
@@ -419,7 +421,7 @@ class ControlBlock:
         """This slot's wait_mask: the queues (``core.state.queue_bit``) whose
         appends wake it while it is flagged WANT_QUEUES."""
         if self.slot >= 0:
-            self.procs["wait_mask"][self.slot] = mask
+            self.wait_masks[self.slot] = mask
 
     def flags_of(self, pid: int) -> int:
         """The flags of the slot ``pid`` holds (0 if it holds none)."""
@@ -435,27 +437,21 @@ class ControlBlock:
     def wake_flagged(self, flag: int, queues: int = -1) -> None:
         """Wake every process whose slot has ``flag``; for WANT_PUBLISH also
         every slot with WANT_QUEUES whose wait_mask meets ``queues`` (the
-        published queues' ``core.state.queue_bit``s, -1: any; a direct
-        consumer waiting on other queues is not woken). Every append publishes through here, so the
-        common answer (nobody) costs one copy of the slots' low flag bytes
-        and a ``bytes.translate``, not numpy's masking and scanning of every
-        slot (5 µs here)."""
+        published queues' ``core.state.queue_bit``s, -1: any): a pull
+        waiting on other queues is not woken. Every append publishes through
+        here, so the common answer (nobody) costs one copy of the slots' low
+        flag bytes and a ``bytes.translate``, not numpy's masking and
+        scanning of every slot (5 µs here)."""
         low = self._flag_bytes
         if low is None or self._flag_bytes_of is not self.procs:
             self._flag_bytes_of = self.procs
             low = self._flag_bytes = memoryview(self.procs.view(np.uint8))[_FLAGS_LOW::PROC_DTYPE.itemsize]
-        if flag != WANT_PUBLISH:
-            hits = low.tobytes().translate(_HAS_FLAG[flag])
-            slot = hits.find(1)
-            while slot >= 0:
-                self.waker.wake(slot)
-                slot = hits.find(1, slot + 1)
-            return
-        hits = low.tobytes().translate(_HAS_FLAG[WANT_PUBLISH | WANT_QUEUES])
+        by_queue = flag == WANT_PUBLISH
+        hits = low.tobytes().translate(_HAS_FLAG[flag | WANT_QUEUES if by_queue else flag])
         slot = hits.find(1)
         while slot >= 0:
-            p = self.procs[slot]
-            if int(p["flags"]) & WANT_PUBLISH or int(p["wait_mask"]) & queues:
+            if (not by_queue or self.proc_flags[slot] & WANT_PUBLISH
+                    or self.wait_masks[slot] & queues):
                 self.waker.wake(slot)
             slot = hits.find(1, slot + 1)
 
