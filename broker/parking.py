@@ -51,7 +51,7 @@ from typing import Callable, NamedTuple
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
 from shmq.core.state import queue_bit
-from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH, WANT_QUEUES
+from shmq.ipc.control import WANT_FLUSH, WANT_QUEUES
 from shmq.ipc.remoting import RemotingCommand, decode_head, encode_head
 
 FLUSH_TIMEOUT_REMARK = "flush the message to disk timed out (syncFlushTimeout)"
@@ -204,15 +204,13 @@ class Parking:
     def __init__(self, store: MessageStore, set_flag: Callable[[int, bool], None],
                  answer_pull: Callable, clock: Callable[[], float] = time.monotonic,
                  timers: TimerQueue | None = None,
-                 set_mask: Callable[[int], None] | None = None):
+                 set_mask: Callable[[int], None] = lambda mask: None):
         self.store = store
         self.set_flag = set_flag            # ControlBlock.set_flag of this process
-        # with ``set_mask`` (this process's slot's wait_mask), parked pulls
-        # flag WANT_QUEUES and name their queues (``core.state.queue_bit``):
-        # an append wakes this worker only for a queue a pull waits on; else
-        # WANT_PUBLISH, woken by every append
+        # parked pulls flag WANT_QUEUES and name their queues in this process's
+        # slot (``set_mask``: ControlBlock.set_wait_mask; ``core.state.queue_bit``):
+        # an append wakes this worker only for a queue a pull waits on
         self.set_mask = set_mask
-        self.pull_flag = WANT_PUBLISH if set_mask is None else WANT_QUEUES
         self.answer_pull = answer_pull      # (peer, cmd) → reply or None
         self.clock = clock
         self.timers = timers or TimerQueue()
@@ -232,7 +230,7 @@ class Parking:
             waiting = self.pulls[key] = {}
             self._remask()                  # the mask, then the flag: a waker reads them so
             if first:
-                self.set_flag(self.pull_flag, True)
+                self.set_flag(WANT_QUEUES, True)
         waiting[p] = None
         p.timer = self.timers.add(self.clock() + hold_s, p)
         if self.store.max_offset(topic, qid) > offset:     # arrived before the flag was up
@@ -251,7 +249,7 @@ class Parking:
         if not waiting:
             del self.pulls[key]
             if not self.pulls:
-                self.set_flag(self.pull_flag, False)
+                self.set_flag(WANT_QUEUES, False)
 
     def _answer_pull(self, p: ParkedPull, out: list) -> None:
         if p.peer.closed:
@@ -266,7 +264,7 @@ class Parking:
         if not waiting:
             del self.pulls[p.key]
             if not self.pulls:
-                self.set_flag(self.pull_flag, False)
+                self.set_flag(WANT_QUEUES, False)
         self._answer_pull(p, out)
 
     def drop_pulls_of(self, peer) -> None:
@@ -283,7 +281,7 @@ class Parking:
             if not waiting:
                 del self.pulls[key]
                 if not self.pulls:
-                    self.set_flag(self.pull_flag, False)
+                    self.set_flag(WANT_QUEUES, False)
 
     def expire_all_pulls(self) -> list:
         out: list = []
@@ -366,8 +364,6 @@ class Parking:
     def _remask(self) -> None:
         """The wait_mask of the parked pulls' queues (a superset is only
         extra wake-ups: it is not narrowed as queues are answered)."""
-        if self.set_mask is None:
-            return
         slot_of, mask = self.store.state.queue_slot, 0
         for topic, qid in self.pulls:
             mask |= queue_bit(slot_of(topic, qid))

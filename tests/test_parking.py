@@ -12,7 +12,7 @@ from shmq.broker.parking import Parking, ParkedPull, TimerQueue
 from shmq.core.records import encode
 from shmq.core.store import close_clean, open_local
 from shmq.ipc.codes import ResponseCode as R
-from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH
+from shmq.ipc.control import WANT_FLUSH, WANT_PUBLISH, WANT_QUEUES
 from shmq.ipc.remoting import RemotingCommand
 
 TICK = 0.001
@@ -154,14 +154,14 @@ def test_a_wake_up_reruns_only_the_pulls_whose_queue_moved(store):
     parking, clock, flags, asked = make(store)
     for i in range(300):
         parking.park_pull(P(i), RemotingCommand(11, opaque=i), f"T{i % 30}", 0, 0, 15.0)
-    assert flags.v & WANT_PUBLISH and parking.parked_pulls == 300
+    assert flags.v & WANT_QUEUES and parking.parked_pulls == 300
     append(store, "T7")
     out = parking.on_wake()
     assert sorted(o for _, o in asked) == list(range(7, 300, 30)) == sorted(p.id for p, _ in out)
     assert parking.parked_pulls == 290 and len(parking.timers) == 290
     clock.t += 15.0 + TICK
     assert len(parking.expire()) == 290
-    assert parking.pulls == {} and not flags.v & WANT_PUBLISH
+    assert parking.pulls == {} and not flags.v & WANT_QUEUES
 
 
 def test_a_pull_parked_after_its_message_arrived_is_ready_at_once(store):
@@ -204,12 +204,11 @@ def test_with_a_mask_parked_pulls_name_their_queues(store):
     queue does not wake the worker. A queue with no slot yet is waited on
     as NEW_QUEUE, and by its own bit once a message made it."""
     from shmq.core.state import NEW_QUEUE, queue_bit
-    from shmq.ipc.control import WANT_QUEUES
     clock, flags, masks = Clock(), Flags(), []
     parking = Parking(store, flags, lambda peer, cmd: None, clock, set_mask=masks.append)
     append(store, "PA")
     parking.park_pull(P(1), None, "PA", 0, 1, 30.0)
-    assert flags.v & WANT_QUEUES and not flags.v & WANT_PUBLISH
+    assert flags.v & WANT_QUEUES and not flags.v & WANT_PUBLISH   # not woken by every append
     assert masks[-1] == queue_bit(store.state.queue_slot("PA", 0))
     parking.park_pull(P(2), None, "PNew", 0, 0, 30.0)        # no slot yet
     assert masks[-1] == queue_bit(store.state.queue_slot("PA", 0)) | NEW_QUEUE
