@@ -12,9 +12,10 @@ full disk is a SIGBUS that kills the services process. So the writer gives
 pages blocks (fallocate) before the kernel stores there: the header and the
 hash slots (random access) when the file is made or first opened for
 writing, the entries (sequential) ahead of indexCount, up to
-ENTRIES_AHEAD_MAX bytes at a time (``FileLayer.allocate_ahead``); the kernel is told to stop at the last entry with blocks
-(``IndexFile.room``). A full disk is then ENOSPC from ``build``, which
-keeps its place (``IndexBuilder`` tries again later).
+ENTRIES_AHEAD_MAX bytes at a time (``FileLayer.allocate_ahead``); the
+kernel is told to stop at the last entry with blocks (``IndexFile.room``).
+A full disk is then ENOSPC from ``build``, which keeps its place
+(``IndexBuilder`` tries again later).
 
 Concurrency: an insert writes the entry, then its slot, then the header,
 indexCount last, slots and indexCount as aligned 4-byte stores (x86-64 TSO
