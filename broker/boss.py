@@ -77,8 +77,11 @@ GIVE_UP_AFTER = 5
 # Ready means ready: the ready line waits for the first NameServer
 # registration (a client asking for routes at once finds them), at most this
 # long (RocketMQ's registerBrokerTimeoutMills); past it the line is printed
-# with a warning and the services keep trying.
+# with a warning and the services keep trying. The embedded NameServer is
+# the broker's own, started beside it: the line waits for it (a busy machine
+# may take seconds to start it), up to the longer bound.
 REGISTER_WAIT_S = 6.0
+EMBEDDED_REGISTER_WAIT_S = 60.0
 # accept() failing for want of descriptors (EMFILE/ENFILE) is logged at most
 # once per this many seconds, with how many failed meanwhile.
 FD_LOG_EVERY_S = 1.0
@@ -376,15 +379,16 @@ class Boss:
                                    f"(code {self.workers[dead[0]].exitcode})")
             self.step(0.05)
 
-    def _await_registered(self, timeout_s: float = REGISTER_WAIT_S) -> None:
+    def _await_registered(self) -> None:
         if not self.config.namesrv_addrs:
             return
+        timeout_s = EMBEDDED_REGISTER_WAIT_S if self.namesrv is not None else REGISTER_WAIT_S
         deadline = time.monotonic() + timeout_s
         while not self.owner.cb.flags_of(self.services.pid) & REGISTERED:
             self._check_stop()
-            if not self.services.is_alive():
-                raise RuntimeError(f"the services process exited at start "
-                                   f"(code {self.services.exitcode})")
+            for name, p in (("services", self.services), ("namesrv", self.namesrv)):
+                if p is not None and not p.is_alive():
+                    raise RuntimeError(f"the {name} process exited at start (code {p.exitcode})")
             if time.monotonic() > deadline:
                 log.warning("not registered with the NameServer (%s) within %.0f s: clients find "
                             "this broker's routes once it is (it keeps trying)",

@@ -2,7 +2,10 @@
 
 - registers the broker with every NameServer every ``registerNameServerPeriod``
   and at once when the topic table changes (a topic created on first send
-  must be routable before consumers poll again), and unregisters at shutdown;
+  must be routable before consumers poll again), again every
+  ``REGISTER_RETRY_S`` while a NameServer has not taken a registration (one
+  starting after the broker, or slow to answer the first), and unregisters
+  at shutdown;
 - saves consumer offsets to ``config/consumerOffset.json`` every
   ``flushConsumerOffsetInterval`` and at shutdown;
 - expires consumers silent for 120 s (their groups are then re-balanced);
@@ -57,6 +60,7 @@ log = logging.getLogger("shmq.services")
 TICK_S = 0.1
 EXPIRE_EVERY_S = 10.0
 STOP_INDEX_S = 2.0
+REGISTER_RETRY_S = 1.0   # a NameServer that did not take the last registration
 
 
 class IndexBuilder:
@@ -132,9 +136,13 @@ class Services:
     def step(self, now: float) -> None:
         epoch = self.tables.topics.state.get("config_epoch")
         if epoch != self.registered_epoch or now >= self.next_register:
-            self.register_all()
+            everyone = self.register_all() == len(self.config.namesrv_addrs)
             self.registered_epoch = epoch
-            self.next_register = now + self.config.registerNameServerPeriod / 1000
+            # a NameServer that did not take it (not up yet, slow, restarting)
+            # hears again in a second, not a registration period later: until
+            # then clients asking it find no route to this broker
+            self.next_register = now + (self.config.registerNameServerPeriod / 1000 if everyone
+                                        else REGISTER_RETRY_S)
         if now >= self.next_offsets:
             self.save_offsets()
             self.next_offsets = now + self.config.flushConsumerOffsetInterval / 1000
@@ -203,7 +211,8 @@ class Services:
                 break
         return ok
 
-    def register_all(self) -> None:
+    def register_all(self) -> int:
+        """Register with every NameServer; returns how many took it."""
         c = self.config
         # The version is read before the topics: a topic created in between
         # then rides under the older version, and the next registration's
@@ -215,12 +224,14 @@ class Services:
         # a read-only (drained) broker: routes say so (registerBrokerAll)
         topics = {k: v.to_json() if perm & 6 == 6 else {**v.to_json(), "perm": v.perm & perm}
                   for k, v in self.tables.topics.current().items()}
-        if self._call_all(lambda: register_broker_request(
-                cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
-                broker_id=c.brokerId, topic_configs=topics,
-                data_version=version, ha_addr=c.ha_addr),
-                self._learn_master if c.brokerRole == SLAVE else None):
+        took = self._call_all(lambda: register_broker_request(
+            cluster=c.brokerClusterName, broker_name=c.brokerName, broker_addr=c.addr,
+            broker_id=c.brokerId, topic_configs=topics,
+            data_version=version, ha_addr=c.ha_addr),
+            self._learn_master if c.brokerRole == SLAVE else None)
+        if took:
             self.registered = True
+        return took
 
     def _learn_master(self, reply) -> None:
         """A slave's registration reply names its master (when the master is

@@ -68,6 +68,33 @@ def test_dash_n_registers_with_a_running_namesrv_and_starts_no_embedded_one(tmp_
         ns.wait(30)
 
 
+def test_a_namesrv_started_after_the_broker_gets_its_routes_within_seconds(tmp_path):
+    """A NameServer that was not up when the broker started (or did not answer
+    its first registration) is registered with a second later, not a
+    registerNameServerPeriod later: until then its clients find no route."""
+    ns_port = free_port()
+    conf = broker_conf(tmp_path, namesrvAddr=f"127.0.0.1:{ns_port}",
+                       registerNameServerPeriod=120000)
+    with BrokerProc(tmp_path, conf).start() as b:
+        assert "not registered with the NameServer" in b.log()
+        ns = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(ns_port)],
+                              stdout=subprocess.PIPE, text=True)
+        try:
+            assert ready_line(ns, 60).startswith("shmq namesrv ready")
+            with RemotingClient(f"127.0.0.1:{ns_port}") as c:
+                deadline = time.monotonic() + 15
+                while True:
+                    r = c.invoke(RemotingCommand(RC.GET_BROKER_CLUSTER_INFO))
+                    if r.code == R.SUCCESS and b"broker-a" in r.body:
+                        break
+                    assert time.monotonic() < deadline, "the broker did not register again"
+                    time.sleep(0.1)
+            assert b.stop() == 0
+        finally:
+            ns.terminate()
+            ns.wait(30)
+
+
 def test_a_child_that_keeps_failing_backs_off_then_the_boss_gives_up():
     r = Restarts(started_at=0.0)
     now = 1.0
