@@ -184,6 +184,7 @@ class Boss:
         self.services: multiprocessing.Process | None = None
         self.ha: multiprocessing.Process | None = None
         self.ha_sock: socket.socket | None = None
+        self.metrics_sock: socket.socket | None = None   # metricsPort's, served by the services
         self.sel = selectors.DefaultSelector()
         self.signals: SignalWakeup | None = None
         self.stopping = False
@@ -313,6 +314,15 @@ class Boss:
                     tcp.close()
                     raise
                 log.error("%s: no slave can connect to this ASYNC_MASTER", e)
+        if c.metricsPort:
+            try:
+                self.metrics_sock = _bind(c.bindAddress, c.metricsPort, "metricsPort")
+            except RuntimeError:
+                tcp.close()
+                if self.ha_sock is not None:
+                    self.ha_sock.close()
+                    self.ha_sock = None
+                raise
         path = c.unix_path
         if os.path.exists(path):
             os.unlink(path)    # left by a previous run: we hold the store lock
@@ -353,7 +363,7 @@ class Boss:
 
     def _start_services(self) -> None:
         p = self.ctx.Process(target=services_main, name="shmq-services",
-                             args=(self.config, os.getpid()))
+                             args=(self.config, os.getpid(), self.metrics_sock))
         p.start()
         self.services = p
         self._started("services")
@@ -580,6 +590,9 @@ class Boss:
             self.ha_sock = None
         if self.services is not None:
             _terminate([self.services])
+        if self.metrics_sock is not None:
+            self.metrics_sock.close()
+            self.metrics_sock = None
         if self.owner.store is not None and self.registry is not None:
             try:
                 self.registry.save_offsets()

@@ -4,8 +4,10 @@
 Why there: the services process already runs the broker's background
 duties off the request path, and it takes the statistics' snapshots
 (``stats.Sampler``), so a scrape never costs a worker a turn of its
-reactor. The server is ``prometheus_client``'s (a thread; it renders the
-text exposition format); on each scrape ``Collector.collect`` reads the
+reactor. The server is ``prometheus_client``'s WSGI app (it renders the
+text exposition format) in a thread, on the socket the boss bound at start
+(a port in use is the start's one clear error, as for every port, and a
+restarted services process serves the same socket); on each scrape ``Collector.collect`` reads the
 shared memory every process writes — the counters (``ipc/counters.py``),
 the registry's consumer offsets, the store's queues — so the figures are
 the whole broker's, whichever worker served the traffic. Its own view of
@@ -41,7 +43,12 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, start_http_server
+import socket
+import threading
+from wsgiref.simple_server import WSGIRequestHandler
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from shmq.core.store import MessageStore
@@ -59,25 +66,41 @@ log = logging.getLogger("shmq.services")
 LIVE_GAUGES = ("connections", "parked_pulls", "parked_sends")
 
 
-def start(config: BrokerConfig, services, store: MessageStore, cb: ControlBlock):
+def start(config: BrokerConfig, services, store: MessageStore, cb: ControlBlock,
+          sock: socket.socket | None = None):
     """The services process's share of the statistics: the snapshots (a
-    feature of its loop) and, with metricsPort, the endpoint. A port it
-    cannot listen on is an ERROR naming it; the broker runs on without."""
+    feature of its loop) and, with metricsPort, the endpoint on ``sock``,
+    the listening socket the boss bound."""
     counters = counters_of(cb, store)
     if counters is None:
         return None
     services.features.append(Sampler(counters))
-    if not config.metricsPort:
+    if not config.metricsPort or sock is None:
         return None
     reg = CollectorRegistry(auto_describe=False)
     reg.register(Collector(config, cb))
-    try:
-        server, _ = start_http_server(config.metricsPort, addr=config.bindAddress, registry=reg)
-    except OSError as e:
-        log.error("metricsPort=%d: cannot serve /metrics on %s: %s", config.metricsPort,
-                  config.bindAddress, e)
-        return None
+    server = serve(sock, make_wsgi_app(reg))
     log.info("metrics: http://%s:%d/metrics", config.bindAddress, config.metricsPort)
+    return server
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:     # a scrape is no log line
+        pass
+
+
+def serve(sock: socket.socket, app) -> ThreadingWSGIServer:
+    """``app`` served over HTTP by a daemon thread on ``sock``, a socket
+    already listening (what prometheus_client's start_http_server does on
+    a socket it binds itself)."""
+    server = ThreadingWSGIServer(sock.getsockname()[:2], _Quiet, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_address = sock.getsockname()[:2]
+    server.server_name, server.server_port = server.server_address
+    server.setup_environ()
+    server.set_app(app)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 
 

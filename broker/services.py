@@ -256,7 +256,10 @@ class Services:
             broker_id=c.brokerId))
 
 
-def services_main(config: BrokerConfig, boss_pid: int) -> None:
+def services_main(config: BrokerConfig, boss_pid: int, metrics_sock=None) -> None:
+    """``metrics_sock``: metricsPort's listening socket, bound by the boss
+    (a port in use fails the start, naming it; a restarted services process
+    serves the same socket)."""
     die_with_parent(boss_pid)
     set_process_name("shmq-services")
     setup_logs("services")
@@ -266,7 +269,7 @@ def services_main(config: BrokerConfig, boss_pid: int) -> None:
     registry = Registry(extra_region(cb, store), config.store.storePathRootDir)
     svc = Services(config, Tables(config, store.state), registry,
                    lambda: cb.wake_flagged(WANT_CLIENTS), store, cb.wake)
-    metrics.start(config, svc, store, cb)   # stats snapshots; /metrics with metricsPort
+    metrics.start(config, svc, store, cb, metrics_sock)   # stats snapshots; /metrics
     stopping = []
 
     def on_term(signum, frame):

@@ -52,7 +52,7 @@ def test_bad_settings_are_named(tmp_path):
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
 
 
-@pytest.mark.parametrize("setting", ["listenPort", "namesrvListenPort"])
+@pytest.mark.parametrize("setting", ["listenPort", "namesrvListenPort", "metricsPort"])
 def test_a_port_in_use_is_one_clear_line_and_an_exit(tmp_path, setting):
     import socket
     with socket.socket() as s:

@@ -278,6 +278,27 @@ def test_requests_relayed_to_a_consumer_on_any_worker(traffic):
     assert (r.code, r.remark) == (R.SYSTEM_ERROR, "The Consumer <cg-stats-relay> <nobody> not online")
 
 
+def test_metrics_are_served_again_by_a_restarted_services_process(tmp_path):
+    """The boss holds metricsPort's socket (bound at start, where a port in
+    use is one clear error: test_cli.py): the services process the boss
+    restarts after a kill -9 serves /metrics on it again."""
+    port = free_port()
+    with start_broker(tmp_path, metricsPort=port, haListenPort=free_port(),
+                      workerProcessNums=1) as b:
+        assert scrape(port)[("shmq_restarts_total", ())] == 0
+        os.kill(b.children()["shmq-services"], signal.SIGKILL)
+        until(lambda: _scrape_or_none(port).get(("shmq_restarts_total", ())) == 1,
+              "/metrics served again, the restart counted")
+        assert "metricsPort" not in b.log()        # no error about the port
+
+
+def _scrape_or_none(port: int) -> dict:
+    try:
+        return scrape(port)
+    except OSError:       # between the kill and the restart: nobody accepts
+        return {}
+
+
 def test_metrics_port_is_checked():
     with pytest.raises(ValueError, match="metricsPort=70000: not a port"):
         BrokerConfig(metricsPort=70000)
