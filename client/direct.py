@@ -52,6 +52,8 @@ import logging
 import os
 import signal
 import sys
+from _signal import getsignal as _getsignal     # the handler itself: signal.getsignal makes
+                                                # an enum of it, a microsecond an append
 import threading
 import time
 
@@ -130,7 +132,7 @@ class _SigintGuard:
         self.owed = False             # released in another thread: put back in the main one
 
     def enter(self) -> None:
-        if signal.getsignal(signal.SIGINT) is not self.handler:
+        if _getsignal(_SIGINT) is not self.handler:
             self._wrap()
         self.inside = True
 
@@ -168,6 +170,7 @@ class _SigintGuard:
         signal.signal(signal.SIGINT, keep_during_append)
 
 
+_SIGINT = int(signal.SIGINT)
 _SIGINT_GUARD = _SigintGuard()
 
 
