@@ -4,7 +4,9 @@ Each process gets one event loop in a daemon thread (a new one after a
 fork: the child never touches its parent's loop or sockets, and a
 ``Producer``'s puts buffered in the parent are not the child's). ``Producer``,
 ``TransactionProducer`` and the consumers wrap their asyncio twins; every
-call runs on that loop and waits for its result.
+call runs on that loop and waits for its result — but ``Producer.send`` to
+a broker whose store this process appends to, which appends in the calling
+thread (``AsyncProducer.send_here``).
 """
 from __future__ import annotations
 
@@ -118,6 +120,11 @@ class Producer(_Blocking):
         self._put_lock = threading.Lock()
         self._put_bufs: dict[str, _PutBuffer] = {}
         self._put_slots = threading.Semaphore(_PUT_CHUNKS)
+        self._async_out = 0          # send_async calls not answered yet (``send``'s lane waits)
+
+    def _async_done(self, _fut) -> None:
+        with self._put_lock:
+            self._async_out -= 1
 
     def put(self, topic: str, body: bytes, tags: str | None = None,
             keys: str | list[str] | None = None) -> None:
@@ -197,6 +204,16 @@ class Producer(_Blocking):
     def send(self, msg: Message, queue: MessageQueue | None = None,
              selector: Selector | None = None, arg: Any = None,
              timeout: float | None = None) -> SendResult:
+        """Send and wait for the result. To a broker on this host whose store
+        is attached (client/direct.py), appended by the calling thread
+        (``AsyncProducer.send_here``), without a round trip through the
+        client's loop thread — unless a ``send_async`` of this producer is
+        still unanswered: the loop stores this one after it, in call order."""
+        if not self._async_out:
+            r, queue = self._p.send_here(msg, queue, selector, arg)
+            if r is not None:
+                return r
+            selector = None if queue is not None else selector
         return self._run(self._p.send(msg, queue, selector, arg, timeout))
 
     def send_async(self, msg: Message,
@@ -204,7 +221,10 @@ class Producer(_Blocking):
                    queue: MessageQueue | None = None) -> concurrent.futures.Future:
         """Returns at once; the future (and ``callback(result, error)``, run on
         the client's thread) completes when the broker answers."""
+        with self._put_lock:
+            self._async_out += 1
         fut = loop_thread().submit(self._p.send(msg, queue))
+        fut.add_done_callback(self._async_done)
         if callback is not None:
             fut.add_done_callback(lambda f: callback(None if f.exception() else f.result(),
                                                      f.exception()))

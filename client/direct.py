@@ -459,13 +459,17 @@ class Wakes:
     send, WAKE_EVERY_S after the last wake-up. Nothing else waits for it:
     a send's answer, durability, direct and socket reads of the store."""
 
-    __slots__ = ("wake", "scheduled", "owed", "woke_at")
+    __slots__ = ("wake", "scheduled", "owed", "woke_at", "lock")
 
     def __init__(self, wake):
         self.wake = wake                 # called with the queues (a ``queue_bit`` mask) it is for
         self.scheduled = False           # a turn_over is queued on the loop
         self.owed = 0                    # the queues of the appends not woken for yet (0: none)
         self.woke_at = 0.0
+        # ``owed`` is taken and added to under it: a blocking Producer's sends
+        # append in their own threads (``AsyncProducer.send_here``), beside
+        # the loop's, and a bit lost between the two was a wake-up lost
+        self.lock = threading.Lock()
 
     def due(self, queues: int = -1) -> None:
         now = time.monotonic()
@@ -476,11 +480,14 @@ class Wakes:
             except RuntimeError:         # no loop in this thread: at once, always
                 pass
         elif now - self.woke_at < WAKE_EVERY_S:
-            self.owed |= queues
+            with self.lock:
+                self.owed |= queues
             return
         self.woke_at = now
-        queues |= self.owed
-        self.owed = 0
+        if self.owed:
+            with self.lock:
+                queues |= self.owed
+                self.owed = 0
         self.wake(queues)
 
     def turn_over(self) -> None:
@@ -489,7 +496,8 @@ class Wakes:
 
     def pay(self) -> None:
         if self.owed:
-            queues, self.owed = self.owed, 0
+            with self.lock:
+                queues, self.owed = self.owed, 0
             self.woke_at = time.monotonic()
             self.wake(queues)
 

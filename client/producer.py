@@ -617,6 +617,51 @@ class AsyncProducer:
             r = replace(r, status=SendStatus.FLUSH_DISK_TIMEOUT)
         return r
 
+    def send_here(self, msg: Message, queue: MessageQueue | None = None,
+                  selector: Selector | None = None, arg: Any = None):
+        """The blocking ``Producer.send``'s lane past the client's loop, in the
+        calling thread: ``msg`` appended to the store of its broker on this
+        host (client/direct.py) as ``send`` appends it there. Returns (its
+        SendResult, None) or (None, the queue ``send`` must use: the one
+        given or the selector's, None for round robin): it takes the loop's
+        path — no route or attached store yet, a topic on more than that
+        broker, a send of this producer over a socket not answered yet (an
+        append now could overtake it), SYNC_FLUSH (its wait is the loop's),
+        an accumulator or trace on, a message the broker's logic must see,
+        or a store that leaves it to the broker (busy, disk full). Each is
+        known before a queue is picked but the last, so the round robin
+        loses a turn only then. The checks read the loop's state and change
+        none of it but the round robin: the caller may be any thread but
+        the loop's own."""
+        inst = self.instance
+        if (inst is None or inst.pid != instance.PID or inst.stopped or self.accumulator is not None
+                or self.tracer is not None or self._over_socket or self._switching):
+            return None, queue
+        route = inst.routes.get(msg.topic)
+        queues = route.publish if route is not None else None
+        if not queues:
+            return None, queue
+        name = queues[0].broker_name
+        ds = self._direct_of.get(name)
+        if (ds is None or ds.stopped or ds.sync_flush or ds.conn is None or ds.conn.closed
+                or queues[-1].broker_name != name):        # (one broker's queues: in a row)
+            return None, queue
+        self._check(msg)
+        uniq = msg.properties.get(UNIQ_KEY) or unique_ids.next()
+        props = msg.properties_string(uniq)
+        if ds.takes(msg.topic, 0, props, 0) is None:       # the broker's logic is needed
+            return None, queue
+        if queue is None and selector is not None:
+            queue = selector(queues, msg, arg)
+        q = queue or self.pick(queues)
+        if q.broker_name != name:                          # a queue given of another broker
+            return None, queue
+        r = self._append(ds, q, msg, props, uniq, 0)
+        if r is None:
+            return None, queue
+        self.failed_broker = None
+        return r, None
+
     def send(self, msg: Message, queue: MessageQueue | None = None,
              selector: Selector | None = None, arg: Any = None,
              timeout: float | None = None) -> Awaitable[SendResult]:

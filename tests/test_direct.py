@@ -56,6 +56,60 @@ def direct_of(p) -> object:
     return ds
 
 
+def test_blocking_sends_append_in_their_own_threads_each_once_and_in_order(broker, request,
+                                                                          monkeypatch):
+    """``Producer.send`` appends in the calling thread (``send_here``), not
+    through the client's loop thread: four threads sending at once get
+    every message stored once, each thread's in its call order per queue,
+    round robin over the queues; a ``send_async`` not answered yet keeps
+    the next ``send`` behind it (stored after it, through the loop)."""
+    import threading
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=4)
+    here = []
+    with Producer("dp-threads", namesrv_addr=broker.namesrv) as p:
+        p.send(Message(topic, b"warm"))                  # route, store attached, switched to it
+        real = p._p.send_here
+
+        def counted(*args):
+            r = real(*args)
+            here.append(r[0] is not None)
+            return r
+        monkeypatch.setattr(p._p, "send_here", counted)
+        sent: dict[int, list] = {}
+
+        def sender(t: int) -> None:
+            sent[t] = [p.send(Message(topic, b"t%d-%d" % (t, i))) for i in range(200)]
+        threads = [threading.Thread(target=sender, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert len(here) == 800 and all(here)           # none took the loop's path
+        assert direct_of(p).appended == 801
+        # a send_async still on its way: the send after it is stored after it
+        q = MessageQueue(topic, sent[0][0].queue.broker_name, 3)
+        for _ in range(20):
+            first = p.send_async(Message(topic, b"async"), queue=q)
+            after = p.send(Message(topic, b"after"), queue=q)
+            assert first.result(30).queue_offset < after.queue_offset
+    results = [r for rs in sent.values() for r in rs]
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    assert len({(r.queue.queue_id, r.queue_offset) for r in results}) == 800
+    for rs in sent.values():                            # one thread's: in call order per queue
+        for qid in range(4):
+            offs = [r.queue_offset for r in rs if r.queue.queue_id == qid]
+            assert offs == sorted(offs)
+    counts = [sum(r.queue.queue_id == qid for r in results) for qid in range(4)]
+    assert max(counts) - min(counts) <= 4, counts       # round robin (threads interleave)
+    stored = {m.properties["UNIQ_KEY"]: m for m in stored_records(broker, topic, 4)}
+    assert len(stored) == 801 + 40
+    for t, rs in sent.items():
+        for i, r in enumerate(rs):
+            m = stored[r.msg_id]
+            assert m.body == b"t%d-%d" % (t, i) and m.offset_msg_id() == r.offset_msg_id
+            assert (m.queue_id, m.queue_offset) == (r.queue.queue_id, r.queue_offset)
+
+
 def test_a_local_producer_appends_itself_and_a_socket_pull_reads_the_same_records(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=2)
     with Producer("dp-1", namesrv_addr=broker.namesrv) as p:
