@@ -210,13 +210,21 @@ class Flusher:
         """Have the segment after the one being written exist before it is
         needed: from the moment the writers enter a segment (an append that
         rolls wakes the flusher), as RocketMQ's AllocateMappedFileService
-        creates the file after the new one on every roll. Creation runs in
+        creates the file after the new one on every roll; not before the
+        first append made the first one. Creation runs in
         a thread (its system calls release the GIL) so group commit never
         waits behind it; an append that rolls first creates it itself, a
         fallocate and two fsyncs on its path (~0.1 s here at 256 MiB)."""
         cl = self.store.cl
         wp = self.store.state.write_pos
-        nxt = cl.segment_start(wp) + cl.segment_bytes
+        cur = cl.segment_start(wp)
+        nxt = cur + cl.segment_bytes
+        if nxt != self._prepared and not cl.files.exists(cl.path(cur)):
+            # nothing written yet (a new store): the first append makes the
+            # segment it writes in, and this the next one then. Made ahead
+            # of an empty store, the next segment was the only file, and the
+            # store restarted from there: its first message at 1 GiB
+            return
         if (self._prepare_failed_at is not None and nxt == self._prepared
                 and self.clock() - self._prepare_failed_at >= PREPARE_RETRY_S):
             self._prepared = -1          # try the failed one again

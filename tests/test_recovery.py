@@ -434,6 +434,32 @@ def _fill(store, n, topic="Cut", queues=3, size=900):
     return out
 
 
+def test_a_store_stopped_before_its_first_message_keeps_offset_zero(store_dir):
+    """The flusher makes the next segment ahead of the writers only once they
+    are in one: ahead of an empty store it was the only segment file, and
+    the restarted store began there (its first message at the segment
+    size, 1 GiB by default, segment 0 never made)."""
+    from shmq.broker.flusher import Flusher
+    cfg = small_config(store_dir)
+    store, _ = open_local(cfg)
+    f = Flusher(store, cb=None)
+    f.prepare_next_segment()                      # nothing written: nothing made ahead
+    assert f._preparing is None and not os.listdir(os.path.join(store_dir, "commitlog"))
+    close_clean(store)
+    store, _ = open_local(cfg)
+    assert store.state.write_pos == 0
+    (phy, *_), = _fill(store, 1)
+    assert phy == 0
+    f = Flusher(store, cb=None)
+    f.prepare_next_segment()                      # in segment 0 now: segment 1 made ahead
+    f._preparing.join()
+    assert os.path.getsize(_segment(store_dir, 1)) == SMALL_SEGMENT
+    close_clean(store)
+    store, _ = open_local(cfg)
+    assert store.state.get("cl_min_offset") == 0 and store.state.write_pos > 0
+    close_clean(store)
+
+
 @pytest.mark.parametrize("made_ahead", [False, True], ids=["alone", "next-made-ahead"])
 def test_a_truncated_last_segment_is_repaired_keeps_every_whole_record_and_reuses_no_offset(
         store_dir, caplog, made_ahead):
