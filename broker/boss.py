@@ -330,6 +330,11 @@ class Boss:
         old_umask = os.umask(0o177)   # the socket is made 0600: only this user may connect
         try:
             unix.bind(path)
+        except OSError as e:
+            unix.close()
+            tcp.close()
+            raise RuntimeError(f"cannot listen on the Unix socket {path} (unixSocketPath): "
+                               f"{e.strerror}") from None
         finally:
             os.umask(old_umask)
         self.unix_bound = True

@@ -416,6 +416,10 @@ def load(path: str | None, overrides: dict[str, str] | None = None) -> tuple[Bro
     values = {}
     if path:
         with open(path, encoding="utf-8") as f:
-            values = parse_conf(f.read(), path)
+            try:
+                text = f.read()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            values = parse_conf(text, path)
     values.update(overrides or {})
     return BrokerConfig.from_strings(values)

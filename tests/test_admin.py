@@ -148,6 +148,9 @@ def test_bad_flag_values_are_usage_errors_naming_the_flag():
                        (["resetOffsetByTime", "-g", "G", "-t", "T", "-s", "yesterday"], "-s/--timestamp"),
                        (["topicList", "-n", "nowhere"], "-n/--namesrvAddr"),
                        (["topicList", "--timeout", "0"], "--timeout"),
+                       # past what a socket's poll takes: a traceback (OverflowError) before
+                       (["brokerConsumeStats", "-b", "127.0.0.1:1", "-t", "99999999999"],
+                        "-t/--timeoutMillis"),
                        (["sendMessage", "-t", "T", "-p", "x", "-i", "1"], "-i/--qid"),
                        (["updateTopic", "-t", "T"], "-b/--brokerAddr -c/--clusterName")):
         rc, _, err = admin(argparse.Namespace(namesrv="127.0.0.1:1"), *argv)

@@ -88,6 +88,31 @@ def test_a_unix_socket_path_too_long_for_the_kernel_is_one_clear_line_before_rec
     assert not store.exists()      # refused before the store was opened
 
 
+def test_empty_flags_unreadable_files_and_a_socket_directory_that_is_not_there_are_named(tmp_path):
+    """An empty -c, -n or --bind is refused (an empty -c was a broker on every
+    default, its store in ~/store); a broker.conf that is not UTF-8 is named;
+    a unixSocketPath in a directory that does not exist is named by its key."""
+    for argv, says in ((("broker", "-c", ""), "argument -c/--config: empty"),
+                       (("broker", "-n", " "), "argument -n/--namesrv: empty"),
+                       (("namesrv", "--bind", ""), "argument --bind: empty")):
+        r = shmq(*argv)
+        assert r.returncode == 2 and says in r.stderr, (argv, r.stderr)
+    conf = tmp_path / "broker.conf"
+    conf.write_bytes(b"listenPort=\xc1\xc2\n")
+    r = shmq("broker", "-c", str(conf))
+    assert (r.returncode, r.stderr.strip()) == (
+        2, f"shmq broker: {conf}: not UTF-8 text (invalid start byte at byte 11)")
+    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nlistenPort={free_port()}\n"
+                    f"namesrvListenPort={free_port()}\nhaListenPort={free_port()}\n"
+                    f"unixSocketPath={tmp_path / 'nowhere' / 'broker.sock'}\n")
+    r = shmq("broker", "-c", str(conf), timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"shmq broker: cannot listen on the Unix socket {tmp_path / 'nowhere' / 'broker.sock'} "
+        f"(unixSocketPath): No such file or directory")
+    assert not os.path.exists(tmp_path / "store" / "abort")     # left clean for the next start
+
+
 def test_a_store_path_that_is_a_file_is_named(tmp_path):
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("")

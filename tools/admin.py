@@ -154,6 +154,14 @@ def _namesrv(v: str) -> str:
     return ";".join(addrs)
 
 
+def _timeout_ms(v: str) -> int:
+    """``-t timeoutMillis``: what ``--timeout`` allows, in milliseconds."""
+    n = _positive(v)
+    if n > 600_000:
+        raise argparse.ArgumentTypeError(f"{n} ms: want at most 600000 (10 minutes)")
+    return n
+
+
 def _timeout(v: str) -> float:
     try:
         t = float(v)
@@ -397,7 +405,8 @@ def _flags_producer_connection(p):
 
 def _flags_broker_consume_stats(p):
     p.add_argument("-b", "--brokerAddr", type=_addr, required=True, help="broker address (host:port)")
-    p.add_argument("-t", "--timeoutMillis", type=_positive, help="request timeout in milliseconds")
+    p.add_argument("-t", "--timeoutMillis", type=_timeout_ms,
+                   help="request timeout in milliseconds (at most 600000)")
     p.add_argument("-l", "--level", type=_non_negative, default=0,
                    help="only queues whose diff is at least this (0)")
     p.add_argument("-o", "--order", type=_bool, default=False, help="ordered topics only: true|false")

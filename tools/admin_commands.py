@@ -545,8 +545,8 @@ def _find_by_id(a: AdminClient, msg_id: str, topic: str | None) -> dict:
     known = {a_: n for n, b in a.cluster_info()["brokerAddrTable"].items()
              for a_ in (b.get("brokerAddrs") or {}).values()}
     if addr not in known:
-        where = f"in topic {topic}, and " if topic else ""
-        raise AdminError(f"message {msg_id} not found: not {where}not an offset msgId of a broker "
+        where = f"not in topic {topic}, and " if topic else ""
+        raise AdminError(f"message {msg_id} not found: {where}not an offset msgId of a broker "
                          f"the NameServer knows (it would be at {addr})"
                          + ("" if topic else "; a client-generated msgId needs its topic: -t"))
     return message_dict(a.view_message(addr, phy), known[addr])

@@ -111,12 +111,24 @@ _COMMAND_MODULES: list[str] = ["admin", "bench", "console", "inspect"]
 BROKER_EXTRA = ("numba", "llvmlite", "posix_ipc", "yaml")
 
 
+def _given(what: str):
+    """An argparse type: any value but the empty one (an empty ``-c ""``
+    was taken for no option at all: a broker on every default)."""
+    def check(v: str) -> str:
+        if not v.strip():
+            raise argparse.ArgumentTypeError(f"empty: want {what}")
+        return v
+    return check
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="shmq", description="shmq: a RocketMQ 4.x-compatible broker")
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("broker", help="run a broker (and an embedded NameServer)")
-    b.add_argument("-c", "--config", help="broker.conf: key=value lines with RocketMQ's names")
-    b.add_argument("-n", "--namesrv", help="NameServer address(es), host:port;host:port, to "
+    b.add_argument("-c", "--config", type=_given("a broker.conf path"),
+                   help="broker.conf: key=value lines with RocketMQ's names")
+    b.add_argument("-n", "--namesrv", type=_given("host:port[;host:port]"),
+                   help="NameServer address(es), host:port;host:port, to "
                    "register with (then no embedded NameServer starts)")
     b.add_argument("-m", "--print-config", action="store_true",
                    help="print every setting with its value and default, then exit")
@@ -124,7 +136,8 @@ def main(argv=None) -> int:
     n = sub.add_parser("namesrv", help="run a NameServer alone")
     n.add_argument("-p", "--port", type=port_arg, default=9876,
                    help="port to listen on (default 9876; 0: any free one)")
-    n.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    n.add_argument("--bind", default="127.0.0.1", type=_given("an address to listen on"),
+                   help="address to listen on (default 127.0.0.1)")
     n.add_argument("--acl", metavar="PLAIN_ACL_YML",
                    help="the brokers' plain_acl.yml: registrations and admin requests then need "
                         "an admin account's signature (or a white-listed address)")
