@@ -216,6 +216,10 @@ class BrokerConfig:
         for name in ("listenPort", "namesrvListenPort", "metricsPort"):
             if not 0 <= getattr(self, name) <= 65535:
                 errors.append(f"{name}={getattr(self, name)}: not a port")
+        if not 0 <= self.brokerPermission <= 15:
+            errors.append(f"brokerPermission={self.brokerPermission}: a permission, 0..15 "
+                          f"(PERM_READ 4 | PERM_WRITE 2 | PERM_INHERIT 1 | PERM_PRIORITY 8; 6: "
+                          f"read and write)")
         if self.workerProcessNums < 0:
             errors.append(f"workerProcessNums={self.workerProcessNums}: must be >= 0")
         if not 1 <= self.defaultTopicQueueNums <= 1024:

@@ -155,6 +155,9 @@ class StoreConfig:
         if not 0 <= self.accessMessageInMemoryMaxRatio <= 100:
             errors.append(f"accessMessageInMemoryMaxRatio={self.accessMessageInMemoryMaxRatio}: "
                           f"must be a percent, 0..100")
+        if self.fileReservedTime < 0:
+            errors.append(f"fileReservedTime={self.fileReservedTime}: hours a CommitLog file is "
+                          f"kept, must be >= 0")
         for name in ("scrubBytesPerSecond", "scrubPassIntervalHours"):
             if getattr(self, name) < 0:
                 errors.append(f"{name}={getattr(self, name)}: must be >= 0 (0: off / at once)")

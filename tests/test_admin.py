@@ -319,6 +319,12 @@ def test_get_and_update_broker_config_round_trip(broker):
     assert after["fileReservedTime"] == "72" and after["brokerPermission"] == "6"
     # its value in effect is no change: accepted
     ok(broker, "updateBrokerConfig", "-b", broker.addr, "-k", "fileReservedTime", "-v", "72")
+    # a permission that is none is refused, named (it was taken: 99)
+    rc, _, err = admin(broker, "updateBrokerConfig", "-b", broker.addr, "-k", "brokerPermission",
+                       "-v", "99")
+    assert rc == 1 and "brokerPermission=99: a permission, 0..15" in err
+    assert ok(broker, "getBrokerConfig", "-b", broker.addr)["brokers"][broker.addr][
+        "brokerPermission"] == "6"
 
 
 # ------------------------------------------------------------------ messages

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -215,3 +216,18 @@ def test_a_topic_entry_round_trips_through_its_file_and_admin_bodies_keep_defaul
     g = GroupConfig.from_json("G", {"retryMaxTimes": 3, "consumeEnable": "no", "brokerId": True,
                                     "attributes": {}})
     assert (g.retry_max_times, g.consume_enable, g.broker_id) == (3, True, 0)
+
+
+def test_a_permission_or_retention_that_is_none_is_refused_at_start_naming_it(tmp_path):
+    """broker.conf's brokerPermission=99 and fileReservedTime=-1 were taken
+    (a negative retention would keep no file): each is one clear error."""
+    from shmq.broker.config import BrokerConfig, load
+    for line, says in (("brokerPermission=99", "brokerPermission=99: a permission, 0..15"),
+                       ("fileReservedTime=-1", "fileReservedTime=-1: hours a CommitLog file is "
+                                               "kept, must be >= 0")):
+        conf = tmp_path / "broker.conf"
+        conf.write_text(f"storePathRootDir={tmp_path / 'store'}\n{line}\n")
+        with pytest.raises(ValueError, match=re.escape(says)):
+            load(str(conf))
+    assert BrokerConfig.from_strings({"brokerPermission": "4", "fileReservedTime": "0"})[0] \
+        .brokerPermission == 4
