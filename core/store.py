@@ -470,12 +470,16 @@ class MessageStore:
 
     def _pwrite(self, phy: int, data) -> None:
         """Write into the CommitLog, creating the segment if nobody has yet
-        (the flusher usually has, ahead of the writers)."""
+        (the flusher usually has, ahead of the writers; of a new store, the
+        first append makes the first, and wakes the flusher to make the
+        next one)."""
         try:
             self.cl.write(phy, data)
         except SegmentMissing:
             self.cl.ensure_segment(phy - phy % self._seg)
             self.cl.write(phy, data)
+            if self.on_flush_request is not None:
+                self.on_flush_request()
 
     def _await(self, seq: int, phy: int = -1) -> None:
         """Step 3's wait: until ``publish_seq >= seq``. Claims ahead are their

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from brokerproc import routed_topic, start_broker
+from brokerproc import routed_topic, start_broker, until
 from conftest import SMALL_SEGMENT, keeps_every_page, small_config
 from shmq.client.remoting import RemotingClient
 from shmq.client.requests import properties, send_batch, send_message
@@ -74,6 +74,11 @@ def broker_store(tmp_path_factory):
             assert r.code == R.SUCCESS, r.remark
             sent.append({"msg_id": r.ext["msgId"], "queue_id": 3, "body": binary,
                          "queue_offset": int(r.ext["queueOffset"]), "tags": "Bin", "keys": []})
+        # the next segment, which the flusher makes once the writers are in
+        # the first (the summary must not take it for records that stop)
+        until(lambda: os.path.exists(os.path.join(b.store, "commitlog",
+                                                  offset_to_file_name(16 << 20))),
+              "the next segment made ahead")
         assert b.stop() == 0
         return b.store, topic, sent
 
@@ -142,6 +147,10 @@ def test_errors_are_one_line_and_an_exit_code(capsys, broker_store, tmp_path):
         ((root, "--offset", phy + 7), 1, f"inside the record at {phy}"),
         ((root, "--offset", 1 << 40), 1, "outside the CommitLog"),
         ((root, "--offset", "xyz"), 2, "not an offset"),
+        # a producer's msgId (UNIQ_KEY: 32 hex digits, as an offset msgId)
+        ((root, "--offset", "7F000001392474F96E9005DDF9F60000"), 2,
+         "a msgId a producer printed is its UNIQ_KEY: shmq admin queryMsgByUniqueKey"),
+        (("",), 2, "STORE_DIR is empty"),
         ((root, "-t", "NoSuchTopic"), 1, "no topic 'NoSuchTopic'"),
         ((root, "-t", topic, "-q", 9), 1, "has no queue 9"),
         ((root, "-t", topic, "-q", 0, "--from", 99), 1, "holds queue offsets [0, 6)"),

@@ -119,6 +119,8 @@ def _dispatch(args) -> tuple[dict, str]:
     count = 20 if args.count is None else args.count
     if count <= 0:
         raise InspectError("--count must be positive", 2)
+    if not args.store_dir.strip():
+        raise InspectError("STORE_DIR is empty: name the broker's storePathRootDir", 2)
     root = os.path.abspath(os.path.expanduser(args.store_dir))
     try:
         view = StoreView.open(root)
@@ -131,7 +133,14 @@ def _dispatch(args) -> tuple[dict, str]:
         doc = verify(view)
         return doc, show.verify(doc)
     if args.offset is not None:
-        doc = message_at(view, _parse_offset(args.offset), args.body)
+        phy = _parse_offset(args.offset)
+        if _MSG_ID.match(args.offset) and not view.cl_min <= phy < view.cl_end:
+            # a client's msgId (UNIQ_KEY) has the same 32 hex digits as an offset one
+            raise InspectError(f"--offset {args.offset}: as an offset msgId, offset {phy}, outside "
+                               f"the CommitLog [{view.cl_min}, {view.cl_end}); a msgId a producer "
+                               f"printed is its UNIQ_KEY: shmq admin queryMsgByUniqueKey -i "
+                               f"{args.offset} -t TOPIC finds it", 2)
+        doc = message_at(view, phy, args.body)
         return doc, show.message(doc)
     if args.queue is not None:
         doc = queue_range(view, args.topic, args.queue, args.from_offset, count, args.body)
