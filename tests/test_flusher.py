@@ -122,20 +122,25 @@ def test_when_every_queue_with_unflushed_units_is_busy_the_checkpoint_advances_e
 
 
 def test_the_next_segment_exists_before_the_writer_needs_it(store_dir):
-    """From the first append to a segment the one after it is prepared, and
-    an append that rolls wakes the flusher to prepare the next one."""
+    """From the first append to a segment the one after it is prepared: the
+    append that made a new store's first segment wakes the flusher, as an
+    append that rolls does, to prepare the next one."""
     store, f, clock = setup(store_dir)
     woken = []
     store.on_flush_request = lambda: woken.append(store.state.write_pos)
     nxt = os.path.join(store_dir, "commitlog", f"{SMALL_SEGMENT:020d}")
+    f.step()
+    assert f._preparing is None                 # nothing written: nothing made ahead
     put(store, 100)
-    assert woken == []                          # ASYNC_FLUSH, no roll: the flusher sleeps on
+    assert len(woken) == 1                      # it made segment 0
+    put(store, 100)
+    assert len(woken) == 1                      # ASYNC_FLUSH, no roll: the flusher sleeps on
     f.step()
     f._preparing.join()
     assert os.path.getsize(nxt) == SMALL_SEGMENT
     while store.state.write_pos < SMALL_SEGMENT:    # roll into it: the roll wakes the flusher
         put(store, 4000)
-    assert len(woken) == 1 and woken[0] > SMALL_SEGMENT
+    assert len(woken) == 2 and woken[1] > SMALL_SEGMENT
     f.step()
     f._preparing.join()
     assert os.path.exists(os.path.join(store_dir, "commitlog", f"{2 * SMALL_SEGMENT:020d}"))
