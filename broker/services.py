@@ -4,8 +4,8 @@
   and at once when the topic table changes (a topic created on first send
   must be routable before consumers poll again), again every
   ``REGISTER_RETRY_S`` while a NameServer has not taken a registration (one
-  starting after the broker, or slow to answer the first), and unregisters
-  at shutdown;
+  starting after the broker, or slow to answer the first; then after 2, 4,
+  8 s), and unregisters at shutdown;
 - saves consumer offsets to ``config/consumerOffset.json`` every
   ``flushConsumerOffsetInterval`` and at shutdown;
 - expires consumers silent for 120 s (their groups are then re-balanced);
@@ -61,6 +61,7 @@ TICK_S = 0.1
 EXPIRE_EVERY_S = 10.0
 STOP_INDEX_S = 2.0
 REGISTER_RETRY_S = 1.0   # a NameServer that did not take the last registration
+REGISTER_RETRY_MAX_S = 8.0   # ... doubled while it does not: at most this (or the period)
 
 
 class IndexBuilder:
@@ -121,6 +122,7 @@ class Services:
         self.next_delay_save = 0.0
         self.registered_epoch = -1
         self.next_register = 0.0
+        self.register_retry_s = REGISTER_RETRY_S    # after a NameServer did not take it
         self.registered = False      # a NameServer took the routes since start
         self.next_offsets = 0.0
         self.next_expire = 0.0
@@ -140,9 +142,16 @@ class Services:
             self.registered_epoch = epoch
             # a NameServer that did not take it (not up yet, slow, restarting)
             # hears again in a second, not a registration period later: until
-            # then clients asking it find no route to this broker
-            self.next_register = now + (self.config.registerNameServerPeriod / 1000 if everyone
-                                        else REGISTER_RETRY_S)
+            # then clients asking it find no route to this broker. Again
+            # after 2, 4, 8 s while it does not (one that never answers costs
+            # each try its timeout, this loop's time).
+            period = self.config.registerNameServerPeriod / 1000
+            if everyone:
+                self.register_retry_s = REGISTER_RETRY_S
+                self.next_register = now + period
+            else:
+                self.next_register = time.monotonic() + min(self.register_retry_s, period)
+                self.register_retry_s = min(self.register_retry_s * 2, REGISTER_RETRY_MAX_S)
         if now >= self.next_offsets:
             self.save_offsets()
             self.next_offsets = now + self.config.flushConsumerOffsetInterval / 1000

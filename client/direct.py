@@ -148,12 +148,12 @@ class _SigintGuard:
             self.owed = self.wrapped is not None      # signal.signal: main thread only
             return
         self.owed = False
-        if self.wrapped is not None and signal.getsignal(signal.SIGINT) is self.handler:
+        if self.wrapped is not None and _getsignal(_SIGINT) is self.handler:
             signal.signal(signal.SIGINT, self.wrapped)
         self.handler = self.wrapped = None
 
     def _wrap(self) -> None:
-        h = signal.getsignal(signal.SIGINT)
+        h = _getsignal(_SIGINT)          # raw (SIG_DFL, SIG_IGN: ints), as ``enter`` compares
         if not callable(h):           # SIG_DFL, SIG_IGN: no Python handler raises anything
             self.handler, self.wrapped = h, None
             return
@@ -235,6 +235,12 @@ class DirectStore:
             raise
         self.cb = cb
         self.state = state
+        # Every use of the store in this process, in one thread at a time: the
+        # loop's (sends, reads, close) and the blocking Producer.send's, which
+        # appends in its caller's thread (AsyncProducer.send_here). The store
+        # is made for one writer a process (its open files, the append lock's
+        # held flag, the counters): this makes a process of threads one.
+        self.lock = threading.Lock()
         self.broker_name = info["brokerName"]
         self.msgid_prefix = info["msgIdPrefix"]
         host, _, port = info["storeHost"].rpartition(":")
@@ -304,6 +310,11 @@ class DirectStore:
         the socket (the broker's logic is needed, the disk is full, the
         store is busy). ``props`` carries UNIQ_KEY; the CLUSTER property is
         added as the broker adds it. ValueError: a message the store refuses."""
+        with self.lock:
+            return self._append_one(topic, queue_id, body, props, flag, sysflag, born_ms)
+
+    def _append_one(self, topic: str, queue_id: int, body: bytes, props: str, flag: int,
+                    sysflag: int, born_ms: int | None):
         if self.stopped:
             return None
         extra = self.takes(topic, queue_id, props, sysflag)
@@ -346,6 +357,10 @@ class DirectStore:
         message (``put``'s tags and keys, "" for none: TAGS and KEYS only,
         nothing the broker routes); messages with none share one properties
         value (CLUSTER)."""
+        with self.lock:
+            return self._append_many(topic, queue_id, flat, offs, lens, props, flag)
+
+    def _append_many(self, topic: str, queue_id: int, flat, offs, lens, props, flag: int):
         if self.stopped:
             return None
         one = props.__class__ is str
@@ -416,8 +431,13 @@ class DirectStore:
     def close(self) -> None:
         """Leave the store; again (a no-op but for the SIGINT guard's release,
         which a close in another thread could not do: ``_SigintGuard``)."""
+        self.stopped = True               # first: nothing starts waiting on what closes
+        with self.lock:                   # (an append in another thread finishes first)
+            self._close()
+        _SIGINT_GUARD.release()
+
+    def _close(self) -> None:
         if self.cb is not None:
-            self.stopped = True           # first: nothing starts waiting on what closes
             if self.flush_waiter is not None:
                 self.flush_waiter.stop()
                 self.flush_waiter = None
@@ -427,8 +447,6 @@ class DirectStore:
             self.store.close()
             self.cb.close()
             self.cb = None
-            self.stopped = True
-        _SIGINT_GUARD.release()
 
 
 WAKE_EVERY_S = 200e-6
@@ -459,47 +477,66 @@ class Wakes:
     send, WAKE_EVERY_S after the last wake-up. Nothing else waits for it:
     a send's answer, durability, direct and socket reads of the store."""
 
-    __slots__ = ("wake", "scheduled", "owed", "woke_at", "lock")
+    __slots__ = ("wake", "scheduled", "owed", "woke_at", "lock", "loop")
 
     def __init__(self, wake):
         self.wake = wake                 # called with the queues (a ``queue_bit`` mask) it is for
         self.scheduled = False           # a turn_over is queued on the loop
         self.owed = 0                    # the queues of the appends not woken for yet (0: none)
         self.woke_at = 0.0
-        # ``owed`` is taken and added to under it: a blocking Producer's sends
-        # append in their own threads (``AsyncProducer.send_here``), beside
-        # the loop's, and a bit lost between the two was a wake-up lost
+        # The loop whose turns coalesce (the client instance's; None: any
+        # running one). An append in another thread — the blocking
+        # Producer.send's (AsyncProducer.send_here) — wakes at once, taking
+        # what is owed; ``owed`` and ``scheduled`` change under the lock.
+        self.loop = None
         self.lock = threading.Lock()
 
     def due(self, queues: int = -1) -> None:
         now = time.monotonic()
-        if not self.scheduled:
+        loop = self.loop
+        if loop is None:
             try:
-                asyncio.get_running_loop().call_soon(self.turn_over)
-                self.scheduled = True
+                loop = asyncio.get_running_loop()
             except RuntimeError:         # no loop in this thread: at once, always
-                pass
-        elif now - self.woke_at < WAKE_EVERY_S:
-            with self.lock:
-                self.owed |= queues
-            return
-        self.woke_at = now
-        if self.owed:
-            with self.lock:
-                queues |= self.owed
-                self.owed = 0
+                loop = None
+        elif not _running_here(loop):
+            loop = None                  # another thread's append: at once
+        with self.lock:
+            if loop is not None:
+                if not self.scheduled:
+                    loop.call_soon(self.turn_over)
+                    self.scheduled = True
+                elif now - self.woke_at < WAKE_EVERY_S:
+                    self.owed |= queues
+                    return
+            self.woke_at = now
+            queues |= self.owed
+            self.owed = 0
         self.wake(queues)
 
     def turn_over(self) -> None:
-        self.scheduled = False
+        with self.lock:
+            self.scheduled = False
         self.pay()
 
     def pay(self) -> None:
-        if self.owed:
-            with self.lock:
-                queues, self.owed = self.owed, 0
-            self.woke_at = time.monotonic()
+        with self.lock:
+            queues, self.owed = self.owed, 0
+            if queues:
+                self.woke_at = time.monotonic()
+        if queues:
             self.wake(queues)
+
+
+def _running_here(loop) -> bool:
+    """Is ``loop`` the one running in this thread (a BaseEventLoop knows its thread)?"""
+    try:
+        return loop._thread_id == threading.get_ident()
+    except AttributeError:
+        try:
+            return loop is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
 
 
 class FlushWaiter(threading.Thread):
@@ -714,6 +751,14 @@ class DirectReads:
         if st.get("config_epoch") != self._epoch:
             self._answered.clear()
             return None
+        with ds.lock:                             # (a blocking send's append in another thread)
+            if ds.stopped:
+                return None
+            return self._read(ds, st, key, group, topic, queue_id, offset, max_msgs, codes,
+                              commit_offset, now)
+
+    def _read(self, ds, st, key, group: str, topic: str, queue_id: int, offset: int,
+              max_msgs: int, codes, commit_offset: int | None, now: float):
         store = ds.store
         try:
             r = store.get_message(topic, queue_id, offset, max(1, min(max_msgs, self.count_max)),

@@ -604,6 +604,8 @@ class ClientInstance:
             ds.close()                # closed, reconnected or let go meanwhile: not ours to use
             return
         ds.conn = conn                # its broker's connection: closed, the broker is gone
+        for w in ds.wakes:            # its appends' wake-ups coalesce per turn of this loop
+            w.loop = self.loop
         self.direct[addr] = ds
         log.info("broker %s: appending to its store %s directly", addr, ds.root)
 

@@ -148,8 +148,8 @@ def test_errors_are_one_line_and_an_exit_code(capsys, broker_store, tmp_path):
         ((root, "--offset", 1 << 40), 1, "outside the CommitLog"),
         ((root, "--offset", "xyz"), 2, "not an offset"),
         # a producer's msgId (UNIQ_KEY: 32 hex digits, as an offset msgId)
-        ((root, "--offset", "7F000001392474F96E9005DDF9F60000"), 2,
-         "a msgId a producer printed is its UNIQ_KEY: shmq admin queryMsgByUniqueKey"),
+        ((root, "--offset", "7F000001392474F96E9005DDF9F60000"), 1,
+         "if a producer printed it, it is its UNIQ_KEY: shmq admin queryMsgByUniqueKey"),
         (("",), 2, "STORE_DIR is empty"),
         ((root, "-t", "NoSuchTopic"), 1, "no topic 'NoSuchTopic'"),
         ((root, "-t", topic, "-q", 9), 1, "has no queue 9"),

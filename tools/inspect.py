@@ -137,9 +137,10 @@ def _dispatch(args) -> tuple[dict, str]:
         if _MSG_ID.match(args.offset) and not view.cl_min <= phy < view.cl_end:
             # a client's msgId (UNIQ_KEY) has the same 32 hex digits as an offset one
             raise InspectError(f"--offset {args.offset}: as an offset msgId, offset {phy}, outside "
-                               f"the CommitLog [{view.cl_min}, {view.cl_end}); a msgId a producer "
-                               f"printed is its UNIQ_KEY: shmq admin queryMsgByUniqueKey -i "
-                               f"{args.offset} -t TOPIC finds it", 2)
+                               f"the CommitLog [{view.cl_min}, {view.cl_end}) (deleted by "
+                               f"retention, or another broker's); if a producer printed it, it is "
+                               f"its UNIQ_KEY: shmq admin queryMsgByUniqueKey -i {args.offset} -t "
+                               f"TOPIC finds it")
         doc = message_at(view, phy, args.body)
         return doc, show.message(doc)
     if args.queue is not None:
