@@ -110,6 +110,45 @@ def test_blocking_sends_append_in_their_own_threads_each_once_and_in_order(broke
             assert (m.queue_id, m.queue_offset) == (r.queue.queue_id, r.queue_offset)
 
 
+def test_a_shutdown_while_threads_send_stores_each_answered_message_once(broker, request):
+    """Threads sending with the blocking Producer (each appending in its own
+    thread) while another shuts the producer down: the store is let go only
+    between appends (one lock for the process's uses of it), so a send is
+    answered SEND_OK with its message stored, or refused, and no message is
+    stored twice (one failed after its append was published was sent again
+    over the socket under a new UNIQ_KEY)."""
+    import threading
+    from shmq.client.errors import RemotingError
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=2)
+    ok, refused = [], []
+    p = Producer("dp-shutdown-threads", namesrv_addr=broker.namesrv).start()
+    p.send(Message(topic, b"warm"))
+    go = threading.Event()
+
+    def sender(t: int) -> None:
+        go.wait()
+        for i in range(100_000):
+            try:
+                ok.append((t, i, p.send(Message(topic, b"s%d-%d" % (t, i)))))
+            except (MQClientError, RemotingError) as e:
+                refused.append(e)
+                return
+    threads = [threading.Thread(target=sender, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    go.set()
+    time.sleep(0.3)
+    p.shutdown()
+    for th in threads:
+        th.join(60)
+    assert not any(th.is_alive() for th in threads)
+    assert len(refused) == 3 and len(ok) > 30, (len(ok), refused[:1])
+    assert all("shut down" in str(e) for e in refused), refused
+    stored = [m.properties["UNIQ_KEY"] for m in stored_records(broker, topic, 2)]
+    assert len(stored) == len(set(stored))                 # none twice
+    assert {r.msg_id for _, _, r in ok} <= set(stored)     # every answered one
+
+
 def test_a_local_producer_appends_itself_and_a_socket_pull_reads_the_same_records(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=2)
     with Producer("dp-1", namesrv_addr=broker.namesrv) as p:
