@@ -391,7 +391,8 @@ class BrokerConfig:
 
 def _is_addr(text: str) -> bool:
     host, _, port = text.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) <= 65535
+    # (a ',' in the host: two addresses joined the wrong way, "a:1,b:2")
+    return bool(host) and "," not in host and port.isdigit() and 0 < int(port) <= 65535
 
 
 def conf_text(value) -> str:
@@ -412,6 +413,8 @@ def parse_conf(text: str, source: str = "broker.conf") -> dict[str, str]:
         if "=" not in line:
             raise ValueError(f"{source}:{n}: expected key=value, got {line!r}")
         k, v = line.split("=", 1)
+        if not k.strip():
+            raise ValueError(f"{source}:{n}: a value with no setting name: {line!r}")
         values[k.strip()] = v.strip()
     return values
 

@@ -151,6 +151,9 @@ def test_bad_flag_values_are_usage_errors_naming_the_flag():
                        # past what a socket's poll takes: a traceback (OverflowError) before
                        (["brokerConsumeStats", "-b", "127.0.0.1:1", "-t", "99999999999"],
                         "-t/--timeoutMillis"),
+                       (["updateSubGroup", "-b", "127.0.0.1:1", "-g", "G", "-r", "99999999999"],
+                        "-r/--retryMaxTimes"),
+                       (["topicList", "-n", "127.0.0.1:9876,127.0.0.1:9877"], "-n/--namesrvAddr"),
                        (["sendMessage", "-t", "T", "-p", "x", "-i", "1"], "-i/--qid"),
                        (["updateTopic", "-t", "T"], "-b/--brokerAddr -c/--clusterName")):
         rc, _, err = admin(argparse.Namespace(namesrv="127.0.0.1:1"), *argv)

@@ -39,6 +39,9 @@ def test_bad_settings_are_named(tmp_path):
     conf.write_text("flushDiskType=SOMETIMES\n")
     r = shmq("broker", "-c", str(conf))
     assert r.returncode == 2 and "flushDiskType" in r.stderr
+    conf.write_text("=6\n")                    # a value with no name: was an unknown setting ''
+    r = shmq("broker", "-c", str(conf))
+    assert r.returncode == 2 and f"{conf}:1: a value with no setting name: '=6'" in r.stderr
     r = shmq("broker", "-c", str(tmp_path / "missing.conf"))
     assert r.returncode == 2 and "missing.conf" in r.stderr
     # a NameServer address without its port: the services process died of it at
@@ -49,6 +52,8 @@ def test_bad_settings_are_named(tmp_path):
     conf.write_text(f"storePathRootDir={tmp_path / 'store'}\n")
     r = shmq("broker", "-c", str(conf), "-n", "127.0.0.1:9876;127.0.0.1")
     assert r.returncode == 2 and "('127.0.0.1' is not)" in r.stderr
+    r = shmq("broker", "-c", str(conf), "-n", "127.0.0.1:9876,127.0.0.1:9877")   # ',' for ';'
+    assert r.returncode == 2 and "several joined by ';'" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
 
 

@@ -107,6 +107,14 @@ def _non_negative(v: str) -> int:
     return n
 
 
+def _int32(v: str) -> int:
+    """A non-negative Java int (a subscription group's counts and broker ids)."""
+    n = _non_negative(v)
+    if n > 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"{n}: over 2147483647 (a Java int)")
+    return n
+
+
 def _positive(v: str) -> int:
     n = _non_negative(v)
     if n == 0:
@@ -148,6 +156,9 @@ def _addr(v: str) -> str:
 
 
 def _namesrv(v: str) -> str:
+    if "," in v:
+        raise argparse.ArgumentTypeError(f"{v!r}: separate NameServer addresses with ';', "
+                                         f"not ','")
     addrs = [_addr(a) for a in v.split(";") if a.strip()]
     if not addrs:
         raise argparse.ArgumentTypeError("no address given")
@@ -321,10 +332,10 @@ def _flags_update_sub_group(p):
     p.add_argument("-d", "--consumeBroadcastEnable", type=_bool, default=False,
                    help="broadcast: true|false (false)")
     p.add_argument("-q", "--retryQueueNums", type=_queue_nums, default=1, help="retry queue nums (1)")
-    p.add_argument("-r", "--retryMaxTimes", type=_non_negative, default=16, help="retry max times (16)")
-    p.add_argument("-i", "--brokerId", type=_non_negative, default=0,
+    p.add_argument("-r", "--retryMaxTimes", type=_int32, default=16, help="retry max times (16)")
+    p.add_argument("-i", "--brokerId", type=_int32, default=0,
                    help="consume from which broker id (0)")
-    p.add_argument("-w", "--whichBrokerWhenConsumeSlowly", type=_non_negative, default=1,
+    p.add_argument("-w", "--whichBrokerWhenConsumeSlowly", type=_int32, default=1,
                    help="which broker id when consume slowly (1)")
     p.add_argument("-a", "--notifyConsumerIdsChanged", type=_bool, default=True,
                    help="notify consumerId changed: true|false (true)")
