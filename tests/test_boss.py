@@ -42,6 +42,18 @@ def _shmq_procs(boss_pid: int) -> list[int]:
     return out
 
 
+def _listed(namesrv: str, within_s: float, what: str) -> None:
+    """Until the NameServer at ``namesrv`` lists broker-a in its cluster info."""
+    with RemotingClient(namesrv) as c:
+        deadline = time.monotonic() + within_s
+        while True:
+            r = c.invoke(RemotingCommand(RC.GET_BROKER_CLUSTER_INFO))
+            if r.code == R.SUCCESS and b"broker-a" in r.body:
+                return
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+
 def test_dash_n_registers_with_a_running_namesrv_and_starts_no_embedded_one(tmp_path):
     ns_port = free_port()
     ns = subprocess.Popen([sys.executable, "-m", "shmq.tools", "namesrv", "-p", str(ns_port)],
@@ -53,14 +65,7 @@ def test_dash_n_registers_with_a_running_namesrv_and_starts_no_embedded_one(tmp_
         with BrokerProc(tmp_path, conf).start() as b:
             assert b.namesrv == f"127.0.0.1:{ns_port}"
             assert "shmq-namesrv" not in b.children()
-            with RemotingClient(f"127.0.0.1:{ns_port}") as c:
-                deadline = time.monotonic() + 10
-                while True:
-                    r = c.invoke(RemotingCommand(RC.GET_BROKER_CLUSTER_INFO))
-                    if r.code == R.SUCCESS and b"broker-a" in r.body:
-                        break
-                    assert time.monotonic() < deadline, "the broker never registered"
-                    time.sleep(0.1)
+            _listed(f"127.0.0.1:{ns_port}", 10, "the broker never registered")
             assert "Traceback" not in b.log() and "restarting" not in b.log()
             assert b.stop() == 0
     finally:
@@ -81,14 +86,7 @@ def test_a_namesrv_started_after_the_broker_gets_its_routes_within_seconds(tmp_p
                               stdout=subprocess.PIPE, text=True)
         try:
             assert ready_line(ns, 60).startswith("shmq namesrv ready")
-            with RemotingClient(f"127.0.0.1:{ns_port}") as c:
-                deadline = time.monotonic() + 15
-                while True:
-                    r = c.invoke(RemotingCommand(RC.GET_BROKER_CLUSTER_INFO))
-                    if r.code == R.SUCCESS and b"broker-a" in r.body:
-                        break
-                    assert time.monotonic() < deadline, "the broker did not register again"
-                    time.sleep(0.1)
+            _listed(f"127.0.0.1:{ns_port}", 15, "the broker did not register again")
             assert b.stop() == 0
         finally:
             ns.terminate()
