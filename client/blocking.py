@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -192,9 +193,20 @@ class Producer(_Blocking):
         return self._run(self._p.flush())
 
     def shutdown(self) -> None:
-        """``flush()``, then ``AsyncProducer.shutdown`` (``PutFailed`` after it)."""
+        """``flush()``, then ``AsyncProducer.shutdown`` (``PutFailed`` after it).
+        Called in the main thread, it puts the application's SIGINT handler
+        back where ``send``'s appends there wrapped it (client/direct.py
+        ``_SigintGuard``: the store closes in the loop's thread, which
+        cannot; a later ``asyncio.run`` then skipped its own Ctrl-C
+        handler). A store of another producer wraps it again at its next
+        append in the main thread."""
         self._put_hand_all()
-        self._run(self._p.shutdown())
+        try:
+            self._run(self._p.shutdown())
+        finally:
+            direct = sys.modules.get("shmq.client.direct")
+            if direct is not None:
+                direct.release_sigint_guard()
 
     def _put_hand_all(self) -> None:
         with self._put_lock:

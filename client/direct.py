@@ -174,6 +174,12 @@ _SIGINT = int(signal.SIGINT)
 _SIGINT_GUARD = _SigintGuard()
 
 
+def release_sigint_guard() -> None:
+    """The application's SIGINT handler back, if the guard wrapped it (in
+    the main thread; elsewhere owed, as ``_SigintGuard.release`` says)."""
+    _SIGINT_GUARD.release()
+
+
 class DirectUnavailable(RuntimeError):
     """This process cannot append to that broker's store itself (the reason)."""
 

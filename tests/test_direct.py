@@ -149,6 +149,25 @@ def test_a_shutdown_while_threads_send_stores_each_answered_message_once(broker,
     assert {r.msg_id for _, _, r in ok} <= set(stored)     # every answered one
 
 
+def test_a_blocking_producer_shut_down_in_the_main_thread_puts_the_sigint_handler_back(
+        broker, request):
+    """Blocking sends append in the main thread, where the SIGINT guard wraps
+    the application's handler (Ctrl-C waits for the append); the store is
+    closed in the client's loop thread, which cannot put it back, so the
+    shutdown does it (a later asyncio.run skipped its Ctrl-C handler)."""
+    import signal
+    import threading
+    assert threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT)
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    with Producer("dp-sigint-back", namesrv_addr=broker.namesrv) as p:
+        p.send(Message(topic, b"warm"))
+        p.send(Message(topic, b"here"))                 # appended in this, the main thread
+        assert direct_of(p).appended >= 1
+        assert signal.getsignal(signal.SIGINT) is not before      # wrapped
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_a_local_producer_appends_itself_and_a_socket_pull_reads_the_same_records(broker, request):
     topic = routed_topic(broker, topic_for(request, "D_"), queues=2)
     with Producer("dp-1", namesrv_addr=broker.namesrv) as p:
