@@ -318,10 +318,7 @@ class Boss:
             try:
                 self.metrics_sock = _bind(c.bindAddress, c.metricsPort, "metricsPort")
             except RuntimeError:
-                tcp.close()
-                if self.ha_sock is not None:
-                    self.ha_sock.close()
-                    self.ha_sock = None
+                tcp.close()                # (the HA socket: stop() closes it)
                 raise
         path = c.unix_path
         if os.path.exists(path):

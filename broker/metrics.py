@@ -7,8 +7,8 @@ duties off the request path, and it takes the statistics' snapshots
 reactor. The server is ``prometheus_client``'s WSGI app (it renders the
 text exposition format) in a thread, on the socket the boss bound at start
 (a port in use is the start's one clear error, as for every port, and a
-restarted services process serves the same socket); on each scrape ``Collector.collect`` reads the
-shared memory every process writes — the counters (``ipc/counters.py``),
+restarted services process serves the same socket); on each scrape
+``Collector.collect`` reads the shared memory every process writes — the counters (``ipc/counters.py``),
 the registry's consumer offsets, the store's queues — so the figures are
 the whole broker's, whichever worker served the traffic. Its own view of
 the store, registry and tables, not the services thread's objects: their
@@ -41,10 +41,9 @@ and shmq's own:
 from __future__ import annotations
 
 import logging
-import time
-
 import socket
 import threading
+import time
 from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, make_wsgi_app

@@ -50,7 +50,7 @@ from typing import Callable, NamedTuple
 
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
-from shmq.core.state import queue_bit
+from shmq.core.state import queues_mask
 from shmq.ipc.control import WANT_FLUSH, WANT_QUEUES
 from shmq.ipc.remoting import RemotingCommand, decode_head, encode_head
 
@@ -364,10 +364,7 @@ class Parking:
     def _remask(self) -> None:
         """The wait_mask of the parked pulls' queues (a superset is only
         extra wake-ups: it is not narrowed as queues are answered)."""
-        slot_of, mask = self.store.state.queue_slot, 0
-        for topic, qid in self.pulls:
-            mask |= queue_bit(slot_of(topic, qid))
-        self.set_mask(mask)
+        self.set_mask(queues_mask(self.store.state, self.pulls))
 
     def expire(self) -> list:
         """Answers whose deadline has passed."""

@@ -150,7 +150,7 @@ class Services:
                 self.register_retry_s = REGISTER_RETRY_S
                 self.next_register = now + period
             else:
-                self.next_register = time.monotonic() + min(self.register_retry_s, period)
+                self.next_register = now + min(self.register_retry_s, period)
                 self.register_retry_s = min(self.register_retry_s * 2, REGISTER_RETRY_MAX_S)
         if now >= self.next_offsets:
             self.save_offsets()

@@ -153,7 +153,10 @@ def running_here(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return loop._thread_id == get_ident()
     except AttributeError:                 # another loop implementation
-        return loop is asyncio.get_running_loop()
+        try:
+            return loop is asyncio.get_running_loop()
+        except RuntimeError:               # none runs in this thread
+            return False
 
 
 class Window:

@@ -57,6 +57,8 @@ from _signal import getsignal as _getsignal     # the handler itself: signal.get
 import threading
 import time
 
+from .accumulator import running_here
+
 log = logging.getLogger("shmq.client.direct")
 
 PERM_WRITE = 0x2
@@ -505,7 +507,7 @@ class Wakes:
                 loop = asyncio.get_running_loop()
             except RuntimeError:         # no loop in this thread: at once, always
                 loop = None
-        elif not _running_here(loop):
+        elif not running_here(loop):
             loop = None                  # another thread's append: at once
         with self.lock:
             if loop is not None:
@@ -532,17 +534,6 @@ class Wakes:
                 self.woke_at = time.monotonic()
         if queues:
             self.wake(queues)
-
-
-def _running_here(loop) -> bool:
-    """Is ``loop`` the one running in this thread (a BaseEventLoop knows its thread)?"""
-    try:
-        return loop._thread_id == threading.get_ident()
-    except AttributeError:
-        try:
-            return loop is asyncio.get_running_loop()
-        except RuntimeError:
-            return False
 
 
 class FlushWaiter(threading.Thread):
@@ -906,9 +897,9 @@ class _Parker:
     PARK_LOOK_EVERY_S at most."""
 
     def __init__(self, ds: DirectStore, loop: asyncio.AbstractEventLoop):
-        from shmq.core.state import STATE_RUNNING, queue_bit
+        from shmq.core.state import STATE_RUNNING, queues_mask
         from shmq.ipc.control import ROLE_OTHER, WANT_QUEUES, ControlBlock
-        self.running, self.queue_bit = STATE_RUNNING, queue_bit
+        self.running, self.queues_mask = STATE_RUNNING, queues_mask
         cb = ControlBlock.attach(ds.root)
         try:
             cb.register(ROLE_OTHER)
@@ -969,10 +960,8 @@ class _Parker:
     def _remask(self) -> None:
         """This slot's wait_mask: the bits of the queues waited on (a queue
         with no slot yet waits for NEW_QUEUE, and its slot's bit once made)."""
-        slot_of, bit, mask = self.store.state.queue_slot, self.queue_bit, 0
-        for topic, queue_id, _, _ in self.waits.values():
-            mask |= bit(slot_of(topic, queue_id))
-        self.cb.set_wait_mask(mask)
+        self.cb.set_wait_mask(self.queues_mask(self.store.state,
+                                               (w[:2] for w in self.waits.values())))
 
     def _woken(self) -> None:
         self.cb.waiter.drain()

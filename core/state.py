@@ -204,6 +204,14 @@ def queue_bit(queue_slot: int) -> int:
     return 1 << queue_slot % QUEUE_BITS if queue_slot >= 0 else NEW_QUEUE
 
 
+def queues_mask(state: "StoreState", queues) -> int:
+    """The wait_mask of pulls waiting on ``queues``, (topic, queue id) pairs."""
+    mask = 0
+    for topic, qid in queues:
+        mask |= queue_bit(state.queue_slot(topic, qid))
+    return mask
+
+
 class StoreFullError(RuntimeError):
     """The queue table has no free slot (raise maxQueueSlots)."""
 

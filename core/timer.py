@@ -20,7 +20,8 @@ mapping; pages get their blocks (fallocate) before entries are stored there,
 up to ALLOCATE_AHEAD_MAX bytes ahead, since a store into a page with no
 block on a full disk is a SIGBUS where fallocate says ENOSPC (``add``
 raises it; what got in is ``next_cq_offset``). Entry n lives in file
-``n - n % file_entries`` at byte ``(n % file_entries) * 32``. Entry, big-endian, numpy dtype ``ENTRY_DTYPE``::
+``n - n % file_entries`` at byte ``(n % file_entries) * 32``. Entry,
+big-endian, numpy dtype ``ENTRY_DTYPE``::
 
     off size field
       0   8  cq_offset   int64  unit index in rmq_sys_wheel_timer queue 0
