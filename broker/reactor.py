@@ -295,6 +295,9 @@ class Reactor:
         self.stopping = False
         self.pending = 0                     # bytes held in the connections' decoders
         self.pending_max = pending_max
+        # called at the end of each turn, before its replies leave (the
+        # worker's driver: the sends it took this turn are appended then)
+        self.end_turn: Callable[[], None] | None = None
         # (peer host, why) -> [when it was last a WARNING, DEBUG lines since]
         self._warned = Repeats(QUIET_KEPT)
 
@@ -403,6 +406,8 @@ class Reactor:
             _, _, fn = heapq.heappop(self._timers)
             if fn is not None:
                 fn()
+        if self.end_turn is not None:
+            self.end_turn()
         self.flush()
 
     def flush(self) -> None:

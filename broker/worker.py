@@ -46,6 +46,9 @@ log = logging.getLogger("shmq.worker")
 HANDOFF_MSG_BYTES = 64 * 1024
 HANDOFF_FDS_MAX = 64
 DRAIN_S = 5.0
+# sends taken into one group at most (Handlers.take): a turn's recv of 256 KiB
+# may hold ~700 small ones; their answers should not wait for all of them
+GROUP_MAX = 256
 # the requests RocketMQ's send thread pool runs (waitTimeMillsInSendQueue applies)
 SEND_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSAGE,
                         RC.CONSUMER_SEND_MSG_BACK})
@@ -178,6 +181,7 @@ class Driver:
 
     def __init__(self, reactor: Reactor, handlers: Handlers):
         self.reactor = reactor
+        reactor.end_turn = self.end_turn
         self.h = handlers
         self.parking = handlers.parking
         self.peers: dict[int, Peer] = {}        # connection id → its peer
@@ -198,6 +202,12 @@ class Driver:
             if waited_ms > self.send_wait_ms:
                 self.busy(conn, cmd, waited_ms)
                 return
+            if h.take(self.peers[conn.id], cmd):
+                if len(h.taken) >= GROUP_MAX:
+                    self.flush_group()
+                return
+        if h.taken:        # the sends before it first: it may read what they append
+            self.flush_group()
         out = h.handle(self.peers[conn.id], cmd)
         if out is not None:
             if type(out) is bytes:
@@ -210,6 +220,26 @@ class Driver:
         if self.parking.arrived:         # this request appended to a queue a pull waits on
             self.send_all(self.parking.ready())
         if h.due:
+            self._notices_soon()
+
+    def end_turn(self) -> None:
+        """The reactor's turn ends (its replies are about to leave)."""
+        if self.h.taken:
+            self.flush_group()
+
+    def flush_group(self) -> None:
+        """Append the sends taken this turn; queue their answers."""
+        conns = self.reactor.conns
+        for peer, out in self.h.flush_group():
+            conn = conns.get(peer.id)
+            if conn is not None:
+                if type(out) is bytes:
+                    conn.send(out)
+                else:
+                    conn.send(out.head(), out.parts)
+        if self.parking.arrived:         # they appended to a queue a pull waits on
+            self.send_all(self.parking.ready())
+        if self.h.due:
             self._notices_soon()
 
     def busy(self, conn: Connection, cmd: RemotingCommand, waited_ms: float) -> None:

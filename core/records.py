@@ -240,15 +240,51 @@ def encode_one(topic: bytes, body: bytes, props: bytes, *, queue_id: int, flag: 
                store_timestamp: int, reconsume_times: int = 0, prepared_offset: int = 0,
                max_message_bytes: int = 4 * 1024 * 1024,
                tags_code: int | None = None, topic_name: str | None = None) -> EncodedBatch:
-    """One message as one record, the same bytes ``encode_arrays`` writes,
-    with ``struct`` and ``zlib.crc32`` instead of a kernel call over arrays
+    """One message as a batch of one record (``encode_record``). ``topic``
+    is the UTF-8 name (``topic_name`` the same as text, when the caller
+    has it); ``tags_code`` its ConsumeQueue tags code when the caller knows
+    it (else read from ``props``)."""
+    rec = encode_record(topic, body, props, queue_id, flag, sysflag, born_timestamp, born_host,
+                        store_host, store_timestamp, reconsume_times, prepared_offset,
+                        max_message_bytes)
+    return one_record(topic.decode() if topic_name is None else topic_name, rec, queue_id,
+                      tags_code_of(props) if tags_code is None else tags_code, store_timestamp)
+
+
+def one_record(topic: str, rec: bytearray, queue_id: int, tags_code: int,
+               store_timestamp: int) -> EncodedBatch:
+    """The batch of one record ``encode_record`` wrote."""
+    return EncodedBatch(topic=topic, buf=np.frombuffer(rec, np.uint8), rec_pos=_ONE_AT_ZERO,
+                        sizes=np.array((len(rec),), np.int64), queue_id=queue_id,
+                        tags_codes=np.array((tags_code,), np.int64),
+                        store_timestamp=store_timestamp, single_queue=True)
+
+
+def join_records(topic: str, recs: list, queue_id: int, tags_codes: list[int],
+                 store_timestamp: int) -> EncodedBatch:
+    """The batch of several records ``encode_record`` wrote, all for one
+    queue (single sends appended together: all or none)."""
+    sizes = np.array([len(r) for r in recs], np.int64)
+    rec_pos = np.zeros(len(recs), np.int64)
+    np.cumsum(sizes[:-1], out=rec_pos[1:])
+    return EncodedBatch(topic=topic, buf=np.frombuffer(bytearray().join(recs), np.uint8),
+                        rec_pos=rec_pos, sizes=sizes, queue_id=queue_id,
+                        tags_codes=np.array(tags_codes, np.int64),
+                        store_timestamp=store_timestamp, single_queue=True)
+
+
+def encode_record(topic: bytes, body: bytes, props: bytes, queue_id: int, flag: int, sysflag: int,
+                  born_timestamp: int, born_host: tuple[bytes, bool],
+                  store_host: tuple[bytes, bool], store_timestamp: int, reconsume_times: int,
+                  prepared_offset: int, max_message_bytes: int) -> bytearray:
+    """One message's record, the same bytes ``encode_arrays`` writes, with
+    ``struct`` and ``zlib.crc32`` instead of a kernel call over arrays
     built per message: a single send is the common case and the kernel's
     dispatch of ~20 arguments cost more than the record. ``topic`` is the
-    UTF-8 name (``topic_name`` the same as text, when the caller has it);
-    hosts come from ``host_raw`` (parse them once per peer). The checks
-    pass in one comparison each for what every send carries, and two IPv4
-    hosts (the usual case) are packed with the fields before the body in
-    one call; what fails is named by the checks written out."""
+    UTF-8 name; hosts come from ``host_raw`` (parse them once per peer).
+    The checks pass in one comparison each for what every send carries,
+    and two IPv4 hosts (the usual case) are packed with the fields before
+    the body in one call; what fails is named by the checks written out."""
     tlen, blen, plen = len(topic), len(body), len(props)
     if not (0 < tlen <= L.TOPIC_BYTES_MAX and blen <= max_message_bytes
             and plen <= L.PROPERTIES_BYTES_MAX):
@@ -287,12 +323,7 @@ def encode_one(topic: bytes, body: bytes, props: bytes, *, queue_id: int, flag: 
     p += 1 + tlen
     rec[p:p + 2] = plen.to_bytes(2, "big")
     rec[p + 2:] = props
-    return EncodedBatch(topic=topic.decode() if topic_name is None else topic_name,
-                        buf=np.frombuffer(rec, np.uint8),
-                        rec_pos=_ONE_AT_ZERO, sizes=np.array((total,), np.int64), queue_id=queue_id,
-                        tags_codes=np.array((tags_code_of(props) if tags_code is None else tags_code,),
-                                            np.int64),
-                        store_timestamp=store_timestamp, single_queue=True)
+    return rec
 
 
 def _check_ints(queue_id: int, flag: int, sysflag: int, reconsume_times: int) -> None:

@@ -197,7 +197,8 @@ class MessageStore:
             self.store_lock = None
 
     # ------------------------------------------------------------------ append
-    def append(self, batch: EncodedBatch, dedup_hash: int = 0) -> AppendResult:
+    def append(self, batch: EncodedBatch, dedup_hash: int = 0,
+               each: list[int] | None = None) -> AppendResult | None:
         """Append ``batch`` (consumed: its buffer is stamped in place). Thread-
         and process-safe. Publishes before it returns; under SYNC_FLUSH the
         caller then waits for ``flushed_pos >= result.end``.
@@ -206,7 +207,15 @@ class MessageStore:
         (0: none, no check). With a window (``dedup_on``), an append whose
         records carry, in order, the keys of an append still in the window,
         to the same topic, is not stored: a ``DuplicateResult`` says where
-        that one went (``core.dedup``)."""
+        that one went (``core.dedup``).
+
+        ``each``: the records are messages sent one by one (the sends one
+        connection pipelined to one queue, appended in one claim), each
+        checked for duplicates on its own: ``each[i]`` is record i's key
+        hash (0: none), and each keyed record is an entry of the window.
+        Then the answer is None, and nothing is appended, when one of the
+        keys may be in the window or is there twice: append those
+        messages one by one."""
         if not batch.single_queue:
             raise ValueError("a batch goes to one queue; split it by queue id")
         buf = batch.buf
@@ -223,8 +232,15 @@ class MessageStore:
         topic, qid = batch.topic, batch.queue_id
         ts = batch.store_timestamp
         known = self.state.queue_slot(topic, qid)
-        c = self._claim(known, topic, qid, nbytes, nq, ts, dedup_hash if self._dn else 0, batch)
-        if c.__class__ is DuplicateResult:
+        if each is not None and self._dn:
+            keyed = [h for h in each if h]
+            if len(set(keyed)) != len(keyed):
+                return None
+        else:
+            each = None
+        c = self._claim(known, topic, qid, nbytes, nq, ts, dedup_hash if self._dn else 0, batch,
+                        each)
+        if c is None or c.__class__ is DuplicateResult:
             return c
         slot, seq, e, start, phy, q0 = c
         end = phy + nbytes
@@ -275,11 +291,14 @@ class MessageStore:
         return AppendResult(phy, end, q0 if nq else -1, rec_pos, ts)
 
     def _claim(self, slot: int, topic: str, qid: int, nbytes: int, nq: int,
-               ts: int, dh: int = 0, batch: EncodedBatch | None = None):
+               ts: int, dh: int = 0, batch: EncodedBatch | None = None,
+               each: list[int] | None = None):
         """Step 1: (slot, seq, ring entry, start, phy, q0) of a new claim of
         ``nbytes`` and ``nq`` queue offsets. Only integer operations under
         the lock. With ``dh`` (a dedup hash) the window is looked up first
-        and a hit returned as a ``DuplicateResult``; a miss is recorded."""
+        and a hit returned as a ``DuplicateResult``; a miss is recorded.
+        With ``each`` (a hash per record, ``append``), None if any of them
+        may be in the window; else each is recorded at its record."""
         w = self._w
         lock = self._lock
         seg = self._seg
@@ -304,10 +323,21 @@ class MessageStore:
                         hit = self._dedup_find(dh, topic, batch)
                         if hit.__class__ is DuplicateResult:
                             return hit
+                if each is not None:
+                    low = w[I_DEDUP_SEQ] - self._dn
+                    for h in each:
+                        if h:
+                            p = w[self._dh + h % self._dn2] - 1
+                            if p >= 0 and p >= low:
+                                return None
                 if hit is None and seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
                     start = w[I_CLAIM_POS]
                     seg_end = start - start % seg + seg
                     phy = seg_end if nbytes + END_FILE_MIN_BLANK_BYTES > seg_end - start else start
+                    if each is not None:
+                        for h, pos in zip(each, batch.rec_pos.tolist()):
+                            if h:
+                                self.dedup_add(h, phy + pos)
                     if dh:   # entry, then dedup_seq, then the head (core.dedup)
                         de = self._de + top % self._dn * _ENT
                         w[de] = dh
@@ -405,13 +435,14 @@ class MessageStore:
     def _dedup_check(self, phy: int, topic: str, batch: EncodedBatch):
         """Lock held: is the append at ``phy`` the same as ``batch`` (its
         records' topic and keys, in order)? Its ``DuplicateResult``; (the
-        seq of its claim, ``phy``) if it is not published yet; None if not."""
+        seq of its claim, the claim's first record) if it is not published
+        yet; None if not."""
         w = self._w
         if phy >= w[I_WRITE_POS]:          # claimed, not published: wait for it
             for s in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]):
-                e = _entry(s)
-                if w[e + E_PHY] == phy and w[e + E_SEQ] == s:
-                    return s, phy
+                e = _entry(s)      # (a record of a claim of several sends: inside it)
+                if w[e + E_PHY] <= phy < w[e + E_END] and w[e + E_SEQ] == s:
+                    return s, w[e + E_PHY]
             return None                    # rolled back
         if phy < self.state.get("cl_min_offset"):
             return None

@@ -78,6 +78,53 @@ def test_send_then_pull_returns_the_messages_with_tags_keys_and_offsets(client, 
     assert r.code == R.PULL_OFFSET_MOVED and r.ext["nextBeginOffset"] == "0"
 
 
+def test_sends_pipelined_on_one_connection_are_each_answered_and_stored_in_order_per_queue(
+        broker, request):
+    """Hundreds of sends written at once (the worker reads many per turn and
+    appends them a claim per queue): each answered once, with its own
+    msgId, at the next offset of its queue in the order sent; a bad one
+    among them gets its own error answer."""
+    import socket
+
+    from shmq.ipc.remoting import FrameDecoder, encode
+    topic = topic_name(request)
+    with RemotingClient(f"unix:{broker.unix}") as c:
+        make_topic(c, topic)
+    cmds = []
+    for i in range(300):
+        cmd = send_message(topic, b"m%d" % i, queue_id=i % 4, props={"UNIQ_KEY": f"U{i}"})
+        cmd.opaque = 1000 + i
+        cmds.append(cmd)
+    cmds[150] = send_message(topic, b"bad", queue_id=7)
+    cmds[150].opaque = 1150
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(broker.unix)
+    s.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    dec, replies = FrameDecoder(), {}
+    while len(replies) < len(cmds):
+        data = s.recv(1 << 16)
+        assert data, "the broker closed the connection"
+        dec.receive_data(data)
+        while (r := dec.next_command()) is not None:
+            assert r.opaque not in replies
+            replies[r.opaque] = r
+    s.close()
+    assert replies[1150].code == R.SYSTEM_ERROR and "queueId[7] is illegal" in replies[1150].remark
+    with RemotingClient(f"unix:{broker.unix}") as c:
+        for q in range(4):
+            sent = [i for i in range(300) if i % 4 == q and i != 150]
+            assert [int(replies[1000 + i].ext["queueOffset"]) for i in sent] == list(range(len(sent)))
+            assert all(replies[1000 + i].ext["queueId"] == str(q) for i in sent)
+            msgs = []
+            while len(msgs) < len(sent):
+                _, got = pull_all(c, topic, q, len(msgs))
+                assert got, f"queue {q}: {len(msgs)} of {len(sent)} stored"
+                msgs += got
+            assert [m.body for m in msgs] == [b"m%d" % i for i in sent]
+            assert [m.offset_msg_id() for m in msgs] == [replies[1000 + i].ext["msgId"] for i in sent]
+
+
 def test_batch_send_stores_every_message_with_its_own_properties(client, request):
     topic = topic_name(request)
     make_topic(client, topic, 2)

@@ -285,6 +285,61 @@ def test_a_retry_racing_its_unpublished_original_waits_for_it(make_rig):
     assert stored(rig) == [b"one"]
 
 
+def test_sends_of_one_turn_each_have_a_window_entry_and_a_key_twice_is_stored_once(make_rig):
+    """Sends pipelined in one reactor turn are appended in one claim per
+    queue (``Handlers.take``), each still its own window entry: a retry in a
+    later turn, to another queue, gets the first answer; the same key twice
+    in one turn is stored once; a turn with a key already in the window is
+    appended one by one, so each is checked."""
+    rig = make_rig(window=64)
+    first = th.turn(rig, [keyed("DedupTopic", b"a", "K-a"), keyed("DedupTopic", b"b", "K-b")])
+    seq = rig.store.state.get("claim_seq")
+    again = th.turn(rig, [keyed("DedupTopic", b"c", "K-c", queue_id=1),
+                          keyed("DedupTopic", b"a", "K-a", queue_id=1),
+                          keyed("DedupTopic", b"d", "K-d", queue_id=1)])
+    assert [r.code for r in again] == [R.SUCCESS] * 3
+    assert answer(again[1]) == answer(first[0]) and answer(first[0])[1:] == ("0", "0")
+    assert rig.store.state.get("claim_seq") == seq + 2             # c and d, one by one
+    twice = th.turn(rig, [keyed("DedupTopic", b"e", "K-e", queue_id=2),
+                          keyed("DedupTopic", b"e", "K-e", queue_id=2),
+                          keyed("DedupTopic", b"f", "K-f", queue_id=2)])
+    assert answer(twice[0]) == answer(twice[1])
+    later = th.turn(rig, [keyed("DedupTopic", b"d", "K-d", queue_id=3),
+                          keyed("DedupTopic", b"f", "K-f", queue_id=3)])
+    assert [answer(r) for r in later] == [answer(again[2]), answer(twice[2])]
+    assert stored(rig) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+
+
+def test_a_retry_racing_a_record_inside_an_unpublished_turn_waits_for_it(make_rig):
+    """The window entry of a send appended with others in one claim points
+    inside that claim: a retry arriving before the claim is published waits
+    for it (as for a claim of its own), then gets its answer."""
+    rig = make_rig(window=64)
+    store = rig.store
+    claimed, go = threading.Event(), threading.Event()
+
+    def hook(stage, seq):
+        if stage == "claimed" and threading.current_thread().name == "turn":
+            claimed.set()
+            assert go.wait(30)
+
+    store.hook = hook
+    results = {}
+    t = threading.Thread(target=lambda: results.setdefault("turn", th.turn(rig, [
+        keyed("DedupTopic", b"x", "K-x"), keyed("DedupTopic", b"y", "K-y")])), name="turn")
+    t.start()
+    assert claimed.wait(30)
+    retry = threading.Thread(target=lambda: results.setdefault("retry", rig.ok(keyed(
+        "DedupTopic", b"y", "K-y", queue_id=1))), name="retry")
+    retry.start()
+    retry.join(0.2)
+    assert retry.is_alive()                         # waiting for the turn's publication
+    go.set()
+    t.join(30), retry.join(30)
+    assert answer(results["retry"]) == answer(results["turn"][1])
+    assert stored(rig) == [b"x", b"y"]
+
+
 def test_a_retry_waiting_for_an_original_whose_writer_died_stores_it_once(make_rig):
     """The original's writer dies (here: its claim is handed to a dead pid
     and its thread never goes on) after its claim: the retry waiting for it

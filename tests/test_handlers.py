@@ -255,6 +255,100 @@ def test_a_send_to_a_new_topic_creates_it_from_tbw102(store_dir):
         rig.close()
 
 
+def keyed(qid: int, key: str, opaque: int, body: bytes = b"", **ext) -> RemotingCommand:
+    """An ali-ons V2 send to ``qid`` carrying UNIQ_KEY ``key`` (as every
+    RocketMQ client sets one), its body ``body`` (default: the key)."""
+    cmd = golden("ons-3.12-send-v2", queueId=str(qid), **ext)
+    cmd.ext["i"] = f"TAGS\x01TagA\x02UNIQ_KEY\x01{key}\x02"
+    cmd.opaque = opaque
+    cmd.body = body or key.encode()
+    return cmd
+
+
+def turn(rig, cmds: list, peer: Peer | None = None) -> list:
+    """The sends of one reactor turn: each taken, then the group flushed;
+    the answers (commands), in the order the group gave them."""
+    for cmd in cmds:
+        assert rig.h.take(peer or rig.tcp, cmd)
+    out = []
+    for p, a in rig.h.flush_group():
+        assert p is (peer or rig.tcp)
+        if type(a) is bytes:
+            dec = FrameDecoder()
+            dec.receive_data(a)
+            out.append(dec.next_command())
+            assert dec.buffered_bytes == 0
+        else:
+            out.append(decoded(a).cmd)
+    return out
+
+
+def test_the_sends_of_one_turn_are_stored_in_one_claim_per_queue_and_answered_in_order(rig):
+    """Issue 14: sends pipelined in one reactor turn share a claim, a write
+    and a publish per queue; each is answered as alone, in the order sent."""
+    seq0 = rig.store.state.get("claim_seq")
+    cmds = [keyed(i % 2, f"k{i}", 100 + i) for i in range(6)]
+    oneway = keyed(0, "k-oneway", 999)
+    oneway.flag |= FLAG_ONEWAY
+    for cmd in cmds[:3] + [oneway] + cmds[3:]:
+        assert rig.h.take(rig.tcp, cmd)
+    assert rig.store.read_queue("GoldenTopic", 0) == []        # nothing before the turn ends
+    out = rig.h.flush_group()
+    assert rig.store.state.get("claim_seq") == seq0 + 2          # queue 0's and queue 1's
+    replies = []
+    for _, frame in out:
+        dec = FrameDecoder()
+        dec.receive_data(frame)
+        replies.append(dec.next_command())
+    assert [r.opaque for r in replies] == [c.opaque for c in cmds]    # the oneway: no answer
+    assert all(r.code == R.SUCCESS and r.is_response for r in replies)
+    q0, q1 = rig.store.read_queue("GoldenTopic", 0), rig.store.read_queue("GoldenTopic", 1)
+    assert [m.body for m in q0] == [b"k0", b"k2", b"k-oneway", b"k4"]
+    assert [m.body for m in q1] == [b"k1", b"k3", b"k5"]
+    by_body = {m.body: m for m in q0 + q1}
+    for cmd, r in zip(cmds, replies):
+        m = by_body[cmd.body]
+        assert r.ext["msgId"] == m.offset_msg_id()
+        assert (r.ext["queueId"], r.ext["queueOffset"]) == (str(m.queue_id), str(m.queue_offset))
+        assert m.properties["UNIQ_KEY"] == cmd.body.decode() and m.born_host == ("10.9.8.7", 41234)
+    assert rig.h.put_count == 7
+
+
+def test_a_send_refused_or_routed_in_a_turn_is_answered_in_its_place(rig):
+    delayed = keyed(0, "late", 3)
+    delayed.ext["i"] += f"{DELAY}\x012\x02"
+    bad = keyed(0, "x", 2, topic="NoSuch", defaultTopic="NoDefault")
+    out = turn(rig, [keyed(0, "a", 1), bad, delayed, keyed(0, "b", 4), keyed(9, "q9", 5)])
+    assert [r.opaque for r in out] == [1, 2, 3, 4, 5]
+    assert [r.code for r in out] == [R.SUCCESS, R.TOPIC_NOT_EXIST, R.SUCCESS, R.SUCCESS,
+                                     R.SYSTEM_ERROR]
+    assert out[4].remark.startswith("request queueId[9] is illegal")
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"a", b"b"]
+    [m] = rig.store.read_queue(SCHEDULE_TOPIC, 1)           # delay level 2: queue 1
+    assert m.body == b"late" and m.properties[REAL_TOPIC] == "GoldenTopic"
+
+
+def test_a_turn_of_large_sends_is_appended_in_runs_that_fit_a_segment(store_dir):
+    """A claim takes at most a quarter of a segment (or 1 MiB): a turn
+    whose sends together exceed a segment is stored whole, across the
+    roll, each in its order."""
+    rig = Rig(store_dir, store={"mappedFileSizeCommitLog": 1 << 16, "maxMessageSize": 12000})
+    rig.ok(create_topic("GoldenTopic", 4))
+    seq0 = rig.store.state.get("claim_seq")
+    cmds = [keyed(0, f"big{i}", i, body=bytes([65 + i]) * 5000) for i in range(20)]
+    out = turn(rig, cmds)                              # 100 KB: two segments of 64 KiB
+    assert [r.code for r in out] == [R.SUCCESS] * 20
+    assert [int(r.ext["queueOffset"]) for r in out] == list(range(20))
+    assert rig.store.state.get("claim_seq") - seq0 == 7     # 16 KiB runs: three 5 KB records each
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [c.body for c in cmds]
+    rig.close()
+
+
+def test_sends_whose_answers_wait_are_not_taken_into_a_turn(sync_rig):
+    assert not sync_rig.h.take(sync_rig.tcp, keyed(0, "a", 1))
+    assert sync_rig.h.taken == []
+
+
 def test_send_errors_carry_rocketmq_codes_and_remarks(rig):
     cmd = golden("cpp-1.2-send", topic="NoSuch", defaultTopic="NoDefault")
     r = rig.call(cmd).cmd

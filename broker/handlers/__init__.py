@@ -52,7 +52,7 @@ from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import RemotingCommand
 
 from ..acl import Acl, denied
-from ..config import BrokerConfig
+from ..config import SYNC_MASTER, BrokerConfig
 from ..parking import Parking
 from ..registry import Registry
 from ..topics import Tables
@@ -108,6 +108,47 @@ HANDLERS: dict[int, Callable] = {
 }
 
 
+# the sends ``Handlers.take`` may group (a batch is one append already)
+GROUPED_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
+# the records appended in one claim at most (bytes; a quarter of a segment
+# where that is less): large messages gain nothing from sharing a claim
+GROUP_BYTES_MAX = 1 << 20
+
+
+def _failed(peer: Peer, cmd: RemotingCommand, e: Exception) -> RemotingCommand:
+    """The answer to a request that raised ``e``: RocketMQ's code for it
+    and a remark (no request can raise out of the handlers)."""
+    if isinstance(e, BadRequest):
+        return cmd.reply(e.code, e.remark)
+    if isinstance(e, StoreFullError):
+        return cmd.reply(R.SERVICE_NOT_AVAILABLE, str(e))
+    if isinstance(e, OSError):
+        log.error("request %d from %s: %s", cmd.code, peer.addr, e)
+        return cmd.reply(R.SERVICE_NOT_AVAILABLE, f"service not available now: {e}")
+    log.error("request %d from %s failed", cmd.code, peer.addr, exc_info=e)
+    return cmd.reply(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+
+
+def _chunks(groups, limit: int):
+    """Each group cut into runs of at most ``limit`` bytes of records (one
+    record more than that is a run of its own)."""
+    for group in groups:
+        run, size = [], 0
+        for it in group:
+            n = len(it[2].rec)
+            if run and size + n > limit:
+                yield run
+                run, size = [], 0
+            run.append(it)
+            size += n
+        yield run
+
+
+def _append_one(p):
+    """``send.append_one`` of a taken send, as a handler ``_run`` runs."""
+    return lambda b, peer, cmd: send.append_one(b, peer, cmd, p)
+
+
 class Handlers(Broker):
     def __init__(self, config: BrokerConfig, store: MessageStore, cb: ControlBlock,
                  tables: Tables, registry: Registry, clock: Callable[[], float] = time.monotonic):
@@ -117,6 +158,7 @@ class Handlers(Broker):
         self.relays = relay.Relays()      # requests passed on to a consumer client
         # None unless aclEnable: then every request is checked before it runs
         self.acl = Acl(config.acl_file) if config.aclEnable else None
+        self.taken: list = []             # sends taken into this turn's group: [peer, cmd, Prepared, answer]
 
     def handle(self, peer: Peer, cmd: RemotingCommand):
         """Run one request: its ``Reply`` (a tuple: command, body pieces,
@@ -153,16 +195,8 @@ class Handlers(Broker):
                 r = cmd.reply(R.REQUEST_CODE_NOT_SUPPORTED, not_supported_remark(cmd.code))
             else:
                 r = fn(self, peer, cmd)
-        except BadRequest as e:
-            r = cmd.reply(e.code, e.remark)
-        except StoreFullError as e:
-            r = cmd.reply(R.SERVICE_NOT_AVAILABLE, str(e))
-        except OSError as e:
-            log.error("request %d from %s: %s", cmd.code, peer.addr, e)
-            r = cmd.reply(R.SERVICE_NOT_AVAILABLE, f"service not available now: {e}")
         except Exception as e:
-            log.exception("request %d from %s failed", cmd.code, peer.addr)
-            r = cmd.reply(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+            r = _failed(peer, cmd, e)
         if r is None or r is PARKED:
             return r
         if type(r) is bytes:                 # a whole frame (send_ok_head)
@@ -174,6 +208,64 @@ class Handlers(Broker):
             c = r.command()
             log.debug("%s: reply to %d: %d %s %s", peer.addr, cmd.code, c.code, c.remark, c.ext)
         return None if cmd.is_oneway else r
+
+    # ------------------------------------------------------------ grouped sends
+    def take(self, peer: Peer, cmd: RemotingCommand) -> bool:
+        """Take a send into this reactor turn's group, where it can be: a
+        SEND_MESSAGE(_V2) under ASYNC_FLUSH, not on a SYNC_MASTER (their
+        answers wait), no ACL, no DEBUG log. Its answer then comes from
+        ``flush_group``, which the driver calls before it runs any other
+        request and at the end of the turn (issue 14: the sends pipelined
+        in one turn share a claim, a write and a publish per queue)."""
+        c = self.config
+        if (cmd.code not in GROUPED_CODES or self.acl is not None or c.store.sync_flush
+                or c.brokerRole == SYNC_MASTER or log.isEnabledFor(logging.DEBUG)):
+            return False
+        try:
+            self.taken.append([peer, cmd, send.prepare(self, peer, cmd), None])
+        except Exception as e:
+            self.taken.append([peer, cmd, None, _failed(peer, cmd, e)])
+        return True
+
+    def flush_group(self) -> list:
+        """Append the sends taken this turn and answer them: ``(peer,
+        frame or Reply)`` in the order they came (a oneway send gets none).
+        One group per queue (order is kept within a queue, which is what
+        RocketMQ promises); a routed send (delay, timer, transaction) is
+        appended on its own."""
+        items, self.taken = self.taken, []
+        groups: dict = {}
+        alone = []
+        for it in items:
+            p = it[2]
+            if p is None:
+                continue
+            if p.routed or p.batch is not None:
+                alone.append(it)
+            else:
+                groups.setdefault((p.store_topic, p.store_qid), []).append(it)
+        for group in _chunks(groups.values(), min(GROUP_BYTES_MAX,
+                                                  self.config.store.mappedFileSizeCommitLog // 4)):
+            answers = None
+            if len(group) > 1:
+                try:
+                    answers = send.append_group(self, [(it[1], it[2]) for it in group])
+                except Exception as e:
+                    answers = [_failed(peer, cmd, e) for peer, cmd, _, _ in group]
+            if answers is None:
+                for it in group:
+                    it[3] = self._run(_append_one(it[2]), it[0], it[1], False)
+            else:
+                for it, a in zip(group, answers):
+                    it[3] = a
+        for it in alone:
+            it[3] = self._run(_append_one(it[2]), it[0], it[1], False)
+        out = []
+        for peer, cmd, p, a in items:
+            if a is not None and not cmd.is_oneway:
+                out.append((peer, a if type(a) is bytes or type(a) is Reply
+                            else Reply(a)))
+        return out
 
     # ------------------------------------------------------------ the driver's
     def connection_closed(self, peer: Peer) -> None:

@@ -35,7 +35,8 @@ import random
 import time
 
 from shmq.core.dedup import dedupable_topic, hash_of, key_hash, read_record_key
-from shmq.core.records import EncodedBatch, encode_arrays, encode_one, split_batch_body
+from shmq.core.records import (EncodedBatch, encode_arrays, encode_record, join_records,
+                               one_record, split_batch_body, tags_code_of)
 from shmq.core.store import DuplicateResult
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
@@ -131,7 +132,35 @@ def send_fields(code: int, ext: dict[str, str]) -> tuple[str, str, int, int, int
         raise AssertionError(f"a send header that Header reads whole: {ext}") from None
 
 
+class Prepared:
+    """A send checked and encoded, not yet appended: what ``prepare``
+    made of its request."""
+    __slots__ = ("batch", "rec", "tags_code", "qid", "topic", "store_topic", "store_qid", "props",
+                 "dh", "routed", "now")
+
+    def __init__(self, batch: EncodedBatch | None, rec: bytearray | None, tags_code: int,
+                 qid: int, topic: str, store_topic: str, store_qid: int, props: str, dh: int,
+                 routed: bool, now: int):
+        self.batch = batch              # a batch send's records (None: one message)
+        self.rec = rec                  # one message's record, and its tags code
+        self.tags_code = tags_code
+        self.qid = qid                  # the queue the reply names
+        self.topic = topic              # the topic it was sent to (a %RETRY% one rewritten)
+        self.store_topic = store_topic  # where it is stored (routed: the internal topic)
+        self.store_qid = store_qid
+        self.props = props
+        self.dh = dh                    # its dedup key hash (0: not checked)
+        self.routed = routed            # a delay, a delivery time, a transaction
+        self.now = now                  # its store timestamp (ms)
+
+
 def send(b: Broker, peer: Peer, cmd: RemotingCommand):
+    return append_one(b, peer, cmd, prepare(b, peer, cmd))
+
+
+def prepare(b: Broker, peer: Peer, cmd: RemotingCommand) -> Prepared:
+    """Everything a send does before its append: the header, the topic's
+    and the queue's checks, routing, the record(s), the dedup key."""
     ext = cmd.ext
     _group, topic, qid, sysflag, born_ts, flag, props, reconsume, is_batch = send_fields(cmd.code, ext)
     h = send_header(cmd.code, ext)        # the rest, read where a rare path needs it
@@ -166,6 +195,7 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
     body = cmd.body
     store_qid = qid if routed is None else routed.queue_id
     store_topic = topic if routed is None else routed.topic
+    batch = rec = None
     if is_batch:
         batch = _encode_batch(store_topic, body, pb, dict(   # (never routed: refused above)
             queue_ids=store_qid, sysflag=sysflag, born_timestamp=born_ts,
@@ -175,49 +205,70 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
         if not len(body):
             raise BadRequest(R.MESSAGE_ILLEGAL, "the message body is empty")
         try:
-            batch = encode_one(store_topic.encode(), body, pb, queue_id=store_qid,
-                               flag=flag, sysflag=sysflag, born_timestamp=born_ts,
-                               born_host=peer.born_raw, store_host=b.store_host_raw,
-                               store_timestamp=now, reconsume_times=reconsume,
-                               max_message_bytes=b.config.store.maxMessageSize,
-                               tags_code=None if routed is None else routed.tags_code,
-                               topic_name=store_topic)
+            rec = encode_record(store_topic.encode(), body, pb, store_qid, flag, sysflag, born_ts,
+                                peer.born_raw, b.store_host_raw, now, reconsume, 0,
+                                b.config.store.maxMessageSize)
         except ValueError as e:
             raise BadRequest(R.MESSAGE_ILLEGAL, str(e)) from None
-    store = b.store
     dh = 0
-    if store.dedup_on and not reconsume and dedupable_topic(topic):
+    if b.store.dedup_on and not reconsume and dedupable_topic(topic):
         if not is_batch:
             dh = key_hash(pb)
         else:
             rk = read_record_key(memoryview(batch.buf), 0)
             if rk is not None and rk.key is not None:
                 dh = hash_of(rk.key)
-    if store.busy_ms(now) > b.config.store.osPageCacheBusyTimeOutMills:
+    tags_code = 0
+    if not is_batch:
+        tags_code = tags_code_of(pb) if routed is None or routed.tags_code is None \
+            else routed.tags_code
+    return Prepared(batch, rec, tags_code, qid, topic, store_topic, store_qid, props, dh,
+                    routed is not None, now)
+
+
+def _refuse_if_busy(b: Broker, now: int) -> None:
+    if b.store.busy_ms(now) > b.config.store.osPageCacheBusyTimeOutMills:
         raise BadRequest(R.SYSTEM_BUSY, PC_BUSY_REMARK)
-    r = store.append(batch, dh)
+
+
+def _stored(b: Broker, p: Prepared, count: int, nbytes: int) -> None:
+    """Count ``count`` records of ``nbytes`` appended for ``p``'s queue,
+    and answer a pull parked on it."""
+    b.put_count += count
+    if b.stats.tally is not None:            # TOPIC_PUT_NUMS / SIZE (broker/stats.py)
+        b.stats.tally.put(p.topic, count, nbytes)
     parking = b.parking
+    if parking.pulls and (p.store_topic, p.store_qid) in parking.pulls:
+        parking.arrived.add((p.store_topic, p.store_qid))  # a pull parked here: answer it now
+
+
+def append_one(b: Broker, peer: Peer, cmd: RemotingCommand, p: Prepared):
+    """Append one prepared send and answer it (or park the answer)."""
+    _refuse_if_busy(b, p.now)
+    batch = p.batch
+    if batch is None:
+        batch = one_record(p.store_topic, p.rec, p.store_qid, p.tags_code, p.now)
+    r = b.store.append(batch, p.dh)
+    qid = p.qid
     if r.__class__ is DuplicateResult:
-        if routed is None:
+        if not p.routed:
             qid = r.queue_id                   # where the first send's message is
     else:
-        b.put_count += batch.count
-        if b.stats.tally is not None:            # TOPIC_PUT_NUMS / SIZE (broker/stats.py)
-            b.stats.tally.put(topic, batch.count, batch.buf.shape[0])
-        if parking.pulls and (store_topic, store_qid) in parking.pulls:
-            parking.arrived.add((store_topic, store_qid))  # a pull parked here: answer it now
+        _stored(b, p, batch.count, batch.buf.shape[0])
     pre = b.msgid_prefix
-    if is_batch:
-        msg_id = ",".join(f"{pre}{p:016X}" for p in r.rec_phy.tolist())
+    if p.batch is not None:
+        msg_id = ",".join(f"{pre}{x:016X}" for x in r.rec_phy.tolist())
     else:
         msg_id = f"{pre}{r.phy_offset:016X}"
     c = b.config
+    props = p.props
     flush = c.store.sync_flush and b.store.state.flushed_pos < r.end
     if (flush or c.brokerRole == SYNC_MASTER) and "WAIT\x01false" not in props:
         code, slave = _replica_wait(b, r.end)
         if flush or slave:
             reply = cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
                                          "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
+            parking = b.parking
             end = r.end
             if end < parking.last_end:          # a duplicate of an older send: keep the order
                 end = parking.last_end
@@ -229,6 +280,32 @@ def send(b: Broker, peer: Peer, cmd: RemotingCommand):
             return cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
                                         "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
     return send_ok_head(cmd.serialize_type, cmd.opaque, msg_id, qid, r.queue_offset)
+
+
+def append_group(b: Broker, items: list) -> list | None:
+    """Append plain sends to one queue (``(cmd, Prepared)`` each, in the
+    order they came) in one claim, one write and one publish, and
+    answer each as ``append_one`` would under ASYNC_FLUSH: the sends one
+    connection, or several, pipelined in a reactor turn (``Handlers.take``).
+    All or none are stored. None, with none stored, when one of them must
+    be checked for duplicates on its own (``MessageStore.append``'s
+    ``each``): append them one by one."""
+    first = items[0][1]
+    _refuse_if_busy(b, first.now)
+    joined = join_records(first.store_topic, [p.rec for _, p in items], first.store_qid,
+                          [p.tags_code for _, p in items], max(p.now for _, p in items))
+    r = b.store.append(joined, 0, [p.dh for _, p in items])
+    if r is None:
+        return None
+    _stored(b, first, len(items), joined.buf.shape[0])
+    pre = b.msgid_prefix
+    phy = r.phy_offset
+    q = r.queue_offset
+    out = []
+    for (cmd, p), pos in zip(items, joined.rec_pos.tolist()):
+        out.append(send_ok_head(cmd.serialize_type, cmd.opaque, f"{pre}{phy + pos:016X}", p.qid, q))
+        q += 1
+    return out
 
 
 def _replica_wait(b: Broker, end: int) -> tuple[int, bool]:
