@@ -237,8 +237,10 @@ class Driver:
                     conn.send(out)
                 else:
                     conn.send(out.head(), out.parts)
-        if self.parking.arrived:         # they appended to a queue a pull waits on
-            self.send_all(self.parking.ready())
+        parking = self.parking
+        if parking.arrived or parking.sends:    # a pull waits on what they appended; they parked
+            self.send_all(parking.ready())
+            self.arm()
         if self.h.due:
             self._notices_soon()
 

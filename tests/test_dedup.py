@@ -310,6 +310,20 @@ def test_sends_of_one_turn_each_have_a_window_entry_and_a_key_twice_is_stored_on
     assert stored(rig) == [b"a", b"b", b"c", b"d", b"e", b"f"]
 
 
+def test_a_run_appended_one_by_one_keeps_its_place_before_the_queues_next_run(make_rig):
+    """A turn's sends to one queue are cut into runs (16 KiB with this
+    store's 64 KiB segments); a run holding a retry is appended one by one,
+    still before the next run: the queue keeps the order they were sent in."""
+    rig = make_rig(window=64)
+    th.turn(rig, [keyed("DedupTopic", b"r" * 5000, "K-r")])
+    bodies = [bytes([97 + i]) * 5000 for i in range(6)]
+    out = th.turn(rig, [keyed("DedupTopic", b"r" * 5000, "K-r")] + [
+        keyed("DedupTopic", body, f"K-{i}") for i, body in enumerate(bodies)])
+    assert [r.code for r in out] == [R.SUCCESS] * 7
+    assert [r.ext["queueOffset"] for r in out] == ["0", "1", "2", "3", "4", "5", "6"]
+    assert stored(rig) == [b"r" * 5000] + bodies
+
+
 def test_a_retry_racing_a_record_inside_an_unpublished_turn_waits_for_it(make_rig):
     """The window entry of a send appended with others in one claim points
     inside that claim: a retry arriving before the claim is published waits

@@ -344,9 +344,24 @@ def test_a_turn_of_large_sends_is_appended_in_runs_that_fit_a_segment(store_dir)
     rig.close()
 
 
-def test_sends_whose_answers_wait_are_not_taken_into_a_turn(sync_rig):
-    assert not sync_rig.h.take(sync_rig.tcp, keyed(0, "a", 1))
-    assert sync_rig.h.taken == []
+def test_the_sends_of_a_sync_flush_turn_are_answered_once_their_run_is_flushed(sync_rig):
+    rig = sync_rig
+    cmds = [keyed(i % 2, f"s{i}", 10 + i) for i in range(4)]
+    nowait = keyed(0, "nowait", 20)
+    nowait.ext["i"] += "WAIT\x01false\x02"
+    for cmd in cmds + [nowait]:
+        assert rig.h.take(rig.tcp, cmd)
+    [(peer, frame)] = rig.h.flush_group()               # WAIT=false: at once
+    assert peer is rig.tcp and frame.startswith(b"\x00")
+    assert rig.flags() & WANT_FLUSH
+    assert rig.parking.on_wake() == []                   # woken, not flushed yet
+    rig.store.flush_commitlog()
+    got = answers(rig.parking.on_wake())
+    assert sorted(r.cmd.opaque for _, r in got) == [10, 11, 12, 13]
+    assert all(r.cmd.code == R.SUCCESS for _, r in got)
+    assert {r.cmd.opaque: r.cmd.ext["queueOffset"] for _, r in got} == {10: "0", 11: "0",
+                                                                        12: "1", 13: "1"}
+    assert len(rig.parking.timers) == 0
 
 
 def test_send_errors_carry_rocketmq_codes_and_remarks(rig):

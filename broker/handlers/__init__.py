@@ -52,7 +52,7 @@ from shmq.ipc.headers import BadRequest
 from shmq.ipc.remoting import RemotingCommand
 
 from ..acl import Acl, denied
-from ..config import SYNC_MASTER, BrokerConfig
+from ..config import BrokerConfig
 from ..parking import Parking
 from ..registry import Registry
 from ..topics import Tables
@@ -144,11 +144,6 @@ def _chunks(groups, limit: int):
         yield run
 
 
-def _append_one(p):
-    """``send.append_one`` of a taken send, as a handler ``_run`` runs."""
-    return lambda b, peer, cmd: send.append_one(b, peer, cmd, p)
-
-
 class Handlers(Broker):
     def __init__(self, config: BrokerConfig, store: MessageStore, cb: ControlBlock,
                  tables: Tables, registry: Registry, clock: Callable[[], float] = time.monotonic):
@@ -212,14 +207,12 @@ class Handlers(Broker):
     # ------------------------------------------------------------ grouped sends
     def take(self, peer: Peer, cmd: RemotingCommand) -> bool:
         """Take a send into this reactor turn's group, where it can be: a
-        SEND_MESSAGE(_V2) under ASYNC_FLUSH, not on a SYNC_MASTER (their
-        answers wait), no ACL, no DEBUG log. Its answer then comes from
+        SEND_MESSAGE(_V2), no ACL, no DEBUG log. Its answer then comes from
         ``flush_group``, which the driver calls before it runs any other
         request and at the end of the turn (issue 14: the sends pipelined
         in one turn share a claim, a write and a publish per queue)."""
-        c = self.config
-        if (cmd.code not in GROUPED_CODES or self.acl is not None or c.store.sync_flush
-                or c.brokerRole == SYNC_MASTER or log.isEnabledFor(logging.DEBUG)):
+        if (cmd.code not in GROUPED_CODES or self.acl is not None
+                or log.isEnabledFor(logging.DEBUG)):
             return False
         try:
             self.taken.append([peer, cmd, send.prepare(self, peer, cmd), None])
@@ -229,7 +222,8 @@ class Handlers(Broker):
 
     def flush_group(self) -> list:
         """Append the sends taken this turn and answer them: ``(peer,
-        frame or Reply)`` in the order they came (a oneway send gets none).
+        frame or Reply)`` in the order they came (a oneway send gets none;
+        one whose answer waits for the disk or a slave is parked).
         One group per queue (order is kept within a queue, which is what
         RocketMQ promises); a routed send (delay, timer, transaction) is
         appended on its own."""
@@ -249,23 +243,30 @@ class Handlers(Broker):
             answers = None
             if len(group) > 1:
                 try:
-                    answers = send.append_group(self, [(it[1], it[2]) for it in group])
+                    answers = send.append_group(self, group)
                 except Exception as e:
                     answers = [_failed(peer, cmd, e) for peer, cmd, _, _ in group]
-            if answers is None:
+            if answers is None:       # one by one, before the queue's next run
                 for it in group:
-                    it[3] = self._run(_append_one(it[2]), it[0], it[1], False)
+                    self._append_one(it)
             else:
                 for it, a in zip(group, answers):
                     it[3] = a
         for it in alone:
-            it[3] = self._run(_append_one(it[2]), it[0], it[1], False)
+            self._append_one(it)
         out = []
         for peer, cmd, p, a in items:
-            if a is not None and not cmd.is_oneway:
+            if a is not None and a is not PARKED and not cmd.is_oneway:
                 out.append((peer, a if type(a) is bytes or type(a) is Reply
                             else Reply(a)))
         return out
+
+    def _append_one(self, it: list) -> None:
+        peer, cmd, p, _ = it
+        try:
+            it[3] = send.append_one(self, peer, cmd, p)
+        except Exception as e:
+            it[3] = _failed(peer, cmd, e)
 
     # ------------------------------------------------------------ the driver's
     def connection_closed(self, peer: Peer) -> None:

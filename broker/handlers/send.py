@@ -260,16 +260,23 @@ def append_one(b: Broker, peer: Peer, cmd: RemotingCommand, p: Prepared):
         msg_id = ",".join(f"{pre}{x:016X}" for x in r.rec_phy.tolist())
     else:
         msg_id = f"{pre}{r.phy_offset:016X}"
+    return _answer(b, peer, cmd, p.props, msg_id, qid, r.queue_offset, r.end)
+
+
+def _answer(b: Broker, peer: Peer, cmd: RemotingCommand, props: str, msg_id: str, qid: int,
+            queue_offset: int, end: int):
+    """A stored send's answer: the SUCCESS frame; under SYNC_FLUSH (until
+    ``end`` is flushed) or on a SYNC_MASTER (until a slave has it) the
+    answer parked (PARKED), unless the message says WAIT=false; a
+    SYNC_MASTER without a slave able to take it answers SLAVE_NOT_AVAILABLE."""
     c = b.config
-    props = p.props
-    flush = c.store.sync_flush and b.store.state.flushed_pos < r.end
+    flush = c.store.sync_flush and b.store.state.flushed_pos < end
     if (flush or c.brokerRole == SYNC_MASTER) and "WAIT\x01false" not in props:
-        code, slave = _replica_wait(b, r.end)
+        code, slave = _replica_wait(b, end)
         if flush or slave:
             reply = cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
-                                         "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
+                                         "queueOffset": str(queue_offset), **SEND_REPLY_EXT})
             parking = b.parking
-            end = r.end
             if end < parking.last_end:          # a duplicate of an older send: keep the order
                 end = parking.last_end
             timeout_ms = max(c.store.syncFlushTimeout if flush else 0,
@@ -278,34 +285,38 @@ def append_one(b: Broker, peer: Peer, cmd: RemotingCommand, p: Prepared):
             return PARKED
         if code != R.SUCCESS:
             return cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
-                                        "queueOffset": str(r.queue_offset), **SEND_REPLY_EXT})
-    return send_ok_head(cmd.serialize_type, cmd.opaque, msg_id, qid, r.queue_offset)
+                                        "queueOffset": str(queue_offset), **SEND_REPLY_EXT})
+    return send_ok_head(cmd.serialize_type, cmd.opaque, msg_id, qid, queue_offset)
 
 
 def append_group(b: Broker, items: list) -> list | None:
-    """Append plain sends to one queue (``(cmd, Prepared)`` each, in the
-    order they came) in one claim, one write and one publish, and
-    answer each as ``append_one`` would under ASYNC_FLUSH: the sends one
-    connection, or several, pipelined in a reactor turn (``Handlers.take``).
-    All or none are stored. None, with none stored, when one of them must
-    be checked for duplicates on its own (``MessageStore.append``'s
-    ``each``): append them one by one."""
-    first = items[0][1]
+    """Append plain sends to one queue (``[peer, cmd, Prepared, …]`` each,
+    in the order they came) in one claim, one write and one publish, and
+    answer each as ``append_one`` does (a SYNC_FLUSH one parked until the
+    run is flushed): the sends one connection, or several, pipelined in a
+    reactor turn (``Handlers.take``). All or none are stored. None, with
+    none stored, when one of them must be checked for duplicates on its
+    own (``MessageStore.append``'s ``each``): append them one by one."""
+    first = items[0][2]
     _refuse_if_busy(b, first.now)
-    joined = join_records(first.store_topic, [p.rec for _, p in items], first.store_qid,
-                          [p.tags_code for _, p in items], max(p.now for _, p in items))
-    r = b.store.append(joined, 0, [p.dh for _, p in items])
+    joined = join_records(first.store_topic, [it[2].rec for it in items], first.store_qid,
+                          [it[2].tags_code for it in items], max(it[2].now for it in items))
+    r = b.store.append(joined, 0, [it[2].dh for it in items])
     if r is None:
         return None
     _stored(b, first, len(items), joined.buf.shape[0])
     pre = b.msgid_prefix
-    phy = r.phy_offset
-    q = r.queue_offset
-    out = []
-    for (cmd, p), pos in zip(items, joined.rec_pos.tolist()):
-        out.append(send_ok_head(cmd.serialize_type, cmd.opaque, f"{pre}{phy + pos:016X}", p.qid, q))
-        q += 1
-    return out
+    phy, q, end = r.phy_offset, r.queue_offset, r.end
+    c = b.config
+    if not c.store.sync_flush and c.brokerRole != SYNC_MASTER:     # the answer at once
+        out = []
+        for (_, cmd, p, *_), pos in zip(items, joined.rec_pos.tolist()):
+            out.append(send_ok_head(cmd.serialize_type, cmd.opaque, f"{pre}{phy + pos:016X}",
+                                    p.qid, q))
+            q += 1
+        return out
+    return [_answer(b, peer, cmd, p.props, f"{pre}{phy + pos:016X}", p.qid, q + i, end)
+            for i, ((peer, cmd, p, *_), pos) in enumerate(zip(items, joined.rec_pos.tolist()))]
 
 
 def _replica_wait(b: Broker, end: int) -> tuple[int, bool]:
