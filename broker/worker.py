@@ -15,7 +15,11 @@ writes the reply with ``Connection.send``; it writes what the parking
 module answers later (after a request parked, on a wake-up, when the one
 reactor timer it keeps for the earliest parked deadline fires) and the
 notices to other clients, each to the connection its peer names, if still
-open.
+open. Plain sends are first offered to ``Handlers.take``: those it takes
+are appended together, a claim per queue, when the reactor's turn ends
+(``Reactor.end_turn``) or before the next other request, whichever is
+first (``flush_group``; at most GROUP_MAX at a time), and answered in the
+order they came.
 """
 from __future__ import annotations
 

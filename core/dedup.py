@@ -13,7 +13,9 @@ Why one window for the store and not one per queue: a RocketMQ client whose
 send failed retries on *another* queue of the topic (``selectOneMessageQueue``
 skips the broker and the queue that failed: with one broker, the next queue),
 so a window per queue would miss the very retries it is for. The window
-counts appends (a batch is one), so at full load on a small host it spans
+counts appends (a batch is one; single sends a worker appends together in
+one claim are one each, ``MessageStore.append``'s ``each``: each entry's
+``phy`` is its own record's), so at full load on a small host it spans
 seconds of traffic, far more than a reconnect and a resend take.
 
 Structure (int64 words, after the queue table): ``2N`` bucket heads and

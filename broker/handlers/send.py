@@ -15,7 +15,10 @@ checks are cached until the tables change (config_epoch), the record is
 written by ``records.encode_one`` (struct + zlib, no kernel call over
 arrays), the born host comes parsed from the peer, and the SUCCESS reply
 is a template (``remoting.send_ok_head``) rather than a command the
-driver encodes.
+driver encodes. The sends a worker reads in one reactor turn are
+``prepare``d as they come and appended together, one claim per queue
+(``append_group``, through ``Handlers.take`` / ``flush_group``); a lone
+send is ``prepare`` then ``append_one``.
 
 Duplicates (``sendDedupWindowSize``, ``core/dedup.py``): a send carrying a
 UNIQ_KEY (to any topic but a %RETRY% or %DLQ% one, with reconsumeTimes 0)
