@@ -255,11 +255,14 @@ def test_under_sync_flush_a_duplicate_waits_for_the_first_send_to_be_durable(mak
     assert answer(rig.ok(keyed("DedupTopic", b"one", "K-s"))) == answer(r1.cmd)
 
 
-def test_a_retry_racing_its_unpublished_original_waits_for_it(make_rig):
+@pytest.mark.parametrize("in_turn", [False, True], ids=["alone", "in-a-turn"])
+def test_a_retry_racing_its_unpublished_original_waits_for_it(make_rig, in_turn):
     """The original is claimed (its window entry made) but not written yet
     when the retry arrives from another thread: the retry waits for it to be
-    published, then gets its result; nothing is stored twice."""
-    rig = make_rig()
+    published, then gets its result; nothing is stored twice. Also when the
+    original was appended with another send of its reactor turn, in one
+    claim: its window entry then points inside that claim."""
+    rig = make_rig(window=64)
     store = rig.store
     claimed, go = threading.Event(), threading.Event()
 
@@ -268,10 +271,15 @@ def test_a_retry_racing_its_unpublished_original_waits_for_it(make_rig):
             claimed.set()
             assert go.wait(30)
 
+    def original():
+        if in_turn:
+            return th.turn(rig, [keyed("DedupTopic", b"zero", "K-0"),
+                                 keyed("DedupTopic", b"one", "K-race")])[1]
+        return rig.ok(keyed("DedupTopic", b"one", "K-race", queue_id=0))
+
     store.hook = hook
     results = {}
-    t = threading.Thread(target=lambda: results.setdefault("first", rig.ok(keyed(
-        "DedupTopic", b"one", "K-race", queue_id=0))), name="original")
+    t = threading.Thread(target=lambda: results.setdefault("first", original()), name="original")
     t.start()
     assert claimed.wait(30)
     retry = threading.Thread(target=lambda: results.setdefault("retry", rig.ok(keyed(
@@ -282,7 +290,7 @@ def test_a_retry_racing_its_unpublished_original_waits_for_it(make_rig):
     go.set()
     t.join(30), retry.join(30)
     assert answer(results["first"]) == answer(results["retry"])
-    assert stored(rig) == [b"one"]
+    assert stored(rig) == ([b"zero"] if in_turn else []) + [b"one"]
 
 
 def test_sends_of_one_turn_each_have_a_window_entry_and_a_key_twice_is_stored_once(make_rig):
@@ -322,36 +330,6 @@ def test_a_run_appended_one_by_one_keeps_its_place_before_the_queues_next_run(ma
     assert [r.code for r in out] == [R.SUCCESS] * 7
     assert [r.ext["queueOffset"] for r in out] == ["0", "1", "2", "3", "4", "5", "6"]
     assert stored(rig) == [b"r" * 5000] + bodies
-
-
-def test_a_retry_racing_a_record_inside_an_unpublished_turn_waits_for_it(make_rig):
-    """The window entry of a send appended with others in one claim points
-    inside that claim: a retry arriving before the claim is published waits
-    for it (as for a claim of its own), then gets its answer."""
-    rig = make_rig(window=64)
-    store = rig.store
-    claimed, go = threading.Event(), threading.Event()
-
-    def hook(stage, seq):
-        if stage == "claimed" and threading.current_thread().name == "turn":
-            claimed.set()
-            assert go.wait(30)
-
-    store.hook = hook
-    results = {}
-    t = threading.Thread(target=lambda: results.setdefault("turn", th.turn(rig, [
-        keyed("DedupTopic", b"x", "K-x"), keyed("DedupTopic", b"y", "K-y")])), name="turn")
-    t.start()
-    assert claimed.wait(30)
-    retry = threading.Thread(target=lambda: results.setdefault("retry", rig.ok(keyed(
-        "DedupTopic", b"y", "K-y", queue_id=1))), name="retry")
-    retry.start()
-    retry.join(0.2)
-    assert retry.is_alive()                         # waiting for the turn's publication
-    go.set()
-    t.join(30), retry.join(30)
-    assert answer(results["retry"]) == answer(results["turn"][1])
-    assert stored(rig) == [b"x", b"y"]
 
 
 def test_a_retry_waiting_for_an_original_whose_writer_died_stores_it_once(make_rig):
