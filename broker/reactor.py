@@ -229,6 +229,12 @@ class Connection:
     def close(self, reason: str = "closed") -> None:
         if self.closed:
             return
+        if self.reactor.end_turn is not None:
+            # requests this turn kept for its end (the worker's taken sends)
+            # are run now, their replies queued before the close
+            self.reactor.end_turn()
+            if self.closed:
+                return
         if self.dirty and self.out:    # replies made this turn, before what closes it
             self.dirty = False
             self._flush()

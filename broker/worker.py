@@ -53,6 +53,9 @@ DRAIN_S = 5.0
 # sends taken into one group at most (Handlers.take): a turn's recv of 256 KiB
 # may hold ~700 small ones; their answers should not wait for all of them
 GROUP_MAX = 256
+# ... and bytes of their bodies: what they hold is out of the decoders'
+# account (serverPendingFrameBytesMax) until they are appended
+TAKEN_BYTES_MAX = 4 << 20
 # the requests RocketMQ's send thread pool runs (waitTimeMillsInSendQueue applies)
 SEND_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSAGE,
                         RC.CONSUMER_SEND_MSG_BACK})
@@ -207,7 +210,7 @@ class Driver:
                 self.busy(conn, cmd, waited_ms)
                 return
             if h.take(self.peers[conn.id], cmd):
-                if len(h.taken) >= GROUP_MAX:
+                if len(h.taken) >= GROUP_MAX or h.taken_bytes >= TAKEN_BYTES_MAX:
                     self.flush_group()
                 return
         if h.taken:        # the sends before it first: it may read what they append

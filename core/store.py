@@ -209,13 +209,14 @@ class MessageStore:
         to the same topic, is not stored: a ``DuplicateResult`` says where
         that one went (``core.dedup``).
 
-        ``each``: the records are messages sent one by one (the sends one
-        connection pipelined to one queue, appended in one claim), each
+        ``each``: the records are messages sent one by one (the sends to
+        one queue a worker read in one reactor turn, appended in one
+        claim), each
         checked for duplicates on its own: ``each[i]`` is record i's key
         hash (0: none), and each keyed record is an entry of the window.
         Then the answer is None, and nothing is appended, when one of the
-        keys may be in the window or is there twice: append those
-        messages one by one."""
+        keys may be in the window (an entry of the same hash) or is there
+        twice: append those messages one by one."""
         if not batch.single_queue:
             raise ValueError("a batch goes to one queue; split it by queue id")
         buf = batch.buf
@@ -324,12 +325,9 @@ class MessageStore:
                         if hit.__class__ is DuplicateResult:
                             return hit
                 if each is not None:
-                    low = w[I_DEDUP_SEQ] - self._dn
                     for h in each:
-                        if h:
-                            p = w[self._dh + h % self._dn2] - 1
-                            if p >= 0 and p >= low:
-                                return None
+                        if h and self._maybe_in_window(h):
+                            return None
                 if hit is None and seq - w[I_PUBLISH_SEQ] < RING_ENTRIES:
                     start = w[I_CLAIM_POS]
                     seg_end = start - start % seg + seg
@@ -402,6 +400,28 @@ class MessageStore:
         w[e + 2] = phy
         w[I_DEDUP_SEQ] = p + 1
         w[b] = p + 1
+
+    def _maybe_in_window(self, h: int) -> bool:
+        """Lock held: may key hash ``h`` be in the window? Its bucket's chain
+        walked for an entry of the same hash, as ``_dedup_find`` walks it
+        (a bucket's head alone says little: with the window full, four
+        buckets in ten have one); a chain longer than ``MAX_STEPS`` says
+        maybe."""
+        w = self._w
+        n = self._dn
+        low = w[I_DEDUP_SEQ] - n
+        p = w[self._dh + h % self._dn2] - 1
+        de = self._de
+        steps = D.MAX_STEPS
+        while p >= low and p >= 0:
+            if not steps:
+                return True
+            e = de + p % n * D.ENT_WORDS
+            if w[e] == h:
+                return True
+            p = w[e + 1] - 1
+            steps -= 1
+        return False
 
     def _dedup_find(self, h: int, topic: str, batch: EncodedBatch):
         """Lock held: the ``DuplicateResult`` of an append in the window

@@ -318,6 +318,23 @@ def test_sends_of_one_turn_each_have_a_window_entry_and_a_key_twice_is_stored_on
     assert stored(rig) == [b"a", b"b", b"c", b"d", b"e", b"f"]
 
 
+def test_with_the_window_full_a_turn_of_new_keys_is_still_one_claim(make_rig):
+    """A key's bucket having a head says little once the window is full
+    (four buckets in ten do): a turn falls back to one by one only for an
+    entry of the same hash."""
+    rig = make_rig(window=1024)
+    for i in range(1024):
+        rig.ok(keyed("DedupTopic", b"x", f"old-{i}", queue_id=1))
+    seq = rig.store.state.get("claim_seq")
+    out = th.turn(rig, [keyed("DedupTopic", b"y%d" % i, f"new-{i}") for i in range(16)])
+    assert [r.code for r in out] == [R.SUCCESS] * 16
+    assert rig.store.state.get("claim_seq") - seq == 1
+    again = th.turn(rig, [keyed("DedupTopic", b"y3", "new-3", queue_id=2),
+                          keyed("DedupTopic", b"z", "new-z", queue_id=2)])
+    assert answer(again[0]) == answer(out[3])
+    assert len(rig.store.read_queue("DedupTopic", 2)) == 1
+
+
 def test_a_run_appended_one_by_one_keeps_its_place_before_the_queues_next_run(make_rig):
     """A turn's sends to one queue are cut into runs (16 KiB with this
     store's 64 KiB segments); a run holding a retry is appended one by one,

@@ -30,7 +30,7 @@ from shmq.ipc.codes import not_supported_remark
 from shmq.ipc.control import WANT_FLUSH, WANT_QUEUES
 from shmq.ipc.headers import V1_KEYS
 from shmq.ipc.remoting import (FLAG_ONEWAY, JSON, ROCKETMQ, VERSION_4_9_7, FrameDecoder, RemotingCommand,
-                               encode_head)
+                               encode, encode_head)
 
 GOLDEN = Path(__file__).parent / "golden"
 TICK_S = 0.002            # a parked answer is due within the timer queue's tick after its deadline
@@ -326,6 +326,75 @@ def test_a_send_refused_or_routed_in_a_turn_is_answered_in_its_place(rig):
     assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"a", b"b"]
     [m] = rig.store.read_queue(SCHEDULE_TOPIC, 1)           # delay level 2: queue 1
     assert m.body == b"late" and m.properties[REAL_TOPIC] == "GoldenTopic"
+
+
+def test_a_routed_send_that_stays_in_its_queue_keeps_its_place_in_the_turn(rig):
+    """DELAY=0, a property merely ending in DELAY, a delivery time past:
+    routed sends stored in their own queue after all, in the order sent."""
+    cmds = [keyed(0, "1", 1), keyed(0, "2", 2), keyed(0, "3", 3), keyed(0, "4", 4),
+            keyed(0, "5", 5)]
+    cmds[1].ext["i"] += f"{DELAY}\x010\x02"
+    cmds[2].ext["i"] += "MY_RETRY_DELAY\x015\x02"
+    out = turn(rig, cmds)
+    assert [r.ext["queueOffset"] for r in out] == ["0", "1", "2", "3", "4"]
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"1", b"2", b"3", b"4", b"5"]
+
+
+def driven(rig):
+    """A worker's driver and reactor over ``rig``'s handlers, with one
+    connection: (reactor, driver, the client's end of it)."""
+    import socket
+
+    from shmq.broker.reactor import Reactor
+    from shmq.broker.worker import Driver
+    reactor = Reactor()
+    driver = Driver(reactor, rig.h)
+    a, b = socket.socketpair()
+    driver.add_connection(a, "unix", 8 << 20)
+    b.settimeout(5)
+    return reactor, driver, b
+
+
+def read_replies(sock, n: int) -> list:
+    dec, out = FrameDecoder(), []
+    while len(out) < n:
+        data = sock.recv(1 << 16)
+        if not data:
+            break
+        dec.receive_data(data)
+        while (r := dec.next_command()) is not None:
+            out.append(r)
+    return out
+
+
+def test_sends_read_with_a_malformed_frame_are_answered_before_the_close(rig):
+    reactor, driver, client = driven(rig)
+    cmds = [keyed(0, "m0", 10), keyed(0, "m1", 11)]
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds) + b"\x00\x00\x00\x03\x00\x00\x00\x00")
+    reactor.run_once()
+    assert [r.opaque for r in read_replies(client, 2)] == [10, 11]
+    assert client.recv(10) == b""                                  # then closed
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"m0", b"m1"]
+    reactor.close()
+
+
+def test_a_turn_appends_what_it_took_each_time_their_bodies_pass_the_cap(rig, monkeypatch):
+    """Sends taken are out of the decoders' account until appended: a turn
+    appends them whenever their bodies reach TAKEN_BYTES_MAX."""
+    import shmq.broker.worker as worker
+    monkeypatch.setattr(worker, "TAKEN_BYTES_MAX", 2500)
+    reactor, driver, client = driven(rig)
+    held = []
+    flush = rig.h.flush_group
+    monkeypatch.setattr(rig.h, "flush_group", lambda: (held.append(len(rig.h.taken)), flush())[1])
+    cmds = [keyed(0, f"k{i}", i, body=bytes([65 + i]) * 1000) for i in range(7)]
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    while len(rig.store.read_queue("GoldenTopic", 0)) < 7:
+        reactor.run_once()
+    assert held == [3, 3, 1]
+    assert [r.opaque for r in read_replies(client, 7)] == list(range(7))
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [c.body for c in cmds]
+    reactor.close()
 
 
 def test_a_turn_of_large_sends_is_appended_in_runs_that_fit_a_segment(store_dir):

@@ -129,18 +129,28 @@ def _failed(peer: Peer, cmd: RemotingCommand, e: Exception) -> RemotingCommand:
     return cmd.reply(R.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
 
 
-def _chunks(groups, limit: int):
-    """Each group cut into runs of at most ``limit`` bytes of records (one
-    record more than that is a run of its own)."""
-    for group in groups:
-        run, size = [], 0
-        for it in group:
-            n = len(it[2].rec)
-            if run and size + n > limit:
+def _runs(sends: list, limit: int):
+    """One queue's sends, in the order they came, cut into runs to append in
+    one claim each: at most ``limit`` bytes of records (a record larger is
+    a run of its own), and a send that is not plain (routed: a delay, a
+    delivery time, a transaction, which may stay in this very queue; or a
+    batch) a run of its own, in its place."""
+    run, size = [], 0
+    for it in sends:
+        p = it[2]
+        if p.routed or p.batch is not None:
+            if run:
                 yield run
-                run, size = [], 0
-            run.append(it)
-            size += n
+            yield [it]
+            run, size = [], 0
+            continue
+        n = len(p.rec)
+        if run and size + n > limit:
+            yield run
+            run, size = [], 0
+        run.append(it)
+        size += n
+    if run:
         yield run
 
 
@@ -154,6 +164,7 @@ class Handlers(Broker):
         # None unless aclEnable: then every request is checked before it runs
         self.acl = Acl(config.acl_file) if config.aclEnable else None
         self.taken: list = []             # sends taken into this turn's group: [peer, cmd, Prepared, answer]
+        self.taken_bytes = 0              # their bodies' bytes (the driver caps them: TAKEN_BYTES_MAX)
 
     def handle(self, peer: Peer, cmd: RemotingCommand):
         """Run one request: its ``Reply`` (a tuple: command, body pieces,
@@ -218,42 +229,38 @@ class Handlers(Broker):
             self.taken.append([peer, cmd, send.prepare(self, peer, cmd), None])
         except Exception as e:
             self.taken.append([peer, cmd, None, _failed(peer, cmd, e)])
+        self.taken_bytes += len(cmd.body)
         return True
 
     def flush_group(self) -> list:
         """Append the sends taken this turn and answer them: ``(peer,
         frame or Reply)`` in the order they came (a oneway send gets none;
         one whose answer waits for the disk or a slave is parked).
-        One group per queue (order is kept within a queue, which is what
-        RocketMQ promises); a routed send (delay, timer, transaction) is
-        appended on its own."""
+        Each queue's sends are appended in the order they came (what
+        RocketMQ promises), in runs (``_runs``); across queues in any
+        order."""
         items, self.taken = self.taken, []
-        groups: dict = {}
-        alone = []
+        self.taken_bytes = 0
+        queues: dict = {}
         for it in items:
             p = it[2]
-            if p is None:
-                continue
-            if p.routed or p.batch is not None:
-                alone.append(it)
-            else:
-                groups.setdefault((p.store_topic, p.store_qid), []).append(it)
-        for group in _chunks(groups.values(), min(GROUP_BYTES_MAX,
-                                                  self.config.store.mappedFileSizeCommitLog // 4)):
-            answers = None
-            if len(group) > 1:
-                try:
-                    answers = send.append_group(self, group)
-                except Exception as e:
-                    answers = [_failed(peer, cmd, e) for peer, cmd, _, _ in group]
-            if answers is None:       # one by one, before the queue's next run
-                for it in group:
-                    self._append_one(it)
-            else:
-                for it, a in zip(group, answers):
-                    it[3] = a
-        for it in alone:
-            self._append_one(it)
+            if p is not None:          # (None: refused, answered already)
+                queues.setdefault((p.store_topic, p.store_qid), []).append(it)
+        limit = min(GROUP_BYTES_MAX, self.config.store.mappedFileSizeCommitLog // 4)
+        for sends in queues.values():
+            for run in _runs(sends, limit):
+                answers = None
+                if len(run) > 1:
+                    try:
+                        answers = send.append_group(self, run)
+                    except Exception as e:
+                        answers = [_failed(peer, cmd, e) for peer, cmd, _, _ in run]
+                if answers is None:       # one by one, before the queue's next run
+                    for it in run:
+                        self._append_one(it)
+                else:
+                    for it, a in zip(run, answers):
+                        it[3] = a
         out = []
         for peer, cmd, p, a in items:
             if a is not None and a is not PARKED and not cmd.is_oneway:
