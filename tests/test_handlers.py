@@ -314,18 +314,25 @@ def test_the_sends_of_one_turn_are_stored_in_one_claim_per_queue_and_answered_in
     assert rig.h.put_count == 7
 
 
-def test_a_send_refused_or_routed_in_a_turn_is_answered_in_its_place(rig):
+def test_a_send_refused_or_delayed_in_a_turn_is_answered_in_its_place(rig):
     delayed = keyed(0, "late", 3)
     delayed.ext["i"] += f"{DELAY}\x012\x02"
     bad = keyed(0, "x", 2, topic="NoSuch", defaultTopic="NoDefault")
-    out = turn(rig, [keyed(0, "a", 1), bad, delayed, keyed(0, "b", 4), keyed(9, "q9", 5)])
-    assert [r.opaque for r in out] == [1, 2, 3, 4, 5]
+    later = keyed(2, "later", 6)
+    later.ext["i"] += f"{DELAY}\x012\x02"
+    seq0 = rig.store.state.get("claim_seq")
+    out = turn(rig, [keyed(0, "a", 1), bad, delayed, keyed(0, "b", 4), keyed(9, "q9", 5), later])
+    assert rig.store.state.get("claim_seq") - seq0 == 2     # queue 0's; the delay level's
+    assert [r.opaque for r in out] == [1, 2, 3, 4, 5, 6]
     assert [r.code for r in out] == [R.SUCCESS, R.TOPIC_NOT_EXIST, R.SUCCESS, R.SUCCESS,
-                                     R.SYSTEM_ERROR]
+                                     R.SYSTEM_ERROR, R.SUCCESS]
+    assert [(r.ext["queueId"], r.ext["queueOffset"]) for r in (out[2], out[5])] == [
+        ("0", "0"), ("2", "1")]                 # the request's queue, the delay queue's offset
     assert out[4].remark.startswith("request queueId[9] is illegal")
     assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"a", b"b"]
-    [m] = rig.store.read_queue(SCHEDULE_TOPIC, 1)           # delay level 2: queue 1
-    assert m.body == b"late" and m.properties[REAL_TOPIC] == "GoldenTopic"
+    late = rig.store.read_queue(SCHEDULE_TOPIC, 1)           # delay level 2: queue 1
+    assert [m.body for m in late] == [b"late", b"later"]
+    assert [m.properties[REAL_TOPIC] for m in late] == ["GoldenTopic"] * 2
 
 
 def test_a_routed_send_that_stays_in_its_queue_keeps_its_place_in_the_turn(rig):

@@ -132,13 +132,12 @@ def _failed(peer: Peer, cmd: RemotingCommand, e: Exception) -> RemotingCommand:
 def _runs(sends: list, limit: int):
     """One queue's sends, in the order they came, cut into runs to append in
     one claim each: at most ``limit`` bytes of records (a record larger is
-    a run of its own), and a send that is not plain (routed: a delay, a
-    delivery time, a transaction, which may stay in this very queue; or a
-    batch) a run of its own, in its place."""
+    a run of its own), and a send that does not join (``Prepared.joins``:
+    a batch, a transaction's record) a run of its own, in its place."""
     run, size = [], 0
     for it in sends:
         p = it[2]
-        if p.routed or p.batch is not None:
+        if not p.joins:
             if run:
                 yield run
             yield [it]

@@ -38,6 +38,7 @@ import random
 import time
 
 from shmq.core.dedup import dedupable_topic, hash_of, key_hash, read_record_key
+from shmq.core.layout import SYSFLAG_TRANSACTION_MASK
 from shmq.core.records import (EncodedBatch, encode_arrays, encode_record, join_records,
                                one_record, split_batch_body, tags_code_of)
 from shmq.core.store import DuplicateResult
@@ -139,11 +140,11 @@ class Prepared:
     """A send checked and encoded, not yet appended: what ``prepare``
     made of its request."""
     __slots__ = ("batch", "rec", "tags_code", "qid", "topic", "store_topic", "store_qid", "props",
-                 "dh", "routed", "now")
+                 "dh", "routed", "joins", "now")
 
     def __init__(self, batch: EncodedBatch | None, rec: bytearray | None, tags_code: int,
                  qid: int, topic: str, store_topic: str, store_qid: int, props: str, dh: int,
-                 routed: bool, now: int):
+                 routed: bool, joins: bool, now: int):
         self.batch = batch              # a batch send's records (None: one message)
         self.rec = rec                  # one message's record, and its tags code
         self.tags_code = tags_code
@@ -154,6 +155,9 @@ class Prepared:
         self.props = props
         self.dh = dh                    # its dedup key hash (0: not checked)
         self.routed = routed            # a delay, a delivery time, a transaction
+        # may be appended in one claim with others to its queue: one record
+        # that takes a queue offset (not a transaction's)
+        self.joins = joins
         self.now = now                  # its store timestamp (ms)
 
 
@@ -226,7 +230,8 @@ def prepare(b: Broker, peer: Peer, cmd: RemotingCommand) -> Prepared:
         tags_code = tags_code_of(pb) if routed is None or routed.tags_code is None \
             else routed.tags_code
     return Prepared(batch, rec, tags_code, qid, topic, store_topic, store_qid, props, dh,
-                    routed is not None, now)
+                    routed is not None, rec is not None and not sysflag & SYSFLAG_TRANSACTION_MASK,
+                    now)
 
 
 def _refuse_if_busy(b: Broker, now: int) -> None:
@@ -293,8 +298,8 @@ def _answer(b: Broker, peer: Peer, cmd: RemotingCommand, props: str, msg_id: str
 
 
 def append_group(b: Broker, items: list) -> list | None:
-    """Append plain sends to one queue (``[peer, cmd, Prepared, …]`` each,
-    in the order they came) in one claim, one write and one publish, and
+    """Append single sends to one queue, none a transaction's
+    (``[peer, cmd, Prepared, …]`` each, in the order they came) in one claim, one write and one publish, and
     answer each as ``append_one`` does (a SYNC_FLUSH one parked until the
     run is flushed): the sends one connection, or several, pipelined in a
     reactor turn (``Handlers.take``). All or none are stored. None, with
@@ -307,7 +312,11 @@ def append_group(b: Broker, items: list) -> list | None:
     r = b.store.append(joined, 0, [it[2].dh for it in items])
     if r is None:
         return None
-    _stored(b, first, len(items), joined.buf.shape[0])
+    if first.routed:      # delays to one level, say: sent to different topics
+        for it in items:
+            _stored(b, it[2], 1, len(it[2].rec))
+    else:
+        _stored(b, first, len(items), joined.buf.shape[0])
     pre = b.msgid_prefix
     phy, q, end = r.phy_offset, r.queue_offset, r.end
     c = b.config
