@@ -162,8 +162,10 @@ class Handlers(Broker):
         self.relays = relay.Relays()      # requests passed on to a consumer client
         # None unless aclEnable: then every request is checked before it runs
         self.acl = Acl(config.acl_file) if config.aclEnable else None
-        self.taken: list = []             # sends taken into this turn's group: [peer, cmd, Prepared, answer]
-        self.taken_bytes = 0              # their bodies' bytes (the driver caps them: TAKEN_BYTES_MAX)
+        # sends taken into this turn's group ([peer, cmd, Prepared, answer]),
+        # their bodies' bytes (the driver caps them: worker.TAKEN_BYTES_MAX)
+        self.taken: list = []
+        self.taken_bytes = 0
 
     def handle(self, peer: Peer, cmd: RemotingCommand):
         """Run one request: its ``Reply`` (a tuple: command, body pieces,

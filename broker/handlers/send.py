@@ -299,12 +299,13 @@ def _answer(b: Broker, peer: Peer, cmd: RemotingCommand, props: str, msg_id: str
 
 def append_group(b: Broker, items: list) -> list | None:
     """Append single sends to one queue, none a transaction's
-    (``[peer, cmd, Prepared, …]`` each, in the order they came) in one claim, one write and one publish, and
-    answer each as ``append_one`` does (a SYNC_FLUSH one parked until the
-    run is flushed): the sends one connection, or several, pipelined in a
-    reactor turn (``Handlers.take``). All or none are stored. None, with
-    none stored, when one of them must be checked for duplicates on its
-    own (``MessageStore.append``'s ``each``): append them one by one."""
+    (``[peer, cmd, Prepared, …]`` each, in the order they came) in one
+    claim, one write and one publish, and answer each as ``append_one``
+    does (a SYNC_FLUSH one parked until the run is flushed): the sends one
+    connection, or several, pipelined in a reactor turn (``Handlers.take``).
+    All or none are stored. None, with none stored, when one of them must
+    be checked for duplicates on its own (``MessageStore.append``'s
+    ``each``): append them one by one."""
     first = items[0][2]
     _refuse_if_busy(b, first.now)
     joined = join_records(first.store_topic, [it[2].rec for it in items], first.store_qid,
@@ -312,7 +313,7 @@ def append_group(b: Broker, items: list) -> list | None:
     r = b.store.append(joined, 0, [it[2].dh for it in items])
     if r is None:
         return None
-    if first.routed:      # delays to one level, say: sent to different topics
+    if any(it[2].topic != first.topic for it in items):   # delays to one level, say
         for it in items:
             _stored(b, it[2], 1, len(it[2].rec))
     else:
