@@ -11,6 +11,11 @@ read before and after:
 - broker_cpu_send_100B_<tr>: SEND_MESSAGE_V2 (310) of 100 B, one at a time;
 - broker_cpu_send_100B_w64_<tr>: the same with 64 requests in flight on the
   one connection;
+- broker_cpu_send_100B_w64_keyed_<tr>: the same, each send with a UNIQ_KEY
+  of its own as every RocketMQ client sets it, after as many keyed sends as
+  the default duplicate window holds (``sendDedupWindowSize``): the
+  window's check, in steady state, on every send (its limit is the row
+  before's: the same echo);
 - broker_cpu_pull_32x1KiB_<tr>: PULL_MESSAGE (11) of 32 × 1 KiB messages,
   one at a time, over a backlog of 64 such pulls pulled round and round.
 
@@ -53,11 +58,12 @@ import struct
 import time
 
 from perf import Skipped
-from perf.broker import (SUCCESS, TIMEOUT_S, batch_body, batch_cmd, body_of, broker, check,
+from perf.broker import (PROPS, SUCCESS, TIMEOUT_S, batch_body, batch_cmd, body_of, broker, check,
                          create_topic, pull_cmd, records, send_cmd, verify_queues)
 from perf.net_limits import FORK, FRAME_BYTES, _check_exit, _echo, connect, listener, recv_exactly
 from shmq.client.remoting import RemotingClient
 from shmq.ipc.remoting import FrameDecoder, encode
+from shmq.broker.config import BrokerConfig
 from shmq.broker.procs import broker_processes
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -65,6 +71,7 @@ WINDOW = 64
 PULL_MSGS, PULL_BODY = 32, 1024
 BACKLOG_PULLS = 64                          # 2,048 messages of 1 KiB pulled in turn
 CHUNK = 500                                 # requests between two looks at the clock
+DEDUP_WINDOW = BrokerConfig.sendDedupWindowSize     # keyed sends the default window holds
 
 
 # ------------------------------------------------------------------ CPU time from /proc
@@ -191,14 +198,16 @@ class Sender:
     SUCCESS, for its own request (opaque), at the next queue offset (one
     connection: in order)."""
 
-    def __init__(self, sock: socket.socket, topic: str, window: int):
+    def __init__(self, sock: socket.socket, topic: str, window: int, keyed: bool = False):
         self.sock, self.topic, self.window = sock, topic, window
+        self.props = None if not keyed else f"{PROPS}\x02UNIQ_KEY\x01{os.getpid():08X}{{:024X}}"
         self.frames: collections.deque[bytes] = collections.deque()
         self.built = self.issued = self.acked = 0
 
     def _build(self, upto: int) -> None:
         for i in range(self.built, upto):
-            cmd = send_cmd(self.topic, 0, body_of(0, i))
+            cmd = send_cmd(self.topic, 0, body_of(0, i)) if self.props is None else \
+                send_cmd(self.topic, 0, body_of(0, i), self.props.format(i))
             cmd.opaque = i
             self.frames.append(encode(cmd))
         self.built = max(self.built, upto)
@@ -339,24 +348,29 @@ def run(ctx, result):
                       clk_tck=CLK_TCK, **extra)
 
     rows = os.environ.get("SHMQ_CPU_ROWS", "send,pull").split(",")
-    for window in (1, WINDOW) if "send" in rows else ():
-        topic = f"PerfCpuSend{window}_{tr}"
+    for window, keyed in ((1, False), (WINDOW, False), (WINDOW, True)) if "send" in rows else ():
+        topic = f"PerfCpuSend{window}{'k' if keyed else ''}_{tr}"
         with RemotingClient(b.addr(tr)) as c:
             create_topic(c, topic, 1)
             sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
             try:
                 sock.settimeout(TIMEOUT_S)
-                s = Sender(sock, topic, window)
+                s = Sender(sock, topic, window, keyed)
                 s.step(2000 if not quick else 500)                  # warm the path
+                while keyed and s.acked < DEDUP_WINDOW:            # fill the window
+                    s.step(CHUNK * 8)
                 got = measure(workers, s.step, min_sends, min_cpu_s, max_wall_s, others)
                 s.drain()
             finally:
                 sock.close()
             verify_queues(c, topic, {0: (s.issued, body_of(0, s.issued - 1))})
-        raw = raw_server_cpu(tr, ctx.scratch, window, min_sends, min_cpu_s, max_wall_s)
-        yield row(f"broker_cpu_send_100B{'' if window == 1 else f'_w{window}'}_{tr}", got, raw,
+        if not keyed:
+            raw = raw_server_cpu(tr, ctx.scratch, window, min_sends, min_cpu_s, max_wall_s)
+        yield row(f"broker_cpu_send_100B{'' if window == 1 else f'_w{window}'}"
+                  f"{'_keyed' if keyed else ''}_{tr}", got, raw,
                   f"raw Python echo process, one recv + one send per request ({tr}, {FRAME_BYTES} B, "
-                  f"{window} in flight)", requests_in_flight=window, body_bytes=100, target_us=20)
+                  f"{window} in flight)", requests_in_flight=window, body_bytes=100, target_us=20,
+                  **({"uniq_keys": True, "keyed_sends_before": s.acked - got["n"]} if keyed else {}))
 
     if "pull" not in rows:
         return
