@@ -242,6 +242,16 @@ class Handlers(Broker):
         order."""
         items, self.taken = self.taken, []
         self.taken_bytes = 0
+        if len(items) == 1:            # a turn of one send (one at a time): as alone
+            if items[0][2] is not None:
+                self._append_one(items[0])
+        else:
+            self._append_runs(items)
+        return [(peer, a if type(a) is bytes or type(a) is Reply else Reply(a))
+                for peer, cmd, _, a in items
+                if a is not None and a is not PARKED and not cmd.is_oneway]
+
+    def _append_runs(self, items: list) -> None:
         queues: dict = {}
         for it in items:
             p = it[2]
@@ -262,12 +272,6 @@ class Handlers(Broker):
                 else:
                     for it, a in zip(run, answers):
                         it[3] = a
-        out = []
-        for peer, cmd, p, a in items:
-            if a is not None and a is not PARKED and not cmd.is_oneway:
-                out.append((peer, a if type(a) is bytes or type(a) is Reply
-                            else Reply(a)))
-        return out
 
     def _append_one(self, it: list) -> None:
         peer, cmd, p, _ = it
