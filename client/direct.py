@@ -196,7 +196,7 @@ class DirectStore:
             from shmq.core.dedup import dedupable_topic, key_hash
             from shmq.core.files import REAL_FILES
             from shmq.core.layout import lay_out
-            from shmq.core.records import encode_arrays, encode_one, host_raw
+            from shmq.core.records import encode_arrays, encode_record, host_raw, tags_code_of
             from shmq.core.state import STATE_RUNNING, StoreState, StoreStopping
             from shmq.core.store import DuplicateResult, MessageStore
             import posix_ipc
@@ -206,7 +206,8 @@ class DirectStore:
             raise DirectUnavailable(f"direct appends need the broker's modules ({e.name} is not "
                                     f"installed: pip install 'shmq[broker]')") from None
         self._load_table, self._files = load_table, REAL_FILES
-        self._encode, self._key_hash, self._dedupable = encode_one, key_hash, dedupable_topic
+        self._encode, self._tags_code = encode_record, tags_code_of
+        self._key_hash, self._dedupable = key_hash, dedupable_topic
         self._encode_arrays, self._lay_out = encode_arrays, lay_out
         self._duplicate, self._stopping = DuplicateResult, (StoreStopping, Retired)
         self.stopped = False
@@ -335,14 +336,13 @@ class DirectStore:
         if "CLUSTER\x01" not in props:
             props = f"{props}\x02{self.cluster_prop}" if props else self.cluster_prop
         pb = props.encode()
-        batch = self._encode(topic.encode(), body, pb, queue_id=queue_id, flag=flag,
-                             sysflag=sysflag | extra,
-                             born_timestamp=now if born_ms is None else born_ms,
-                             born_host=self.born_host, store_host=self.store_host,
-                             store_timestamp=now, max_message_bytes=self.max_bytes)
+        rec = self._encode(topic.encode(), body, pb, queue_id, flag, sysflag | extra,
+                           now if born_ms is None else born_ms, self.born_host, self.store_host,
+                           now, 0, 0, self.max_bytes)
         store = self.store
         dh = self._key_hash(pb) if store.dedup_on and self._dedupable(topic) else 0
-        r = self._append(batch, dh, topic)
+        r = self._append(topic, store.append_record, topic, queue_id, rec, self._tags_code(pb),
+                         now, dh)
         if r is None:
             return None
         if r.__class__ is self._duplicate:
@@ -350,7 +350,7 @@ class DirectStore:
         else:
             self.appended += 1
             if self.tally is not None:
-                self.count_put(topic, 1, batch.buf.shape[0])
+                self.count_put(topic, 1, len(rec))
         return f"{self.msgid_prefix}{r.phy_offset:016X}", queue_id, r.queue_offset, r.end
 
     def append_many(self, topic: str, queue_id: int, flat, offs, lens, props: str | list[str],
@@ -394,7 +394,7 @@ class DirectStore:
                                     max_message_bytes=self.max_bytes,
                                     shared_properties=pb if one else None,
                                     spans_checked=True)   # laid out by the producer
-        r = self._append(batch, 0, topic)
+        r = self._append(topic, self.store.append, batch, 0)
         if r is None:
             return None
         self.appended += n
@@ -402,14 +402,15 @@ class DirectStore:
             self.count_put(topic, n, batch.buf.shape[0])
         return r.phy_offset, r.rec_pos, r.queue_offset, r.end
 
-    def _append(self, batch, dh: int, topic: str):
-        """``store.append``, or None: the socket from now on. In the main
-        thread a Ctrl-C waits until the append is published (``_SigintGuard``)."""
+    def _append(self, topic: str, append, *args):
+        """``append(*args)`` (the store's ``append`` or ``append_record``), or
+        None: the socket from now on. In the main thread a Ctrl-C waits until
+        the append is published (``_SigintGuard``)."""
         main = threading.current_thread() is _MAIN
         if main:
             _SIGINT_GUARD.enter()
         try:
-            return self.store.append(batch, dh)
+            return append(*args)
         except self._stopping:   # the broker closes, or a new one took the store over
             self.stopped = True
         except (OSError, RuntimeError) as e:   # the disk refused (the claim rolled back), no slot

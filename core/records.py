@@ -194,8 +194,8 @@ _TAIL = struct.Struct(">iqi")         # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSE
 _FIXED_V4 = struct.Struct(">iIiiiqqiq8sq8siqi")
 assert _FIXED_V4.size == _HEAD.size + 2 * L.HOST_V4_BYTES + 8 + _TAIL.size
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
-_ONE_AT_ZERO = np.zeros(1, np.int64)
-_ONE_AT_ZERO.flags.writeable = False
+ONE_AT_ZERO = np.zeros(1, np.int64)
+ONE_AT_ZERO.flags.writeable = False
 
 
 @functools.lru_cache(maxsize=4096)
@@ -254,7 +254,7 @@ def encode_one(topic: bytes, body: bytes, props: bytes, *, queue_id: int, flag: 
 def one_record(topic: str, rec: bytearray, queue_id: int, tags_code: int,
                store_timestamp: int) -> EncodedBatch:
     """The batch of one record ``encode_record`` wrote."""
-    return EncodedBatch(topic=topic, buf=np.frombuffer(rec, np.uint8), rec_pos=_ONE_AT_ZERO,
+    return EncodedBatch(topic=topic, buf=np.frombuffer(rec, np.uint8), rec_pos=ONE_AT_ZERO,
                         sizes=np.array((len(rec),), np.int64), queue_id=queue_id,
                         tags_codes=np.array((tags_code,), np.int64),
                         store_timestamp=store_timestamp, single_queue=True)

@@ -75,7 +75,7 @@ from .checkpoint import Checkpoint, abort_path
 from . import dedup as D
 from . import reader
 from .reader import GetMessageStatus, GetResult, body_pieces
-from .records import EncodedBatch, StoredMessage, decode
+from .records import ONE_AT_ZERO, EncodedBatch, StoredMessage, decode
 from .recovery import Recovered, RecoveryReport, TagsCodeRule, recover
 from .state import (CLAIMED, DONE, E_END, E_PHY, E_PID, E_Q0, E_QEND, E_SEQ, E_SLOT, E_START,
                     E_CLAIMED_MS, E_STATE, E_TICKS, E_TS, ENTRY_WORDS, I_CLAIM_POS, I_CLAIM_SEQ, I_DEDUP_SEQ,
@@ -220,16 +220,17 @@ class MessageStore:
         if not batch.single_queue:
             raise ValueError("a batch goes to one queue; split it by queue id")
         buf = batch.buf
+        rec_pos = batch.rec_pos
+        n = rec_pos.shape[0]
+        if n == 1 and each is None:
+            return self.append_record(batch.topic, batch.queue_id, buf, batch.tags_codes.item(0),
+                                      batch.store_timestamp, dedup_hash)
         nbytes = buf.shape[0]
         if nbytes + END_FILE_MIN_BLANK_BYTES > self._seg:
             raise ValueError(f"batch of {nbytes} bytes does not fit a {self._seg}-byte segment")
-        rec_pos = batch.rec_pos
-        n = rec_pos.shape[0]
-        if n == 1:   # prepared and rollback transaction records get no queue offset
-            tx = buf.item(_TX_BYTE) & _TX_MASK
-            nq = 0 if tx == _TX_NO_UNIT[0] or tx == _TX_NO_UNIT[1] else 1
-        else:        # both have the PREPARED bit (0x4), which COMMIT (0x8) lacks
-            nq = n - int(np.count_nonzero(buf[rec_pos + _TX_BYTE] & L.SYSFLAG_TRANSACTION_PREPARED))
+        # prepared and rollback transaction records get no queue offset: both
+        # have the PREPARED bit (0x4), which COMMIT (0x8) lacks
+        nq = n - int(np.count_nonzero(buf[rec_pos + _TX_BYTE] & L.SYSFLAG_TRANSACTION_PREPARED))
         topic, qid = batch.topic, batch.queue_id
         ts = batch.store_timestamp
         known = self.state.queue_slot(topic, qid)
@@ -244,18 +245,53 @@ class MessageStore:
         if c is None or c.__class__ is DuplicateResult:
             return c
         slot, seq, e, start, phy, q0 = c
-        end = phy + nbytes
-        w = self._w
-        hook = self.hook
         try:
-            if hook is not None:
-                hook("claimed", seq)
+            if self.hook is not None:
+                self.hook("claimed", seq)
             self._write(batch, n, nq, topic, qid, start, phy, q0)
         except BaseException:
             # e.g. ENOSPC: leave nothing that a later recovery could take for
             # records (roll back or pad), then let the caller see the error.
             self._give_up(seq)
             raise
+        self._finish(seq, e, slot, known, start, phy, phy + nbytes, q0, nq, ts)
+        return AppendResult(phy, phy + nbytes, q0 if nq else -1, rec_pos, ts)
+
+    def append_record(self, topic: str, qid: int, rec, tags_code: int, ts: int,
+                      dedup_hash: int = 0) -> AppendResult:
+        """``append`` of one record (``rec``: a writable buffer of exactly
+        its bytes, as ``records.encode_record`` makes; consumed: stamped in
+        place), with its ConsumeQueue tags code and store timestamp: a
+        single send's append without a batch of one around it (its arrays
+        cost a send more than the claim). The same claim, duplicate check,
+        write and publish as ``append``, which hands its batches of one here."""
+        nbytes = len(rec)
+        if nbytes + END_FILE_MIN_BLANK_BYTES > self._seg:
+            raise ValueError(f"batch of {nbytes} bytes does not fit a {self._seg}-byte segment")
+        tx = int(rec[_TX_BYTE]) & _TX_MASK    # prepared and rollback records: no queue offset
+        nq = 0 if tx == _TX_NO_UNIT[0] or tx == _TX_NO_UNIT[1] else 1
+        known = self.state.queue_slot(topic, qid)
+        c = self._claim(known, topic, qid, nbytes, nq, ts, dedup_hash if self._dn else 0, rec)
+        if c.__class__ is DuplicateResult:
+            return c
+        slot, seq, e, start, phy, q0 = c
+        try:
+            if self.hook is not None:
+                self.hook("claimed", seq)
+            self._write_one(rec, nq, topic, qid, start, phy, q0, tags_code)
+        except BaseException:
+            self._give_up(seq)       # as append's
+            raise
+        self._finish(seq, e, slot, known, start, phy, phy + nbytes, q0, nq, ts)
+        return AppendResult(phy, phy + nbytes, q0 if nq else -1, ONE_AT_ZERO, ts)
+
+    def _finish(self, seq: int, e: int, slot: int, known: int, start: int, phy: int, end: int,
+               q0: int, nq: int, ts: int) -> None:
+        """Step 3: claim ``seq`` (ring entry ``e``) is written: DONE, then,
+        in claim order, its positions published, the pulls waiting on its
+        queue woken and the flusher asked."""
+        w = self._w
+        hook = self.hook
         w[e + E_STATE] = DONE
         if hook is not None:
             hook("written", seq)
@@ -289,10 +325,9 @@ class MessageStore:
         # segment for the one after it, to be created before it is needed
         if (self._sync or phy != start) and self.on_flush_request is not None:
             self.on_flush_request()
-        return AppendResult(phy, end, q0 if nq else -1, rec_pos, ts)
 
     def _claim(self, slot: int, topic: str, qid: int, nbytes: int, nq: int,
-               ts: int, dh: int = 0, batch: EncodedBatch | None = None,
+               ts: int, dh: int = 0, batch=None,
                each: list[int] | None = None):
         """Step 1: (slot, seq, ring entry, start, phy, q0) of a new claim of
         ``nbytes`` and ``nq`` queue offsets. Only integer operations under
@@ -423,7 +458,7 @@ class MessageStore:
             steps -= 1
         return False
 
-    def _dedup_find(self, h: int, topic: str, batch: EncodedBatch):
+    def _dedup_find(self, h: int, topic: str, batch):
         """Lock held: the ``DuplicateResult`` of an append in the window
         with ``batch``'s keys, (claim seq, phy) of the claim to wait for when
         such an append is still in flight, or None. Bounded, as the lock is
@@ -452,11 +487,11 @@ class MessageStore:
             steps -= 1
         return None
 
-    def _dedup_check(self, phy: int, topic: str, batch: EncodedBatch):
+    def _dedup_check(self, phy: int, topic: str, batch):
         """Lock held: is the append at ``phy`` the same as ``batch`` (its
-        records' topic and keys, in order)? Its ``DuplicateResult``; (the
-        seq of its claim, the claim's first record) if it is not published
-        yet; None if not."""
+        records' topic and keys, in order; else a buffer: ``append_record``'s
+        one record)? Its ``DuplicateResult``; (the seq of its claim, the
+        claim's first record) if it is not published yet; None if not."""
         w = self._w
         if phy >= w[I_WRITE_POS]:          # claimed, not published: wait for it
             for s in range(w[I_PUBLISH_SEQ], w[I_CLAIM_SEQ]):
@@ -468,14 +503,16 @@ class MessageStore:
             return None
         seg = self._seg
         rel = phy % seg
-        mine = memoryview(batch.buf)
+        if not isinstance(batch, EncodedBatch):       # append_record's one record
+            mine, positions = memoryview(batch).cast("B"), [0]
+        else:
+            mine, positions = memoryview(batch.buf), batch.rec_pos.tolist()
         stored = memoryview(self.cl.map(phy - rel))[rel:]
         tb = topic.encode()
-        n = batch.rec_pos.shape[0]
         pos = 0
         first = None
-        rec_pos = np.empty(n, dtype=np.int64)
-        for i, mpos in enumerate(batch.rec_pos.tolist()):
+        rec_pos = np.empty(len(positions), dtype=np.int64)
+        for i, mpos in enumerate(positions):
             if phy + pos >= w[I_WRITE_POS]:
                 return None
             old = D.read_record_key(stored, pos)
@@ -493,31 +530,38 @@ class MessageStore:
 
     def _write(self, batch: EncodedBatch, n: int, nq: int, topic: str, qid: int, start: int,
                phy: int, q0: int) -> None:
-        """Step 2: stamp the offsets, write the blank (on a roll), the records
-        and the ConsumeQueue units. No lock."""
+        """Step 2, for a batch of several records: stamp the offsets, write
+        the blank (on a roll), the records and the ConsumeQueue units. No lock."""
         buf = batch.buf
-        if n == 1:   # one record, at 0 (a batch's first record always is)
-            _STAMP.pack_into(buf, L.OFF_QUEUEOFFSET, q0 if nq else 0, phy)
-        else:
-            qnext = np.array([q0], dtype=np.int64)
-            qoff = np.empty(n, dtype=np.int64)
-            if self._slot_of.shape[0] < n:   # one queue per batch: every record in slot 0
-                self._slot_of = np.zeros(n, dtype=np.int32)
-            K.stamp_batch(buf, batch.rec_pos, n, phy, self._slot_of, qnext, qoff)
-            assert int(qnext[0]) == q0 + nq, (int(qnext[0]), q0, nq)
+        qnext = np.array([q0], dtype=np.int64)
+        qoff = np.empty(n, dtype=np.int64)
+        if self._slot_of.shape[0] < n:   # one queue per batch: every record in slot 0
+            self._slot_of = np.zeros(n, dtype=np.int32)
+        K.stamp_batch(buf, batch.rec_pos, n, phy, self._slot_of, qnext, qoff)
+        assert int(qnext[0]) == q0 + nq, (int(qnext[0]), q0, nq)
         if phy != start:
             self._pwrite(start, self.cl.blank(start))
         self._pwrite(phy, buf)
         if nq == 0:
             return
-        if n == 1:   # the record is the whole buffer
-            self.cqs.put_one(topic, qid, q0, phy, buf.shape[0], batch.tags_codes.item(0))
-        elif nq == n:
+        if nq == n:
             self.cqs.put(topic, qid, q0, batch.rec_pos + phy, batch.sizes, batch.tags_codes, 0, n)
         else:
             keep = np.flatnonzero(qoff >= 0)
             self.cqs.put(topic, qid, q0, batch.rec_pos[keep] + phy, batch.sizes[keep],
                          batch.tags_codes[keep], 0, keep.shape[0])
+
+    def _write_one(self, rec, nq: int, topic: str, qid: int, start: int, phy: int, q0: int,
+                   tags_code: int) -> None:
+        """Step 2, for one record (``rec``, a buffer of exactly its bytes):
+        its offsets stamped, the blank (on a roll), the record and its unit
+        (``nq``: 1, or 0 for a transaction record that takes no queue offset)."""
+        _STAMP.pack_into(rec, L.OFF_QUEUEOFFSET, q0 if nq else 0, phy)
+        if phy != start:
+            self._pwrite(start, self.cl.blank(start))
+        self._pwrite(phy, rec)
+        if nq:
+            self.cqs.put_one(topic, qid, q0, phy, len(rec), tags_code)
 
     def _pwrite(self, phy: int, data) -> None:
         """Write into the CommitLog, creating the segment if nobody has yet

@@ -40,7 +40,7 @@ import time
 from shmq.core.dedup import dedupable_topic, hash_of, key_hash, read_record_key
 from shmq.core.layout import SYSFLAG_TRANSACTION_MASK
 from shmq.core.records import (EncodedBatch, encode_arrays, encode_record, join_records,
-                               one_record, split_batch_body, tags_code_of)
+                               split_batch_body, tags_code_of)
 from shmq.core.store import DuplicateResult
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
@@ -255,16 +255,19 @@ def append_one(b: Broker, peer: Peer, cmd: RemotingCommand, p: Prepared):
     _refuse_if_busy(b, p.now)
     batch = p.batch
     if batch is None:
-        batch = one_record(p.store_topic, p.rec, p.store_qid, p.tags_code, p.now)
-    r = b.store.append(batch, p.dh)
+        r = b.store.append_record(p.store_topic, p.store_qid, p.rec, p.tags_code, p.now, p.dh)
+    else:
+        r = b.store.append(batch, p.dh)
     qid = p.qid
     if r.__class__ is DuplicateResult:
         if not p.routed:
             qid = r.queue_id                   # where the first send's message is
+    elif batch is None:
+        _stored(b, p, 1, len(p.rec))
     else:
         _stored(b, p, batch.count, batch.buf.shape[0])
     pre = b.msgid_prefix
-    if p.batch is not None:
+    if batch is not None:
         msg_id = ",".join(f"{pre}{x:016X}" for x in r.rec_phy.tolist())
     else:
         msg_id = f"{pre}{r.phy_offset:016X}"
