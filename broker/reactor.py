@@ -417,8 +417,9 @@ class Reactor:
         self.flush()
 
     def flush(self) -> None:
-        """End of a turn: each connection's replies of the turn leave in one
-        write (``sendmsg`` of all its queued memory pieces)."""
+        """End of a turn (or mid-turn, when the worker answers a group of
+        sends: ``worker.ANSWER_EVERY``): each connection's queued replies
+        leave in one write (``sendmsg`` of all its queued memory pieces)."""
         dirty = self.dirty
         while dirty:
             self.dirty = []

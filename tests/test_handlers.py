@@ -404,6 +404,46 @@ def test_a_turn_appends_what_it_took_each_time_their_bodies_pass_the_cap(rig, mo
     reactor.close()
 
 
+def test_a_turn_answers_each_group_of_sends_before_it_appends_the_next(rig, monkeypatch):
+    """A turn that read more than ANSWER_EVERY sends appends and answers
+    them that many at a time, each group's answers written before the next
+    group is appended: a producer with a window in flight sends its next
+    ones meanwhile (issue 14: the two processes overlap instead of taking
+    turns)."""
+    import socket
+
+    from shmq.broker.worker import ANSWER_EVERY
+    reactor, driver, client = driven(rig)
+    readable = []           # at each append of a group: (its sends, the answers the client can read)
+    flush = rig.h.flush_group
+
+    def counted():
+        client.setblocking(False)
+        try:
+            data = client.recv(1 << 20, socket.MSG_PEEK)
+        except BlockingIOError:
+            data = b""
+        client.settimeout(5)
+        dec = FrameDecoder()
+        dec.receive_data(data)
+        answers = 0
+        while dec.next_command() is not None:
+            answers += 1
+        readable.append((len(rig.h.taken), answers))
+        return flush()
+    monkeypatch.setattr(rig.h, "flush_group", counted)
+    n = 2 * ANSWER_EVERY + 6
+    cmds = [keyed(i % 2, f"w{i}", i) for i in range(n)]
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))     # one read: one turn
+    reactor.run_once()
+    assert readable == [(ANSWER_EVERY, 0), (ANSWER_EVERY, ANSWER_EVERY), (6, 2 * ANSWER_EVERY)]
+    assert [r.opaque for r in read_replies(client, n)] == list(range(n))
+    for q in (0, 1):
+        assert [m.body for m in rig.store.read_queue("GoldenTopic", q)] == \
+            [c.body for c in cmds[q::2]]
+    reactor.close()
+
+
 def test_a_turn_of_large_sends_is_appended_in_runs_that_fit_a_segment(store_dir):
     """A claim takes at most a quarter of a segment (or 1 MiB): a turn
     whose sends together exceed a segment is stored whole, across the
