@@ -433,7 +433,14 @@ class FileLayer:
             self.map(h)[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
             return
         assert 0 <= offset and offset + len(data) <= h.size, (offset, len(data), h.size)
-        view = memoryview(data).cast("B")
+        n = os.pwrite(h.fd, data, offset)
+        # the usual whole write, told without a memoryview (a record's
+        # bytearray, a batch's uint8 array, a blank's bytes)
+        if n == (len(data) if data.__class__ is bytearray or data.__class__ is bytes
+                 else data.nbytes):
+            return
+        view = memoryview(data).cast("B")[n:]
+        offset += n
         while view:
             n = os.pwrite(h.fd, view, offset)
             view = view[n:]
