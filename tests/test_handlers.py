@@ -404,34 +404,36 @@ def test_a_turn_appends_what_it_took_each_time_their_bodies_pass_the_cap(rig, mo
     reactor.close()
 
 
+def readable_answers(client) -> int:
+    """How many whole frames the client end of a ``driven`` connection can
+    read now (left there to read)."""
+    import socket
+    client.setblocking(False)
+    try:
+        data = client.recv(1 << 20, socket.MSG_PEEK)
+    except BlockingIOError:
+        data = b""
+    client.settimeout(5)
+    dec, n = FrameDecoder(), 0
+    dec.receive_data(data)
+    while dec.next_command() is not None:
+        n += 1
+    return n
+
+
 def test_a_turn_answers_each_group_of_sends_before_it_appends_the_next(rig, monkeypatch):
     """A turn that read more than ANSWER_EVERY sends appends and answers
     them that many at a time, each group's answers written before the next
     group is appended: a producer with a window in flight sends its next
     ones meanwhile (issue 14: the two processes overlap instead of taking
     turns)."""
-    import socket
-
     from shmq.broker.worker import ANSWER_EVERY
     reactor, driver, client = driven(rig)
     readable = []           # at each append of a group: (its sends, the answers the client can read)
     flush = rig.h.flush_group
-
-    def counted():
-        client.setblocking(False)
-        try:
-            data = client.recv(1 << 20, socket.MSG_PEEK)
-        except BlockingIOError:
-            data = b""
-        client.settimeout(5)
-        dec = FrameDecoder()
-        dec.receive_data(data)
-        answers = 0
-        while dec.next_command() is not None:
-            answers += 1
-        readable.append((len(rig.h.taken), answers))
-        return flush()
-    monkeypatch.setattr(rig.h, "flush_group", counted)
+    monkeypatch.setattr(rig.h, "flush_group",
+                        lambda: (readable.append((len(rig.h.taken), readable_answers(client))),
+                                 flush())[1])
     n = 2 * ANSWER_EVERY + 6
     cmds = [keyed(i % 2, f"w{i}", i) for i in range(n)]
     client.sendall(b"".join(bytes(encode(c)) for c in cmds))     # one read: one turn
@@ -441,6 +443,29 @@ def test_a_turn_answers_each_group_of_sends_before_it_appends_the_next(rig, monk
     for q in (0, 1):
         assert [m.body for m in rig.store.read_queue("GoldenTopic", q)] == \
             [c.body for c in cmds[q::2]]
+    reactor.close()
+
+
+def test_a_batch_send_is_answered_before_the_next_request_of_the_turn_runs(rig, monkeypatch):
+    """A SEND_BATCH_MESSAGE is one claim, a group of sends already: its
+    answer is written at once, before the turn runs the next batch (an
+    accumulating producer refills meanwhile)."""
+    from shmq.client.requests import send_batch
+    reactor, driver, client = driven(rig)
+    readable = []           # at each request run: the answers the client can read
+    handle = rig.h.handle
+    monkeypatch.setattr(rig.h, "handle", lambda peer, cmd: (readable.append(
+        readable_answers(client)), handle(peer, cmd))[1])
+    cmds = [send_batch("GoldenTopic", [(f"b{i}-{j}".encode(), "") for j in range(4)], queue_id=0)
+            for i in range(3)]
+    for i, c in enumerate(cmds):
+        c.opaque = i
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))     # one read: one turn
+    reactor.run_once()
+    assert readable == [0, 1, 2]
+    assert [(r.opaque, r.code) for r in read_replies(client, 3)] == [(i, R.SUCCESS) for i in range(3)]
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == \
+        [f"b{i}-{j}".encode() for i in range(3) for j in range(4)]
     reactor.close()
 
 
