@@ -4,8 +4,9 @@
 instances of a store share the files (page cache) and the ``StoreState``
 (shared memory in a broker), so several processes append concurrently.
 
-Append (the only writer path) is claim, write, publish: the LMAX Disruptor's
-multi-producer sequencer, Aeron's log buffers. The append lock is held only
+Append (the only writer path: ``append`` for a batch, ``append_record`` for
+one record, a single send's, without a batch around it) is claim, write,
+publish: the LMAX Disruptor's multi-producer sequencer, Aeron's log buffers. The append lock is held only
 for the claim, so appends from many processes write in parallel::
 
     1. claim    (append lock held: a few integer operations) seq = claim_seq;
