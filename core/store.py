@@ -241,22 +241,7 @@ class MessageStore:
                 return None
         else:
             each = None
-        c = self._claim(known, topic, qid, nbytes, nq, ts, dedup_hash if self._dn else 0, batch,
-                        each)
-        if c is None or c.__class__ is DuplicateResult:
-            return c
-        slot, seq, e, start, phy, q0 = c
-        try:
-            if self.hook is not None:
-                self.hook("claimed", seq)
-            self._write(batch, n, nq, topic, qid, start, phy, q0)
-        except BaseException:
-            # e.g. ENOSPC: leave nothing that a later recovery could take for
-            # records (roll back or pad), then let the caller see the error.
-            self._give_up(seq)
-            raise
-        self._finish(seq, e, slot, known, start, phy, phy + nbytes, q0, nq, ts)
-        return AppendResult(phy, phy + nbytes, q0 if nq else -1, rec_pos, ts)
+        return self._commit(batch, known, topic, qid, nbytes, nq, ts, dedup_hash, each, rec_pos, 0)
 
     def append_record(self, topic: str, qid: int, rec, tags_code: int, ts: int,
                       dedup_hash: int = 0) -> AppendResult:
@@ -271,20 +256,33 @@ class MessageStore:
             raise ValueError(f"batch of {nbytes} bytes does not fit a {self._seg}-byte segment")
         tx = int(rec[_TX_BYTE]) & _TX_MASK    # prepared and rollback records: no queue offset
         nq = 0 if tx == _TX_NO_UNIT[0] or tx == _TX_NO_UNIT[1] else 1
-        known = self.state.queue_slot(topic, qid)
-        c = self._claim(known, topic, qid, nbytes, nq, ts, dedup_hash if self._dn else 0, rec)
-        if c.__class__ is DuplicateResult:
+        return self._commit(rec, self.state.queue_slot(topic, qid), topic, qid, nbytes, nq, ts,
+                            dedup_hash, None, ONE_AT_ZERO, tags_code)
+
+    def _commit(self, what, known: int, topic: str, qid: int, nbytes: int, nq: int, ts: int,
+                dh: int, each: list[int] | None, rec_pos: np.ndarray, tags_code: int):
+        """Claim, write, publish ``what``: an ``EncodedBatch`` (``append``)
+        or one record's buffer with its ``tags_code`` (``append_record``).
+        Its ``AppendResult``, a ``DuplicateResult``, or None (``each``: one
+        by one instead)."""
+        c = self._claim(known, topic, qid, nbytes, nq, ts, dh if self._dn else 0, what, each)
+        if c is None or c.__class__ is DuplicateResult:
             return c
         slot, seq, e, start, phy, q0 = c
         try:
             if self.hook is not None:
                 self.hook("claimed", seq)
-            self._write_one(rec, nq, topic, qid, start, phy, q0, tags_code)
+            if what.__class__ is EncodedBatch:
+                self._write(what, rec_pos.shape[0], nq, topic, qid, start, phy, q0)
+            else:
+                self._write_one(what, nq, topic, qid, start, phy, q0, tags_code)
         except BaseException:
-            self._give_up(seq)       # as append's
+            # e.g. ENOSPC: leave nothing that a later recovery could take for
+            # records (roll back or pad), then let the caller see the error.
+            self._give_up(seq)
             raise
         self._finish(seq, e, slot, known, start, phy, phy + nbytes, q0, nq, ts)
-        return AppendResult(phy, phy + nbytes, q0 if nq else -1, ONE_AT_ZERO, ts)
+        return AppendResult(phy, phy + nbytes, q0 if nq else -1, rec_pos, ts)
 
     def _finish(self, seq: int, e: int, slot: int, known: int, start: int, phy: int, end: int,
                q0: int, nq: int, ts: int) -> None:
