@@ -446,6 +446,33 @@ def test_a_turn_answers_each_group_of_sends_before_it_appends_the_next(rig, monk
     reactor.close()
 
 
+def test_a_peer_gone_when_a_group_is_answered_leaves_nothing_behind(rig):
+    """A group's answers written mid-turn to a client that stopped reading
+    close its connection there: what was appended was answered-or-lost as
+    any unanswered send is (a retry is a duplicate the window catches), the
+    rest of its frames are dropped unappended, and the reactor holds
+    nothing of it (pending bytes, connection, peer); a connection sending
+    in the same turn is served whole."""
+    import socket
+
+    from shmq.broker.worker import ANSWER_EVERY
+    reactor, driver, client = driven(rig)
+    a, b = socket.socketpair()
+    driver.add_connection(a, "unix", 8 << 20)
+    n = 2 * ANSWER_EVERY + 6
+    client.sendall(b"".join(bytes(encode(keyed(0, f"gone{i}", i))) for i in range(n)))
+    client.shutdown(socket.SHUT_RD)                 # its answers cannot be delivered
+    b.sendall(b"".join(bytes(encode(keyed(1, f"live{i}", i))) for i in range(n)))
+    b.settimeout(5)
+    while len(rig.store.read_queue("GoldenTopic", 1)) < n:
+        reactor.run_once()
+    assert [r.opaque for r in read_replies(b, n)] == list(range(n))
+    gone = [m.body for m in rig.store.read_queue("GoldenTopic", 0)]
+    assert gone == [f"gone{i}".encode() for i in range(len(gone))]    # a prefix, in order
+    assert len(driver.peers) == 1 and len(reactor.conns) == 1 and reactor.pending == 0
+    reactor.close()
+
+
 def test_a_batch_send_is_answered_before_the_next_request_of_the_turn_runs(rig, monkeypatch):
     """A SEND_BATCH_MESSAGE is one claim, a group of sends already: its
     answer is written at once, before the turn runs the next batch (an

@@ -46,6 +46,35 @@ def test_append_then_read_back_every_field(store_dir):
     close_clean(store)
 
 
+def test_short_writes_are_completed_whatever_the_buffer(store_dir, monkeypatch):
+    """The file layer finishes a write the kernel took in part (a signal, a
+    disk nearly full): records of single sends (a bytearray each), batches
+    (a uint8 array), the blank at a segment's end (bytes) and ConsumeQueue
+    units all land whole when every pwrite takes at most 7 bytes."""
+    import shmq.core.files as files
+    from shmq.core.records import encode_record, host_raw
+    store, _ = open_local(small_config(store_dir))
+    real = os.pwrite
+    monkeypatch.setattr(files.os, "pwrite",
+                        lambda fd, data, off: real(fd, memoryview(data).cast("B")[:7], off))
+    host = host_raw("127.0.0.1", 10911)
+    bodies = [bytes([65 + i % 26]) * (100 + 37 * i) for i in range(80)]   # past a segment's end
+    for i, body in enumerate(bodies):
+        if i % 2:
+            put(store, "Short", [body], tags="T")
+        else:
+            rec = encode_record(b"Short", body, b"TAGS\x01T", 0, 0, 0, 1, host, host, 2, 0, 0, 1 << 20)
+            store.append_record("Short", 0, rec, L.tags_code("T"), 2)
+    monkeypatch.setattr(files.os, "pwrite", real)
+    msgs = store.read_queue("Short", 0)
+    assert [m.body for m in msgs] == bodies and [m.queue_offset for m in msgs] == list(range(80))
+    assert len({m.phy_offset // SMALL_SEGMENT for m in msgs}) > 1
+    close_clean(store)
+    store, report = open_local(small_config(store_dir))     # and recovery finds them whole
+    assert [m.body for m in store.read_queue("Short", 0)] == bodies
+    close_clean(store)
+
+
 def test_segments_roll_with_a_blank_record_and_never_split_a_record(store_dir):
     store, _ = open_local(small_config(store_dir))
     body = b"x" * 1000
