@@ -189,6 +189,13 @@ class MessageStore:
         # Tests only: called as hook(stage, seq) once the claim is made
         # ("claimed") and once its bytes are written ("written").
         self.hook: Callable[[str, int], None] | None = None
+        # Called while an append waits, between its sleeps (a claim ahead of
+        # it not yet published, or the ring full): an exception it raises
+        # leaves the append as an interrupt there does (the claim, if any,
+        # finished and given up to whoever publishes next). A direct
+        # producer's main thread delivers a Ctrl-C it kept here
+        # (client/direct.py, _SigintGuard).
+        self.on_wait: Callable[[], None] | None = None
 
     def close(self) -> None:
         self.cl.close()
@@ -611,6 +618,8 @@ class MessageStore:
                 if w[e + E_SEQ] == ps and not owner_alive(pid, ticks):
                     self.repair_after_death()
                     continue
+            if self.on_wait is not None:
+                self.on_wait()
             time.sleep(sleep_s)
             sleep_s = min(2 * sleep_s, SLEEP_MAX_S)
 

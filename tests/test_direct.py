@@ -589,6 +589,96 @@ def test_ctrl_c_in_a_direct_append_raises_once_the_append_is_published(broker, r
     assert [m.body for m in stored_records(broker, topic, 1)] == [b"first", b"interrupted", b"last"]
 
 
+STALLER = textwrap.dedent("""
+    import os, signal, sys
+    from shmq.client import Message, Producer
+    from shmq.client.direct import warm_up_appends
+    warm_up_appends()
+    with Producer("dp-staller", namesrv_addr=sys.argv[1]) as p:
+        p.send(Message(sys.argv[2], b"a-first"))
+        [ds] = list(p._p.instance.direct.values())
+        def stall(stage, seq):                 # alive, holding a claim: stopped
+            if stage == "claimed":
+                ds.store.hook = None
+                print("stalled", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        ds.store.hook = stall
+        p.send(Message(sys.argv[2], b"stalled"))
+        print("published", flush=True)
+""")
+
+BEHIND = textwrap.dedent("""
+    import os, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from shmq.client import Message, Producer
+    from shmq.client.direct import warm_up_appends
+    warm_up_appends()
+    with Producer("dp-behind", namesrv_addr=sys.argv[1]) as p:
+        p.send(Message(sys.argv[2], b"b-first"))
+        [ds] = list(p._p.instance.direct.values())
+        ds.busy_ms = 10 ** 9     # past osPageCacheBusyTimeOutMills it would go over the socket
+        print("ready", flush=True)
+        sys.stdin.readline()
+        def claimed(stage, seq):
+            if stage == "claimed":
+                ds.store.hook = None
+                print("claimed", flush=True)
+        ds.store.hook = claimed
+        try:
+            p.send(Message(sys.argv[2], b"behind"))
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+""")
+
+
+def _line(proc, timeout: float = 60.0) -> str:
+    """The next line ``proc`` prints (a bounded wait: it is killed, and what
+    it said on stderr shown, if none comes)."""
+    import select
+    if not select.select([proc.stdout], [], [], timeout)[0]:
+        proc.kill()
+        raise AssertionError(f"no line within {timeout} s: {proc.stderr.read()[-3000:]}")
+    return proc.stdout.readline().strip()
+
+
+def test_ctrl_c_reaches_a_direct_append_waiting_behind_a_stalled_claim(broker, request):
+    """A direct append whose turn to publish waits on a claim ahead whose
+    owner lives but does not go on (stopped, swapped out, stuck on a disk)
+    would keep a Ctrl-C until that owner moved, maybe never: the wait
+    delivers it. The append it interrupted was written and is published by
+    whoever publishes next; nothing is lost or stored twice."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    run = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    behind = subprocess.Popen([sys.executable, "-c", BEHIND, broker.namesrv, topic],
+                              stdin=subprocess.PIPE, **run)
+    staller = None
+    try:
+        assert _line(behind) == "ready"
+        staller = subprocess.Popen([sys.executable, "-c", STALLER, broker.namesrv, topic], **run)
+        assert _line(staller) == "stalled"
+        behind.stdin.write("go\n")
+        behind.stdin.flush()
+        assert _line(behind) == "claimed"                   # behind the stalled claim
+        behind.send_signal(signal.SIGINT)
+        out, err = behind.communicate(timeout=60)           # hung here before: no end to the wait
+        assert behind.returncode == 0 and out.split() == ["interrupted"], err[-3000:]
+    finally:
+        if staller is not None:
+            staller.send_signal(signal.SIGCONT)
+        behind.kill()
+    out, err = staller.communicate(timeout=60)
+    assert staller.returncode == 0 and out.split() == ["published"], err[-3000:]
+    with RemotingClient(broker.addr) as c:                  # the next append publishes "behind"
+        r = c.invoke(RemotingCommand(RC.SEND_MESSAGE_V2, body=b"last", ext={
+            "a": "dp-last", "b": topic, "c": "TBW102", "d": "4", "e": "0", "f": "0",
+            "g": str(int(time.time() * 1000)), "h": "0", "i": "", "j": "0", "k": "false",
+            "m": "false"}))
+        assert r.code == R.SUCCESS, r.remark
+    assert [m.body for m in stored_records(broker, topic, 1)] == \
+        [b"b-first", b"a-first", b"stalled", b"behind", b"last"]
+
+
 TWO_RUNS = textwrap.dedent("""
     import asyncio, os, signal, sys
     signal.signal(signal.SIGINT, signal.default_int_handler)
