@@ -45,13 +45,14 @@ def broker(tmp_path_factory):
     assert b.stop() == 0, b.log()[-3000:]
 
 
-def admin(broker, *argv, json_out=True):
+def admin(broker, *argv, json_out=True, namesrv=None):
     """``shmq admin <argv> -n <NameServer> [--json]`` in this process:
-    (exit status, stdout — parsed if --json and it succeeded —, stderr)."""
+    (exit status, stdout — parsed if --json and it succeeded —, stderr).
+    ``namesrv``: the -n value (default: the broker's NameServer)."""
     ap = argparse.ArgumentParser(prog="shmq")
     admin_cli.add_parser(ap.add_subparsers(dest="command", required=True))
     out, err = io.StringIO(), io.StringIO()
-    argv = ["admin", *argv, "-n", broker.namesrv] + (["--json"] if json_out else [])
+    argv = ["admin", *argv, "-n", namesrv or broker.namesrv] + (["--json"] if json_out else [])
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             args = ap.parse_args(argv)
@@ -168,6 +169,19 @@ def test_timestamps_are_read_as_mqadmin_reads_them():
 
 
 # ------------------------------------------------------------------ failures
+def test_a_bad_namesrv_addr_variable_is_named_as_the_variable():
+    """$NAMESRV_ADDR stands in for -n; a bad value is the variable's usage
+    error (admin and console alike), not one of a flag never given."""
+    bad = "127.0.0.1:9876,127.0.0.1:9877"
+    for argv in (["admin", "topicList"], ["console", "--port", "0"]):
+        r = subprocess.run([sys.executable, "-m", "shmq.tools", *argv], capture_output=True,
+                           text=True, timeout=60, check=False,
+                           env=dict(os.environ, NAMESRV_ADDR=bad))
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 2 and f"$NAMESRV_ADDR={bad!r}" in last, r.stderr
+        assert "separate NameServer addresses with ';'" in last and "--namesrvAddr" not in last
+
+
 def test_an_unreachable_namesrv_is_named_and_does_not_hang():
     port = free_port()                                   # nothing listens: refused at once
     t0 = time.monotonic()
@@ -741,6 +755,15 @@ def test_get_and_update_namesrv_config(broker):
     rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "maybe")
     assert rc == 1 and "want true or false" in err
     assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "false"
+    # a change made on some NameServers and not others says so, naming each
+    dead = f"127.0.0.1:{free_port()}"
+    try:
+        rc, _, err = admin(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "true",
+                           namesrv=f"{ns};{dead}")
+        assert rc == 1 and "failed on 1 of 2" in err and dead in err and f"done on {ns}" in err, err
+        assert ok(broker, "getNamesrvConfig")["namesrvs"][ns]["orderMessageEnable"] == "true"
+    finally:
+        ok(broker, "updateNamesrvConfig", "-k", "orderMessageEnable", "-v", "false")
 
 
 # ------------------------------------------------------------------ store cleanup (last: it deletes)

@@ -165,6 +165,21 @@ def _namesrv(v: str) -> str:
     return ";".join(addrs)
 
 
+def namesrv_addr(parser, value: str | None) -> str:
+    """The NameServers: ``-n``'s value (checked by ``_namesrv``), else
+    $NAMESRV_ADDR checked the same way — a bad one is an error naming the
+    variable, not ``-n`` —, else DEFAULT_NAMESRV."""
+    if value is not None:
+        return value
+    env = os.environ.get("NAMESRV_ADDR", "").strip()
+    if not env:
+        return DEFAULT_NAMESRV
+    try:
+        return _namesrv(env)
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"$NAMESRV_ADDR={env!r}: {e}")
+
+
 def _timeout_ms(v: str) -> int:
     """``-t timeoutMillis``: what ``--timeout`` allows, in milliseconds."""
     n = _positive(v)
@@ -511,8 +526,7 @@ COMMANDS = [
 
 def _common(p) -> None:
     g = p.add_argument_group("connection and output")
-    g.add_argument("-n", "--namesrvAddr", type=_namesrv,
-                   default=os.environ.get("NAMESRV_ADDR") or DEFAULT_NAMESRV,
+    g.add_argument("-n", "--namesrvAddr", type=_namesrv, default=None,
                    help="NameServer address(es), host:port;host:port "
                         f"(default: $NAMESRV_ADDR, else {DEFAULT_NAMESRV})")
     g.add_argument("--timeout", type=_timeout, default=3.0,
@@ -606,6 +620,7 @@ def _main(args) -> int:
     from .admin_client import AdminClient, AdminError
 
     name = snake(args._name)
+    args.namesrvAddr = namesrv_addr(args._parser, args.namesrvAddr)
     creds = credentials(args._parser, args)
     try:
         with AdminClient(args.namesrvAddr, args.timeout, creds) as a:

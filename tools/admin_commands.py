@@ -93,13 +93,35 @@ def update_topic(args, a: AdminClient) -> dict:
     return {"topicConfig": tc, "brokers": [addr for _, addr in targets], "orderConf": order_conf}
 
 
+def on_each(addrs: list[str], what: str, fn) -> list:
+    """``fn(addr)`` for every address, going on past one that fails: their
+    answers, in order. If any failed, an AdminError that says where ``what``
+    was done and where it failed (and why): a change made on some brokers
+    or NameServers and not others is a partial success, which the operator
+    must be told as such, not as a plain failure. One address: its own error."""
+    if len(addrs) == 1:
+        return [fn(addrs[0])]
+    out, done, failed = [], [], []
+    for addr in addrs:
+        try:
+            out.append(fn(addr))
+        except AdminError as e:
+            failed.append(f"{addr}: {e}")
+        else:
+            done.append(addr)
+    if failed:
+        raise AdminError(f"{what}: failed on {len(failed)} of {len(addrs)} ({'; '.join(failed)}); "
+                         f"done on {', '.join(done) if done else 'none'}")
+    return out
+
+
 def delete_topic(args, a: AdminClient) -> dict:
     a.route(args.topic)                      # an unknown topic is an error, not a silent success
     brokers = [addr for _, _, addr in a.cluster_brokers(args.clusterName)]
-    for addr in brokers:
-        a.delete_topic_in_broker(addr, args.topic)
-    for addr in a.namesrvs:
-        a.delete_topic_in_namesrv(addr, args.topic, args.clusterName)
+    on_each(brokers, f"delete topic {args.topic} in the brokers",
+            lambda addr: a.delete_topic_in_broker(addr, args.topic))
+    on_each(a.namesrvs, f"delete topic {args.topic} in the NameServers",
+            lambda addr: a.delete_topic_in_namesrv(addr, args.topic, args.clusterName))
     return {"topic": args.topic, "cluster": args.clusterName, "brokers": brokers,
             "namesrvs": a.namesrvs}
 
@@ -246,21 +268,23 @@ def get_broker_config(args, a: AdminClient) -> dict:
 
 def update_broker_config(args, a: AdminClient) -> dict:
     addrs = _broker_targets(args, a)
-    for addr in addrs:
-        a.update_broker_config(addr, args.key, args.value)
+    on_each(addrs, f"update broker config {args.key}",
+            lambda addr: a.update_broker_config(addr, args.key, args.value))
     return {"key": args.key, "value": args.value, "brokers": addrs}
 
 
 def wipe_write_perm(args, a: AdminClient) -> dict:
+    counts = on_each(a.namesrvs, f"wipe the write permission of {args.brokerName}",
+                     lambda ns: a.set_write_perm(ns, args.brokerName, False))
     return {"brokerName": args.brokerName,
-            "namesrvs": [{"namesrv": ns, "wipeTopicCount": a.set_write_perm(ns, args.brokerName, False)}
-                         for ns in a.namesrvs]}
+            "namesrvs": [{"namesrv": ns, "wipeTopicCount": n} for ns, n in zip(a.namesrvs, counts)]}
 
 
 def add_write_perm(args, a: AdminClient) -> dict:
+    counts = on_each(a.namesrvs, f"add the write permission of {args.brokerName}",
+                     lambda ns: a.set_write_perm(ns, args.brokerName, True))
     return {"brokerName": args.brokerName,
-            "namesrvs": [{"namesrv": ns, "addTopicCount": a.set_write_perm(ns, args.brokerName, True)}
-                         for ns in a.namesrvs]}
+            "namesrvs": [{"namesrv": ns, "addTopicCount": n} for ns, n in zip(a.namesrvs, counts)]}
 
 
 def _group_masters(a: AdminClient, group: str) -> list[tuple[str, str]]:
@@ -711,8 +735,8 @@ def get_namesrv_config(args, a: AdminClient) -> dict:
 
 def update_namesrv_config(args, a: AdminClient) -> dict:
     value = args.value.strip()
-    for ns in a.namesrvs:
-        a.update_namesrv_config(ns, args.key, value)
+    on_each(a.namesrvs, f"update name server config {args.key}",
+            lambda ns: a.update_namesrv_config(ns, args.key, value))
     return {"key": args.key, "value": value, "namesrvs": a.namesrvs}
 
 

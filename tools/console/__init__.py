@@ -56,8 +56,7 @@ def add_parser(subparsers) -> None:
                    help=f"port to listen on, on 127.0.0.1 ({DEFAULT_PORT}; 0: any free one)")
     p.add_argument("--interval", type=_interval, default=5.0,
                    help="seconds between two samples of the brokers' TPS for the charts (5)")
-    p.add_argument("-n", "--namesrvAddr", type=_namesrv,
-                   default=os.environ.get("NAMESRV_ADDR") or DEFAULT_NAMESRV,
+    p.add_argument("-n", "--namesrvAddr", type=_namesrv, default=None,
                    help=f"NameServer address(es), host:port;host:port (default: $NAMESRV_ADDR, "
                         f"else {DEFAULT_NAMESRV})")
     p.add_argument("--timeout", type=_timeout, default=3.0,
@@ -72,10 +71,11 @@ def add_parser(subparsers) -> None:
 def _run(args) -> int:
     import logging
 
-    from ..admin import credentials
+    from ..admin import credentials, namesrv_addr
     from .server import Console
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args.namesrvAddr = namesrv_addr(args._parser, args.namesrvAddr)
     creds = credentials(args._parser, args)
     try:
         console = Console(args.port, args.namesrvAddr, args.timeout, creds, args.interval)
