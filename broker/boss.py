@@ -288,6 +288,11 @@ class Boss:
         """Bind every port before any child starts: a port in use is one
         clear error at start, never a child that dies and is restarted."""
         c = self.config
+        try:   # a bad address would be blamed on the first port bound (the NameServer's)
+            socket.getaddrinfo(c.bindAddress, None, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError as e:
+            raise RuntimeError(f"bindAddress={c.bindAddress!r}: not an IPv4 address or a host name "
+                               f"this machine resolves ({e.strerror or e})") from None
         if c.runs_embedded_namesrv:
             try:
                 self.namesrv_sock = namesrv_listen(c.bindAddress, c.namesrvListenPort)

@@ -80,6 +80,19 @@ def test_a_port_in_use_is_one_clear_line_and_an_exit(tmp_path, setting):
     assert not os.path.exists(tmp_path / "store" / "abort")
 
 
+def test_a_bind_address_that_is_not_one_is_named_by_its_key(tmp_path):
+    """bindAddress=bogus was blamed on the first port bound, the embedded
+    NameServer's ("if a NameServer already runs there, register with it")."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nbindAddress=no-such-host.invalid\n"
+                    f"listenPort={free_port()}\nnamesrvListenPort={free_port()}\n")
+    r = shmq("broker", "-c", str(conf), timeout=120)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("shmq broker: bindAddress='no-such-host.invalid': not an IPv4 address")
+    assert "NameServer" not in last and "Traceback" not in r.stderr
+
+
 def test_a_unix_socket_path_too_long_for_the_kernel_is_one_clear_line_before_recovery(tmp_path):
     store = tmp_path / ("d" * 60) / ("e" * 60) / "store"     # broker.sock beside it: > 107 bytes
     conf = tmp_path / "broker.conf"
