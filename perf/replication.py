@@ -181,6 +181,31 @@ def _sync_rate(addr: str, topic: str, conns: int, seconds: float, on_go=None) ->
     return acked / (max(g[1] for g in got) - min(g[0] for g in got)), acked
 
 
+def _replicating(master: Broker, slave: Broker, st, timeout: float = 30.0) -> None:
+    """Until a SYNC_MASTER send to ``master`` is answered SEND_OK: its slave
+    connected, reported where it stands and acknowledged. A connection
+    alone (``ha_slaves``) is counted before the slave's first report, which
+    can still get it dropped (a store ahead of the master's); sends timed
+    from then on answered FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE (a
+    quick CI run, once)."""
+    deadline = time.monotonic() + timeout
+    with RemotingClient(master.tcp) as c:
+        create_topic(c, "HaSyncProbe", 1)
+        while True:
+            code = None
+            if st.get("ha_slaves") >= 1:
+                r = c.invoke(send_cmd("HaSyncProbe", 0, b"probe"), timeout=TIMEOUT_S)
+                if r.code == SUCCESS:
+                    return
+                code = f"{r.code} ({r.remark})"
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the slave {slave.tcp} did not replicate within {timeout:g} s (slaves "
+                    f"connected: {st.get('ha_slaves')}, last probe: {code}); master's log: "
+                    f"{master.log_tail()}; slave's log: {slave.log_tail()}")
+            time.sleep(0.05)
+
+
 def run_sync_master(ctx, result):
     if getattr(ctx, "named_broker", None) is not None:
         raise Skipped("replication starts its own master and slave")
@@ -191,11 +216,7 @@ def run_sync_master(ctx, result):
     master = _master(ctx, seg, "SYNC_MASTER")
     slave = _slave(ctx, master, seg, "ha-sync-slave")
     cb, st = _state(master.store)
-    deadline = time.monotonic() + 30
-    while st.get("ha_slaves") < 1:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the slave {slave.tcp} did not connect in 30 s")
-        time.sleep(0.01)
+    _replicating(master, slave, st)
     acks = []
     rate, acked = _sync_rate(master.tcp, "HaSyncMaster", conns, seconds,
                              on_go=lambda: acks.append(st.get("ha_acks")))
