@@ -80,29 +80,32 @@ def test_a_port_in_use_is_one_clear_line_and_an_exit(tmp_path, setting):
     assert not os.path.exists(tmp_path / "store" / "abort")
 
 
+def refused_start(tmp_path, store, **settings) -> str:
+    """The last line ``shmq broker`` writes when it must refuse to start on
+    a broker.conf of ``settings`` (its store ``store``, fresh ports): exit
+    status 1, no traceback."""
+    conf = tmp_path / "broker.conf"
+    settings = {"storePathRootDir": store, "listenPort": free_port(),
+                "namesrvListenPort": free_port(), **settings}
+    conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    r = shmq("broker", "-c", str(conf), timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    return r.stderr.strip().splitlines()[-1]
+
+
 def test_a_bind_address_that_is_not_one_is_named_by_its_key(tmp_path):
     """bindAddress=bogus was blamed on the first port bound, the embedded
     NameServer's ("if a NameServer already runs there, register with it")."""
-    conf = tmp_path / "broker.conf"
-    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nbindAddress=no-such-host.invalid\n"
-                    f"listenPort={free_port()}\nnamesrvListenPort={free_port()}\n")
-    r = shmq("broker", "-c", str(conf), timeout=120)
-    assert r.returncode == 1
-    last = r.stderr.strip().splitlines()[-1]
+    last = refused_start(tmp_path, tmp_path / "store", bindAddress="no-such-host.invalid")
     assert last.startswith("shmq broker: bindAddress='no-such-host.invalid': not an IPv4 address")
-    assert "NameServer" not in last and "Traceback" not in r.stderr
+    assert "NameServer" not in last
 
 
 def test_a_unix_socket_path_too_long_for_the_kernel_is_one_clear_line_before_recovery(tmp_path):
     store = tmp_path / ("d" * 60) / ("e" * 60) / "store"     # broker.sock beside it: > 107 bytes
-    conf = tmp_path / "broker.conf"
-    conf.write_text(f"storePathRootDir={store}\nlistenPort={free_port()}\n"
-                    f"namesrvListenPort={free_port()}\n")
-    r = shmq("broker", "-c", str(conf), timeout=120)
-    assert r.returncode == 1
-    last = r.stderr.strip().splitlines()[-1]
+    last = refused_start(tmp_path, store)
     assert last.startswith(f"shmq broker: cannot listen on the Unix socket {store}/broker.sock")
-    assert "set unixSocketPath to a shorter one" in last and "Traceback" not in r.stderr
+    assert "set unixSocketPath to a shorter one" in last
     assert not store.exists()      # refused before the store was opened
 
 
