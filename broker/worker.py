@@ -20,11 +20,11 @@ are appended together, a claim per queue, when the reactor's turn ends
 (``Reactor.end_turn``) or before the next other request, whichever is
 first (``flush_group``), and answered in the order they came. A turn that
 read more than ANSWER_EVERY sends appends and answers them ANSWER_EVERY at a
-time, each group's answers written at once rather than at the turn's end
-(a SEND_BATCH_MESSAGE's answer too):
-a producer with a window of sends in flight then sends its next ones while
-this worker appends the rest (a pipeline of two processes overlaps; a turn
-answered whole makes them take turns).
+time, each group's answers written at once rather than at the turn's end (a
+SEND_BATCH_MESSAGE's answer too): a producer with a window of sends in
+flight then sends its next ones while this worker appends the rest (a
+pipeline of two processes overlaps; a turn answered whole makes them take
+turns).
 """
 from __future__ import annotations
 

@@ -106,8 +106,9 @@ class _SigintGuard:
     whose owner may be stalled, alive: the wait would not end), during
     that wait (``waiting``, the store's ``on_wait``): a claim it finished
     is given up to whoever publishes next. Flags, no system call (the two
-    pthread_sigmask calls cost 3.9 µs an append). An application that installs another
-    SIGINT handler later is wrapped again at its next append.
+    pthread_sigmask calls cost 3.9 µs an append). An application that
+    installs another SIGINT handler later is wrapped again at its next
+    append.
 
     Closing a DirectStore in the main thread puts the wrapped handler back
     (``release``) if the wrapper is still the one installed: asyncio.run

@@ -184,10 +184,10 @@ def _sync_rate(addr: str, topic: str, conns: int, seconds: float, on_go=None) ->
 def _replicating(master: Broker, slave: Broker, st, timeout: float = 30.0) -> None:
     """Until a SYNC_MASTER send to ``master`` is answered SEND_OK: its slave
     connected, reported where it stands and acknowledged. A connection
-    alone (``ha_slaves``) is counted before the slave's first report, which
-    can still get it dropped (a store ahead of the master's); sends timed
-    from then on answered FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE (a
-    quick CI run, once)."""
+    alone (``ha_slaves``) is counted before the slave has written a byte;
+    sends timed from then on answered FLUSH_SLAVE_TIMEOUT, then
+    SLAVE_NOT_AVAILABLE, when the slave could not write (a CI run on a disk
+    full of other stores: its log said ENOSPC, which this error now shows)."""
     deadline = time.monotonic() + timeout
     with RemotingClient(master.tcp) as c:
         create_topic(c, "HaSyncProbe", 1)
