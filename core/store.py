@@ -6,8 +6,9 @@ instances of a store share the files (page cache) and the ``StoreState``
 
 Append (the only writer path: ``append`` for a batch, ``append_record`` for
 one record, a single send's, without a batch around it) is claim, write,
-publish: the LMAX Disruptor's multi-producer sequencer, Aeron's log buffers. The append lock is held only
-for the claim, so appends from many processes write in parallel::
+publish: the LMAX Disruptor's multi-producer sequencer, Aeron's log buffers.
+The append lock is held only for the claim, so appends from many processes
+write in parallel::
 
     1. claim    (append lock held: a few integer operations) seq = claim_seq;
                 start = claim_pos; phy = start, or the next segment's first
@@ -146,8 +147,9 @@ LIVENESS_CHECK_S = 0.01
 _STAMP = struct.Struct(">qq")          # QUEUEOFFSET, PHYSICALOFFSET, back to back
 assert L.OFF_PHYSICALOFFSET == L.OFF_QUEUEOFFSET + 8
 _TX_BYTE = L.OFF_SYSFLAG + 3           # the SYSFLAG byte holding the transaction type bits
-_TX_MASK = L.SYSFLAG_TRANSACTION_MASK
-_TX_NO_UNIT = (L.SYSFLAG_TRANSACTION_PREPARED, L.SYSFLAG_TRANSACTION_ROLLBACK)
+# prepared and rollback transaction records get no queue offset: both have
+# the PREPARED bit (0x4), which COMMIT (0x8) lacks
+_NO_UNIT_BIT = L.SYSFLAG_TRANSACTION_PREPARED
 _ENT = D.ENT_WORDS                      # words of a dedup window entry
 
 
@@ -236,9 +238,7 @@ class MessageStore:
         nbytes = buf.shape[0]
         if nbytes + END_FILE_MIN_BLANK_BYTES > self._seg:
             raise ValueError(f"batch of {nbytes} bytes does not fit a {self._seg}-byte segment")
-        # prepared and rollback transaction records get no queue offset: both
-        # have the PREPARED bit (0x4), which COMMIT (0x8) lacks
-        nq = n - int(np.count_nonzero(buf[rec_pos + _TX_BYTE] & L.SYSFLAG_TRANSACTION_PREPARED))
+        nq = n - int(np.count_nonzero(buf[rec_pos + _TX_BYTE] & _NO_UNIT_BIT))
         topic, qid = batch.topic, batch.queue_id
         ts = batch.store_timestamp
         known = self.state.queue_slot(topic, qid)
@@ -261,8 +261,7 @@ class MessageStore:
         nbytes = len(rec)
         if nbytes + END_FILE_MIN_BLANK_BYTES > self._seg:
             raise ValueError(f"batch of {nbytes} bytes does not fit a {self._seg}-byte segment")
-        tx = int(rec[_TX_BYTE]) & _TX_MASK    # prepared and rollback records: no queue offset
-        nq = 0 if tx == _TX_NO_UNIT[0] or tx == _TX_NO_UNIT[1] else 1
+        nq = 0 if rec[_TX_BYTE] & _NO_UNIT_BIT else 1
         return self._commit(rec, self.state.queue_slot(topic, qid), topic, qid, nbytes, nq, ts,
                             dedup_hash, None, ONE_AT_ZERO, tags_code)
 
@@ -530,8 +529,7 @@ class MessageStore:
                 first = old
             rec_pos[i] = pos
             pos += old.size
-        tx = first.sysflag & L.SYSFLAG_TRANSACTION_MASK
-        q0 = -1 if tx in _TX_NO_UNIT else first.queue_offset
+        q0 = -1 if first.sysflag & _NO_UNIT_BIT else first.queue_offset
         return DuplicateResult(phy, phy + pos, q0, rec_pos, first.store_ts, first.queue_id)
 
     def _write(self, batch: EncodedBatch, n: int, nq: int, topic: str, qid: int, start: int,
