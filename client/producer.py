@@ -536,14 +536,26 @@ class AsyncProducer:
         the flusher made it durable (SYNC_FLUSH), or None: it goes over the
         socket (the broker's logic is needed). Without an accumulator only:
         its socket batches and direct appends to one queue could reorder."""
+        body, sysflag = self._stored_body(msg, sysflag)
+        got = self._appended(ds, q, body, props, msg.flag, sysflag)
+        return self._direct_result(ds, q, got, props, uniq)
+
+    @staticmethod
+    def _appended(ds, q: MessageQueue, body: bytes, props: str, flag: int, sysflag: int):
+        try:
+            return ds.append(q.topic, q.queue_id, body, props, flag, sysflag)
+        except ValueError as e:                 # what the broker answers MESSAGE_ILLEGAL
+            raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
+
+    def _stored_body(self, msg: Message, sysflag: int) -> tuple[bytes, int]:
         body = msg.body
         if len(body) > self.config.compress_msg_body_over_howmuch:
             body = zlib.compress(body, 5)
             sysflag |= SYSFLAG_COMPRESSED
-        try:
-            got = ds.append(q.topic, q.queue_id, body, props, msg.flag, sysflag)
-        except ValueError as e:                 # what the broker answers MESSAGE_ILLEGAL
-            raise MQClientError(R.MESSAGE_ILLEGAL, str(e)) from None
+        return body, sysflag
+
+    def _direct_result(self, ds, q: MessageQueue, got, props: str, uniq: str):
+        """What ``_append`` answers for ``DirectStore.append``'s answer ``got``."""
         if got is None:
             return None
         msg_id, qid, offset, end = got
@@ -552,6 +564,21 @@ class AsyncProducer:
         if not ds.sync_flush or ds.flushed(end) or "WAIT\x01false" in props:
             return r
         return self._flushed(ds, end, r)
+
+    async def _append_in_turn(self, loop, ds, q: MessageQueue, msg: Message, props: str,
+                              uniq: str, sysflag: int):
+        """``_append``, at once or joined to the loop turn's group for its
+        queue (client/direct.py ``AppendTurn``)."""
+        body, sysflag = self._stored_body(msg, sysflag)
+        fut = ds.turn.join(loop, q.topic, q.queue_id, body, props, msg.flag, sysflag)
+        if fut is None:
+            got = self._appended(ds, q, body, props, msg.flag, sysflag)
+        else:
+            got = await fut
+            if isinstance(got, ValueError):
+                raise MQClientError(R.MESSAGE_ILLEGAL, str(got)) from None
+        r = self._direct_result(ds, q, got, props, uniq)
+        return await r if r is not None and r.__class__ is not SendResult else r
 
     def _direct_init(self) -> None:
         """The switch of ``send`` from a broker's socket to its store (``_switch``)."""
@@ -733,10 +760,11 @@ class AsyncProducer:
                             if self._direct_of.get(name) is not ds or self._over_socket.get(name) \
                                     or self._switching and name in self._switching:
                                 await self._switch(name, ds, deadline)
-                            r = self._append(ds, q, msg, props, uniq, sysflag)
+                            r = await self._append_in_turn(inst.loop, ds, q, msg, props, uniq,
+                                                           sysflag)
                             if r is not None:
                                 self.failed_broker = None
-                                return await r if r.__class__ is not SendResult else r
+                                return r
                         self._over_socket[name] = self._over_socket.get(name, 0) + 1
                         try:
                             reply = await self.write_send(conn, q, msg, props, left, sysflag)

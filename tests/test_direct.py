@@ -275,6 +275,88 @@ def test_pulls_parked_on_every_queue_are_answered_by_a_burst_of_direct_sends(bro
     assert [r.queue_offset for r in asyncio.run(burst())] == [1, 1, 1, 1]
 
 
+def test_sends_of_one_loop_turn_are_appended_together_each_as_if_alone(broker, request):
+    """Sends in flight together (``gather``): the loop turn's first appends
+    at once, the rest join one claim per queue when the turn ends
+    (client/direct.py ``AppendTurn``). Each answer is what a lone send's
+    would be — SEND_OK, its own msgId and queue offset, stored in call order
+    per queue; a retry of a key sent in the same turn gets the first one's
+    answer and is stored once; a delayed message still goes to the broker;
+    a body over the broker's maxMessageSize is refused alone; a send
+    cancelled before its turn ends is not stored."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=2)
+    illegal, delayed, cancelled, twin = 4, 8, 22, 17       # queue 0's three, queue 1's one
+
+    def message(i: int) -> Message:
+        if i == illegal:
+            return Message(topic, b"x" * (1 << 20) + b"x")      # the broker's limit: 1 MiB
+        m = Message(topic, b"m%d" % i, tags="T%d" % (i % 3), keys=["k%d" % i],
+                    properties={"n": str(i)}, delay_level=1 if i == delayed else 0)
+        if i == twin:                                        # a retry of message 3
+            m.properties["UNIQ_KEY"] = "TWIN3"
+        if i == 3:
+            m.properties["UNIQ_KEY"] = "TWIN3"
+        return m
+
+    async def sends():
+        async with AsyncProducer("dp-turn", namesrv_addr=broker.namesrv,
+                                 compress_msg_body_over_howmuch=8 << 20) as p:
+            queues = await p.publish_queues(topic)
+            await p.send(Message(topic, b"warm"), queue=queues[0])
+            await p.send(Message(topic, b"warm"), queue=queues[1])
+            ds = direct_of(p)
+            claims = []
+            append = ds.store.append
+
+            def counted(batch, *args):      # the claims made (None: none, nothing stored)
+                n = len(batch.sizes)
+                r = append(batch, *args)
+                if r is not None:
+                    claims.append(n)
+                return r
+            ds.store.append = counted
+            msgs = [message(i) for i in range(32)]
+            tasks = [asyncio.ensure_future(p.send(m, queue=queues[i % 2]))
+                     for i, m in enumerate(msgs)]
+            await asyncio.sleep(0)           # every send ran to its append or its turn's group
+            tasks[cancelled].cancel()
+            out = await asyncio.gather(*tasks, return_exceptions=True)
+            ds.store.append = append
+            return out, claims, ds.appended
+
+    out, claims, appended = asyncio.run(sends())
+    assert isinstance(out[cancelled], asyncio.CancelledError)
+    assert isinstance(out[illegal], MQClientError) and out[illegal].code == R.MESSAGE_ILLEGAL
+    # the first appended alone (append_record), queue 0's rest in one claim (12: the
+    # illegal, delayed and cancelled ones left out); queue 1's one by one, each on its
+    # own, as a key is there twice (the twin is answered from the window, not stored)
+    assert claims == [12]
+    assert appended == 2 + 1 + 12 + 15
+    ok = {i: r for i, r in enumerate(out) if i not in (illegal, cancelled)}
+    assert all(r.status is SendStatus.SEND_OK for r in ok.values())
+    assert (ok[twin].msg_id, ok[twin].offset_msg_id, ok[twin].queue_offset) == (
+        ok[3].msg_id, ok[3].offset_msg_id, ok[3].queue_offset)
+    stored = stored_records(broker, topic, 2)
+    by_id = {m.offset_msg_id(): m for m in stored}
+    for q in (0, 1):                     # call order per queue, offsets from 1 (after the warm)
+        mine = [i for i in sorted(ok) if i % 2 == q and i not in (delayed, twin)]
+        assert [ok[i].queue_offset for i in mine] == list(range(1, len(mine) + 1))
+        assert [m.body for m in stored if m.queue_id == q][1:] == [b"m%d" % i for i in mine]
+    for i, r in ok.items():
+        if i == delayed:
+            continue
+        m = by_id[r.offset_msg_id]
+        assert (m.body, m.tags, m.keys, m.properties["n"]) == (
+            b"m%d" % (3 if i == twin else i), "T%d" % ((3 if i == twin else i) % 3),
+            ["k%d" % (3 if i == twin else i)], str(3 if i == twin else i))
+        assert (m.queue_id, m.queue_offset, m.properties["UNIQ_KEY"]) == (
+            r.queue.queue_id, r.queue_offset, r.msg_id)
+    deadline = time.monotonic() + 20     # the delayed one, routed by the broker: in its queue later
+    while b"m%d" % delayed not in [m.body for m in stored_records(broker, topic, 2)]:
+        assert time.monotonic() < deadline, "the delayed message never arrived"
+        time.sleep(0.2)
+
+
 def test_wakes_in_one_loop_turn_are_one_at_once_and_one_owed_paid_when_the_turn_ends(monkeypatch):
     from shmq.client import direct
     # no two due() calls here are WAKE_EVERY_S apart by the clock, however slow the machine:
@@ -559,34 +641,57 @@ INTERRUPTED = textwrap.dedent("""
         async with AsyncProducer("dp-int", namesrv_addr=sys.argv[1]) as p:
             first = await p.send(Message(sys.argv[2], b"first"))
             [ds] = [d for d in p.instance.direct.values() if d is not None]
+            claims = [0 if sys.argv[3] == "lone" else 1]    # grouped: not the opener's
+
             def ctrl_c(stage, seq):            # Ctrl-C between claim and publish
                 if stage == "claimed":
-                    ds.store.hook = None
-                    os.kill(os.getpid(), signal.SIGINT)
+                    claims[0] -= 1
+                    if claims[0] < 0:
+                        ds.store.hook = None
+                        os.kill(os.getpid(), signal.SIGINT)
             ds.store.hook = ctrl_c
-            try:
-                await p.send(Message(sys.argv[2], b"interrupted"))
-                print("not interrupted")
-            except KeyboardInterrupt:
-                print("interrupted")
+            if sys.argv[3] == "lone":
+                try:
+                    await p.send(Message(sys.argv[2], b"interrupted"))
+                    print("not interrupted")
+                except KeyboardInterrupt:
+                    print("interrupted")
+            else:      # another task's send joins the loop turn's group, appended at its end
+                try:
+                    await asyncio.gather(p.send(Message(sys.argv[2], b"opener")),
+                                         p.send(Message(sys.argv[2], b"interrupted")))
+                    print("not interrupted")
+                except KeyboardInterrupt:         # (its task's: out of the loop, then here)
+                    print("interrupted")
             last = await p.send(Message(sys.argv[2], b"last"))   # the lock and the claim let go
             print(first.queue_offset, last.queue_offset, flush=True)
 
     # not asyncio.run: its SIGINT handler cancels the main task instead of raising
-    asyncio.new_event_loop().run_until_complete(main())
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(main())
+    try:
+        loop.run_until_complete(task)
+    except KeyboardInterrupt:     # a task's leaves the loop; the main task goes on
+        loop.run_until_complete(task)
 """)
 
 
-def test_ctrl_c_in_a_direct_append_raises_once_the_append_is_published(broker, request):
+@pytest.mark.parametrize("how", ["lone", "grouped"])
+def test_ctrl_c_in_a_direct_append_raises_once_the_append_is_published(broker, request, how):
     """A KeyboardInterrupt between claim and publish would hold the append
     lock or a claim while the process lives (its own next append hangs,
-    the broker's too): it is raised right after the append instead."""
+    the broker's too): it is raised right after the append instead — by
+    the sender, or, for a send appended with its loop turn's group, by the
+    sender's task when the turn ends (client/direct.py ``AppendTurn``)."""
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
-    r = subprocess.run([sys.executable, "-c", INTERRUPTED, broker.namesrv, topic],
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED, broker.namesrv, topic, how],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["interrupted", "0", "2"]
-    assert [m.body for m in stored_records(broker, topic, 1)] == [b"first", b"interrupted", b"last"]
+    bodies = [b"first", b"interrupted", b"last"]
+    if how == "grouped":
+        bodies.insert(1, b"opener")
+    assert r.stdout.split() == ["interrupted", "0", str(len(bodies) - 1)]
+    assert [m.body for m in stored_records(broker, topic, 1)] == bodies
 
 
 STALLER = textwrap.dedent("""
