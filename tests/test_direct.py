@@ -357,6 +357,37 @@ def test_sends_of_one_loop_turn_are_appended_together_each_as_if_alone(broker, r
         time.sleep(0.2)
 
 
+def test_a_task_sending_in_a_loop_lets_the_others_send_meanwhile(broker, request):
+    """A direct send does not yield, so a task sending in a loop held the
+    event loop until it stopped: a second task's sends all came after the
+    first's. Now a task's sends yield every ``AT_ONCE_MAX`` (the rest of
+    the turn's sends join its group): the two interleave, each in its own
+    call order, and every message is stored once."""
+    from shmq.client.direct import AT_ONCE_MAX
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    n = 40
+    assert AT_ONCE_MAX < n
+
+    async def sends():
+        async with AsyncProducer("dp-loop", namesrv_addr=broker.namesrv) as p:
+            [q] = await p.publish_queues(topic)
+            await p.send(Message(topic, b"warm"), queue=q)
+            assert direct_of(p) is not None
+
+            async def loop(name: bytes) -> None:
+                for i in range(n):
+                    await p.send(Message(topic, b"%s%03d" % (name, i)), queue=q)
+            await asyncio.gather(loop(b"a"), loop(b"b"))
+            return direct_of(p).appended
+
+    assert asyncio.run(sends()) == 1 + 2 * n
+    bodies = [m.body for m in stored_records(broker, topic, 1)][1:]
+    assert sorted(bodies) == sorted([b"a%03d" % i for i in range(n)] + [b"b%03d" % i for i in range(n)])
+    for name in (b"a", b"b"):
+        assert [b for b in bodies if b[:1] == name] == [b"%s%03d" % (name, i) for i in range(n)]
+    assert bodies.index(b"b000") < bodies.index(b"a%03d" % (n - 1))     # interleaved
+
+
 def test_wakes_in_one_loop_turn_are_one_at_once_and_one_owed_paid_when_the_turn_ends(monkeypatch):
     from shmq.client import direct
     # no two due() calls here are WAKE_EVERY_S apart by the clock, however slow the machine:
