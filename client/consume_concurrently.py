@@ -1,8 +1,8 @@
 """Concurrent consumption: RocketMQ's ConsumeMessageConcurrentlyService.
 
 Each pull's messages are cut into batches of ``consume_message_batch_max_size``
-and each batch becomes one consume request (a task), run as soon as one of
-``consume_thread_max`` slots is free; batches of one queue may finish in
+and each batch becomes one consume request, run as soon as one of
+``consume_thread_max`` workers is free; batches of one queue may finish in
 any order. A batch's result decides its messages' fate: the ones the
 listener acknowledged (all, or up to the context's ``ack_index``) are done;
 the rest go back to the broker's retry topic (retry.py) — broadcasting
@@ -11,12 +11,25 @@ consumed again here after ``SEND_BACK_RETRY_DELAY``. Then the process queue
 gives the offset to commit (the smallest still held), so a slow batch holds
 back the commit, never the consumption of others.
 
-The service belongs to one push consumer and uses its tasks, slots,
-thread pool and offset store; it never pulls and never rebalances.
+The workers are RocketMQ's consume thread pool as tasks: requests wait in
+one FIFO, and a worker takes them one after another, parking when none is
+left. A task per request (as before 2026-11-27) cost ~6–8 µs each —
+its creation, its done-callbacks, the slot semaphore — most of what a
+push consumer spent per message at the default batch of one. A worker
+taking a request while more wait makes sure another is coming (an idle one
+woken, or a new one up to ``consume_thread_max``): a listener that awaits
+(I/O, the thread pool for a plain function) is joined by up to the
+maximum of them, as the slots allowed before, while one that never yields
+has its requests run by one worker, and the others stay parked.
+
+The service belongs to one push consumer and uses its tasks, thread pool
+and offset store; it never pulls and never rebalances.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import deque
 from typing import TYPE_CHECKING
 
 from .listeners import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
@@ -34,24 +47,75 @@ SEND_BACK_RETRY_DELAY = 5.0                 # ConsumeMessageConcurrentlyService.
 class ConsumeConcurrentlyService:
     def __init__(self, consumer: "AsyncPushConsumer"):
         self.consumer = consumer
+        self.requests: deque = deque()      # (msgs, pq, mq) not taken by a worker yet
+        self.idle: list[asyncio.Future] = []   # parked workers, woken by setting theirs
+        self.workers = 0                    # workers alive (running, woken or parked)
+        self.waking = 0                     # woken or started, not running yet
+        self.closing = False
 
     def submit(self, msgs: list[MessageExt], pq: ProcessQueue, mq: MessageQueue) -> None:
         """One consume request per batch of a pull's messages."""
-        c = self.consumer
-        n = c.config.consume_message_batch_max_size
+        n = self.consumer.config.consume_message_batch_max_size
+        reqs = self.requests
         for i in range(0, len(msgs), n):
-            c._spawn_work(self._consume(msgs[i:i + n], pq, mq))
+            reqs.append((msgs[i:i + n], pq, mq))
+        if not self.waking:
+            self._add_worker()
+
+    def _add_worker(self) -> None:
+        """One more worker on its way to the requests: a parked one, else a
+        new one if fewer than consume_thread_max run (else the running ones
+        take them as they finish)."""
+        idle = self.idle
+        while idle:
+            fut = idle.pop()
+            if not fut.done():           # (a parked worker cancelled: gone)
+                fut.set_result(None)
+                self.waking += 1
+                return
+        c = self.consumer
+        if self.workers < c.config.consume_thread_max:
+            self.workers += 1
+            self.waking += 1
+            c._spawn_work(self._worker())
+
+    async def _worker(self) -> None:
+        reqs = self.requests
+        try:
+            while True:
+                self.waking -= 1
+                while reqs:
+                    msgs, pq, mq = reqs.popleft()
+                    if reqs and not self.waking:
+                        self._add_worker()       # for the next, if this listener waits
+                    await self._consume(msgs, pq, mq)
+                if self.closing:
+                    return
+                fut = asyncio.get_running_loop().create_future()
+                self.idle.append(fut)
+                await fut
+        finally:
+            self.workers -= 1
+
+    def close(self) -> None:
+        """Shutting down: parked workers end, and the running ones once no
+        request is left (what the consumer's shutdown waits for)."""
+        self.closing = True
+        for fut in self.idle:
+            if not fut.done():
+                fut.set_result(None)
+                self.waking += 1
+        self.idle.clear()
 
     async def _consume(self, msgs: list[MessageExt], pq: ProcessQueue, mq: MessageQueue) -> None:
         """ConsumeMessageConcurrentlyService.ConsumeRequest."""
         c = self.consumer
-        async with c._slots:
-            if pq.dropped or c._stopping:
-                return
-            if mq.topic.startswith(RETRY_PREFIX):      # a queue's records carry its topic
-                restore_retry_topic(msgs, c.group)
-            context = ConsumeConcurrentlyContext(mq)
-            status = await c._call_listener(msgs, context)
+        if pq.dropped or c._stopping:
+            return
+        if mq.topic.startswith(RETRY_PREFIX):      # a queue's records carry its topic
+            restore_retry_topic(msgs, c.group)
+        context = ConsumeConcurrentlyContext(mq)
+        status = await c._call_listener(msgs, context)
         if not isinstance(status, ConsumeConcurrentlyStatus):
             if status is not None:
                 log.warning("the listener of %s returned %r: RECONSUME_LATER", c.group, status)

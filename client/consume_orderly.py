@@ -42,6 +42,9 @@ class ConsumeOrderlyService:
         """A consume request for the queue (a pull found it idle)."""
         self.consumer._spawn_work(self._consume(pq, mq))
 
+    def close(self) -> None:
+        """Shutting down: each request is a task of its own, nothing to end."""
+
     async def _consume(self, pq: ProcessQueue, mq: MessageQueue) -> None:
         """ConsumeMessageOrderlyService.ConsumeRequest: the queue's messages in
         order, while its lock is held (clustering)."""

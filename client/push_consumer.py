@@ -111,6 +111,8 @@ class AsyncPushConsumer(ConsumerBase):
         self.process_queues = {}
         self._pull_tasks, self._work, self._timers = {}, set(), set()
         self._slots = self._executor = None             # the parent's threads
+        if self.service is not None:                    # (its workers were the parent's tasks)
+            self.service = type(self.service)(self)
         self.locks = QueueLocks(self.group, self._inst, self.process_queues)
         if self.tracer is not None:        # the parent's queued trace records stay the parent's
             self.tracer = trace.TraceDispatcher(self.group, "CONSUME", self.client_config)
@@ -157,6 +159,7 @@ class AsyncPushConsumer(ConsumerBase):
             retry = RETRY_PREFIX + self.group
             self.subscriptions.setdefault(retry, SubscriptionData.build(retry, "*"))
         self._stopping = False
+        self.service = type(self.service)(self)        # (a restart: its workers anew)
         self._slots = asyncio.Semaphore(self.config.consume_thread_max)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.config.consume_thread_max, thread_name_prefix=f"ConsumeMessageThread_{self.group}")
@@ -186,6 +189,7 @@ class AsyncPushConsumer(ConsumerBase):
             await background.cancel(self._timers)
             await background.cancel(self._pull_tasks.values())
             self._pull_tasks.clear()
+        self.service.close()                       # its parked workers end
         if self._work:
             await asyncio.wait(self._work, timeout=self.config.await_termination_millis_when_shutdown / 1000)
         await background.cancel(self._work)

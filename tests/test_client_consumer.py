@@ -558,6 +558,54 @@ def test_flow_control_bounds_the_process_queue(broker, request):
     assert 16 <= most[0] <= 16 + 8          # pulled only while at most the threshold was cached
 
 
+@pytest.mark.parametrize("kind", ["awaiting", "plain"])
+def test_consume_requests_run_at_most_consume_thread_max_at_once(broker, request, kind):
+    """Batches of one: a listener that waits (a coroutine awaiting, or a
+    plain function in the consume thread pool) has exactly
+    ``consume_thread_max`` of them running at once while more wait, each
+    message once; and a shutdown does not wait on the idle workers (its
+    ``await_termination_millis_when_shutdown`` is a minute here)."""
+    topic = make_topic(broker, topic_of(request), 1)
+    running, most, done = [0], [0], []
+    lock = threading.Lock()
+
+    def enter():
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+
+    def leave(msgs):
+        with lock:
+            running[0] -= 1
+            done.extend(m.body for m in msgs)
+
+    async def awaiting(msgs, context):
+        enter()
+        await asyncio.sleep(0.05)
+        leave(msgs)
+        return OK
+
+    def plain(msgs, context):
+        enter()
+        time.sleep(0.05)
+        leave(msgs)
+        return OK
+
+    async def main():
+        await send_all(broker, topic, [b"t%d" % i for i in range(24)])
+        c = AsyncPushConsumer(f"cg-slots-{kind}", namesrv_addr=broker.namesrv,
+                              consume_thread_max=3, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                              await_termination_millis_when_shutdown=60_000, **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(awaiting if kind == "awaiting" else plain)
+        await c.start()
+        await until(lambda: len(done) >= 24, what="24 messages")
+        await asyncio.wait_for(c.shutdown(), 20)
+    asyncio.run(main())
+    assert most[0] == 3
+    assert sorted(done) == sorted(b"t%d" % i for i in range(24))
+
+
 def test_reset_offsets_by_time_reaches_a_live_consumer(broker, request):
     topic = make_topic(broker, topic_of(request), 2)
     group = "cg-reset"
