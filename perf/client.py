@@ -30,6 +30,9 @@
   delivery to the last, beside raw socket bulk bandwidth in records of that
   size; the C++ PushConsumer (2 threads, its Python callback per message)
   on the same backlog with its own group.
+- client_consume_batch1: the same with RocketMQ's default listener batch
+  of one message (a consume request each: the consume pool's cost per
+  request), and the consumer's CPU a message.
 
 Both clients talk TCP to the broker (the C++ core has no Unix socket); the
 shmq client is run a second time with its Unix-socket path.
@@ -398,7 +401,7 @@ async def _backlog(namesrv: str, topic: str, n: int) -> None:
 
 
 async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool,
-                        direct: bool = False) -> tuple[float, float, int]:
+                        direct: bool = False, batch: int = 32) -> tuple[float, float, int]:
     """A push consumer (its own group) draining the ``n``-message backlog of
     ``topic`` from the first offset: msg/s from the first delivery to the
     last, this process's CPU µs a message meanwhile, and how many it read
@@ -426,7 +429,7 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool,
                        instance_name=f"perf-c-{unix}-{direct}")
     c = AsyncPushConsumer(f"perf-consume-{unix}-{direct}-{time.time_ns()}", client=cfg,
                           consume_from_where="CONSUME_FROM_FIRST_OFFSET",
-                          consume_message_batch_max_size=32)
+                          consume_message_batch_max_size=batch)
     c.subscribe(topic, "*")
     c.register_message_listener(on_messages)
     await c.start()
@@ -488,3 +491,12 @@ def run_consume(ctx, result):
                  vs_cpp=round(tcp / cpp, 3) if cpp else None,
                  note=None if cpp else "rocketmq==0.4.4 not installed (pip install -e '.[compat]'): no C++ comparison",
                  messages=n, body_bytes=100)
+    # the default listener batch (consumeMessageBatchMaxSize 1): a consume request a message
+    tcp1, cpu1, _ = asyncio.run(_shmq_consume(ns, topic, n, False, batch=1))
+    unix1 = (asyncio.run(_shmq_consume(ns, topic, n, True, batch=1))[0]
+             if "unix" in b.transports else None)
+    yield result("client_consume_batch1", tcp1, "msg/s", bulk["bps"] / record,
+                 f"raw socket bulk (tcp) in {record}-byte records",
+                 unix_socket=round(unix1) if unix1 else None, client_cpu_us_per_msg=round(cpu1, 2),
+                 batch32=round(tcp), cpp_client=round(cpp) if cpp else None,
+                 vs_cpp=round(tcp1 / cpp, 3) if cpp else None, messages=n, body_bytes=100)
