@@ -423,6 +423,13 @@ class MessageStore:
         e = RING_BASE + seq % RING_ENTRIES * ENTRY_WORDS
         if w[e + E_SEQ] != seq:
             return 0            # published meanwhile and the entry reused
+        if w[e + E_PID] == 0:
+            # given up by its owner (interrupted waiting for the claims ahead,
+            # a write the disk refused): the next append repairs and publishes
+            # it at once (``_await``). Counted busy, every send was refused
+            # before it claimed, nobody came to publish it, and the store
+            # stayed busy while its owner lived.
+            return 0
         return max(0, now_ms - w[e + E_CLAIMED_MS])
 
     # ------------------------------------------------------------ dedup window

@@ -208,6 +208,62 @@ def test_a_send_behind_a_stalled_append_is_system_busy_pc_synchronized(store_dir
     rig.close()
 
 
+def test_an_append_given_up_behind_a_stalled_one_does_not_make_the_store_busy(store_dir):
+    """An append interrupted while it waits for the claim ahead (a Ctrl-C of a
+    direct producer, delivered in the store's ``on_wait``) leaves its record
+    written and its claim to whoever publishes next. Once the stalled one
+    published, that claim is the oldest unpublished: counted busy past
+    osPageCacheBusyTimeOutMills, every send was refused before claiming, so
+    none came to publish it and the store stayed busy while its owner lived.
+    It is not busy: the next send is stored, after the given-up record."""
+    import threading
+    import time
+
+    from shmq.core.records import encode
+    rig = Rig(store_dir, store={"osPageCacheBusyTimeOutMills": 1})
+    rig.ok(create_topic("GoldenTopic", 4))
+    store = rig.store
+    claimed, go, waiting = threading.Event(), threading.Event(), threading.Event()
+
+    def stall(stage, seq):
+        if stage == "claimed" and threading.current_thread() is staller:
+            claimed.set()
+            assert go.wait(30)
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt():                     # the behind thread's wait: interrupted
+        if threading.current_thread() is behind:
+            waiting.set()
+            raise Interrupted
+
+    def append_behind():
+        with pytest.raises(Interrupted):
+            store.append(encode("GoldenTopic", [b"given up"], queue_ids=1, properties=b""))
+
+    store.hook, store.on_wait = stall, interrupt
+    staller = threading.Thread(target=store.append,
+                               args=(encode("GoldenTopic", [b"stalled"], queue_ids=1, properties=b""),))
+    behind = threading.Thread(target=append_behind)
+    staller.start()
+    try:
+        assert claimed.wait(30)
+        behind.start()
+        assert waiting.wait(30)
+        behind.join(30)
+    finally:
+        go.set()
+        staller.join(30)
+    store.hook = store.on_wait = None
+    time.sleep(0.02)                                # > 1 ms since the given-up claim
+    assert store.busy_ms(int(time.time() * 1000)) == 0
+    assert rig.ok(golden("cpp-1.2-send", queueId="1")).ext["queueOffset"] == "2"
+    assert [m.body for m in store.read_queue("GoldenTopic", 1)] == [
+        b"stalled", b"given up", b"golden-body-1"]
+    rig.close()
+
+
 def test_a_unix_socket_client_is_born_at_127_0_0_1_port_0_and_a_send_without_the_oneway_bit_is_answered(rig):
     cmd = golden("cpp-1.2-send-oneway", queueId="0")
     assert cmd.flag == 0
