@@ -214,8 +214,9 @@ class DirectStore:
             from shmq.core.config import StoreConfig
             from shmq.core.dedup import dedupable_topic, key_hash
             from shmq.core.files import REAL_FILES
-            from shmq.core.layout import PROPERTIES_BYTES_MAX, lay_out
-            from shmq.core.records import encode_arrays, encode_record, host_raw, tags_code_of
+            from shmq.core.layout import PROPERTIES_BYTES_MAX, RECORD_FIXED_BYTES, lay_out
+            from shmq.core.records import (encode_arrays, encode_record, group_bytes_limit,
+                                           host_raw, runs, tags_code_of)
             from shmq.core.state import STATE_RUNNING, StoreState, StoreStopping
             from shmq.core.store import DuplicateResult, MessageStore
             import posix_ipc
@@ -228,7 +229,8 @@ class DirectStore:
         self._encode, self._tags_code = encode_record, tags_code_of
         self._key_hash, self._dedupable = key_hash, dedupable_topic
         self._encode_arrays, self._lay_out = encode_arrays, lay_out
-        self._props_max = PROPERTIES_BYTES_MAX
+        self._props_max, self._record_fixed = PROPERTIES_BYTES_MAX, RECORD_FIXED_BYTES
+        self._runs = runs
         self._duplicate, self._stopping = DuplicateResult, (StoreStopping, Retired)
         self.stopped = False
         try:
@@ -280,6 +282,7 @@ class DirectStore:
         self.cluster_prop = f"CLUSTER\x01{info['clusterName']}"
         self.broker_perm = int(info.get("brokerPermission", 6))
         self.max_bytes = config.maxMessageSize
+        self.group_bytes = group_bytes_limit(config.mappedFileSizeCommitLog)
         self.busy_ms = config.osPageCacheBusyTimeOutMills
         self.sync_flush = config.sync_flush
         self._epoch = -1
@@ -379,15 +382,18 @@ class DirectStore:
     def append_group(self, topic: str, queue_id: int, sends: list) -> list:
         """``append`` of several messages to one queue, ``sends`` a list of
         (body, props, flag, sysflag) in call order: the sends of one event-
-        loop turn (``AppendTurn``), appended as one claim —
-        one lock, one write, one publish and wake-up for all — each with its
-        own duplicate-window entry. One answer per send, as ``append``'s
-        (None: over the socket). A message the broker must route (delay,
-        transaction …) is None and stays out of the claim; a ValueError of
-        one message (what the broker answers MESSAGE_ILLEGAL) is its answer,
-        and the others are stored. When one of the keys may be in the
-        window (``MessageStore.append``'s ``each``) the messages are
-        appended one by one, each checked on its own."""
+        loop turn (``AppendTurn``), in runs (``records.runs``: the broker's
+        worker cuts the sends of its turns alike) each appended as one claim
+        — one lock, one write, one publish and wake-up for all — each
+        message with its own duplicate-window entry. One answer per send, as
+        ``append``'s: None (over the socket: the broker must route it, the
+        store is busy …), a ValueError (what the broker answers
+        MESSAGE_ILLEGAL), or where it was stored. A message whose flag or
+        sysflag differs from the first's is appended on its own, in its
+        place; one the store refuses is answered so; when one of a
+        run's keys may be in the window (``MessageStore.append``'s
+        ``each``) the run's messages are appended one by one, each checked
+        on its own."""
         with self.lock:
             return self._append_group(topic, queue_id, sends)
 
@@ -399,56 +405,61 @@ class DirectStore:
         now = int(time.time() * 1000)
         if extra is None or self._refused(now):
             return out
-        idx, bodies, pbs, hashes = [], [], [], []
         flag0, sysflag0 = sends[0][2], sends[0][3]
         cluster = self.cluster_prop
         dedup = self.store.dedup_on and self._dedupable(topic)
         key_hash = self._key_hash
         max_bytes, props_max = self.max_bytes, self._props_max
+        fixed = self._record_fixed + len(topic.encode())
+        items = []          # (i, body, properties' bytes or None: alone, key hash)
         for i, (body, props, flag, sysflag) in enumerate(sends):
             if routed(props, sysflag):
                 continue                   # for the broker's logic: over the socket
-            if flag != flag0 or sysflag != sysflag0:
-                return self._one_by_one(topic, queue_id, sends, range(len(sends)), out)
-            pb = (props if "CLUSTER\x01" in props else
-                  f"{props}\x02{cluster}" if props else cluster).encode()
-            if len(body) > max_bytes or len(pb) > props_max:
-                out[i] = self._one(topic, queue_id, sends[i])     # its refusal, worded
-                continue
-            idx.append(i)
-            bodies.append(body)
-            pbs.append(pb)
-            hashes.append(key_hash(pb) if dedup else 0)
-        n = len(idx)
-        if n < 2:
-            return self._one_by_one(topic, queue_id, sends, idx, out)
+            try:
+                pb = (props if "CLUSTER\x01" in props else
+                      f"{props}\x02{cluster}" if props else cluster).encode()
+            except ValueError:
+                pb = None
+            if pb is None or len(body) > max_bytes or len(pb) > props_max:
+                out[i] = self._one(topic, queue_id, sends[i])    # its refusal, worded
+            elif flag != flag0 or sysflag != sysflag0:
+                items.append((i, body, None, 0))                 # appended alone, in its place
+            else:
+                items.append((i, body, pb, key_hash(pb) if dedup else 0))
+        for run in self._runs(items, self.group_bytes, lambda it: fixed + len(it[1]) + len(it[2]),
+                              lambda it: it[2] is None):
+            if len(run) == 1 or not self._append_run(topic, queue_id, run, out, now, flag0,
+                                                     sysflag0 | extra):
+                for it in run:
+                    out[it[0]] = self._one(topic, queue_id, sends[it[0]])
+        return out
+
+    def _append_run(self, topic: str, queue_id: int, run: list, out: list, now: int, flag: int,
+                    sysflag: int) -> bool:
+        """One claim of ``run`` (``_append_group``'s items), its answers in
+        ``out``; False when it must go one by one (a message refused, a key
+        that may be in the window, the store stopped: then each says so)."""
+        n = len(run)
         lay_out = self._lay_out
         try:
-            batch = self._encode_arrays(topic, *lay_out(bodies, "bodies", n),
-                                        *lay_out(pbs, "properties", n), queue_ids=queue_id,
-                                        flag=flag0, sysflag=sysflag0 | extra, born_timestamp=now,
-                                        born_host=("127.0.0.1", 0),
+            batch = self._encode_arrays(topic, *lay_out([it[1] for it in run], "bodies", n),
+                                        *lay_out([it[2] for it in run], "properties", n),
+                                        queue_ids=queue_id, flag=flag, sysflag=sysflag,
+                                        born_timestamp=now, born_host=("127.0.0.1", 0),
                                         store_host=self.store_host_pair, store_timestamp=now,
                                         max_message_bytes=self.max_bytes, spans_checked=True)
-        except ValueError:                 # one is refused: each on its own
-            return self._one_by_one(topic, queue_id, sends, idx, out)
-        r = self._append(topic, self.store.append, batch, 0, hashes)
+        except ValueError:
+            return False
+        r = self._append(topic, self.store.append, batch, 0, [it[3] for it in run])
         if r is None:
-            # stopped (the socket from now on), or a key may be in the
-            # window: each on its own
-            return out if self.stopped else self._one_by_one(topic, queue_id, sends, idx, out)
+            return False
         self.appended += n
         if self.tally is not None:
             self.count_put(topic, n, batch.buf.shape[0])
         pre, phy, q, end = self.msgid_prefix, r.phy_offset, r.queue_offset, r.end
-        for k, (i, pos) in enumerate(zip(idx, batch.rec_pos.tolist())):
-            out[i] = (f"{pre}{phy + pos:016X}", queue_id, q + k, end)
-        return out
-
-    def _one_by_one(self, topic: str, queue_id: int, sends: list, idx, out: list) -> list:
-        for i in idx:
-            out[i] = self._one(topic, queue_id, sends[i])
-        return out
+        for k, (it, pos) in enumerate(zip(run, batch.rec_pos.tolist())):
+            out[it[0]] = (f"{pre}{phy + pos:016X}", queue_id, q + k, end)
+        return True
 
     def _one(self, topic: str, queue_id: int, send: tuple):
         """``_append_one``'s answer for a send of a group, or its ValueError."""
@@ -683,12 +694,16 @@ class AppendTurn:
         self.alone = 0                   # its sends appended at once this turn
 
     def join(self, loop: asyncio.AbstractEventLoop, topic: str, queue_id: int, body: bytes,
-             props: str, flag: int, sysflag: int) -> asyncio.Future | None:
-        """None: a send to append now; else the future of its answer
-        (``DirectStore.append``'s, or the ValueError that refused it)."""
+             props: str, flag: int, sysflag: int, over_socket) -> asyncio.Future | None:
+        """None: a send to append now; else the future of its answer:
+        ``DirectStore.append``'s, the ValueError that refused it, or, when
+        the store leaves it to the broker, ``OverSocket``: ``over_socket()``
+        (the sender's, a plain call) wrote it over the socket when the turn
+        ended, in its place among the turn's sends, so a send called later
+        cannot overtake it."""
         if not self.scheduled:
-            self.scheduled = True
             loop.call_soon(self.run)
+            self.scheduled = True
             self.opener, self.alone = asyncio.current_task(loop), 1
             return None
         if (self.alone < AT_ONCE_MAX and not self.queues
@@ -700,24 +715,46 @@ class AppendTurn:
         group = self.queues.get(key)
         if group is None:
             group = self.queues[key] = []
-        group.append(((body, props, flag, sysflag), fut))
+        group.append(((body, props, flag, sysflag), fut, over_socket))
         return fut
 
     def run(self) -> None:
         self.scheduled, self.opener = False, None
         queues, self.queues = self.queues, {}
-        for (topic, qid), group in queues.items():
-            group = [g for g in group if not g[1].done()]       # cancelled: not stored
-            if not group:
-                continue
-            try:
-                out = self.ds.append_group(topic, qid, [g[0] for g in group])
-            except BaseException as e:    # what a lone append would raise to its caller: a
-                for _, fut in group:      # Ctrl-C kept during the append (``_SigintGuard``)
-                    fut.set_exception(e)  # is raised by the senders' tasks, out of the loop
-                continue
-            for (_, fut), r in zip(group, out):
-                fut.set_result(r)
+        try:
+            for (topic, qid), group in queues.items():
+                group = [g for g in group if not g[1].done()]       # cancelled: not stored
+                if not group:
+                    continue
+                try:
+                    out = self.ds.append_group(topic, qid, [g[0] for g in group])
+                except BaseException as e:   # what a lone append raises to its caller: a
+                    for _, fut, _ in group:  # Ctrl-C kept during the append (``_SigintGuard``)
+                        fut.set_exception(e)  # is raised by the senders' tasks, out of the loop
+                    continue
+                for (_, fut, over_socket), r in zip(group, out):
+                    if r is None:
+                        try:
+                            r = OverSocket(over_socket())
+                        except Exception as e:
+                            fut.set_exception(e)
+                            continue
+                    fut.set_result(r)
+        finally:     # left by an exception between appends (a Ctrl-C): not stored, not sent
+            for group in queues.values():
+                for _, fut, _ in group:
+                    if not fut.done():
+                        fut.cancel()
+
+
+class OverSocket:
+    """A send of a turn's group that the store left to the broker, written
+    over the socket in its place: ``reply``, the future of its answer."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: asyncio.Future):
+        self.reply = reply
 
 
 class FlushWaiter(threading.Thread):

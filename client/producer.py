@@ -104,6 +104,7 @@ from shmq.ipc.remoting import RemotingCommand
 from . import instance, trace
 from .accumulator import Accumulator, Window, append_entry, check_flag, running_here, shut_down
 from .connection import Connection, RemotingError, next_opaque
+from .direct import OverSocket
 from .instance import ClientConfig, ClientInstance, MQClientError, TopicRoute, split_settings, with_settings as _with_settings
 from .message import (KEYS, TAGS, UNIQ_KEY, Message, MessageExt, MessageQueue, SendResult,
                       SendStatus, check_property, decode_messages, properties_fit,
@@ -566,19 +567,34 @@ class AsyncProducer:
         return self._flushed(ds, end, r)
 
     async def _append_in_turn(self, loop, ds, q: MessageQueue, msg: Message, props: str,
-                              uniq: str, sysflag: int):
+                              uniq: str, sysflag: int, over_socket):
         """``_append``, at once or joined to the loop turn's group for its
-        queue (client/direct.py ``AppendTurn``)."""
-        body, sysflag = self._stored_body(msg, sysflag)
-        fut = ds.turn.join(loop, q.topic, q.queue_id, body, props, msg.flag, sysflag)
+        queue (client/direct.py ``AppendTurn``); or ``OverSocket``: the
+        group's end wrote it over the socket (``over_socket``), in its place."""
+        body, stored_flag = self._stored_body(msg, sysflag)
+        fut = ds.turn.join(loop, q.topic, q.queue_id, body, props, msg.flag, stored_flag,
+                           over_socket)
         if fut is None:
-            got = self._appended(ds, q, body, props, msg.flag, sysflag)
+            got = self._appended(ds, q, body, props, msg.flag, stored_flag)
         else:
             got = await fut
+            if got.__class__ is OverSocket:
+                return got
             if isinstance(got, ValueError):
                 raise MQClientError(R.MESSAGE_ILLEGAL, str(got)) from None
         r = self._direct_result(ds, q, got, props, uniq)
         return await r if r is not None and r.__class__ is not SendResult else r
+
+    def _write_counted(self, name: str, conn: Connection, q: MessageQueue, msg: Message,
+                       props: str, timeout: float, sysflag: int) -> asyncio.Future:
+        """``write_send``, counted among the sends over ``name``'s socket that
+        a direct append waits for (``_switch``) until ``_socket_answered``."""
+        self._over_socket[name] = self._over_socket.get(name, 0) + 1
+        try:
+            return self.write_send(conn, q, msg, props, timeout, sysflag)
+        except BaseException:
+            self._socket_answered(name)
+            raise
 
     def _direct_init(self) -> None:
         """The switch of ``send`` from a broker's socket to its store (``_switch``)."""
@@ -760,14 +776,21 @@ class AsyncProducer:
                             if self._direct_of.get(name) is not ds or self._over_socket.get(name) \
                                     or self._switching and name in self._switching:
                                 await self._switch(name, ds, deadline)
-                            r = await self._append_in_turn(inst.loop, ds, q, msg, props, uniq,
-                                                           sysflag)
-                            if r is not None:
+                            r = await self._append_in_turn(
+                                inst.loop, ds, q, msg, props, uniq, sysflag,
+                                lambda: self._write_counted(name, conn, q, msg, props, left,
+                                                            sysflag))
+                            if r.__class__ is OverSocket:
+                                sent = r.reply
+                            elif r is not None:
                                 self.failed_broker = None
                                 return r
-                        self._over_socket[name] = self._over_socket.get(name, 0) + 1
+                            else:
+                                sent = self._write_counted(name, conn, q, msg, props, left, sysflag)
+                        else:
+                            sent = self._write_counted(name, conn, q, msg, props, left, sysflag)
                         try:
-                            reply = await self.write_send(conn, q, msg, props, left, sysflag)
+                            reply = await sent
                         finally:
                             self._socket_answered(name)
                     else:

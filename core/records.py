@@ -260,6 +260,40 @@ def one_record(topic: str, rec: bytearray, queue_id: int, tags_code: int,
                         store_timestamp=store_timestamp, single_queue=True)
 
 
+# the records single sends share one claim with at most (bytes; a quarter of
+# a segment where that is less): large messages gain nothing from sharing a
+# claim, and a claim must fit a segment
+GROUP_BYTES_MAX = 1 << 20
+
+
+def group_bytes_limit(segment_bytes: int) -> int:
+    return min(GROUP_BYTES_MAX, segment_bytes // 4)
+
+
+def runs(items: list, limit: int, size, alone):
+    """``items`` (one queue's sends, in call order) cut into runs to append in
+    one claim each: at most ``limit`` bytes (``size(item)``; a larger item is
+    a run of its own), and an item for which ``alone(item)`` is true a run
+    of its own, in its place. The broker's worker and a direct producer
+    cut the sends of a turn alike."""
+    run, total = [], 0
+    for it in items:
+        if alone(it):
+            if run:
+                yield run
+            yield [it]
+            run, total = [], 0
+            continue
+        n = size(it)
+        if run and total + n > limit:
+            yield run
+            run, total = [], 0
+        run.append(it)
+        total += n
+    if run:
+        yield run
+
+
 def join_records(topic: str, recs: list, queue_id: int, tags_codes: list[int],
                  store_timestamp: int) -> EncodedBatch:
     """The batch of several records ``encode_record`` wrote, all for one

@@ -357,6 +357,74 @@ def test_sends_of_one_loop_turn_are_appended_together_each_as_if_alone(broker, r
         time.sleep(0.2)
 
 
+def test_a_turn_group_larger_than_a_segment_and_an_unencodable_message_in_it(broker, request):
+    """A turn's sends to one queue are cut into claims of at most a quarter
+    segment (1 MiB): 18 sends of ~1 MB, more than the test broker's 16 MiB
+    segment, are all stored, in call order (as one claim they would not
+    fit a segment, and all were refused). A message whose properties are
+    not UTF-8 is refused alone, MESSAGE_ILLEGAL, as when sent alone; the
+    others of its group are stored."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+    big = b"b" * 1_000_000
+
+    async def sends():
+        async with AsyncProducer("dp-big", namesrv_addr=broker.namesrv,
+                                 compress_msg_body_over_howmuch=8 << 20) as p:
+            [q] = await p.publish_queues(topic)
+            await p.send(Message(topic, b"warm"), queue=q)
+            assert direct_of(p) is not None
+            large = await asyncio.gather(*[p.send(Message(topic, b"%02d" % i + big), queue=q)
+                                           for i in range(18)])
+            msgs = [Message(topic, b"u%d" % i, tags="T") for i in range(4)]
+            msgs[2].properties["bad"] = "\ud800"                 # a lone surrogate
+            mixed = await asyncio.gather(*[p.send(m, queue=q) for m in msgs],
+                                         return_exceptions=True)
+            return large, mixed, direct_of(p).appended
+
+    large, mixed, appended = asyncio.run(sends())
+    assert [r.status for r in large] == [SendStatus.SEND_OK] * 18
+    assert [r.queue_offset for r in large] == list(range(1, 19))
+    assert isinstance(mixed[2], MQClientError) and mixed[2].code == R.MESSAGE_ILLEGAL
+    assert [r.queue_offset for r in mixed[:2] + mixed[3:]] == [19, 20, 21]
+    assert appended == 1 + 18 + 3
+    bodies = [m.body for m in stored_records(broker, topic, 1)]
+    assert [b[:2] for b in bodies[1:19]] == [b"%02d" % i for i in range(18)]
+    assert bodies[19:] == [b"u0", b"u1", b"u3"]
+
+
+def test_a_turn_group_the_store_leaves_to_the_broker_is_not_overtaken(broker, request):
+    """When the store leaves a turn's group to the broker (busy, full, a
+    table it does not hold yet: here it says so once), the group's sends
+    are written over the socket when the turn ends, in their place: a send
+    called after them, which runs before they resume, waits for their
+    answers (as at the switch) and is stored after them."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+
+    async def sends():
+        async with AsyncProducer("dp-left", namesrv_addr=broker.namesrv) as p:
+            [q] = await p.publish_queues(topic)
+            await p.send(Message(topic, b"warm"), queue=q)
+            ds = direct_of(p)
+            assert ds is not None
+            group = ds._append_group
+
+            def refuse_once(topic, queue_id, sends):
+                ds._append_group = group
+                return [None] * len(sends)
+            ds._append_group = refuse_once
+            first = [asyncio.ensure_future(p.send(Message(topic, body), queue=q))
+                     for body in (b"A", b"B", b"C")]
+            await asyncio.sleep(0)        # A appended, B and C joined the turn's group
+            later = asyncio.ensure_future(p.send(Message(topic, b"D"), queue=q))
+            rs = await asyncio.gather(*first, later)
+            return rs, ds.appended
+
+    rs, appended = asyncio.run(sends())
+    assert [r.queue_offset for r in rs] == [1, 2, 3, 4]
+    assert appended == 1 + 1 + 1                  # warm, A and D appended; B and C sent
+    assert [m.body for m in stored_records(broker, topic, 1)] == [b"warm", b"A", b"B", b"C", b"D"]
+
+
 def test_a_task_sending_in_a_loop_lets_the_others_send_meanwhile(broker, request):
     """A direct send does not yield, so a task sending in a loop held the
     event loop until it stopped: a second task's sends all came after the

@@ -42,6 +42,7 @@ import logging
 import time
 from typing import Callable
 
+from shmq.core.records import group_bytes_limit, runs
 from shmq.core.state import StoreFullError
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import RequestCode as RC
@@ -110,11 +111,6 @@ HANDLERS: dict[int, Callable] = {
 
 # the sends ``Handlers.take`` may group (a batch is one append already)
 GROUPED_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
-# the records appended in one claim at most (bytes; a quarter of a segment
-# where that is less): large messages gain nothing from sharing a claim
-GROUP_BYTES_MAX = 1 << 20
-
-
 def _failed(peer: Peer, cmd: RemotingCommand, e: Exception) -> RemotingCommand:
     """The answer to a request that raised ``e``: RocketMQ's code for it
     and a remark (no request can raise out of the handlers)."""
@@ -130,27 +126,9 @@ def _failed(peer: Peer, cmd: RemotingCommand, e: Exception) -> RemotingCommand:
 
 
 def _runs(sends: list, limit: int):
-    """One queue's sends, in the order they came, cut into runs to append in
-    one claim each: at most ``limit`` bytes of records (a record larger is
-    a run of its own), and a send that does not join (``Prepared.joins``:
-    a batch, a transaction's record) a run of its own, in its place."""
-    run, size = [], 0
-    for it in sends:
-        p = it[2]
-        if not p.joins:
-            if run:
-                yield run
-            yield [it]
-            run, size = [], 0
-            continue
-        n = len(p.rec)
-        if run and size + n > limit:
-            yield run
-            run, size = [], 0
-        run.append(it)
-        size += n
-    if run:
-        yield run
+    """One queue's sends cut into runs (``records.runs``): a send that does
+    not join (``Prepared.joins``: a batch, a transaction's record) alone."""
+    return runs(sends, limit, lambda it: len(it[2].rec), lambda it: not it[2].joins)
 
 
 class Handlers(Broker):
@@ -257,7 +235,7 @@ class Handlers(Broker):
             p = it[2]
             if p is not None:          # (None: refused, answered already)
                 queues.setdefault((p.store_topic, p.store_qid), []).append(it)
-        limit = min(GROUP_BYTES_MAX, self.config.store.mappedFileSizeCommitLog // 4)
+        limit = group_bytes_limit(self.config.store.mappedFileSizeCommitLog)
         for sends in queues.values():
             for run in _runs(sends, limit):
                 answers = None
