@@ -51,15 +51,20 @@ def watch(task: asyncio.Task, what: str, on_bug: OnBug) -> asyncio.Task:
         if t.cancelled():
             return
         exc = t.exception()
-        if exc is None:
-            return
-        if isinstance(exc, EXPECTED):
-            log.warning("%s: %s", what, exc)
-            return
-        log.error("%s stopped on a bug", what, exc_info=exc)
-        on_bug(what, exc)
+        if exc is not None:
+            report(what, exc, on_bug)
     task.add_done_callback(done)
     return task
+
+
+def report(what: str, exc: BaseException, on_bug: OnBug) -> None:
+    """How ``what`` ended on ``exc``: an expected error is a warning, anything
+    else an ERROR with its traceback, handed to ``on_bug``."""
+    if isinstance(exc, EXPECTED):
+        log.warning("%s: %s", what, exc)
+        return
+    log.error("%s stopped on a bug", what, exc_info=exc)
+    on_bug(what, exc)
 
 
 def spawn(coro: Awaitable, what: str, on_bug: OnBug) -> asyncio.Task:
@@ -76,4 +81,4 @@ async def cancel(tasks: Iterable[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-__all__ = ["cancel", "every", "spawn", "watch"]
+__all__ = ["cancel", "every", "report", "spawn", "watch"]

@@ -32,6 +32,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
+from . import background
 from .listeners import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
 from .message import MessageExt, MessageQueue
 from .process_queue import ProcessQueue
@@ -80,22 +81,39 @@ class ConsumeConcurrentlyService:
             c._spawn_work(self._worker())
 
     async def _worker(self) -> None:
+        c = self.consumer
         reqs = self.requests
+        woken = True                # counted in ``waking`` until it runs
         try:
             while True:
-                self.waking -= 1
+                if woken:
+                    self.waking -= 1
+                    woken = False
                 while reqs:
                     msgs, pq, mq = reqs.popleft()
                     if reqs and not self.waking:
                         self._add_worker()       # for the next, if this listener waits
-                    await self._consume(msgs, pq, mq)
+                    try:
+                        await self._consume(msgs, pq, mq)
+                    except Exception as e:       # a bug in this request: reported as a task's
+                        background.report(f"a consume request of {c.group}", e,  # would be,
+                                          c.record_failure)                      # and on
                 if self.closing:
                     return
                 fut = asyncio.get_running_loop().create_future()
                 self.idle.append(fut)
-                await fut
+                try:
+                    await fut
+                except BaseException:            # cancelled: after being woken, or parked
+                    woken = fut.done() and not fut.cancelled()
+                    raise
+                woken = True
         finally:
+            if woken:
+                self.waking -= 1
             self.workers -= 1
+            if reqs and not self.closing and not self.waking:
+                self._add_worker()               # (it ended on a BaseException: the rest)
 
     def close(self) -> None:
         """Shutting down: parked workers end, and the running ones once no

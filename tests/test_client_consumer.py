@@ -606,6 +606,38 @@ def test_consume_requests_run_at_most_consume_thread_max_at_once(broker, request
     assert sorted(done) == sorted(b"t%d" % i for i in range(24))
 
 
+def test_a_bug_in_one_consume_request_leaves_the_others_consumed(broker, request):
+    """A request that raises past the listener (here once, in its result's
+    processing) is a bug: logged, kept for ``shutdown()`` to raise, and the consume
+    pool's worker goes on with the requests behind it (ending with it, it
+    left them waiting for a worker none would bring while no new pull
+    came)."""
+    from shmq.client import BackgroundFailure
+    topic = make_topic(broker, topic_of(request), 1)
+    got = []
+
+    async def main():
+        c = AsyncPushConsumer("cg-bug", namesrv_addr=broker.namesrv, consume_thread_max=1,
+                              consume_from_where="CONSUME_FROM_FIRST_OFFSET", **FAST)
+        c.subscribe(topic)
+        c.register_message_listener(recorder(got))
+        await c.start()
+        service = c.service
+        process_result = service._process_result
+
+        async def broken_once(*args):
+            service._process_result = process_result
+            raise RuntimeError("a bug after the listener")
+        service._process_result = broken_once
+        async with AsyncProducer("pg-bug", namesrv_addr=broker.namesrv) as p:   # one pull's worth
+            await p.send_batch([Message(topic, b"g%d" % i) for i in range(10)])
+        await until(lambda: len(got) >= 10, what="the ten messages")
+        with pytest.raises(BackgroundFailure, match="a consume request of cg-bug"):
+            await c.shutdown()
+    asyncio.run(main())
+    assert sorted(m.body for m in got) == sorted(b"g%d" % i for i in range(10))
+
+
 def test_reset_offsets_by_time_reaches_a_live_consumer(broker, request):
     topic = make_topic(broker, topic_of(request), 2)
     group = "cg-reset"
