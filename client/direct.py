@@ -718,6 +718,13 @@ class AppendTurn:
         group.append(((body, props, flag, sysflag), fut, over_socket))
         return fut
 
+    def flush(self) -> None:
+        """The turn's groups appended now: before an append of this loop that
+        must not overtake them (a ``send_many`` or ``put`` chunk; their
+        ``call_soon`` then finds nothing left)."""
+        if self.queues:
+            self.run()
+
     def run(self) -> None:
         self.scheduled, self.opener = False, None
         queues, self.queues = self.queues, {}

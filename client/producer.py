@@ -926,9 +926,12 @@ class AsyncProducer:
         batches for q must leave first)."""
         if self.accumulator is not None:
             return None
-        ds = self._inst().direct_now(q.broker_name)
+        inst = self._inst()
+        ds = inst.direct_now(q.broker_name)
         if ds is None:
             return None
+        if running_here(inst.loop):
+            ds.turn.flush()                 # the sends called before it, appended before it
         try:
             got = ds.append_many(q.topic, q.queue_id, *bodies.laid(), props)
         except ValueError as e:             # what the broker answers MESSAGE_ILLEGAL

@@ -425,6 +425,28 @@ def test_a_turn_group_the_store_leaves_to_the_broker_is_not_overtaken(broker, re
     assert [m.body for m in stored_records(broker, topic, 1)] == [b"warm", b"A", b"B", b"C", b"D"]
 
 
+def test_a_send_many_chunk_is_stored_after_the_sends_called_before_it(broker, request):
+    """Sends waiting for their turn's end and a ``send_many`` called after
+    them in the same turn: its chunk, appended at once, first appends the
+    turn's group (``AppendTurn.flush``), so a queue keeps call order."""
+    topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
+
+    async def sends():
+        async with AsyncProducer("dp-many", namesrv_addr=broker.namesrv) as p:
+            [q] = await p.publish_queues(topic)
+            await p.send(Message(topic, b"warm"), queue=q)
+            assert direct_of(p) is not None
+            tasks = [asyncio.ensure_future(p.send(Message(topic, body), queue=q))
+                     for body in (b"A", b"B", b"C")]
+            tasks.append(asyncio.ensure_future(p.send_many(topic, [b"X", b"Y"], queue=q)))
+            return await asyncio.gather(*tasks)
+
+    *rs, many = asyncio.run(sends())
+    assert [r.queue_offset for r in rs] + [many[0].queue_offset] == [1, 2, 3, 4]
+    assert [m.body for m in stored_records(broker, topic, 1)] == [
+        b"warm", b"A", b"B", b"C", b"X", b"Y"]
+
+
 def test_a_task_sending_in_a_loop_lets_the_others_send_meanwhile(broker, request):
     """A direct send does not yield, so a task sending in a loop held the
     event loop until it stopped: a second task's sends all came after the
