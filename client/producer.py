@@ -588,13 +588,18 @@ class AsyncProducer:
     def _write_counted(self, name: str, conn: Connection, q: MessageQueue, msg: Message,
                        props: str, timeout: float, sysflag: int) -> asyncio.Future:
         """``write_send``, counted among the sends over ``name``'s socket that
-        a direct append waits for (``_switch``) until ``_socket_answered``."""
+        a direct append waits for (``_switch``) until it is answered (or
+        fails): counted off by the reply future itself, so a sender
+        cancelled before it awaits the reply (one the loop turn's group
+        wrote for it) leaves no count behind."""
         self._over_socket[name] = self._over_socket.get(name, 0) + 1
         try:
-            return self.write_send(conn, q, msg, props, timeout, sysflag)
+            fut = self.write_send(conn, q, msg, props, timeout, sysflag)
         except BaseException:
             self._socket_answered(name)
             raise
+        fut.add_done_callback(lambda _: self._socket_answered(name))
+        return fut
 
     def _direct_init(self) -> None:
         """The switch of ``send`` from a broker's socket to its store (``_switch``)."""
@@ -789,10 +794,7 @@ class AsyncProducer:
                                 sent = self._write_counted(name, conn, q, msg, props, left, sysflag)
                         else:
                             sent = self._write_counted(name, conn, q, msg, props, left, sysflag)
-                        try:
-                            reply = await sent
-                        finally:
-                            self._socket_answered(name)
+                        reply = await sent
                     else:
                         acc.flush_queue(q, conn)       # what waits for q leaves first
                         reply = await self.write_send(conn, q, msg, props, left, sysflag)

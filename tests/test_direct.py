@@ -392,12 +392,15 @@ def test_a_turn_group_larger_than_a_segment_and_an_unencodable_message_in_it(bro
     assert bodies[19:] == [b"u0", b"u1", b"u3"]
 
 
-def test_a_turn_group_the_store_leaves_to_the_broker_is_not_overtaken(broker, request):
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_turn_group_the_store_leaves_to_the_broker_is_not_overtaken(broker, request, cancel):
     """When the store leaves a turn's group to the broker (busy, full, a
     table it does not hold yet: here it says so once), the group's sends
     are written over the socket when the turn ends, in their place: a send
     called after them, which runs before they resume, waits for their
-    answers (as at the switch) and is stored after them."""
+    answers (as at the switch) and is stored after them. One cancelled
+    once written (before it awaits its answer) is stored, and counts no
+    more when answered: the sends after it append."""
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
 
     async def sends():
@@ -416,13 +419,21 @@ def test_a_turn_group_the_store_leaves_to_the_broker_is_not_overtaken(broker, re
                      for body in (b"A", b"B", b"C")]
             await asyncio.sleep(0)        # A appended, B and C joined the turn's group
             later = asyncio.ensure_future(p.send(Message(topic, b"D"), queue=q))
-            rs = await asyncio.gather(*first, later)
+            if cancel:                    # B, once written for it, cancelled before it resumes
+                asyncio.get_running_loop().call_soon(first[1].cancel)
+            rs = await asyncio.gather(*first, later, return_exceptions=True)
+            # a send after them all appends (nothing left counted over the socket)
+            rs.append(await asyncio.wait_for(p.send(Message(topic, b"E"), queue=q), 10))
             return rs, ds.appended
 
     rs, appended = asyncio.run(sends())
-    assert [r.queue_offset for r in rs] == [1, 2, 3, 4]
-    assert appended == 1 + 1 + 1                  # warm, A and D appended; B and C sent
-    assert [m.body for m in stored_records(broker, topic, 1)] == [b"warm", b"A", b"B", b"C", b"D"]
+    if cancel:
+        assert isinstance(rs[1], asyncio.CancelledError)
+        rs[1] = None
+    assert [r and r.queue_offset for r in rs] == [1, None if cancel else 2, 3, 4, 5]
+    assert appended == 1 + 1 + 2                  # warm, A, D and E appended; B and C sent
+    assert [m.body for m in stored_records(broker, topic, 1)] == [
+        b"warm", b"A", b"B", b"C", b"D", b"E"]
 
 
 def test_a_send_many_chunk_is_stored_after_the_sends_called_before_it(broker, request):
