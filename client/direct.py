@@ -1247,7 +1247,10 @@ def load_appends() -> None:
         from shmq.core import jit, store  # noqa: F401  (the heavy one: numba, the kernels)
         import posix_ipc  # noqa: F401
         from shmq.ipc import control  # noqa: F401
-        jit.load(("batch",))                 # K.stamp_batch, every append's
+        # K.stamp_batch, every append's; the encoding kernels, a turn's
+        # group's and send_many's (else their first use compiles or loads
+        # them in the event loop)
+        jit.load(("batch", "encode"))
     except ImportError:
         pass
     _APPENDS_LOADED.set()

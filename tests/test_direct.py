@@ -458,6 +458,22 @@ def test_a_send_many_chunk_is_stored_after_the_sends_called_before_it(broker, re
         b"warm", b"A", b"B", b"C", b"X", b"Y"]
 
 
+def test_warming_up_appends_loads_the_encoding_kernels_a_turns_group_uses():
+    """A turn's group is encoded by the batch kernel (as send_many's chunks
+    are): the warm-up thread loads it with the append's, so its first use
+    neither compiles nor loads it inside the event loop (on a cold cache
+    that held every send of the process for seconds)."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from shmq.client.direct import warm_up_appends
+        from shmq.core import jit
+        assert warm_up_appends()
+        print(sorted(jit.compile_counts(("encode", "batch")).items()))
+    """)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts = dict(eval(r.stdout))
+    assert counts["encode_uniform"] == 1 and counts["stamp_batch"] == 1, counts
+
+
 def test_a_task_sending_in_a_loop_lets_the_others_send_meanwhile(broker, request):
     """A direct send does not yield, so a task sending in a loop held the
     event loop until it stopped: a second task's sends all came after the
