@@ -334,7 +334,7 @@ def test_records_older_than_the_page_cache_window_go_through_the_broker(tmp_path
 CHILD = textwrap.dedent("""
     import asyncio, json, sys, time
     from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
-    from shmq.client.direct import warm_up_reads
+    from shmq.client.direct import warm_up_appends, warm_up_reads
 
     async def main(namesrv, group, topic):
         c = AsyncPushConsumer(group, namesrv_addr=namesrv, persist_consumer_offset_interval=0.5,
@@ -349,7 +349,8 @@ CHILD = textwrap.dedent("""
             await asyncio.sleep(0.002)
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         c.register_message_listener(listener)
-        warm_up_reads()
+        warm_up_appends()              # the store attached at the first connection
+        warm_up_reads()                # and read from the first pull (it is killed early)
         await c.start()
         print(json.dumps({"started": True}), flush=True)
         await asyncio.sleep(120)
