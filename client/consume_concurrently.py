@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from time import monotonic
 from typing import TYPE_CHECKING
 
 from . import background
@@ -43,6 +44,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shmq.client")
 SEND_BACK_RETRY_DELAY = 5.0                 # ConsumeMessageConcurrentlyService.submitConsumeRequestLater
+# A worker taking one request after another yields to what else is ready
+# once it has run this long (a task per request interleaved with the rest
+# of the loop; yielding after every request cost batches of one ~5 µs a
+# message)
+YIELD_EVERY_S = 200e-6
 
 
 class ConsumeConcurrentlyService:
@@ -61,6 +67,17 @@ class ConsumeConcurrentlyService:
         for i in range(0, len(msgs), n):
             reqs.append((msgs[i:i + n], pq, mq))
         if not self.waking:
+            # a worker, woken after what is ready now: the pull loop that
+            # submits goes on to write its next pull, and the connection
+            # flushes it when the turn ends; woken at once, the worker ran
+            # first and the pull waited for the whole pull's consumption
+            # (TCP, batches of 32: 20 % fewer msg/s than a task per request)
+            self.waking += 1
+            asyncio.get_running_loop().call_soon(self._wake_one)
+
+    def _wake_one(self) -> None:
+        self.waking -= 1
+        if self.requests:
             self._add_worker()
 
     def _add_worker(self) -> None:
@@ -89,6 +106,7 @@ class ConsumeConcurrentlyService:
                 if woken:
                     self.waking -= 1
                     woken = False
+                ran_from = monotonic()
                 while reqs:
                     msgs, pq, mq = reqs.popleft()
                     if reqs and not self.waking:
@@ -98,6 +116,9 @@ class ConsumeConcurrentlyService:
                     except Exception as e:       # a bug in this request: reported as a task's
                         background.report(f"a consume request of {c.group}", e,  # would be,
                                           c.record_failure)                      # and on
+                    if reqs and monotonic() - ran_from >= YIELD_EVERY_S:
+                        await asyncio.sleep(0)   # what else is ready runs (see YIELD_EVERY_S)
+                        ran_from = monotonic()
                 if self.closing:
                     return
                 fut = asyncio.get_running_loop().create_future()
