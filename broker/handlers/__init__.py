@@ -111,6 +111,8 @@ HANDLERS: dict[int, Callable] = {
 
 # the sends ``Handlers.take`` may group (a batch is one append already)
 GROUPED_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
+
+
 def _failed(peer: Peer, cmd: RemotingCommand, e: Exception) -> RemotingCommand:
     """The answer to a request that raised ``e``: RocketMQ's code for it
     and a remark (no request can raise out of the handlers)."""
