@@ -160,22 +160,43 @@ def test_help_names_shmq_bench_json_flag():
     assert r.returncode == 0 and "(--json: the JSON lines on stdout instead)" in " ".join(r.stdout.split())
 
 
+def _importing_numpy(pid: int, timeout: float = 60.0) -> None:
+    """Wait until process ``pid`` maps numpy's core extension: shmq's own
+    code runs (``tools.entry`` imports the command, which imports numpy),
+    so the interpreter's start-up is over. (A Ctrl-C before that, while
+    Python imports ``site``, is the interpreter's own "Fatal Python error",
+    whatever program it starts: on a busy machine that took over 0.1 s.)"""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if "_multiarray_umath" in f.read():
+                    return
+        except OSError:          # it ended: the caller reads why
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not import numpy within {timeout:.0f} s")
+
+
 def test_ctrl_c_at_any_point_of_a_start_is_never_a_traceback(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) while
-    `shmq broker` starts: before its modules are loaded (numpy, numba: a
+    `shmq broker` starts: while its modules load (numpy, numba: a
     KeyboardInterrupt from deep in an import, a traceback) it ends with
     "shmq: interrupted" and 130; while its fork server loads (which died of
     the same, a traceback and "unexpected EOF") or later, the boss stops it
-    cleanly. Each point: no traceback, the process group gone."""
+    cleanly. Each point: no traceback, the process group gone. The points
+    count from the moment shmq's imports reach numpy (``_importing_numpy``)."""
     import signal
     import time
     conf = tmp_path / "broker.conf"
     conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nlistenPort={free_port()}\n"
                     f"namesrvListenPort={free_port()}\nhaListenPort={free_port()}\n")
-    for delay in (0.1, 0.4, 0.8, 1.5):
+    for delay in (0.0, 0.3, 0.7, 1.4):
         p = subprocess.Popen([sys.executable, "-m", "shmq.tools", "broker", "-c", str(conf)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
+        _importing_numpy(p.pid)
         time.sleep(delay)
         os.killpg(p.pid, signal.SIGINT)
         out, _ = p.communicate(timeout=60)
