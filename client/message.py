@@ -167,12 +167,16 @@ class SendResult:
     region_id: str = "DefaultRegion"
 
 
-_HEAD = struct.Struct(">iii8xq8xi")       # TOTALSIZE, MAGICCODE, BODYCRC, QUEUEOFFSET, SYSFLAG
+# TOTALSIZE, MAGICCODE, BODYCRC, QUEUEOFFSET, SYSFLAG, and BODYLENGTH where
+# two IPv4 hosts put it (offset 84): a record of an IPv4 broker read in one
+# call (RECORD_FIXED_BYTES covers it; IPv6 hosts move BODYLENGTH)
+_HEAD_V4 = struct.Struct(">iii8xq8xi44xi")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
-_I16 = struct.Struct(">h")
 _MAGIC = L.MESSAGE_MAGIC_I32
 _COMPRESSED, _BORN_V6, _STORE_V6 = L.SYSFLAG_COMPRESSED, L.SYSFLAG_BORNHOST_V6, L.SYSFLAG_STOREHOST_V6
+_V6 = _BORN_V6 | _STORE_V6
+_BODY_V4 = 88                 # a record's body, after two IPv4 hosts and BODYLENGTH
 MIN_OFFSET, MAX_OFFSET = "MIN_OFFSET", "MAX_OFFSET"
 
 
@@ -186,18 +190,20 @@ class MessageExt:
     set (a retry's original topic, a failed consume)."""
 
     __slots__ = ("_buf", "_pos", "broker_name", "store_size", "queue_offset", "sysflag",
-                 "_body", "_topic", "_props", "_reconsume", "_pull", "_blen")
+                 "_body", "_topic", "_props", "_reconsume", "_pull", "_tr")
 
     def __init__(self, buf: bytes, pos: int, broker_name: str, store_size: int,
-                 queue_offset: int, sysflag: int, body_len: int,
+                 queue_offset: int, sysflag: int, topic_at: int,
                  pull: tuple[str, str] | None = None):
         self._buf, self._pos = buf, pos
         self.broker_name = broker_name
         self.store_size, self.queue_offset, self.sysflag = store_size, queue_offset, sysflag
-        # BODYLENGTH, as the decoder read it: a held message's size is asked
-        # twice (the pull's flow control), and the body's end tells where the
-        # topic and properties are (an int object only for bodies over 256 B)
-        self._blen = body_len
+        # where TOPICLENGTH is in the record, as the decoder found it: the
+        # body ends there and the properties begin after the topic, so each
+        # field is one slice away (a held message's size is asked twice, by
+        # the pull's flow control; its id by most listeners). Relative to
+        # the record: an int the interpreter shares for bodies up to ~160 B.
+        self._tr = topic_at
         self._body = self._topic = self._props = self._reconsume = None
         self._pull = pull                  # (MIN_OFFSET, MAX_OFFSET) of the pull, shared
 
@@ -207,22 +213,21 @@ class MessageExt:
         return (20 if f & _BORN_V6 else 8), (20 if f & _STORE_V6 else 8)
 
     def _body_at(self) -> int:
-        """Position of BODYLENGTH in the buffer."""
+        """Where the body starts in the buffer (after BODYLENGTH)."""
         f = self.sysflag
-        return self._pos + 68 + (20 if f & _BORN_V6 else 8) + (20 if f & _STORE_V6 else 8)
+        if not f & _V6:
+            return self._pos + _BODY_V4
+        return self._pos + 72 + (20 if f & _BORN_V6 else 8) + (20 if f & _STORE_V6 else 8)
 
     def _props_span(self) -> tuple[int, int]:
-        buf = self._buf
-        q = self._body_at() + 4 + self._blen
-        q += 1 + buf[q]
-        return q + 2, self._pos + self.store_size
+        t = self._pos + self._tr
+        return t + 3 + self._buf[t], self._pos + self.store_size
 
     # ------------------------------------------------------------ fields
     @property
     def body(self) -> bytes:
         if self._body is None:
-            q = self._body_at() + 4
-            self._body = self._buf[q:q + self._blen]
+            self._body = self._buf[self._body_at():self._pos + self._tr]
         return self._body
 
     @body.setter
@@ -233,14 +238,13 @@ class MessageExt:
     def body_size(self) -> int:
         """len(body), without slicing it out of the buffer."""
         b = self._body
-        return self._blen if b is None else len(b)
+        return self._pos + self._tr - self._body_at() if b is None else len(b)
 
     @property
     def topic(self) -> str:
         if self._topic is None:
-            buf = self._buf
-            q = self._body_at() + 4 + self._blen
-            self._topic = buf[q + 1:q + 1 + buf[q]].decode("utf-8", "replace")
+            buf, t = self._buf, self._pos + self._tr
+            self._topic = buf[t + 1:t + 1 + buf[t]].decode("utf-8", "replace")
         return self._topic
 
     @topic.setter
@@ -260,22 +264,23 @@ class MessageExt:
     def _property(self, name: str, key: bytes) -> str | None:
         """One property, read from the raw bytes while the dict is not built
         (``key`` is ``name`` + 0x01; the last piece with it wins, as in
-        string_to_properties; anything unusual asks the dict)."""
+        string_to_properties; anything unusual asks the dict). Written out
+        in one frame: most listeners ask every message for its id."""
         if self._props is not None:
             return self._props.get(name)
-        s, e = self._props_span()
-        buf = self._buf
-        i = buf.rfind(b"\x02" + key, s, e)
-        if i >= 0:
-            i += 1
-        elif buf.startswith(key, s, e):
-            i = s
-        else:
+        buf, pos = self._buf, self._pos
+        t = pos + self._tr
+        s = t + 3 + buf[t]
+        e = pos + self.store_size
+        i = buf.rfind(key, s, e)
+        if i < 0:
             return None
+        if i != s and buf[i - 1] != 2:           # the end of another name: the dict says
+            return self.properties.get(name)
         v = i + len(key)
         end = buf.find(b"\x02", v, e)
         value = buf[v:e if end < 0 else end]
-        if not value or b"\x01" in value:
+        if not value or 1 in value:
             return self.properties.get(name)
         return value.decode("utf-8", "replace")
 
@@ -296,7 +301,22 @@ class MessageExt:
 
     @property
     def msg_id(self) -> str:
-        return self._property(UNIQ_KEY, b"UNIQ_KEY\x01") or self.offset_msg_id
+        """UNIQ_KEY (the producer's id), else ``offset_msg_id``: ``_property``
+        written out here, since a listener asks every message for it."""
+        if self._props is None:
+            buf, pos = self._buf, self._pos
+            t = pos + self._tr
+            s = t + 3 + buf[t]
+            e = pos + self.store_size
+            i = buf.rfind(b"UNIQ_KEY\x01", s, e)
+            if i == s or i > s and buf[i - 1] == 2:
+                end = buf.find(b"\x02", i + 9, e)
+                value = buf[i + 9:e if end < 0 else end]
+                if value and 1 not in value:
+                    return value.decode("utf-8", "replace")
+            elif i < 0:
+                return self.offset_msg_id
+        return self.properties.get(UNIQ_KEY) or self.offset_msg_id
 
     @property
     def offset_msg_id(self) -> str:
@@ -395,27 +415,33 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
         body = bytes(body)
     out = []
     append = out.append
-    head, i32, i16 = _HEAD.unpack_from, _I32.unpack_from, _I16.unpack_from
+    head4, i32 = _HEAD_V4.unpack_from, _I32.unpack_from
+    fixed, v6, magic_ok = L.RECORD_FIXED_BYTES, _V6, _MAGIC
     crc32 = zlib.crc32
     mv = memoryview(body)
     pos, n = 0, len(body)
     while pos < n:
-        if n - pos < L.RECORD_FIXED_BYTES:
+        if n - pos < fixed:
             raise CorruptMessage(f"record at {pos}: {n - pos} bytes left, too few for a record")
-        size, magic, crc, qoff, sysflag = head(body, pos)
-        q = pos + 68 + (20 if sysflag & _BORN_V6 else 8) + (20 if sysflag & _STORE_V6 else 8)
+        size, magic, crc, qoff, sysflag, blen = head4(body, pos)
         end = pos + size
-        if magic != _MAGIC or size < L.RECORD_FIXED_BYTES or end > n or q + 7 > end:
+        if sysflag & v6:
+            q = pos + 68 + (20 if sysflag & _BORN_V6 else 8) + (20 if sysflag & _STORE_V6 else 8)
+            if q + 7 <= end <= n:
+                blen = i32(body, q)[0]
+        else:
+            q = pos + 84
+        if magic != magic_ok or size < fixed or end > n or q + 7 > end:
             why = (f"record at {pos}: magic {magic & 0xFFFFFFFF:#x}, TOTALSIZE {size}: not a "
                    f"message record within the {n} bytes")
             if skipped is None:
                 raise CorruptMessage(why)
             skipped.append((qoff if magic == _MAGIC else None, why, False))
             break
-        blen = i32(body, q)[0]
         t = q + 4 + blen                   # TOPICLENGTH
-        if blen < 0 or t + 3 > end or t + 3 + body[t] + i16(body, t + 1 + body[t])[0] != end \
-                or body[t] == 0:
+        # the topic's length, then the properties' (int16) ending the record at TOTALSIZE
+        if blen < 0 or t + 3 > end or not 0 < (tl := body[t]) or t + 3 + tl > end or (
+                (pl := body[t + 1 + tl] << 8 | body[t + 2 + tl]) >= 0x8000 or t + 3 + tl + pl != end):
             why = f"record at {pos}: field lengths do not add up to TOTALSIZE {size}"
             if skipped is None:
                 raise CorruptMessage(why)
@@ -429,7 +455,7 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
             skipped.append((qoff, why, True))
             pos = end
             continue
-        m = MessageExt(body, pos, broker_name, size, qoff, sysflag, blen, pull)
+        m = MessageExt(body, pos, broker_name, size, qoff, sysflag, t - pos, pull)
         if sysflag & _COMPRESSED:
             try:
                 m._body = zlib.decompress(body[q + 4:t])

@@ -225,7 +225,7 @@ def tags_code_of(props: bytes) -> int:
     if (i == 0 or props[i - 1] == 2) and props.find(b"TAGS\x01", i + 5) < 0:   # one TAGS
         j = props.find(b"\x02", i + 5)
         tags = props[i + 5:j] if j >= 0 else props[i + 5:]
-        if b"\x01" not in tags:
+        if 1 not in tags:          # (the byte 0x01: one memchr; a bytes needle costs ~10x)
             return _tags_hash(tags) if tags else 0
     tags = b""
     for piece in props.split(b"\x02"):

@@ -887,6 +887,15 @@ def test_decode_messages_reads_every_field_as_the_naive_twin_writes_it():
     flipped[records[0].index(b"plain")] ^= 1
     with pytest.raises(CorruptMessage, match="CRC"):
         decode_messages(bytes(flipped), "b")
+    # TOPICLENGTH of the last record past the buffer's end (it read past it: struct.error)
+    last = got[-1]
+    garbled = bytearray(body)
+    garbled[last._pos + last._tr] = 255
+    with pytest.raises(CorruptMessage, match="do not add up"):
+        decode_messages(bytes(garbled), "b")
+    skipped = []
+    assert [m.queue_offset for m in decode_messages(bytes(garbled), "b", skipped=skipped)] == [100, 101, 102]
+    assert [(q, framed) for q, _, framed in skipped] == [(103, True)]
 
 
 def test_the_push_consumer_delivers_messages_as_stored(broker, request):
