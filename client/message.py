@@ -176,7 +176,6 @@ _I64 = struct.Struct(">q")
 _MAGIC = L.MESSAGE_MAGIC_I32
 _COMPRESSED, _BORN_V6, _STORE_V6 = L.SYSFLAG_COMPRESSED, L.SYSFLAG_BORNHOST_V6, L.SYSFLAG_STOREHOST_V6
 _V6 = _BORN_V6 | _STORE_V6
-_BODY_V4 = 88                 # a record's body, after two IPv4 hosts and BODYLENGTH
 MIN_OFFSET, MAX_OFFSET = "MIN_OFFSET", "MAX_OFFSET"
 
 
@@ -190,20 +189,21 @@ class MessageExt:
     set (a retry's original topic, a failed consume)."""
 
     __slots__ = ("_buf", "_pos", "broker_name", "store_size", "queue_offset", "sysflag",
-                 "_body", "_topic", "_props", "_reconsume", "_pull", "_tr")
+                 "_body", "_topic", "_props", "_reconsume", "_pull", "_blen", "_tr")
 
     def __init__(self, buf: bytes, pos: int, broker_name: str, store_size: int,
-                 queue_offset: int, sysflag: int, topic_at: int,
+                 queue_offset: int, sysflag: int, body_len: int, topic_at: int,
                  pull: tuple[str, str] | None = None):
         self._buf, self._pos = buf, pos
         self.broker_name = broker_name
         self.store_size, self.queue_offset, self.sysflag = store_size, queue_offset, sysflag
-        # where TOPICLENGTH is in the record, as the decoder found it: the
-        # body ends there and the properties begin after the topic, so each
-        # field is one slice away (a held message's size is asked twice, by
-        # the pull's flow control; its id by most listeners). Relative to
-        # the record: an int the interpreter shares for bodies up to ~160 B.
-        self._tr = topic_at
+        # BODYLENGTH, and where TOPICLENGTH is in the record, as the decoder
+        # found them: the body ends there and the properties begin after the
+        # topic, so each field is one slice away (a held message's size is
+        # asked twice, by the pull's flow control; its id by most
+        # listeners). Relative to the record: ints the interpreter shares
+        # (no new object) for bodies up to ~160 B.
+        self._blen, self._tr = body_len, topic_at
         self._body = self._topic = self._props = self._reconsume = None
         self._pull = pull                  # (MIN_OFFSET, MAX_OFFSET) of the pull, shared
 
@@ -211,13 +211,6 @@ class MessageExt:
     def _host_bytes(self) -> tuple[int, int]:
         f = self.sysflag
         return (20 if f & _BORN_V6 else 8), (20 if f & _STORE_V6 else 8)
-
-    def _body_at(self) -> int:
-        """Where the body starts in the buffer (after BODYLENGTH)."""
-        f = self.sysflag
-        if not f & _V6:
-            return self._pos + _BODY_V4
-        return self._pos + 72 + (20 if f & _BORN_V6 else 8) + (20 if f & _STORE_V6 else 8)
 
     def _props_span(self) -> tuple[int, int]:
         t = self._pos + self._tr
@@ -227,7 +220,8 @@ class MessageExt:
     @property
     def body(self) -> bytes:
         if self._body is None:
-            self._body = self._buf[self._body_at():self._pos + self._tr]
+            t = self._pos + self._tr
+            self._body = self._buf[t - self._blen:t]
         return self._body
 
     @body.setter
@@ -238,7 +232,7 @@ class MessageExt:
     def body_size(self) -> int:
         """len(body), without slicing it out of the buffer."""
         b = self._body
-        return self._pos + self._tr - self._body_at() if b is None else len(b)
+        return self._blen if b is None else len(b)
 
     @property
     def topic(self) -> str:
@@ -455,7 +449,7 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
             skipped.append((qoff, why, True))
             pos = end
             continue
-        m = MessageExt(body, pos, broker_name, size, qoff, sysflag, t - pos, pull)
+        m = MessageExt(body, pos, broker_name, size, qoff, sysflag, blen, t - pos, pull)
         if sysflag & _COMPRESSED:
             try:
                 m._body = zlib.decompress(body[q + 4:t])
