@@ -775,6 +775,7 @@ class AsyncProducer:
                     if acc is None:
                         name = q.broker_name
                         ds = inst.direct_now(name)
+                        sent = None
                         if ds is not None:
                             # (a send still over the socket, this one's turn to
                             # append after it: as at the switch)
@@ -786,13 +787,11 @@ class AsyncProducer:
                                 lambda: self._write_counted(name, conn, q, msg, props, left,
                                                             sysflag))
                             if r.__class__ is OverSocket:
-                                sent = r.reply
+                                sent = r.reply         # the turn's end wrote it, in its place
                             elif r is not None:
                                 self.failed_broker = None
                                 return r
-                            else:
-                                sent = self._write_counted(name, conn, q, msg, props, left, sysflag)
-                        else:
+                        if sent is None:               # not appended here: over the socket
                             sent = self._write_counted(name, conn, q, msg, props, left, sysflag)
                         reply = await sent
                     else:
