@@ -87,6 +87,9 @@ class Connection:
         self.last_active = time.monotonic()    # when its last bytes came (requests since wait)
         self.held = 0              # bytes in its decoder after the last read (Reactor.pending)
         self.attrs: dict = {}      # what the handlers remember about this client (Peer.attrs)
+        # a reader of whole frames tried before the decoder (the worker's
+        # send lane): lane(conn, the command the decoder last gave or None)
+        self.lane: Callable[["Connection", RemotingCommand | None], None] | None = None
 
     # ------------------------------------------------------------ reading
     def _on_readable(self) -> None:
@@ -208,8 +211,15 @@ class Connection:
 
     def _drain_decoder(self) -> None:
         """Run every complete command; under back-pressure (not reading) the
-        rest waits in the decoder until the output drains."""
+        rest waits in the decoder until the output drains. The lane, where
+        there is one, takes what frames it can first, and again after each
+        command the decoder gives."""
+        lane, cmd = self.lane, None
         while not self.closed and self.reading:
+            if lane is not None:
+                lane(self, cmd)
+                if self.closed or not self.reading:
+                    break
             try:
                 cmd = self.decoder.next_command()
             except RemoteProtocolError as e:

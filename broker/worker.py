@@ -44,6 +44,7 @@ from shmq.ipc.remoting import RemotingCommand, encode_head
 
 from .config import BrokerConfig
 from .handlers import PARKED, Handlers, Peer
+from .handlers.lane import SendLane
 from .logs import setup as setup_logs
 from .reactor import Connection, Reactor
 from .registry import Registry
@@ -75,6 +76,10 @@ TAKEN_BYTES_MAX = 4 << 20
 # the requests RocketMQ's send thread pool runs (waitTimeMillsInSendQueue applies)
 SEND_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSAGE,
                         RC.CONSUMER_SEND_MSG_BACK})
+# after which requests the decoder gave the send lane is tried again (a send
+# it did not take, say to a topic it did not yet know, may be followed by
+# more it can take; after a pull, the rest of the turn goes the usual way)
+LANE_AFTER = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
 M_MMAP_THRESHOLD = -3        # mallopt(3)
 MMAP_THRESHOLD = 1 << 20     # bytes: larger allocations are mmapped
 FDS_KEPT = 256        # descriptors a worker keeps for the store's files past its connections
@@ -212,11 +217,46 @@ class Driver:
         self.armed_at = float("inf")
         self.notices_soon = False
         self.send_wait_ms = handlers.config.waitTimeMillsInSendQueue
+        self.lane = SendLane(handlers)
 
     def add_connection(self, sock: socket.socket, addr: str, out_max: int) -> Connection:
         conn = self.reactor.add_connection(sock, addr, self.on_command, self.on_close, out_max)
         self.peers[conn.id] = Peer(conn.id, addr, conn.attrs)
+        conn.lane = self.on_lane
         return conn
+
+    def on_lane(self, conn: Connection, cmd: RemotingCommand | None) -> None:
+        """The send lane (``handlers/lane.py``) takes the single sends it can
+        from what ``conn``'s decoder holds, a chunk at a time, each chunk's
+        answers written before the next is taken (as ANSWER_EVERY does)."""
+        if cmd is not None and (cmd.code not in LANE_AFTER or cmd.is_response):
+            return
+        dec = conn.decoder
+        if dec.buffered_bytes < 8:
+            return
+        peer = self.peers[conn.id]
+        lane = self.lane
+        if not lane.open(peer) or (time.monotonic() - conn.last_active) * 1000 > self.send_wait_ms:
+            return             # (sends that waited that long are refused the usual way)
+        if self.h.taken:       # the sends before these first
+            self.flush_group()
+        parking = self.parking
+        while True:
+            buf, pos = dec.pending()
+            end, answers = lane.take(peer, buf, pos)
+            if end == pos:
+                return
+            dec.skip_to(end)
+            for a in answers:
+                conn.send(a)
+            if parking.arrived:       # a pull waits on what they appended
+                self.send_all(parking.ready())
+                self.arm()
+            if self.h.due:
+                self._notices_soon()
+            if conn.closed or not conn.reading or dec.buffered_bytes < 8:
+                return
+            self.reactor.flush()      # these answers leave while the producer sends on
 
     def on_command(self, conn: Connection, cmd: RemotingCommand) -> None:
         h = self.h

@@ -107,13 +107,15 @@ UNITS = {u.name: u for u in (
          cost_s=5.0),
     Unit("timer", "shmq.core.timer:warm_up", ("_insert", "_read_list", "_release"),
          module_of_kernels="shmq.core.timer", cost_s=1.0),
+    Unit("lane", "shmq.core.sends:warm_up", ("read_sends", "encode_sends", "send_ok_frames"),
+         cost_s=14.0),
     Unit("readers", f"{_R}:warm_up_readers", ("records_at", "arrow_columns", "property_spans",
                                               "gather_spans"), cost_s=4.0),
 )}
 
 # What each kind of process loads. The broker's processes share one list, so
 # a cold start compiles it once (in parallel) and every process then loads it.
-BROKER = ("encode", "batch", "scan", "queue", "index", "timer")
+BROKER = ("encode", "batch", "scan", "queue", "index", "timer", "lane")
 READERS = ("scan", "readers")
 
 

@@ -28,6 +28,7 @@ without a request (errors) use JSON, which every client reads.
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -217,6 +218,21 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buf) - self._pos
 
+    def pending(self) -> tuple[bytearray, int]:
+        """(the buffer, where its unread bytes begin), for a reader that
+        takes whole frames itself (the worker's send lane); ``skip_to``
+        then says where the frames it took end."""
+        if self._error is not None:
+            raise self._error
+        return self._buf, self._pos
+
+    def skip_to(self, pos: int) -> None:
+        """Frames up to ``pos`` were taken by another reader (``pending``)."""
+        self._pos = pos
+        if pos > (1 << 20) and pos * 2 > len(self._buf):
+            del self._buf[:pos]
+            self._pos = 0
+
     def next_command(self) -> RemotingCommand | None:
         if self._error is not None:
             raise self._error
@@ -328,6 +344,13 @@ _SEND_OK_JSON = (b'{"code":0,"language":"JAVA","version":%d,"opaque":%%d,"flag":
                  + b"}}")
 _SEND_OK_BIN_TAIL = b"".join(_I16.pack(len(k)) + k.encode() + _I32.pack(len(v)) + v.encode()
                              for k, v in _SEND_OK_EXT_TAIL)
+
+
+def send_ok_pieces() -> list[bytes]:
+    """The JSON SUCCESS reply's header cut at its four fields (opaque,
+    msgId, queueId, queueOffset): for a writer of many at once (the
+    worker's send lane) that must write the bytes ``send_ok_head`` does."""
+    return re.split(rb"%[ds]", _SEND_OK_JSON)
 
 
 def send_ok_head(serialize_type: int, opaque: int, msg_id: str, queue_id: int,

@@ -85,11 +85,12 @@ class _Owner(StoreOwner):
 
 
 class Rig:
-    def __init__(self, root: str, store: dict | None = None, **broker):
+    def __init__(self, root: str, store: dict | None = None, dedup_window: int = 0, **broker):
         self.config = BrokerConfig(store=small_config(root, **(store or {})), **broker)
         sc = self.config.store
         self.owner = _Owner(sc, extra_bytes=registry_bytes(),
-                            tags_code_rules=tags_code_rules(self.config.delay_levels_ms))
+                            tags_code_rules=tags_code_rules(self.config.delay_levels_ms),
+                            dedup_window=dedup_window)
         self.owner.open()
         self.store, self.cb = self.owner.store, self.owner.cb
         self.registry = Registry(extra_region(self.cb, self.store), root, create=True)
@@ -403,9 +404,10 @@ def test_a_routed_send_that_stays_in_its_queue_keeps_its_place_in_the_turn(rig):
     assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"1", b"2", b"3", b"4", b"5"]
 
 
-def driven(rig):
+def driven(rig, lane: bool = True):
     """A worker's driver and reactor over ``rig``'s handlers, with one
-    connection: (reactor, driver, the client's end of it)."""
+    connection: (reactor, driver, the client's end of it). ``lane=False``:
+    without the send lane (its sends go the way every request goes)."""
     import socket
 
     from shmq.broker.reactor import Reactor
@@ -413,7 +415,9 @@ def driven(rig):
     reactor = Reactor()
     driver = Driver(reactor, rig.h)
     a, b = socket.socketpair()
-    driver.add_connection(a, "unix", 8 << 20)
+    conn = driver.add_connection(a, "unix", 8 << 20)
+    if not lane:
+        conn.lane = None
     b.settimeout(5)
     return reactor, driver, b
 
@@ -446,7 +450,7 @@ def test_a_turn_appends_what_it_took_each_time_their_bodies_pass_the_cap(rig, mo
     appends them whenever their bodies reach TAKEN_BYTES_MAX."""
     import shmq.broker.worker as worker
     monkeypatch.setattr(worker, "TAKEN_BYTES_MAX", 2500)
-    reactor, driver, client = driven(rig)
+    reactor, driver, client = driven(rig, lane=False)
     held = []
     flush = rig.h.flush_group
     monkeypatch.setattr(rig.h, "flush_group", lambda: (held.append(len(rig.h.taken)), flush())[1])
@@ -484,7 +488,7 @@ def test_a_turn_answers_each_group_of_sends_before_it_appends_the_next(rig, monk
     ones meanwhile (issue 14: the two processes overlap instead of taking
     turns)."""
     from shmq.broker.worker import ANSWER_EVERY
-    reactor, driver, client = driven(rig)
+    reactor, driver, client = driven(rig, lane=False)
     readable = []           # at each append of a group: (its sends, the answers the client can read)
     flush = rig.h.flush_group
     monkeypatch.setattr(rig.h, "flush_group",

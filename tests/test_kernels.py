@@ -1476,3 +1476,236 @@ def test_index_select_stops_at_an_entry_with_a_negative_time():
     assert K.index_select(idx, 4, 8, 1, 4, 0, 2**62, out, 0) == 2
     struct.pack_into(">i", idx, entry_at(4, 2) + L.IX_ENTRY_TIME_DIFF, -1)
     assert K.index_select(idx, 4, 8, 1, 4, 0, 2**62, out, 0) == 0
+
+
+# ------------------------------------------------ the send lane (frames.py)
+# Its twin is the way every request goes: FrameDecoder, send.send_fields and
+# prepare's checks, records.encode_record. The property: whatever frame
+# read_sends takes, that way would store the very same record (and answer it
+# with the very same bytes); what it does not take goes that way.
+def _lane_twin(frame: bytes, cluster: str, max_body: int):
+    """The record the send path would store for ``frame`` when it is a
+    plain single send to a known topic (the lane's to take), else None."""
+    from shmq.broker.delivery import needs_routing
+    from shmq.broker.handlers.send import send_fields
+    from shmq.ipc.remoting import FrameDecoder
+    dec = FrameDecoder()
+    dec.receive_data(frame)
+    try:
+        cmd = dec.next_command()
+        if cmd is None or cmd.code not in (10, 310) or cmd.flag or cmd.serialize_type:
+            return None
+        g, topic, qid, sysflag, born, flag, props, rc, batch = send_fields(cmd.code, cmd.ext)
+    except Exception:        # (BadRequest, RemoteProtocolError): answered that way, not stored
+        return None
+    props = props.rstrip("\x02")
+    if "CLUSTER\x01" not in props:
+        props = f"{props}\x02{cluster}" if props else cluster
+    if batch or rc or qid < 0 or needs_routing(props, sysflag) or not cmd.body:
+        return None
+    try:
+        return R.encode_record(topic.encode(), cmd.body, props.encode(), qid, flag, sysflag, born,
+                               _LANE_HOST, _LANE_HOST, 7, 0, 0, max_body), props.encode()
+    except ValueError:
+        return None
+
+
+_LANE_HOST = R.host_raw("127.0.0.1", 4321)
+
+
+def _lane_read(data: bytes, cluster: str = "CLUSTER\x01c", max_body: int = 4096):
+    """read_sends and encode_sends over ``data``: (frames taken, out, each record)."""
+    from shmq.broker.handlers.lane import KEYS
+    from shmq.core import sends as S
+    view = S.u8(data)
+    out = np.zeros((64, S.N_F), np.int64)
+    scratch = np.zeros(2 * len(data) + 64 * 64, np.uint8)
+    n = S.read_sends(view, 0, len(data), 64, KEYS, S.u8(cluster.encode()), max_body, out, scratch)
+    recs = np.zeros(max(1, int(out[:n, S.F_SIZE].sum())), np.uint8)
+    rec_pos = np.zeros(n + 1, np.int64)
+    host = S.u8(_LANE_HOST[0])
+    total = S.encode_sends(view, scratch, out, n, np.arange(n, dtype=np.int64),
+                           np.zeros(n, np.int64), host, host, 7, recs, rec_pos)
+    rec_pos[n] = total
+    return n, out, [recs[rec_pos[i]:rec_pos[i + 1]].tobytes() for i in range(n)]
+
+
+def _frame(header: bytes, body: bytes = b"hello") -> bytes:
+    return struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body
+
+
+_V2_EXT = (b'"a":"G","b":"T1","c":"TBW102","d":4,"e":3,"f":0,"g":1795329007905,"h":0,'
+           b'"i":"TAGS\\u0001TagA\\u0002UNIQ_KEY\\u0001K1\\u0002","j":0,"k":false')
+
+
+def _v2(ext: bytes = _V2_EXT, top: bytes = b'"code":310,"opaque":5,"flag":0,'
+        b'"language":"JAVA","version":121,') -> bytes:
+    return b"{" + top + b'"extFields":{' + ext + b"}}"
+
+
+# (header, taken?) — taken ones are checked against the twin too
+LANE_CASES = [
+    (_v2(), True),
+    (_v2(_V2_EXT.replace(b'"e":3', b'"e":"2"')), True),                # numbers as strings
+    (b' \n{ "code" : 310 , "extFields" : { ' + _V2_EXT + b' } , "flag":0 } \n', True),
+    (_v2(_V2_EXT.replace(b"K1", b'a\\"b\\\\c\\/d\\b\\f\\n\\r\\t\\u0041\\u004A\\u004a')), True),   # escapes
+    (_v2(_V2_EXT.replace(b'"j":0', b'"j":""')), True),
+    (_v2(_V2_EXT.replace(b'"j":0', b'"j":"0"') + b',"m":"false","n":null'), True),
+    (_v2(_V2_EXT.replace(b'"j":0', b'"m":2')), True),                 # batch 2: not "1"
+    (_v2(_V2_EXT.replace(b'"j":0', b'"m":"no"')), True),
+    (_v2(_V2_EXT.replace(b'\\u0002","j"', b'\\u0002\\u0002","j"')), True),   # separators cut
+    (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"CLUSTER\\u0001x\\u0002TAGS')), True),
+    (_v2(_V2_EXT.replace(b',"i":"TAGS\\u0001TagA\\u0002UNIQ_KEY\\u0001K1\\u0002"', b"")), True),
+    (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"xUNIQ_KEY\\u0001z\\u0002UNIQ_KEY\\u0001\\u0002TAGS')),
+     True),                                                            # an empty key: none
+    (_v2(top=b'"code":310,"remark":null,"language":13,"serializeTypeCurrentRPC":"JSON",'
+         b'"other":[],'), False),                                      # an array
+    (_v2(top=b'"code":310,"remark":"r","language":13,"x":-1,"y":true,'), True),
+    (_v2(top=b'"code":10,'), False),                                   # V1 code, V2 letters
+    (_v2(top=b'"code":11,'), False),
+    (_v2(top=b'"code":"310",'), False),
+    (_v2(top=b'"code":310,"flag":2,'), False),                         # oneway
+    (_v2(top=b'"code":310,"opaque":2147483648,'), False),
+    (_v2(top=b'"code":310,"version":"1",'), False),
+    (_v2(top=b'"code":310,"flag":"0",'), False),
+    (_v2(top=b'"code":310,"opaque":"1",'), False),
+    (_v2(top=b'"code":310,"version":2147483648,'), False),
+    (_v2(top=b'"opaque":1,'), False),                                  # no code
+    (b'{"code":310,"extFields":null}', False),
+    (b'{"code":310,"extFields":1}', False),
+    (b'{"code":310}', False),
+    (b"{}", False),
+    (b"[]", False),
+    (b'{"code":310,}', False),
+    (b'{"code":310 "flag":0}', False),
+    (b'{"code":310,"extFields":{"a":"G",}}', False),
+    (b'{"code":310,"extFields":{"a":"G" "b":"T"}}', False),
+    (b'{"code":310,"extFields":{"a" "G"}}', False),
+    (b'{"code":310,"extFields":{"a":}}', False),
+    (b'{"code":310,"extFields":{"a":"G"', False),
+    (b'{"code":310,"extFields":{"a":"G",', False),
+    (b'{"code":310,"extFields":{"a', False),
+    (b'{"code":310,"extFields":{"a":', False),
+    (b'{"code":310,"extFields":{"\\u0061":"G"}}', False),
+    (b'{"code":310,"extFields":{"a":{}}}', False),
+    (b'{"code":310,"extFields":{}}', False),
+    (b'{"code":310,"extFields":{' + b",".join(b'"x%d":1' % i for i in range(70)) + b"}}", False),
+    (b'{"co\\u0064e":310}', False),
+    (b'{"code" 310}', False),
+    (b'{"code":', False),
+    (b'{"code', False),
+    (b'{"code":310', False),
+    (b'{"code":310}x', False),
+    (b'{"\xc3\xa9":1}', False),
+    (b'{"code":01}', False),
+    (b'{"code":310.0}', False),
+    (b'{"code":3e2}', False),
+    (b'{"code":-}', False),
+    (b'{"code":1234567890123456789}', False),
+    (b'{"code":tru}', False),
+    (b'{"code":nul}', False),
+    (b'{"code":fals}', False),
+    (b'{"code":@}', False),
+    (b'{"code":tr', False),
+    (b'{"code":310,"extFields":{"a":"G\\', False),
+    (b'{"code":310,"extFields":{"a":"G\\u00', False),
+]
+for bad in (b'"G\\x"', b'"G\\u00"', b'"G\\u00zz"', b'"G\\u00e9"', b'"G\xc3\xa9"', b'"G\x01"', b'"G',
+            b'"G\\'):
+    LANE_CASES.append((b'{"code":310,"extFields":{"a":' + bad + b"}}", False))
+for field, value in ((b'"b":"T1"', b'"b":1'), (b'"b":"T1"', b'"b":""'), (b'"b":"T1"', b'"b":null'),
+                     (b'"a":"G"', b'"a":null'), (b'"e":3', b'"e":-1'), (b'"e":3', b'"e":true'),
+                     (b'"e":3', b'"e":"3x"'), (b'"e":3', b'"e":"-"'), (b'"e":3', b'"e":"+3"'),
+                     (b'"e":3', b'"e":"1234567890123456789"'), (b'"e":3', b'"e":2147483648'),
+                     (b'"f":0', b'"f":4'), (b'"f":0', b'"f":-2147483649'), (b'"f":0', b'"f":2147483648'),
+                     (b'"h":0', b'"h":2147483648'), (b'"h":0', b'"h":-2147483649'),
+                     (b'"j":0', b'"j":1'), (b'"j":0', b'"j":"2"'), (b'"j":0', b'"j":"x"'),
+                     (b'"j":0', b'"j":false'), (b'"j":0', b'"m":true'), (b'"j":0', b'"m":1'),
+                     (b'"j":0', b'"m":"1"'), (b'"j":0', b'"m":"TRUE"'), (b'"i":"TAGS', b'"i":1,"z":"'),
+                     (b'"i":"TAGS', b'"i":"DELAY\\u00013\\u0002TAGS'),
+                     (b'"i":"TAGS', b'"i":"TIMER_DELAY_SEC\\u00013\\u0002TAGS'),
+                     (b'"i":"TAGS', b'"i":"TRAN_MSG\\u0001true\\u0002TAGS'),
+                     (b'"b":"T1"', b'"b":"' + b"t" * 128 + b'"')):
+    LANE_CASES.append((_v2(_V2_EXT.replace(field, value)), False))
+
+
+@pytest.mark.parametrize("header,taken", LANE_CASES)
+def test_the_send_lane_takes_what_the_send_path_would_store_the_same_way(header, taken):
+    """Each case alone, then behind a frame the lane takes (it stops there,
+    taking the first only), then as the frame before one it takes."""
+    frame = _frame(header)
+    twin = _lane_twin(frame, "CLUSTER\x01c", 4096)
+    n, out, recs = _lane_read(frame)
+    assert n == (1 if taken else 0), header
+    if taken:
+        assert twin is not None and recs[0] == bytes(twin[0])
+        from shmq.core import sends as S
+        from shmq.core.dedup import key_hash
+        assert out[0, S.F_TAGS_CODE] == R.tags_code_of(twin[1])
+        assert out[0, S.F_KEY_HASH] == key_hash(twin[1])
+    good = _frame(_v2())
+    assert _lane_read(good + frame)[0] == 1 + taken
+    assert _lane_read(frame + good)[0] == (2 if taken else 0)
+
+
+def test_the_send_lane_refuses_empty_and_oversized_bodies_and_stops_at_a_part_frame():
+    good = _frame(_v2())
+    assert _lane_read(_frame(_v2(), b""))[0] == 0
+    assert _lane_read(_frame(_v2(), b"x" * 5000))[0] == 0
+    assert _lane_read(good + good[:-1])[0] == 1                      # the second incomplete
+    assert _lane_read(good + good[:6])[0] == 1
+    assert _lane_read(struct.pack(">ii", 3, 0) + good)[0] == 0     # shorter than its header field
+    assert _lane_read(struct.pack(">ii", 10, 20) + bytes(10))[0] == 0   # header past the frame
+    assert _lane_read(struct.pack(">ii", 4 + 2, 1 << 24 | 2) + b"{}")[0] == 0   # ROCKETMQ type
+    from shmq.core import sends as S
+    other = _frame(_v2(_V2_EXT.replace(b'"b":"T1"', b'"b":"T2"')))
+    n, out, _ = _lane_read(good + good + other + good)
+    assert n == 4 and out[:4, S.F_NEW_TOPIC].tolist() == [1, 0, 1, 1]
+    long_props = _v2(_V2_EXT.replace(b"K1", b"k" * 32800))
+    assert _lane_read(_frame(long_props), max_body=1 << 20)[0] == 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_mangled_send_the_lane_takes_is_one_the_send_path_stores_the_same(data):
+    """Bytes of a real client's send header flipped, dropped or repeated:
+    whenever the lane still takes the frame, the send path stores the very
+    same record."""
+    from pathlib import Path
+    golden = Path(__file__).parent / "golden"
+    raw = (golden / data.draw(st.sampled_from(["ons-3.12-send-v2.bin", "cpp-1.2-send.bin",
+                                               "ons-3.12-send-v2-sharding-key.bin"]))).read_bytes()
+    hlen = struct.unpack(">i", raw[4:8])[0] & 0xFFFFFF
+    header, body = bytearray(raw[8:8 + hlen]), raw[8 + hlen:]
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(header) - 1))
+        how = data.draw(st.sampled_from(["flip", "drop", "dup", "byte"]))
+        if how == "flip":
+            header[i] ^= 1 << data.draw(st.integers(0, 7))
+        elif how == "drop":
+            del header[i]
+        elif how == "dup":
+            header.insert(i, header[i])
+        else:
+            header[i] = data.draw(st.sampled_from(b'"\\{}:,0123456789-tfn \x01'))
+    frame = _frame(bytes(header), body)
+    n, _, recs = _lane_read(frame)
+    if n:
+        twin = _lane_twin(frame, "CLUSTER\x01c", 4096)
+        assert twin is not None and recs[0] == bytes(twin[0]), bytes(header)
+
+
+def test_the_send_lanes_answers_are_the_send_paths_bytes():
+    from shmq.broker.handlers.lane import TEMPLATE, TEMPLATE_OFFS
+    from shmq.core import sends as S
+    from shmq.ipc.remoting import send_ok_head
+    opaque = np.array([0, 1, -5, 2**31 - 1, -2**31], np.int64)
+    phy = np.array([0, 255, 2**40 + 7, 2**62, 12345], np.int64)
+    qid = np.array([0, 3, 17, 1000, 2**31 - 1], np.int64)
+    qoff = np.array([0, 9, 10**12, 2**62, 1], np.int64)
+    o = np.zeros(5 * 400, np.uint8)
+    m = S.send_ok_frames(TEMPLATE, TEMPLATE_OFFS, S.u8(b"7F00000100002A9F"), opaque, phy, qid,
+                         qoff, 5, o)
+    assert o[:m].tobytes() == b"".join(
+        send_ok_head(0, int(opaque[i]), "7F00000100002A9F%016X" % phy[i], int(qid[i]), int(qoff[i]))
+        for i in range(5))

@@ -13,6 +13,7 @@ ones above it::
     binary        big-endian integers, CRC-32, Java String.hashCode of UTF-8
     properties    a message's properties string: values, tags code, integers
     batch         into the CommitLog: split a batch body, encode, stamp
+    frames        single sends read from a connection's bytes, their records, answers
     records       stored records: scan and validate a segment, UNIQ_KEY hashes
     consumequeue  ConsumeQueue units: put, scan, valid end, min offset
     index         IndexFile: put, select, check, index a scan
@@ -46,7 +47,7 @@ from ..layout import (CQ_PAD_SIZE, IX_BEGIN_PHY, IX_BEGIN_TS, IX_END_PHY, IX_END
                       S_PHY, S_PROPS_LEN, S_PROPS_POS, S_QUEUE_ID, S_QUEUE_OFFSET, S_SIZE,
                       S_STORE_TS, S_SYSFLAG, S_TAGS_CODE, S_TOPIC_HASH, S_TOPIC_LEN,
                       S_TOPIC_POS, SCAN_BLANK, SCAN_CORRUPT, SCAN_END, SCAN_FOREIGN, SCAN_FULL)
-from . import batch, binary, columns, consumequeue, index, properties, records
+from . import batch, binary, columns, consumequeue, frames, index, properties, records
 from .batch import (BATCH_OK, BATCH_PROPS_TOO_LONG, BATCH_TOO_MANY, BATCH_TRUNCATED,
                     M_BODY_LEN, M_BODY_OFF, M_BORN_HOST, M_BORN_TS, M_FLAG, M_PREPARED,
                     M_PROPS_LEN, M_PROPS_OFF, M_QUEUE_ID, M_RECONSUME, M_SYSFLAG, M_TAGS_CODE,
@@ -56,12 +57,13 @@ from .binary import (CRC_TABLES, _java_hash_more, crc32, java_hash_utf8, ld_i16,
 from .columns import arrow_columns, gather_spans, property_spans, records_at
 from .consumequeue import (CQ_BAD, CQ_DONE, CQ_FULL, cq_group_rows, cq_put, cq_put_many,
                            cq_put_units, cq_scan, cq_valid_units, min_phy_from)
+from .frames import encode_sends, read_sends, send_ok_frames
 from .index import (IX_BAD_ENTRY, IX_BAD_SLOT, IX_DONE, IX_FULL, IX_OK, _index_key_hash,
                     index_check, index_put, index_records, index_select)
 from .properties import INT_DIGITS_MAX, find_property, int_properties, tags_codes
 from .records import last_nonzero, scan_records, uniq_hashes
 
-MODULES = (binary, properties, batch, records, consumequeue, index, columns)
+MODULES = (binary, properties, batch, frames, records, consumequeue, index, columns)
 
 
 def _stamp_together(modules=MODULES) -> None:

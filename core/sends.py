@@ -1,0 +1,82 @@
+"""Single sends read straight from a connection's bytes: the kernels of
+the broker's send lane (``broker/handlers/lane.py``), with the constants
+they are called with. What they read and refuse is drawn in
+``_kernels/frames.py``; the wire's names (SEND_MESSAGE's field names, the
+SUCCESS answer's template) come from the caller, which owns the protocol.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from . import _kernels as K
+from . import jit
+from ._kernels.frames import (F_BODY_LEN, F_END, F_KEY_HASH, F_NEW_TOPIC, F_OPAQUE, F_QID,  # noqa: F401
+                              F_SIZE, F_TAGS_CODE, F_TOPIC_LEN, F_TOPIC_OFF, N_F, WORDS)
+
+NEEDLES = (b"DELAY\x01", b"TIMER_", b"TRAN_MSG\x01", b"CLUSTER\x01", b"UNIQ_KEY\x01", b"TAGS")
+
+
+def u8(data: bytes) -> np.ndarray:
+    """``data`` as the read-only uint8 array the kernels take."""
+    return jit.readonly(np.frombuffer(bytes(data), np.uint8))
+
+
+def joined(pieces) -> tuple[np.ndarray, np.ndarray]:
+    """``pieces`` joined, with the offsets where each begins (and the end)."""
+    offs = np.zeros(len(pieces) + 1, np.int64)
+    np.cumsum([len(p) for p in pieces], out=offs[1:])
+    return u8(b"".join(pieces)), jit.readonly(offs)
+
+
+def keys(v1_names) -> tuple:
+    """What ``read_sends`` matches: SEND_MESSAGE's (V1) names of the fields
+    it reads (producerGroup, topic, queueId, sysFlag, bornTimestamp, flag,
+    properties, reconsumeTimes, batch; V2's letters are the kernel's), the
+    JSON words, the property needles."""
+    names, offs = joined([n.encode() for n in v1_names])
+    needles, noffs = joined(NEEDLES)
+    return names, offs, u8(WORDS), needles, noffs
+
+
+def read_sends(view, pos: int, end: int, chunk: int, keys: tuple, cluster, max_body: int,
+               out: np.ndarray, scratch: np.ndarray) -> int:
+    """How many of the frames at view[pos:end] are single sends the lane
+    takes (at most ``chunk``), read into ``out`` and ``scratch``."""
+    return K.read_sends(view, pos, end, chunk, keys, cluster, max_body, K.CRC_TABLES, out, scratch)
+
+
+def encode_sends(view, scratch, out, n: int, order, orflags, born, store, now: int, recs,
+                 rec_pos) -> int:
+    """The records of the ``n`` frames read, in ``order``, into ``recs``."""
+    return K.encode_sends(view, jit.readonly(scratch), jit.readonly(out), n, order, orflags,
+                          born, store, now, K.CRC_TABLES, recs, rec_pos)
+
+
+def send_ok_frames(template, toffs, prefix, opaque, phy, qid, qoff, n: int, o) -> int:
+    """Each send's SUCCESS answer from the template's five pieces, into ``o``."""
+    return K.send_ok_frames(template, toffs, prefix, opaque, phy, qid, qoff, n, o)
+
+
+_WARM_HEADER = (b'{"code":310,"flag":0,"opaque":1,"version":1,"extFields":{"a":"g","b":"warmup",'
+                b'"e":"0","f":"0","g":"0","h":"0","i":"TAGS\\u0001t\\u0002UNIQ_KEY\\u0001k"}}')
+
+
+def warm_up() -> None:
+    """The lane's kernels, once each with their canonical argument types
+    (``jit``): a V2 send read, encoded and answered."""
+    frame = u8(struct.pack(">ii", 4 + len(_WARM_HEADER) + 1, len(_WARM_HEADER))
+               + _WARM_HEADER + b"x")
+    out = np.zeros((1, N_F), np.int64)
+    scratch = np.zeros(2 * frame.shape[0] + 64, np.uint8)
+    n = read_sends(frame, 0, frame.shape[0], 1, keys(["producerGroup"] * 9), u8(b"CLUSTER\x01c"),
+                   1024, out, scratch)
+    assert n == 1, "the lane's warm-up send was not read"
+    host = u8(bytes(8))
+    recs = np.zeros(int(out[0, F_SIZE]), np.uint8)
+    encode_sends(frame, scratch, out, 1, np.zeros(1, np.int64), np.zeros(1, np.int64), host, host,
+                 0, recs, np.zeros(2, np.int64))
+    one = np.zeros(1, np.int64)
+    template, toffs = joined([b"a"] * 5)
+    send_ok_frames(template, toffs, u8(bytes(16)), one, one, one, one, 1, np.zeros(256, np.uint8))

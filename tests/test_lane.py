@@ -1,0 +1,117 @@
+"""The worker's send lane (broker/handlers/lane.py) against the way every
+request goes: the same frames driven through a worker's driver over a
+socket pair, once with the lane and once without, must leave each queue
+the very same records (where in the CommitLog and when aside) and give
+the very same answers; what the
+lane does not take (a delay, a topic it does not know yet, a batch, a
+oneway send, non-ASCII properties, a queue out of range) goes the usual
+way in the order it came."""
+from __future__ import annotations
+
+from test_handlers import Rig, driven, golden, keyed, read_replies
+from shmq.client.requests import create_topic
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import FLAG_ONEWAY, encode
+
+
+def _frames() -> tuple[list, int, int]:
+    """(commands, how many the lane takes, how many are answered)."""
+    cmds, lane = [], 0
+    for i in range(40):           # the first the usual way: the lane knows only checked topics
+        cmds.append(keyed(i % 4, f"k{i}", i)); lane += i > 0
+    cmds.append(keyed(1, "k3", 100)); lane += 1                  # a retry: the window's duplicate
+    d = keyed(2, "delayed", 101)
+    d.ext["i"] += "DELAY\x013\x02"
+    cmds.append(d)
+    cmds.append(keyed(0, "new-topic", 102, topic="NewTopic")); lane += 0   # created the usual way
+    for i in range(5):
+        cmds.append(keyed(i % 2, f"n{i}", 103 + i, topic="NewTopic")); lane += 1
+    cmds.append(keyed(1, "zh", 110, body="中文".encode()))
+    cmds[-1].ext["i"] = "KEYS\x01键\x02UNIQ_KEY\x01zh"                  # non-ASCII: the usual way
+    cmds.append(keyed(9, "far", 111))                                  # queue 9 of 4: refused
+    ow = keyed(3, "oneway", 112)
+    ow.flag |= FLAG_ONEWAY
+    cmds.append(ow)
+    cpp = golden("cpp-1.2-send")
+    cpp.opaque = 113
+    cmds.append(cpp); lane += 1
+    esc = keyed(2, "esc", 114)
+    esc.ext["i"] = 'KEYS\x01a"b\\c/d\ne\x02UNIQ_KEY\x01esc\x02\x02'
+    cmds.append(esc); lane += 1
+    cmds.append(keyed(0, "k2", 115)); lane += 1                        # another duplicate
+    answered = sum(1 for c in cmds if not c.flag & FLAG_ONEWAY)
+    return cmds, lane, answered
+
+
+def _run(root: str, lane: bool):
+    rig = Rig(root, dedup_window=1024, autoCreateTopicEnable=True)
+    rig.ok(create_topic("GoldenTopic", 4))
+    reactor, driver, client = driven(rig, lane=lane)
+    cmds, taken, answered = _frames()
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    replies = []
+    while len(replies) < answered:
+        reactor.run_once()
+        replies += read_replies(client, 1) if _readable(client) else []
+    store = rig.store
+    end = store.state.get("write_pos")
+    log = bytearray(store.cl.read(0, end))
+    queues = {(t, q): [(m.queue_offset, m.phy_offset, m.body) for m in store.read_queue(t, q)]
+              for t in ("GoldenTopic", "NewTopic") for q in range(4)}
+    reactor.close()
+    rig.close()
+    return driver.lane.taken, taken, replies, log, queues
+
+
+def _readable(sock) -> bool:
+    import select
+    return bool(select.select([sock], [], [], 0.01)[0])
+
+
+def _by_queue(log: bytearray) -> dict:
+    """Each queue's records, in CommitLog order, their PHYSICALOFFSET and
+    STORETIMESTAMP zeroed (both hosts IPv4 here: at 28 and 56). Across
+    queues the two ways may interleave differently (a chunk of the lane is
+    64 sends, a group of the send path 32): RocketMQ orders each queue."""
+    import struct
+    p, out = 0, {}
+    while p + 4 <= len(log):
+        size = struct.unpack_from(">i", log, p)[0]
+        if size <= 0:
+            break
+        rec = bytearray(log[p:p + size])
+        rec[28:36] = rec[56:64] = bytes(8)
+        blen = struct.unpack_from(">i", rec, 84)[0]
+        tlen = rec[88 + blen]
+        queue = (bytes(rec[89 + blen:89 + blen + tlen]), struct.unpack_from(">i", rec, 12)[0])
+        out.setdefault(queue, []).append(bytes(rec))
+        p += size
+    return out
+
+
+def test_the_lane_stores_and_answers_exactly_as_the_send_path(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    took, expected, with_lane, log_a, queues_a = _run(str(tmp_path / "a"), True)
+    none, _, without, log_b, queues_b = _run(str(tmp_path / "b"), False)
+    assert took == expected and none == 0
+    assert len(log_a) == len(log_b) and _by_queue(log_a) == _by_queue(log_b)
+    assert [[m[::2] for m in q] for q in queues_a.values()] == \
+        [[m[::2] for m in q] for q in queues_b.values()]          # (offset, body) of each
+    for replies, queues in ((with_lane, queues_a), (without, queues_b)):
+        phy = {(t, q, m[0]): m[1] for (t, q), ms in queues.items() for m in ms}
+        for r in replies:          # each msgId names where its queue offset's record is
+            if r.code == R.SUCCESS and r.opaque not in (101,):
+                t = "NewTopic" if 102 <= r.opaque < 110 else "GoldenTopic"
+                at = phy[(t, int(r.ext["queueId"]), int(r.ext["queueOffset"]))]
+                assert r.ext["msgId"].endswith("%016X" % at)
+    def answers(rs):
+        return sorted((r.opaque, r.code, r.remark, {k: v for k, v in r.ext.items() if k != "msgId"})
+                      for r in rs)
+    assert answers(with_lane) == answers(without)
+    codes = {r.opaque: r.code for r in with_lane}
+    assert codes[111] == R.SYSTEM_ERROR and codes[0] == R.SUCCESS and 112 not in codes
+    first = {r.opaque: r.ext for r in with_lane}
+    assert first[100]["msgId"] == first[3]["msgId"]              # the retry: the first's answer
+    assert first[115]["queueOffset"] == first[2]["queueOffset"]
+    assert [m[2] for m in queues_a[("GoldenTopic", 1)]][:3] == [b"k1", b"k5", b"k9"]
