@@ -52,7 +52,7 @@ from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
 from shmq.core.state import queues_mask
 from shmq.ipc.control import WANT_FLUSH, WANT_QUEUES
-from shmq.ipc.remoting import RemotingCommand, decode_head, encode_head
+from shmq.ipc.remoting import FrameDecoder, RemotingCommand, decode_head, encode_head
 
 FLUSH_TIMEOUT_REMARK = "flush the message to disk timed out (syncFlushTimeout)"
 SLAVE_TIMEOUT_REMARK = "the slave did not acknowledge the message in time (slaveTimeout)"
@@ -79,6 +79,16 @@ class Reply(NamedTuple):
         if type(cmd) is not bytes:
             return cmd
         return decode_head(cmd)
+
+
+def _commands(frames: bytes) -> list[RemotingCommand]:
+    """The bodiless replies in ``frames`` (the send lane's parked answers)."""
+    dec = FrameDecoder()
+    dec.receive_data(frames)
+    out = []
+    while (cmd := dec.next_command()) is not None:
+        out.append(cmd)
+    return out
 
 
 class Timer:
@@ -193,7 +203,7 @@ class ParkedPull:
 class ParkedSend:
     __slots__ = ("peer", "cmd", "reply", "end", "timer", "flush", "slave")
 
-    def __init__(self, peer, cmd: RemotingCommand, reply: RemotingCommand, end: int,
+    def __init__(self, peer, cmd: RemotingCommand, reply: RemotingCommand | bytes, end: int,
                  flush: bool = True, slave: bool = False):
         self.peer, self.cmd, self.reply, self.end = peer, cmd, reply, end
         self.flush, self.slave = flush, slave      # waits for flushed_pos / confirm_pos
@@ -292,7 +302,7 @@ class Parking:
         return out
 
     # ----------------------------------------------------------------- sends
-    def park_send(self, peer, cmd: RemotingCommand, reply: RemotingCommand, end: int,
+    def park_send(self, peer, cmd: RemotingCommand, reply: RemotingCommand | bytes, end: int,
                   timeout_s: float, flush: bool = True, slave: bool = False) -> None:
         # one worker appends in order (a duplicate send parks at its worker's
         # last end or later: handlers/send.py), so ends never decrease
@@ -324,6 +334,9 @@ class Parking:
     @staticmethod
     def _answer_send(p: ParkedSend, out: list) -> None:
         if not p.peer.closed and not p.cmd.is_oneway:
+            if type(p.reply) is bytes:        # the send lane's: frames of several answers
+                out.append((p.peer, Reply(p.reply)))
+                return
             body = p.reply.body
             out.append((p.peer, Reply(p.reply, (body,), len(body)) if body else Reply(p.reply)))
 
@@ -331,10 +344,14 @@ class Parking:
         del self.sends[p]
         if not self.sends:
             self.set_flag(WANT_FLUSH, False)
-        if p.slave and p.end > self.store.state.get("confirm_pos"):
-            p.reply.code, p.reply.remark = R.FLUSH_SLAVE_TIMEOUT, SLAVE_TIMEOUT_REMARK
-        elif p.reply.code == R.SUCCESS:
-            p.reply.code, p.reply.remark = R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK
+        replies = _commands(p.reply) if type(p.reply) is bytes else [p.reply]
+        for reply in replies:
+            if p.slave and p.end > self.store.state.get("confirm_pos"):
+                reply.code, reply.remark = R.FLUSH_SLAVE_TIMEOUT, SLAVE_TIMEOUT_REMARK
+            elif reply.code == R.SUCCESS:
+                reply.code, reply.remark = R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK
+        if type(p.reply) is bytes:
+            p.reply = b"".join(encode_head(reply, 0) for reply in replies)
         self._answer_send(p, out)
 
     # ----------------------------------------------------------------- driving

@@ -40,7 +40,7 @@ from shmq.core import jit
 from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
-from shmq.ipc.remoting import RemotingCommand, encode_head
+from shmq.ipc.remoting import RemoteProtocolError, RemotingCommand, encode_head
 
 from .config import BrokerConfig
 from .handlers import PARKED, Handlers, Peer
@@ -236,20 +236,24 @@ class Driver:
             return
         peer = self.peers[conn.id]
         lane = self.lane
-        if not lane.open(peer) or (time.monotonic() - conn.last_active) * 1000 > self.send_wait_ms:
-            return             # (sends that waited that long are refused the usual way)
+        if not lane.open(peer):
+            return
         if self.h.taken:       # the sends before these first
             self.flush_group()
         parking = self.parking
-        while True:
-            buf, pos = dec.pending()
+        while (time.monotonic() - conn.last_active) * 1000 <= self.send_wait_ms:
+            # (sends that waited longer are refused the usual way, SYSTEM_BUSY)
+            try:
+                buf, pos = dec.pending()
+            except RemoteProtocolError:
+                return
             end, answers = lane.take(peer, buf, pos)
             if end == pos:
                 return
             dec.skip_to(end)
             for a in answers:
                 conn.send(a)
-            if parking.arrived:       # a pull waits on what they appended
+            if parking.arrived or parking.sends:    # a pull waits on what they appended; they parked
                 self.send_all(parking.ready())
                 self.arm()
             if self.h.due:

@@ -12,10 +12,12 @@ import numpy as np
 
 from . import _kernels as K
 from . import jit
-from ._kernels.frames import (F_BODY_LEN, F_END, F_KEY_HASH, F_NEW_TOPIC, F_OPAQUE, F_QID,  # noqa: F401
-                              F_SIZE, F_TAGS_CODE, F_TOPIC_LEN, F_TOPIC_OFF, N_F, WORDS)
+from ._kernels.frames import (F_BODY_LEN, F_END, F_KEY_HASH, F_NEW_TOPIC, F_NO_WAIT,  # noqa: F401
+                              F_OPAQUE, F_QID, F_SIZE, F_TAGS_CODE, F_TOPIC_LEN, F_TOPIC_OFF, N_F,
+                              WORDS)
 
-NEEDLES = (b"DELAY\x01", b"TIMER_", b"TRAN_MSG\x01", b"CLUSTER\x01", b"UNIQ_KEY\x01", b"TAGS")
+NEEDLES = (b"DELAY\x01", b"TIMER_", b"TRAN_MSG\x01", b"CLUSTER\x01", b"UNIQ_KEY\x01", b"TAGS",
+           b"WAIT\x01false")
 
 
 def u8(data: bytes) -> np.ndarray:

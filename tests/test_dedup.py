@@ -32,21 +32,12 @@ from shmq.ipc.codes import ResponseCode as R
 WINDOW = 8
 
 
-class _DedupOwner(th._Owner):
-    window = WINDOW
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, dedup_window=self.window, **kw)
-
-
 @pytest.fixture
-def make_rig(store_dir, monkeypatch):
+def make_rig(store_dir):
     rigs = []
 
     def make(window: int = WINDOW, **kw) -> th.Rig:
-        monkeypatch.setattr(_DedupOwner, "window", window)
-        monkeypatch.setattr(th, "_Owner", _DedupOwner)
-        r = th.Rig(store_dir, **kw)
+        r = th.Rig(store_dir, dedup_window=window, **kw)
         r.ok(create_topic("DedupTopic", 4))
         r.ok(create_topic("OtherTopic", 4))
         rigs.append(r)

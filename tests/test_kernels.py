@@ -1555,6 +1555,7 @@ LANE_CASES = [
     (_v2(_V2_EXT.replace(b'"j":0', b'"m":"no"')), True),
     (_v2(_V2_EXT.replace(b'\\u0002","j"', b'\\u0002\\u0002","j"')), True),   # separators cut
     (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"CLUSTER\\u0001x\\u0002TAGS')), True),
+    (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"WAIT\\u0001false\\u0002TAGS')), True),
     (_v2(_V2_EXT.replace(b',"i":"TAGS\\u0001TagA\\u0002UNIQ_KEY\\u0001K1\\u0002"', b"")), True),
     (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"xUNIQ_KEY\\u0001z\\u0002UNIQ_KEY\\u0001\\u0002TAGS')),
      True),                                                            # an empty key: none
@@ -1643,6 +1644,7 @@ def test_the_send_lane_takes_what_the_send_path_would_store_the_same_way(header,
         from shmq.core.dedup import key_hash
         assert out[0, S.F_TAGS_CODE] == R.tags_code_of(twin[1])
         assert out[0, S.F_KEY_HASH] == key_hash(twin[1])
+        assert out[0, S.F_NO_WAIT] == (b"WAIT\x01false" in twin[1])
     good = _frame(_v2())
     assert _lane_read(good + frame)[0] == 1 + taken
     assert _lane_read(frame + good)[0] == (2 if taken else 0)

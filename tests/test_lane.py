@@ -9,6 +9,7 @@ way in the order it came."""
 from __future__ import annotations
 
 from test_handlers import Rig, driven, golden, keyed, read_replies
+from shmq.broker.handlers import PARKED
 from shmq.client.requests import create_topic
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import FLAG_ONEWAY, encode
@@ -115,3 +116,98 @@ def test_the_lane_stores_and_answers_exactly_as_the_send_path(tmp_path):
     assert first[100]["msgId"] == first[3]["msgId"]              # the retry: the first's answer
     assert first[115]["queueOffset"] == first[2]["queueOffset"]
     assert [m[2] for m in queues_a[("GoldenTopic", 1)]][:3] == [b"k1", b"k5", b"k9"]
+
+
+def _sync_rig(root: str) -> Rig:
+    rig = Rig(root, store={"flushDiskType": "SYNC_FLUSH", "syncFlushTimeout": 5000},
+              dedup_window=1024)
+    rig.ok(create_topic("GoldenTopic", 4))
+    assert rig.call(keyed(0, "first", 999)) is PARKED     # the topic checked once, the usual way
+    rig.store.flush_commitlog()
+    assert len(rig.parking.on_wake()) == 1
+    return rig
+
+
+def _lane_answers(rig, answers) -> dict:
+    """opaque → (code, remark, queueOffset) of parked answers (each a Reply
+    of the lane's frames, or a command's)."""
+    out = {}
+    for _, r in answers:
+        for cmd in _commands(r.head()):
+            out[cmd.opaque] = (cmd.code, cmd.remark, cmd.ext.get("queueOffset"))
+    return out
+
+
+def _commands(frames: bytes) -> list:
+    from shmq.ipc.remoting import FrameDecoder
+    dec, out = FrameDecoder(), []
+    dec.receive_data(frames)
+    while (cmd := dec.next_command()) is not None:
+        out.append(cmd)
+    return out
+
+
+def test_under_sync_flush_the_lanes_answers_wait_together_for_the_flush(tmp_path):
+    """A chunk's answers are parked as one reply until its bytes are
+    flushed; one saying WAIT=false is answered at once; nothing is answered
+    before the flush."""
+    from test_handlers import readable_answers
+    rig = _sync_rig(str(tmp_path))
+    reactor, driver, client = driven(rig)
+    cmds = [keyed(i % 4, f"s{i}", i) for i in range(10)]
+    cmds[4].ext["i"] += "WAIT\x01false\x02"
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    while driver.lane.taken < 10:
+        reactor.run_once()
+    [early] = read_replies(client, 1)
+    assert (early.opaque, early.code) == (4, R.SUCCESS) and readable_answers(client) == 0
+    assert len(rig.parking.sends) == 1                 # the other nine, as one reply
+    rig.store.flush_commitlog()
+    got = _lane_answers(rig, rig.parking.on_wake())
+    assert sorted(got) == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    assert {v[0] for v in got.values()} == {R.SUCCESS} and got[8][2] == "3"   # after first, s0, s4
+    assert not rig.parking.sends and len(rig.parking.timers) == 0
+    reactor.close()
+    rig.close()
+
+
+def test_under_sync_flush_the_lanes_parked_answers_time_out_each_as_the_send_path(tmp_path):
+    from shmq.broker.parking import FLUSH_TIMEOUT_REMARK
+    rig = _sync_rig(str(tmp_path))
+    reactor, driver, client = driven(rig)
+    cmds = [keyed(i % 2, f"t{i}", 10 + i) for i in range(3)]
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    while driver.lane.taken < 3:
+        reactor.run_once()
+    rig.clock.advance(4.9)
+    assert rig.parking.expire() == []
+    rig.clock.advance(0.2)
+    got = _lane_answers(rig, rig.parking.expire())
+    assert got == {10: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "1"),
+                   11: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "0"),
+                   12: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "2")}
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"first", b"t0", b"t2"]
+    reactor.close()
+    rig.close()
+
+
+def test_a_chunk_larger_than_a_claim_may_be_is_appended_in_runs_across_segments(tmp_path):
+    """30 sends of 6,000 B to one queue in one chunk (180 KB, segments of
+    64 KiB): appended in runs of at most a quarter segment, as the send path
+    cuts a turn, each answered at its offset, all stored in order."""
+    rig = Rig(str(tmp_path), dedup_window=1024)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(keyed(0, "first", 999))
+    reactor, driver, client = driven(rig)
+    cmds = [keyed(0, f"b{i}", i, body=bytes([65 + i]) * 6000) for i in range(30)]
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    replies = []
+    while len(replies) < 30:
+        reactor.run_once()
+        replies += read_replies(client, 1) if _readable(client) else []
+    assert driver.lane.taken == 30
+    assert sorted((r.opaque, r.code, r.ext["queueOffset"]) for r in replies) == \
+        [(i, R.SUCCESS, str(i + 1)) for i in range(30)]
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)][1:] == [c.body for c in cmds]
+    reactor.close()
+    rig.close()

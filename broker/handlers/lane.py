@@ -20,9 +20,13 @@ frame the decoder reads, the usual way, and the lane is tried again after
 it when it was a send.
 
 The lane runs only where it answers exactly as the send path would: no
-ACL, no DEBUG log (which logs each request), ASYNC_FLUSH on a master that
-is not SYNC_MASTER (the answer is not parked), IPv4 hosts (the records'
-fixed layout), the disk and the page cache not refusing sends. Elsewhere
+ACL, no DEBUG log (which logs each request), a master that is not
+SYNC_MASTER (whose answers wait for a slave), IPv4 hosts (the records'
+fixed layout), the disk and the page cache not refusing sends. Under
+SYNC_FLUSH a chunk's answers wait together, one parked reply of their
+frames, for the flush of the chunk's last byte (a send saying WAIT=false
+is answered at once); past syncFlushTimeout each is answered
+FLUSH_DISK_TIMEOUT, as the send path answers. Elsewhere
 every send goes the usual way. ``tests/test_lane.py`` holds the two ways
 to the same stored bytes and answers.
 """
@@ -34,7 +38,7 @@ import time
 import numpy as np
 
 from shmq.core import sends as F
-from shmq.core.records import EncodedBatch
+from shmq.core.records import EncodedBatch, group_bytes_limit, runs
 from shmq.core.store import DuplicateResult
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.remoting import JSON, RemotingCommand, encode_head, send_ok_pieces
@@ -45,11 +49,26 @@ from .send import _V1_SEND, _refuse_if_busy
 log = logging.getLogger("shmq.handlers")
 
 CHUNK = 64                      # frames a kernel call takes (answered before the next chunk)
+# the request a chunk's parked answers stand for (Parking's ParkedSend: not oneway)
+LANE_SEND = RemotingCommand(RC.SEND_MESSAGE_V2, serialize_type=JSON)
 KEYS = F.keys(_V1_SEND)
 # remoting.send_ok_head's JSON template, cut at its four fields
 TEMPLATE, TEMPLATE_OFFS = F.joined(send_ok_pieces())
 assert len(TEMPLATE_OFFS) == 6
 _u8 = F.u8
+
+
+def _spans(cuts: list, rec_pos: np.ndarray, limit: int):
+    """Each queue's records (between two ``cuts``) as runs of at most
+    ``limit`` bytes (``records.runs``, as the send path cuts a turn's
+    sends): (first, end) of each run, in order."""
+    for s, e in zip(cuts, cuts[1:]):
+        if rec_pos[e] - rec_pos[s] <= limit:
+            yield s, e
+            continue
+        for run in runs(range(s, e), limit, lambda k: int(rec_pos[k + 1] - rec_pos[k]),
+                        lambda k: False):
+            yield run[0], run[-1] + 1
 
 
 def _before_a_repeated_key(out: np.ndarray, n: int) -> int:
@@ -88,8 +107,7 @@ class SendLane:
         b = self.b
         c = b.config
         return (b.acl is None and self.store_host is not None and not peer.born_raw[1]
-                and not c.store.sync_flush and c.brokerRole != SYNC_MASTER
-                and not log.isEnabledFor(logging.DEBUG))
+                and c.brokerRole != SYNC_MASTER and not log.isEnabledFor(logging.DEBUG))
 
     def take(self, peer, buf: bytearray, pos: int) -> tuple[int, list]:
         """Take the single sends at ``buf[pos:]`` that the lane can (at
@@ -182,9 +200,11 @@ class SendLane:
         failed: dict[int, Exception] = {}
         sk = keys[order]
         cuts = [0] + (np.flatnonzero(sk[1:] != sk[:-1]) + 1).tolist() + [n]
+        limit = group_bytes_limit(b.config.store.mappedFileSizeCommitLog)
         store = b.store
         dedup = store.dedup_on
-        for s, e in zip(cuts, cuts[1:]):
+        last = 0                         # the end of the chunk's last byte (SYNC_FLUSH)
+        for s, e in _spans(cuts, rec_pos, limit):
             fi = order[s:e]
             first = int(fi[0])
             topic, qid = topics[int(tix[first])], int(qids[first])
@@ -198,20 +218,21 @@ class SendLane:
                                          store_timestamp=now, single_queue=True)
                     r = store.append(batch, 0, out[fi, F.F_KEY_HASH].tolist() if dedup else None)
                     if r is not None:
+                        last = max(last, r.end)
                         phy[fi] = r.phy_offset + rec_pos[s:e] - a
                         qoff[fi] = r.queue_offset + np.arange(e - s)
                         self._stored(topic, qid, e - s, int(rec_pos[e]) - a)
                 if r is None:            # one at a time: a key the window may hold
                     for k in range(s, e):
-                        self._append_one(recs, rec_pos, k, int(order[k]), topic, qid, now,
-                                         dedup, phy, qoff, rqid)
+                        last = max(last, self._append_one(recs, rec_pos, k, int(order[k]), topic,
+                                                          qid, now, dedup, phy, qoff, rqid))
             except Exception as ex:       # (ENOSPC, …) answered as the send path answers
                 for f in fi.tolist():
                     failed.setdefault(f, ex)
         self.taken += n
-        return self._answers(peer, n, phy, qoff, rqid, failed)
+        return self._answers(peer, n, phy, qoff, rqid, failed, last)
 
-    def _append_one(self, recs, rec_pos, k, f, topic, qid, now, dedup, phy, qoff, rqid) -> None:
+    def _append_one(self, recs, rec_pos, k, f, topic, qid, now, dedup, phy, qoff, rqid) -> int:
         out = self.out
         rec = recs[int(rec_pos[k]):int(rec_pos[k + 1])]
         r = self.b.store.append_record(topic, qid, rec, int(out[f, F.F_TAGS_CODE]), now,
@@ -221,6 +242,7 @@ class SendLane:
             rqid[f] = r.queue_id              # where the first send's message is
         else:
             self._stored(topic, qid, 1, len(rec))
+        return r.end
 
     def _stored(self, topic: str, qid: int, count: int, nbytes: int) -> None:
         """``send._stored``: count the records, wake a pull parked on the queue."""
@@ -232,20 +254,38 @@ class SendLane:
         if parking.pulls and (topic, qid) in parking.pulls:
             parking.arrived.add((topic, qid))
 
-    def _answers(self, peer, n: int, phy, qoff, rqid, failed: dict) -> list:
+    def _answers(self, peer, n: int, phy, qoff, rqid, failed: dict, end: int) -> list:
+        """The chunk's answers for the connection: SUCCESS frames (under
+        SYNC_FLUSH, those not saying WAIT=false parked together until
+        ``end``, the chunk's last byte, is flushed, as one reply), then
+        the refusals."""
+        b = self.b
         out = self.out
         opaque = np.ascontiguousarray(out[:n, F.F_OPAQUE])
-        answers = []
+        refused = []
+        ok = None
         if failed:
             from . import _failed
-            keep = np.array([f not in failed for f in range(n)])
+            ok = np.array([f not in failed for f in range(n)])
             for f, ex in failed.items():
                 cmd = RemotingCommand(RC.SEND_MESSAGE_V2, int(opaque[f]), serialize_type=JSON)
-                answers.append(encode_head(_failed(peer, cmd, ex), 0))
-            opaque, phy, rqid, qoff = opaque[keep], phy[keep], rqid[keep], qoff[keep]
-        m = opaque.shape[0]
-        if m:
-            size = F.send_ok_frames(TEMPLATE, TEMPLATE_OFFS, self.prefix, opaque, phy, rqid,
-                                    qoff, m, self.replies)
-            answers.insert(0, self.replies[:size].tobytes())
-        return answers
+                refused.append(encode_head(_failed(peer, cmd, ex), 0))
+        c = b.config
+        parking = b.parking
+        if c.store.sync_flush and b.store.state.flushed_pos < end:
+            no_wait = out[:n, F.F_NO_WAIT] != 0
+            wait = ~no_wait if ok is None else ok & ~no_wait
+            if wait.any():
+                parking.park_send(peer, LANE_SEND, self._frames(opaque, phy, rqid, qoff, wait),
+                                  max(end, parking.last_end), c.store.syncFlushTimeout / 1000)
+            ok = no_wait if ok is None else ok & no_wait
+        answers = [self._frames(opaque, phy, rqid, qoff, ok)] if ok is None or ok.any() else []
+        return answers + refused
+
+    def _frames(self, opaque, phy, rqid, qoff, mask) -> bytes:
+        """The SUCCESS frames of the sends ``mask`` keeps (None: all)."""
+        if mask is not None:
+            opaque, phy, rqid, qoff = opaque[mask], phy[mask], rqid[mask], qoff[mask]
+        size = F.send_ok_frames(TEMPLATE, TEMPLATE_OFFS, self.prefix, opaque, phy, rqid, qoff,
+                                opaque.shape[0], self.replies)
+        return self.replies[:size].tobytes()

@@ -30,7 +30,8 @@ topic and properties (decoded, in ``scratch``; the properties as
 ``prepare`` leaves them: trailing separators cut, ``CLUSTER`` added when
 absent), its queue id, sysFlag, bornTimestamp, flag, its body (in
 ``buf``), its ConsumeQueue tags code, the hash of its UNIQ_KEY (``dedup``),
-and whether its topic differs from the frame before's.
+whether its topic differs from the frame before's, and whether its
+properties say WAIT=false (answered before the flush, under SYNC_FLUSH).
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ from .binary import JIT, copy_bytes, crc32, java_hash_utf8, st_i16, st_i32, st_i
 from .properties import find_property
 
 (F_END, F_OPAQUE, F_TOPIC_OFF, F_TOPIC_LEN, F_QID, F_SYSFLAG, F_BORN_TS, F_FLAG, F_PROPS_OFF,
- F_PROPS_LEN, F_BODY_OFF, F_BODY_LEN, F_TAGS_CODE, F_KEY_HASH, F_NEW_TOPIC, F_SIZE) = range(16)
-N_F = 16
+ F_PROPS_LEN, F_BODY_OFF, F_BODY_LEN, F_TAGS_CODE, F_KEY_HASH, F_NEW_TOPIC, F_SIZE,
+ F_NO_WAIT) = range(17)
+N_F = 17
 
 SEND_V1, SEND_V2 = 10, 310
 # the header fields a send reads (send.send_fields), by slot
@@ -52,8 +54,10 @@ N_X = 9
 V2_LETTERS = np.frombuffer(b"abefghijm", np.uint8)
 # the value kinds a field was given as
 V_NONE, V_STR, V_INT, V_TRUE, V_FALSE = 0, 1, 2, 3, 4
-# the literals, then the header keys read_sends knows, at 13, 17, 23, 27, 34
+# the literals, then the header keys read_sends knows: code, opaque, flag,
+# version (at _TOP_AT) and extFields (at 34)
 WORDS = b"truefalsenullcodeopaqueflagversionextFields"
+_TOP_AT = np.array([13, 17, 23, 27, 34], np.int64)
 INT_DIGITS = 18
 _TRANSACTION_MASK = 0x3 << 2           # layout.SYSFLAG_TRANSACTION_MASK
 _HOST_FLAGS = 0x10 | 0x20              # born / store host IPv6
@@ -208,6 +212,51 @@ def _field_slot(buf, s, n, code, v1_names, v1_offs):
     return -1
 
 
+@njit(inline="always", **JIT)
+def _member(buf, i, end):
+    """The object member whose key's opening quote is at ``i`` (a key of
+    ASCII characters without escapes): (key start, key length, where its
+    value starts), or (-1, 0, -1)."""
+    if i >= end or buf[i] != 34:
+        return np.int64(-1), np.int64(0), np.int64(-1)
+    ks = i + 1
+    j = ks
+    while j < end and buf[j] != 34:
+        if buf[j] == 92 or buf[j] < 32 or buf[j] >= 128:
+            return np.int64(-1), np.int64(0), np.int64(-1)
+        j += 1
+    i = _ws(buf, j + 1, end)
+    if i >= end or buf[i] != 58:
+        return np.int64(-1), np.int64(0), np.int64(-1)
+    i = _ws(buf, i + 1, end)
+    if i >= end:
+        return np.int64(-1), np.int64(0), np.int64(-1)
+    return ks, j - ks, i
+
+
+@njit(inline="always", **JIT)
+def _after(buf, i, end):
+    """After a member's value at ``i``: (1, where the next member's key
+    starts) after a comma, (0, the position after the object) at its
+    closing brace, (-1, -1) otherwise."""
+    i = _ws(buf, i, end)
+    if i < end and buf[i] == 44:
+        return np.int64(1), _ws(buf, i + 1, end)
+    if i < end and buf[i] == 125:
+        return np.int64(0), i + 1
+    return np.int64(-1), np.int64(-1)
+
+
+@njit(inline="always", **JIT)
+def _opened(buf, i, end):
+    """The object whose ``{`` is at ``i``: (1, its first key's position),
+    (0, the position after it) when it is empty."""
+    i = _ws(buf, i + 1, end)
+    if i < end and buf[i] == 125:
+        return np.int64(0), i + 1
+    return np.int64(1), i
+
+
 @njit(**JIT)
 def _ext_object(buf, i, end, scratch, sp, words, kinds, vals, key_at, key_len):
     """extFields' object at ``i`` (its ``{``): each member's key span
@@ -215,33 +264,18 @@ def _ext_object(buf, i, end, scratch, sp, words, kinds, vals, key_at, key_len):
     (``vals[2m]``: an integer, or a string's scratch offset with its length
     in ``vals[2m + 1]``), in order. Returns (position after it or -1,
     members, scratch used)."""
-    i = _ws(buf, i + 1, end)
+    more, i = _opened(buf, i, end)
     m = 0
     s0 = sp
-    if i < end and buf[i] == 125:
-        return i + 1, np.int64(0), np.int64(0)
-    while i < end:
-        if buf[i] != 34 or m >= kinds.shape[0]:
+    while more == 1:
+        ks, kn, i = _member(buf, i, end)
+        if i < 0 or m >= kinds.shape[0]:
             return np.int64(-1), np.int64(0), np.int64(0)
-        ks = i + 1
-        j = ks
-        while j < end and buf[j] != 34:
-            if buf[j] == 92 or buf[j] < 32 or buf[j] >= 128:
-                return np.int64(-1), np.int64(0), np.int64(0)
-            j += 1
-        if j >= end:
-            return np.int64(-1), np.int64(0), np.int64(0)
-        i = _ws(buf, j + 1, end)
-        if i >= end or buf[i] != 58:
-            return np.int64(-1), np.int64(0), np.int64(0)
-        i = _ws(buf, i + 1, end)
-        if i >= end:
-            return np.int64(-1), np.int64(0), np.int64(0)
-        vj, kind, v = _value(buf, i, end, scratch, sp, words)
-        if vj < 0:
+        i, kind, v = _value(buf, i, end, scratch, sp, words)
+        if i < 0:
             return np.int64(-1), np.int64(0), np.int64(0)
         key_at[m] = ks
-        key_len[m] = j - ks
+        key_len[m] = kn
         kinds[m] = kind
         if kind == V_STR:
             vals[2 * m] = sp
@@ -251,15 +285,20 @@ def _ext_object(buf, i, end, scratch, sp, words, kinds, vals, key_at, key_len):
             vals[2 * m] = v
             vals[2 * m + 1] = 0
         m += 1
-        i = _ws(buf, vj, end)
-        if i >= end:
-            break
-        if buf[i] == 125:
-            return i + 1, np.int64(m), sp - s0
-        if buf[i] != 44:
-            break
-        i = _ws(buf, i + 1, end)
-    return np.int64(-1), np.int64(0), np.int64(0)
+        more, i = _after(buf, i, end)
+    if more < 0:
+        return np.int64(-1), np.int64(0), np.int64(0)
+    return i, np.int64(m), sp - s0
+
+
+@njit(inline="always", **JIT)
+def _top_key(buf, ks, kn, words):
+    """Which of the header's integer keys buf[ks:ks+kn] is (T_CODE,
+    T_OPAQUE, T_FLAG, T_VERSION: their places in WORDS), or -1."""
+    for t in range(4):
+        if _key_is(buf, ks, kn, words, _TOP_AT[t], _TOP_AT[t + 1] - _TOP_AT[t]):
+            return t
+    return -1
 
 
 @njit(**JIT)
@@ -337,12 +376,15 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
     v1_offs = keys[1]
     words = keys[2]            # WORDS: literals, then the header's keys
     needles = keys[3]          # DELAY\x01 TIMER_ TRAN_MSG\x01 CLUSTER\x01 UNIQ_KEY\x01 TAGS
+    #                            WAIT\x01false
     noffs = keys[4]
     kinds = np.empty(64, np.int64)
     vals = np.empty(128, np.int64)
     key_at = np.empty(64, np.int64)
     key_len = np.empty(64, np.int64)
     slot_m = np.empty(N_X, np.int64)
+    top = np.empty(4, np.int64)
+    nums = np.zeros(4, np.int64)
     uniq = needles[noffs[4]:noffs[5]]
     tags = needles[noffs[5]:noffs[6]]
     sp = np.int64(0)
@@ -363,91 +405,40 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
         h0 = pos + 8
         h1 = h0 + hlen
         fend = pos + 4 + total
-        # the header object
+        # the header object: its four integers (code, opaque, flag, version), extFields
         i = _ws(buf, h0, h1)
         if i >= h1 or buf[i] != 123:
             break
-        i = _ws(buf, i + 1, h1)
-        code = np.int64(-1)
-        opaque = np.int64(0)
-        flag = np.int64(0)
+        more, i = _opened(buf, i, h1)
+        top[0], top[1], top[2], top[3] = -1, 0, 0, 0
         members = np.int64(-1)
-        good = True
-        if i < h1 and buf[i] == 125:
-            good = False
-        while good:
-            if i >= h1 or buf[i] != 34:
-                good = False
-                break
-            ks = i + 1
-            j = ks
-            while j < h1 and buf[j] != 34:
-                if buf[j] == 92 or buf[j] < 32 or buf[j] >= 128:
-                    break
-                j += 1
-            if j >= h1 or buf[j] != 34:
-                good = False
-                break
-            kn = j - ks
-            i = _ws(buf, j + 1, h1)
-            if i >= h1 or buf[i] != 58:
-                good = False
-                break
-            i = _ws(buf, i + 1, h1)
-            if i >= h1:
-                good = False
+        while more == 1:
+            ks, kn, i = _member(buf, i, h1)
+            if i < 0:
                 break
             if _key_is(buf, ks, kn, words, 34, 9):                       # extFields
                 if buf[i] == 123:
                     i, members, used = _ext_object(buf, i, h1, scratch, sp, words, kinds, vals,
                                                    key_at, key_len)
-                    if i < 0:
-                        good = False
-                        break
                     sp += used
-                else:
-                    vj, kind, v = _value(buf, i, h1, scratch, sp, words)
-                    if vj < 0 or kind != V_NONE:
-                        good = False
-                        break
-                    members = 0
-                    i = vj
+                else:                                                    # null: no fields
+                    i, kind, v = _value(buf, i, h1, scratch, sp, words)
+                    members = 0 if kind == V_NONE else -1
             else:
-                vj, kind, v = _value(buf, i, h1, scratch, sp, words)
-                if vj < 0:
-                    good = False
-                    break
-                i = vj
-                if _key_is(buf, ks, kn, words, 13, 4):                      # code
-                    if kind != V_INT:
-                        good = False
-                        break
-                    code = v
-                elif _key_is(buf, ks, kn, words, 17, 6):                    # opaque
+                i, kind, v = _value(buf, i, h1, scratch, sp, words)
+                tk = _top_key(buf, ks, kn, words)
+                if tk >= 0:
                     if kind != V_INT or v < -2147483648 or v > 2147483647:
-                        good = False
                         break
-                    opaque = v
-                elif _key_is(buf, ks, kn, words, 23, 4):                    # flag
-                    if kind != V_INT:
-                        good = False
-                        break
-                    flag = v
-                elif _key_is(buf, ks, kn, words, 27, 7):                    # version
-                    if kind != V_INT or v < -2147483648 or v > 2147483647:
-                        good = False
-                        break
-            i = _ws(buf, i, h1)
-            if i < h1 and buf[i] == 125:
-                i = _ws(buf, i + 1, h1)
+                    top[tk] = v
+            if i < 0:
                 break
-            if i >= h1 or buf[i] != 44:
-                good = False
-                break
-            i = _ws(buf, i + 1, h1)
-        if not good or i != h1 or (code != SEND_V1 and code != SEND_V2) or flag != 0 \
-                or members < 0:
+            more, i = _after(buf, i, h1)
+        if more != 0 or _ws(buf, i, h1) != h1 or (top[0] != SEND_V1 and top[0] != SEND_V2) \
+                or top[2] != 0 or members < 0:
             break
+        code = top[0]
+        opaque = top[1]
         # the send's fields, the last of a repeated key winning
         for x in range(N_X):
             slot_m[x] = -1
@@ -456,7 +447,6 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
             if x >= 0:
                 slot_m[x] = m if kinds[m] != V_NONE else -1
         ok = slot_m[X_GROUP] >= 0 and slot_m[X_TOPIC] >= 0 and kinds[slot_m[X_TOPIC]] == V_STR
-        nums = np.zeros(4, np.int64)
         for k in range(4):                        # queueId, sysFlag, bornTimestamp, flag
             if not ok:
                 break
@@ -553,6 +543,7 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
         r[F_NEW_TOPIC] = 0 if same else 1
         ptopic_s, ptopic_n = ts_, tn
         r[F_SIZE] = 88 + bn + 1 + tn + 2 + pn        # the record: both hosts IPv4
+        r[F_NO_WAIT] = _has(scratch, ps, pn, needles, noffs[6], noffs[7])   # answer before the flush
         n += 1
         pos = fend
     return n
