@@ -15,7 +15,12 @@ writes the reply with ``Connection.send``; it writes what the parking
 module answers later (after a request parked, on a wake-up, when the one
 reactor timer it keeps for the earliest parked deadline fires) and the
 notices to other clients, each to the connection its peer names, if still
-open. Plain sends are first offered to ``Handlers.take``: those it takes
+open. Before the decoder reads a connection's bytes, the send lane
+(``handlers/lane.py``, ``on_lane``) takes the single sends it can read
+whole straight from them, a chunk of up to 64 at a time: appended a
+claim per queue, answered from kernels, each chunk's answers written
+before the next is taken. Other plain sends are offered to
+``Handlers.take``: those it takes
 are appended together, a claim per queue, when the reactor's turn ends
 (``Reactor.end_turn``) or before the next other request, whichever is
 first (``flush_group``), and answered in the order they came. A turn that

@@ -211,3 +211,25 @@ def test_a_chunk_larger_than_a_claim_may_be_is_appended_in_runs_across_segments(
     assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)][1:] == [c.body for c in cmds]
     reactor.close()
     rig.close()
+
+
+def test_a_queue_out_of_range_stops_the_lane_before_the_next_topic(tmp_path):
+    """One read: a send the lane takes, one to queue 9 of the topic's 4,
+    one to a topic not yet checked. The lane stops at the second (the send
+    path refuses it), whatever follows; nothing lands in a queue 9."""
+    rig = Rig(str(tmp_path), dedup_window=1024, autoCreateTopicEnable=True)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(keyed(0, "first", 999))              # GoldenTopic checked
+    reactor, driver, client = driven(rig)
+    cmds = [keyed(0, "ok", 1), keyed(9, "far", 2), keyed(1, "other", 3, topic="Other")]
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    replies = []
+    while len(replies) < 3:
+        reactor.run_once()
+        replies += read_replies(client, 1) if _readable(client) else []
+    assert {r.opaque: r.code for r in replies} == {1: R.SUCCESS, 2: R.SYSTEM_ERROR, 3: R.SUCCESS}
+    assert driver.lane.taken == 1
+    assert rig.store.read_queue("GoldenTopic", 9) == []
+    assert [m.body for m in rig.store.read_queue("Other", 1)] == [b"other"]
+    reactor.close()
+    rig.close()

@@ -175,6 +175,8 @@ class SendLane:
             tix[s:e] = i
             if tc.filter_type == "MULTI_TAG":
                 orflags[s:e] = 2               # send.MULTI_TAGS_FLAG
+            if e >= n:                         # (cut short at a queue out of range)
+                break
         return n, topics, tix, orflags
 
     def _append(self, peer, view, n: int, topics: list, tix, orflags, now: int) -> list:

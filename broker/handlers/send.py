@@ -9,7 +9,11 @@ haSlaveFallbehindMax behind, answers SLAVE_NOT_AVAILABLE at once (after the
 flush, under SYNC_FLUSH): the message is stored, as RocketMQ's is.
 
 A single message is the common case and has a budget (issue 14: ≤ 20 µs
-of worker CPU per send, socket included): the header's fields are read
+of worker CPU per send, socket included). Most single sends never come
+here: the worker's send lane (``lane.py``) reads, stores and answers them
+in kernels, and sends here only what it does not take whole (the first
+send to a topic, a delay, a batch, a header outside its JSON subset …).
+For those, and where the lane is off, the header's fields are read
 straight from extFields, whole and first (``send_fields``), the topic's
 checks are cached until the tables change (config_epoch), the record is
 written by ``records.encode_one`` (struct + zlib, no kernel call over
