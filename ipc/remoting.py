@@ -226,6 +226,18 @@ class FrameDecoder:
             raise self._error
         return self._buf, self._pos
 
+    def frames_held(self, n: int) -> bool:
+        """Whether at least ``n`` whole frames are buffered (by their length
+        fields alone: nothing is decoded)."""
+        buf, pos, end = self._buf, self._pos, len(self._buf)
+        for _ in range(n):
+            if end - pos < 4:
+                return False
+            pos += 4 + _I32.unpack_from(buf, pos)[0]
+            if pos > end:
+                return False
+        return True
+
     def skip_to(self, pos: int) -> None:
         """Frames up to ``pos`` were taken by another reader (``pending``)."""
         self._pos = pos

@@ -19,6 +19,7 @@ same transport, measured in the same run (perf.net_limits):
   the consumer parked in a long poll (sysFlag suspend) and every body
   stamped with CLOCK_MONOTONIC at send — against the raw round trip p50;
 - broker_sync_flush: SYNC_FLUSH broker, 1 and 16 connections (processes)
+  one send at a time each, and one connection with 64 in flight
   each sending one message at a time — msg/s against the raw fdatasync rate,
   with Redis ``appendfsync always`` under the same load beside it, and the
   messages each fdatasync made durable (group commit);
@@ -80,6 +81,7 @@ PRODUCERS = 4
 WINDOW = 4
 QUEUES = 4
 SYNC_CONNS = (1, 16)
+SYNC_WINDOW = 64             # sends in flight on one connection (broker_sync_flush_w64)
 SCALE_WINDOW = 16
 SCALE_CLIENTS_PER_WORKER = 2
 TIMEOUT_S = 15.0
@@ -750,6 +752,37 @@ def run_sync_flush(ctx, result):
                          redis_always_same_load=round(peer) if peer else None,
                          over_redis=round(rate / peer, 3) if peer else None,
                          redis_always_pipelined_b32=round(peer_b32) if peer_b32 else None)
+        yield _sync_pipelined(ctx, b, tr, seconds, fsync_rate, result)
+
+
+def _sync_pipelined(ctx, b, tr: str, seconds: float, fsync_rate: float, result):
+    """One connection with SYNC_WINDOW sends of 100 B in flight (issue 14's
+    "64 pipelined"): every answer SUCCESS at the next queue offset, each
+    sent only once its bytes were flushed; messages per fdatasync is what
+    the group commit gathered."""
+    from perf.net_limits import connect
+    from perf.worker_cpu import Sender, _host_port
+    topic = f"PerfSyncW{SYNC_WINDOW}_{tr}"
+    with RemotingClient(b.addr(tr)) as c:
+        create_topic(c, topic, 1)
+        sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
+        try:
+            sock.settimeout(TIMEOUT_S)
+            snd = Sender(sock, topic, SYNC_WINDOW)
+            snd.step(SYNC_WINDOW)                          # warm the path
+            f0, t0, n = flush_seq(b), time.monotonic(), 0
+            while time.monotonic() - t0 < seconds:
+                n += snd.step()
+            t1, f1 = time.monotonic(), flush_seq(b)
+            snd.drain()
+        finally:
+            sock.close()
+        verify_queues(c, topic, {0: (snd.issued, body_of(0, snd.issued - 1))})
+    return result(f"broker_sync_flush_w{SYNC_WINDOW}_{tr}", n / (t1 - t0), "msg/s", fsync_rate,
+                  "raw fdatasync/s (4 KiB overwrite)", requests_in_flight=SYNC_WINDOW,
+                  messages=n, msgs_per_fdatasync=(round(n / max(1, f1 - f0), 2)
+                                                  if f0 is not None and f1 is not None else None),
+                  target=100_000)
 
 
 # ------------------------------------------------------------------ (f) worker scaling
