@@ -14,7 +14,7 @@ from . import _kernels as K
 from . import jit
 from ._kernels.frames import (F_BODY_LEN, F_END, F_KEY_HASH, F_NEW_TOPIC, F_NO_WAIT,  # noqa: F401
                               F_OPAQUE, F_QID, F_SIZE, F_TAGS_CODE, F_TOPIC_LEN, F_TOPIC_OFF, N_F,
-                              WORDS)
+                              N_S, S_FRAME, S_KEY, S_POS, S_SIZE, S_TAGS, WORDS)
 
 NEEDLES = (b"DELAY\x01", b"TIMER_", b"TRAN_MSG\x01", b"CLUSTER\x01", b"UNIQ_KEY\x01", b"TAGS",
            b"WAIT\x01false")
@@ -49,11 +49,19 @@ def read_sends(view, pos: int, end: int, chunk: int, keys: tuple, cluster, max_b
     return K.read_sends(view, pos, end, chunk, keys, cluster, max_body, K.CRC_TABLES, out, scratch)
 
 
-def encode_sends(view, scratch, out, n: int, order, orflags, born, store, now: int, recs,
-                 rec_pos) -> int:
-    """The records of the ``n`` frames read, in ``order``, into ``recs``."""
-    return K.encode_sends(view, jit.readonly(scratch), jit.readonly(out), n, order, orflags,
-                          born, store, now, K.CRC_TABLES, recs, rec_pos)
+def encode_sends(view, scratch, out, n: int, tix, orflags, born, store, now: int, recs, srt,
+                 groups) -> int:
+    """The records of the ``n`` frames read into ``recs``, each queue's
+    run together (``srt``, ``groups``: see the kernel); the runs' count."""
+    return K.encode_sends(view, jit.readonly(scratch), jit.readonly(out), n, tix, orflags,
+                          born, store, now, K.CRC_TABLES, recs, srt, groups)
+
+
+def place_answers(out, srt, groups, ng: int, gphy, gq, gqid, sel: int, opaque, phy, qid,
+                  qoff) -> int:
+    """Each answer's fields, of the runs appended whole (``gphy >= 0``)."""
+    return K.place_answers(jit.readonly(out), jit.readonly(srt), jit.readonly(groups), ng, gphy,
+                           gq, gqid, sel, opaque, phy, qid, qoff)
 
 
 def send_ok_frames(template, toffs, prefix, opaque, phy, qid, qoff, n: int, o) -> int:
@@ -77,8 +85,11 @@ def warm_up() -> None:
     assert n == 1, "the lane's warm-up send was not read"
     host = u8(bytes(8))
     recs = np.zeros(int(out[0, F_SIZE]), np.uint8)
-    encode_sends(frame, scratch, out, 1, np.zeros(1, np.int64), np.zeros(1, np.int64), host, host,
-                 0, recs, np.zeros(2, np.int64))
+    srt = np.zeros((N_S, 1), np.int64)
+    groups = np.zeros((2, 2), np.int64)
+    ng = encode_sends(frame, scratch, out, 1, np.zeros(1, np.int64), np.zeros(1, np.int64), host,
+                      host, 0, recs, srt, groups)
     one = np.zeros(1, np.int64)
+    place_answers(out, srt, groups, ng, one, one, one, 0, one, one, one, one)
     template, toffs = joined([b"a"] * 5)
     send_ok_frames(template, toffs, u8(bytes(16)), one, one, one, one, 1, np.zeros(256, np.uint8))

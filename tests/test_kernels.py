@@ -1522,12 +1522,21 @@ def _lane_read(data: bytes, cluster: str = "CLUSTER\x01c", max_body: int = 4096)
     scratch = np.zeros(2 * len(data) + 64 * 64, np.uint8)
     n = S.read_sends(view, 0, len(data), 64, KEYS, S.u8(cluster.encode()), max_body, out, scratch)
     recs = np.zeros(max(1, int(out[:n, S.F_SIZE].sum())), np.uint8)
-    rec_pos = np.zeros(n + 1, np.int64)
+    srt = np.zeros((S.N_S, 64), np.int64)
+    groups = np.zeros((2, 65), np.int64)
     host = S.u8(_LANE_HOST[0])
-    total = S.encode_sends(view, scratch, out, n, np.arange(n, dtype=np.int64),
-                           np.zeros(n, np.int64), host, host, 7, recs, rec_pos)
-    rec_pos[n] = total
-    return n, out, [recs[rec_pos[i]:rec_pos[i + 1]].tobytes() for i in range(n)]
+    ng = S.encode_sends(view, scratch, out, n, np.zeros(64, np.int64), np.zeros(64, np.int64),
+                        host, host, 7, recs, srt, groups)
+    by_frame = [b""] * n
+    for g in range(ng):                      # each queue's run, its records in the order sent
+        frames = srt[S.S_FRAME, groups[0, g]:groups[0, g + 1]].tolist()
+        assert frames == sorted(frames) and len({int(out[f, S.F_QID]) for f in frames}) == 1
+        for k in range(groups[0, g], groups[0, g + 1]):
+            at = groups[1, g] + srt[S.S_POS, k]
+            by_frame[srt[S.S_FRAME, k]] = recs[at:at + srt[S.S_SIZE, k]].tobytes()
+            assert srt[S.S_SIZE, k] == len(by_frame[srt[S.S_FRAME, k]])
+    assert groups[1, ng] == recs.shape[0] or n == 0
+    return n, out, by_frame
 
 
 def _frame(header: bytes, body: bytes = b"hello") -> bytes:
@@ -1556,6 +1565,10 @@ LANE_CASES = [
     (_v2(_V2_EXT.replace(b'\\u0002","j"', b'\\u0002\\u0002","j"')), True),   # separators cut
     (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"CLUSTER\\u0001x\\u0002TAGS')), True),
     (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"WAIT\\u0001false\\u0002TAGS')), True),
+    (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"K\\u0001TIMER DELAY TRAN_MS WAIT\\u0001fals\\u0002TAGS')),
+     True),                                            # near misses of every needle
+    (_v2(_V2_EXT.replace(b'\\u0002","j"', b'\\u0002x\\u0001DELA","j"')), True),   # one cut short
+    (_v2(_V2_EXT.replace(b'\\u0002","j"', b'\\u0002x\\u0001CLUSTE","j"')), True),
     (_v2(_V2_EXT.replace(b',"i":"TAGS\\u0001TagA\\u0002UNIQ_KEY\\u0001K1\\u0002"', b"")), True),
     (_v2(_V2_EXT.replace(b'"i":"TAGS', b'"i":"xUNIQ_KEY\\u0001z\\u0002UNIQ_KEY\\u0001\\u0002TAGS')),
      True),                                                            # an empty key: none
@@ -1695,6 +1708,37 @@ def test_a_mangled_send_the_lane_takes_is_one_the_send_path_stores_the_same(data
     if n:
         twin = _lane_twin(frame, "CLUSTER\x01c", 4096)
         assert twin is not None and recs[0] == bytes(twin[0]), bytes(header)
+
+
+def test_the_send_lane_writes_each_queues_records_together_in_the_order_sent():
+    from shmq.core import sends as S
+    frames = [_frame(_v2(_V2_EXT.replace(b'"e":3', b'"e":%d' % q))) for q in (2, 0, 2, 1, 0, 2)]
+    n, out, recs = _lane_read(b"".join(frames))
+    assert n == 6
+    for f, q in enumerate((2, 0, 2, 1, 0, 2)):
+        assert struct.unpack_from(">i", recs[f], 12)[0] == q
+
+
+def test_the_send_lane_places_each_answer_of_the_runs_appended_whole():
+    from shmq.core import sends as S
+    out = np.zeros((64, S.N_F), np.int64)
+    out[:5, S.F_OPAQUE] = [10, 11, 12, 13, 14]
+    out[:5, S.F_NO_WAIT] = [0, 1, 0, 0, 1]
+    srt = np.zeros((S.N_S, 64), np.int64)
+    srt[S.S_FRAME, :5] = [1, 3, 0, 2, 4]           # runs: frames 1, 3 | 0, 2 | 4
+    srt[S.S_POS, :5] = [0, 100, 0, 90, 0]
+    groups = np.zeros((2, 65), np.int64)
+    groups[0, :4] = [0, 2, 4, 5]
+    gphy = np.array([1000, -1, 5000], np.int64)     # the second run answered one by one
+    gq, gqid = np.array([7, 0, 3], np.int64), np.array([1, 0, 2], np.int64)
+    got = []
+    for sel in (0, 1, 2):
+        f = np.zeros((4, 64), np.int64)
+        m = S.place_answers(out, srt, groups, 3, gphy, gq, gqid, sel, *f)
+        got.append([tuple(f[:, i].tolist()) for i in range(m)])
+    assert got[0] == [(11, 1000, 1, 7), (13, 1100, 1, 8), (14, 5000, 2, 3)]
+    assert got[1] == [(13, 1100, 1, 8)]
+    assert got[2] == [(11, 1000, 1, 7), (14, 5000, 2, 3)]
 
 
 def test_the_send_lanes_answers_are_the_send_paths_bytes():

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from shmq.core import sends as F
-from shmq.core.records import EncodedBatch, group_bytes_limit, runs
+from shmq.core.records import EncodedBatch, group_bytes_limit
 from shmq.core.store import DuplicateResult
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.remoting import JSON, RemotingCommand, encode_head, send_ok_pieces
@@ -56,19 +56,6 @@ KEYS = F.keys(_V1_SEND)
 TEMPLATE, TEMPLATE_OFFS = F.joined(send_ok_pieces())
 assert len(TEMPLATE_OFFS) == 6
 _u8 = F.u8
-
-
-def _spans(cuts: list, rec_pos: np.ndarray, limit: int):
-    """Each queue's records (between two ``cuts``) as runs of at most
-    ``limit`` bytes (``records.runs``, as the send path cuts a turn's
-    sends): (first, end) of each run, in order."""
-    for s, e in zip(cuts, cuts[1:]):
-        if rec_pos[e] - rec_pos[s] <= limit:
-            yield s, e
-            continue
-        for run in runs(range(s, e), limit, lambda k: int(rec_pos[k + 1] - rec_pos[k]),
-                        lambda k: False):
-            yield run[0], run[-1] + 1
 
 
 def _before_a_repeated_key(out: np.ndarray, n: int) -> int:
@@ -98,6 +85,11 @@ class SendLane:
         self.out = np.zeros((CHUNK, F.N_F), np.int64)
         self.scratch = np.zeros(1 << 16, np.uint8)
         self.recs = np.zeros(1 << 16, np.uint8)
+        self.srt = np.zeros((F.N_S, CHUNK), np.int64)
+        self.groups = np.zeros((2, CHUNK + 1), np.int64)
+        self.tix = np.zeros(CHUNK, np.int64)          # each frame's topic (an index)
+        self.orflags = np.zeros(CHUNK, np.int64)      # each frame's sysFlag bits to add
+        self.fields = np.zeros((4, CHUNK), np.int64)  # opaque, phy, queue, queue offset
         self.replies = np.zeros(CHUNK * (len(TEMPLATE) + 96), np.uint8)
         self.taken = 0          # sends taken (tests, stats)
 
@@ -113,11 +105,12 @@ class SendLane:
         """Take the single sends at ``buf[pos:]`` that the lane can (at
         most a chunk): append them and answer them. Returns (where the
         frames taken end, ``pos`` when none; answers as (bytes, …) for the
-        connection)."""
+        connection). The broker's permission needs no look here: a topic's
+        remembered checks included it, and any change of it moves the
+        tables' epoch, which forgets them."""
         b = self.b
         end = len(buf)
         try:
-            b.check_writable()
             b.check_disk()
             now = int(time.time() * 1000)
             _refuse_if_busy(b, now)
@@ -126,124 +119,132 @@ class SendLane:
         need = 2 * (end - pos) + CHUNK * (len(self.cluster) + 1)
         if self.scratch.shape[0] < need:
             self.scratch = np.zeros(max(need, 2 * self.scratch.shape[0]), np.uint8)
-        out, scratch = self.out, self.scratch
+        out = self.out
         view = np.frombuffer(buf, np.uint8)
         view.flags.writeable = False
         try:
             n = F.read_sends(view, pos, end, CHUNK, KEYS, self.cluster,
-                             b.config.store.maxMessageSize, out, scratch)
-            if n and b.store.dedup_on:
+                             b.config.store.maxMessageSize, out, self.scratch)
+            if n > 1 and b.store.dedup_on:
                 n = _before_a_repeated_key(out, n)
             if n:
-                n, topics, tix, orflags = self._topics(out, n)
+                n, topics = self._topics(out, n)
             if not n:
                 return pos, []
-            return int(out[n - 1, F.F_END]), self._append(peer, view, n, topics, tix, orflags, now)
+            return int(out[n - 1, F.F_END]), self._append(peer, view, n, topics, now)
         finally:
             del view             # (the decoder's bytearray may grow again)
 
-    def _topics(self, out: np.ndarray, n: int):
+    def _topics(self, out: np.ndarray, n: int) -> tuple[int, list[str]]:
         """Each topic's remembered checks (the send path's): the frames up
-        to the first whose topic or queue the lane cannot take. Returns
-        (frames kept, topic names, each frame's topic index, each frame's
-        sysFlag bits to add)."""
+        to the first whose topic or queue the lane cannot take; each
+        frame's topic index (``tix``) and sysFlag bits (``orflags``).
+        Returns (frames kept, the topics' names)."""
         b = self.b
         epoch = b.store.state.get("config_epoch")
         cache = b.send_topics
-        starts = np.flatnonzero(out[:n, F.F_NEW_TOPIC]).tolist()
+        new = out[:n, F.F_NEW_TOPIC]
+        starts = [0] if n == 1 or not new[1:].any() else np.flatnonzero(new).tolist()
         topics: list[str] = []
-        tix = np.zeros(n, np.int64)
-        orflags = np.zeros(n, np.int64)
-        scratch = self.scratch
+        scratch, tix, orflags = self.scratch, self.tix, self.orflags
         for k, s in enumerate(starts):
             e = starts[k + 1] if k + 1 < len(starts) else n
-            off, ln = int(out[s, F.F_TOPIC_OFF]), int(out[s, F.F_TOPIC_LEN])
+            off, ln = out[s, F.F_TOPIC_OFF], out[s, F.F_TOPIC_LEN]
             topic = scratch[off:off + ln].tobytes().decode()
             hit = cache.get(topic)
             if hit is None or hit[0] != epoch or topic.startswith(("%RETRY%", "%DLQ%")):
-                return s, topics, tix, orflags
+                return s, topics
             tc = hit[1]
-            over = np.flatnonzero(out[s:e, F.F_QID] >= max(tc.write_queue_nums,
-                                                            tc.read_queue_nums))
-            if over.shape[0]:
-                e = n = s + int(over[0])
+            limit = max(tc.write_queue_nums, tc.read_queue_nums)
+            if out[s:e, F.F_QID].max() >= limit:
+                e = n = s + int(np.argmax(out[s:e, F.F_QID] >= limit))
             try:
                 i = topics.index(topic)
             except ValueError:
                 i = len(topics)
                 topics.append(topic)
             tix[s:e] = i
-            if tc.filter_type == "MULTI_TAG":
-                orflags[s:e] = 2               # send.MULTI_TAGS_FLAG
+            orflags[s:e] = 2 if tc.filter_type == "MULTI_TAG" else 0   # send.MULTI_TAGS_FLAG
             if e >= n:                         # (cut short at a queue out of range)
                 break
-        return n, topics, tix, orflags
+        return n, topics
 
-    def _append(self, peer, view, n: int, topics: list, tix, orflags, now: int) -> list:
+    def _append(self, peer, view, n: int, topics: list, now: int) -> list:
+        """Encode the chunk's records, a run per queue; append each run in
+        one claim; answer."""
         b = self.b
-        out = self.out
-        qids = out[:n, F.F_QID]
-        keys = (tix[:n] << 32) | qids
-        order = np.argsort(keys, kind="stable")
+        out, srt, groups = self.out, self.srt, self.groups
         total = int(out[:n, F.F_SIZE].sum())
         if self.recs.shape[0] < total:
             self.recs = np.zeros(max(total, 2 * self.recs.shape[0]), np.uint8)
         recs = self.recs
-        rec_pos = np.empty(n + 1, np.int64)
-        rec_pos[n] = total
         born = peer.attrs.get("_lane_born")
         if born is None:
             born = peer.attrs["_lane_born"] = _u8(peer.born_raw[0])
-        F.encode_sends(view, self.scratch, out, n, order, orflags, born, self.store_host, now,
-                       recs, rec_pos)
-        phy = np.empty(n, np.int64)
-        qoff = np.empty(n, np.int64)
-        rqid = qids.copy()
+        ng = F.encode_sends(view, self.scratch, out, n, self.tix, self.orflags, born,
+                            self.store_host, now, recs, srt, groups)
+        starts, at = groups[:, :ng + 1].tolist()
+        frames = srt[F.S_FRAME, :n].tolist()
+        gphy, gq, gqid = [-1] * ng, [0] * ng, [0] * ng
+        odd: list = []           # (frame, phy, queue, queue offset) answered one by one
         failed: dict[int, Exception] = {}
-        sk = keys[order]
-        cuts = [0] + (np.flatnonzero(sk[1:] != sk[:-1]) + 1).tolist() + [n]
-        limit = group_bytes_limit(b.config.store.mappedFileSizeCommitLog)
         store = b.store
         dedup = store.dedup_on
-        last = 0                         # the end of the chunk's last byte (SYNC_FLUSH)
-        for s, e in _spans(cuts, rec_pos, limit):
-            fi = order[s:e]
-            first = int(fi[0])
-            topic, qid = topics[int(tix[first])], int(qids[first])
-            a = int(rec_pos[s])
+        limit = group_bytes_limit(b.config.store.mappedFileSizeCommitLog)
+        last = 0                 # the end of the chunk's last byte (SYNC_FLUSH)
+        for g in range(ng):
+            s, e, a, z = starts[g], starts[g + 1], at[g], at[g + 1]
+            f = frames[s]
+            topic, qid = topics[int(self.tix[f])], int(out[f, F.F_QID])
             try:
-                r = None
-                if e - s > 1:
-                    batch = EncodedBatch(topic=topic, buf=recs[a:int(rec_pos[e])],
-                                         rec_pos=rec_pos[s:e] - a, sizes=out[fi, F.F_SIZE],
-                                         queue_id=qid, tags_codes=out[fi, F.F_TAGS_CODE],
-                                         store_timestamp=now, single_queue=True)
-                    r = store.append(batch, 0, out[fi, F.F_KEY_HASH].tolist() if dedup else None)
-                    if r is not None:
-                        last = max(last, r.end)
-                        phy[fi] = r.phy_offset + rec_pos[s:e] - a
-                        qoff[fi] = r.queue_offset + np.arange(e - s)
-                        self._stored(topic, qid, e - s, int(rec_pos[e]) - a)
-                if r is None:            # one at a time: a key the window may hold
+                r = self._run(topic, qid, s, e, a, z, now, dedup) if z - a <= limit else None
+                if r is None:    # one by one: a key the window may hold, or too many bytes
                     for k in range(s, e):
-                        last = max(last, self._append_one(recs, rec_pos, k, int(order[k]), topic,
-                                                          qid, now, dedup, phy, qoff, rqid))
+                        last = max(last, self._one(topic, qid, k, frames[k], a, now, dedup, odd))
+                    continue
+                last = max(last, r.end)
+                if r.__class__ is DuplicateResult:     # (a run of one)
+                    odd.append((f, r.phy_offset, r.queue_id, r.queue_offset))
+                else:
+                    gphy[g], gq[g], gqid[g] = r.phy_offset, r.queue_offset, qid
             except Exception as ex:       # (ENOSPC, …) answered as the send path answers
-                for f in fi.tolist():
-                    failed.setdefault(f, ex)
+                for k in range(s, e):
+                    failed.setdefault(frames[k], ex)
         self.taken += n
-        return self._answers(peer, n, phy, qoff, rqid, failed, last)
+        return self._answers(peer, ng, gphy, gq, gqid, odd, failed, last)
 
-    def _append_one(self, recs, rec_pos, k, f, topic, qid, now, dedup, phy, qoff, rqid) -> int:
-        out = self.out
-        rec = recs[int(rec_pos[k]):int(rec_pos[k + 1])]
-        r = self.b.store.append_record(topic, qid, rec, int(out[f, F.F_TAGS_CODE]), now,
-                                       int(out[f, F.F_KEY_HASH]) if dedup else 0)
-        phy[f], qoff[f] = r.phy_offset, r.queue_offset
+    def _run(self, topic: str, qid: int, s: int, e: int, a: int, z: int, now: int, dedup: bool):
+        """Append the run of records srt[:, s:e] (recs[a:z]) to one queue in
+        one claim: its AppendResult, a DuplicateResult (a run of one), or
+        None (one by one instead)."""
+        srt, recs = self.srt, self.recs
+        if e - s == 1:
+            r = self.b.store.append_record(topic, qid, recs[a:z], int(srt[F.S_TAGS, s]), now,
+                                           int(srt[F.S_KEY, s]) if dedup else 0)
+        else:
+            batch = EncodedBatch(topic=topic, buf=recs[a:z], rec_pos=srt[F.S_POS, s:e],
+                                 sizes=srt[F.S_SIZE, s:e], queue_id=qid,
+                                 tags_codes=srt[F.S_TAGS, s:e], store_timestamp=now,
+                                 single_queue=True)
+            r = self.b.store.append(batch, 0, srt[F.S_KEY, s:e].tolist() if dedup else None)
+        if r is not None and r.__class__ is not DuplicateResult:
+            self._stored(topic, qid, e - s, z - a)
+        return r
+
+    def _one(self, topic: str, qid: int, k: int, f: int, a: int, now: int, dedup: bool,
+             odd: list) -> int:
+        """Append record srt[:, k] of the run starting at byte ``a`` alone;
+        note its answer in ``odd``; its end."""
+        srt = self.srt
+        p = a + int(srt[F.S_POS, k])
+        rec = self.recs[p:p + int(srt[F.S_SIZE, k])]
+        r = self.b.store.append_record(topic, qid, rec, int(srt[F.S_TAGS, k]), now,
+                                       int(srt[F.S_KEY, k]) if dedup else 0)
         if r.__class__ is DuplicateResult:
-            rqid[f] = r.queue_id              # where the first send's message is
+            qid = r.queue_id                   # where the first send's message is
         else:
             self._stored(topic, qid, 1, len(rec))
+        odd.append((f, r.phy_offset, qid, r.queue_offset))
         return r.end
 
     def _stored(self, topic: str, qid: int, count: int, nbytes: int) -> None:
@@ -256,38 +257,43 @@ class SendLane:
         if parking.pulls and (topic, qid) in parking.pulls:
             parking.arrived.add((topic, qid))
 
-    def _answers(self, peer, n: int, phy, qoff, rqid, failed: dict, end: int) -> list:
+    def _answers(self, peer, ng: int, gphy, gq, gqid, odd: list, failed: dict,
+                 end: int) -> list:
         """The chunk's answers for the connection: SUCCESS frames (under
         SYNC_FLUSH, those not saying WAIT=false parked together until
         ``end``, the chunk's last byte, is flushed, as one reply), then
         the refusals."""
         b = self.b
-        out = self.out
-        opaque = np.ascontiguousarray(out[:n, F.F_OPAQUE])
-        refused = []
-        ok = None
-        if failed:
-            from . import _failed
-            ok = np.array([f not in failed for f in range(n)])
-            for f, ex in failed.items():
-                cmd = RemotingCommand(RC.SEND_MESSAGE_V2, int(opaque[f]), serialize_type=JSON)
-                refused.append(encode_head(_failed(peer, cmd, ex), 0))
         c = b.config
+        runs = (np.array(gphy, np.int64), np.array(gq, np.int64), np.array(gqid, np.int64))
+        refused = []
+        from . import _failed
+        for f, ex in failed.items():
+            cmd = RemotingCommand(RC.SEND_MESSAGE_V2, int(self.out[f, F.F_OPAQUE]),
+                                  serialize_type=JSON)
+            refused.append(encode_head(_failed(peer, cmd, ex), 0))
         parking = b.parking
+        sel = 0
         if c.store.sync_flush and b.store.state.flushed_pos < end:
-            no_wait = out[:n, F.F_NO_WAIT] != 0
-            wait = ~no_wait if ok is None else ok & ~no_wait
-            if wait.any():
-                parking.park_send(peer, LANE_SEND, self._frames(opaque, phy, rqid, qoff, wait),
-                                  max(end, parking.last_end), c.store.syncFlushTimeout / 1000)
-            ok = no_wait if ok is None else ok & no_wait
-        answers = [self._frames(opaque, phy, rqid, qoff, ok)] if ok is None or ok.any() else []
-        return answers + refused
+            waiting = self._frames(ng, runs, odd, 1)
+            if waiting:
+                parking.park_send(peer, LANE_SEND, waiting, max(end, parking.last_end),
+                                  c.store.syncFlushTimeout / 1000)
+            sel = 2
+        now = self._frames(ng, runs, odd, sel)
+        return ([now] if now else []) + refused
 
-    def _frames(self, opaque, phy, rqid, qoff, mask) -> bytes:
-        """The SUCCESS frames of the sends ``mask`` keeps (None: all)."""
-        if mask is not None:
-            opaque, phy, rqid, qoff = opaque[mask], phy[mask], rqid[mask], qoff[mask]
-        size = F.send_ok_frames(TEMPLATE, TEMPLATE_OFFS, self.prefix, opaque, phy, rqid, qoff,
-                                opaque.shape[0], self.replies)
+    def _frames(self, ng: int, runs: tuple, odd: list, sel: int) -> bytes:
+        """The SUCCESS frames of the sends ``sel`` picks (``place_answers``)."""
+        out = self.out
+        opaque, phy, qid, qoff = self.fields
+        m = F.place_answers(out, self.srt, self.groups, ng, *runs, sel, opaque, phy, qid, qoff)
+        for f, p, q, o in odd:
+            if sel == 0 or bool(out[f, F.F_NO_WAIT]) == (sel == 2):
+                opaque[m], phy[m], qid[m], qoff[m] = out[f, F.F_OPAQUE], p, q, o
+                m += 1
+        if not m:
+            return b""
+        size = F.send_ok_frames(TEMPLATE, TEMPLATE_OFFS, self.prefix, opaque, phy, qid, qoff, m,
+                                self.replies)
         return self.replies[:size].tobytes()

@@ -57,7 +57,7 @@ from .binary import (CRC_TABLES, _java_hash_more, crc32, java_hash_utf8, ld_i16,
 from .columns import arrow_columns, gather_spans, property_spans, records_at
 from .consumequeue import (CQ_BAD, CQ_DONE, CQ_FULL, cq_group_rows, cq_put, cq_put_many,
                            cq_put_units, cq_scan, cq_valid_units, min_phy_from)
-from .frames import encode_sends, read_sends, send_ok_frames
+from .frames import encode_sends, place_answers, read_sends, send_ok_frames
 from .index import (IX_BAD_ENTRY, IX_BAD_SLOT, IX_DONE, IX_FULL, IX_OK, _index_key_hash,
                     index_check, index_put, index_records, index_select)
 from .properties import INT_DIGITS_MAX, find_property, int_properties, tags_codes

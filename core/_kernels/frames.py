@@ -81,7 +81,7 @@ def _hex(c):
     return np.int64(-1)
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _string(buf, i, end, scratch, sp):
     """The JSON string whose opening quote is at ``i``, decoded into
     scratch[sp:]: (position after its closing quote, decoded length), or
@@ -135,7 +135,7 @@ def _string(buf, i, end, scratch, sp):
     return np.int64(-1), np.int64(0)
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _number(buf, i, end):
     """The JSON integer at ``i``: (position after it, value), or (-1, 0)
     for a fraction, an exponent, a leading zero or more than INT_DIGITS
@@ -167,7 +167,7 @@ def _literal(buf, i, end, word):
     return True
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _value(buf, i, end, scratch, sp, words):
     """The scalar JSON value at ``i``: (position after it or -1, kind, an
     integer's value or a string's scratch length)."""
@@ -197,7 +197,7 @@ def _key_is(buf, s, n, names, at, ln):
     return True
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _field_slot(buf, s, n, code, v1_names, v1_offs):
     """The slot (X_*) of extFields key buf[s:s+n] for ``code``, or -1."""
     if code == SEND_V2:
@@ -301,7 +301,7 @@ def _top_key(buf, ks, kn, words):
     return -1
 
 
-@njit(**JIT)
+@njit(inline="always", **JIT)
 def _dec(scratch, s, n):
     """The decimal integer scratch[s:s+n] (an optional '-', 1..INT_DIGITS
     ASCII digits), or (False, 0)."""
@@ -321,19 +321,46 @@ def _dec(scratch, s, n):
     return True, -v if neg else v
 
 
-@njit(inline="always", **JIT)
-def _has(buf, s, n, needle, a, b):
-    """Whether needle[a:b] occurs in buf[s:s+n]."""
-    m = b - a
-    for p in range(s, s + n - m + 1):
-        ok = True
-        for k in range(m):
-            if buf[p + k] != needle[a + k]:
-                ok = False
-                break
-        if ok:
-            return True
-    return False
+# the needles read_sends looks for in a send's properties (keys[3], at keys[4]):
+# a delay, a delivery time, a transaction (not the lane's), the cluster (added
+# when absent), the UNIQ_KEY and TAGS keys (read, not looked for), WAIT=false
+N_DELAY, N_TIMER, N_TRAN, N_CLUSTER, N_UNIQ, N_TAGS, N_NO_WAIT = range(7)
+_SOUGHT = (1 << N_DELAY) | (1 << N_TIMER) | (1 << N_TRAN) | (1 << N_CLUSTER) | (1 << N_NO_WAIT)
+_ROUTED = (1 << N_DELAY) | (1 << N_TIMER) | (1 << N_TRAN)
+
+
+@njit(**JIT)
+def _first_bytes(needles, noffs):
+    """A table: byte → the bits of the sought needles that start with it."""
+    table = np.zeros(256, np.int64)
+    for j in range(noffs.shape[0] - 1):
+        if _SOUGHT >> j & 1:
+            table[needles[noffs[j]]] |= 1 << j
+    return table
+
+
+@njit(**JIT)
+def _found(buf, s, n, needles, noffs, table):
+    """The bits of the sought needles that occur in buf[s:s+n] (Python's
+    ``in``), in one pass: only where a byte starts one is it compared."""
+    got = np.int64(0)
+    e = s + n
+    for p in range(s, e):
+        bits = table[buf[p]] & ~got
+        while bits:
+            j = np.int64(0)
+            while not bits >> j & 1:
+                j += 1
+            bits &= ~(np.int64(1) << j)
+            a = noffs[j]
+            m = noffs[j + 1] - a
+            if p + m <= e:
+                k = np.int64(1)
+                while k < m and buf[p + k] == needles[a + k]:
+                    k += 1
+                if k == m:
+                    got |= np.int64(1) << j
+    return got
 
 
 @njit(**JIT)
@@ -385,8 +412,10 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
     slot_m = np.empty(N_X, np.int64)
     top = np.empty(4, np.int64)
     nums = np.zeros(4, np.int64)
-    uniq = needles[noffs[4]:noffs[5]]
-    tags = needles[noffs[5]:noffs[6]]
+    uniq = needles[noffs[N_UNIQ]:noffs[N_UNIQ + 1]]
+    tags = needles[noffs[N_TAGS]:noffs[N_TAGS + 1]]
+    table = _first_bytes(needles, noffs)
+    in_cluster = _found(cluster, 0, cluster.shape[0], needles, noffs, table)
     sp = np.int64(0)
     n = 0
     ptopic_s = np.int64(-1)
@@ -507,15 +536,15 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
             copy_bytes(scratch, ps, scratch, vals[2 * pm], pn)
             while pn > 0 and scratch[ps + pn - 1] == 2:
                 pn -= 1
-        if not _has(scratch, ps, pn, needles, noffs[3], noffs[4]):
+        found = _found(scratch, ps, pn, needles, noffs, table)
+        if not found >> N_CLUSTER & 1:       # (no needle holds 0x02: none spans the joint)
             if pn > 0:
                 scratch[ps + pn] = 2
                 pn += 1
             copy_bytes(scratch, ps + pn, cluster, 0, cluster.shape[0])
             pn += cluster.shape[0]
-        if pn > 32767 or _has(scratch, ps, pn, needles, noffs[0], noffs[1]) \
-                or _has(scratch, ps, pn, needles, noffs[1], noffs[2]) \
-                or _has(scratch, ps, pn, needles, noffs[2], noffs[3]):
+            found |= in_cluster
+        if pn > 32767 or found & _ROUTED:
             break
         sp = ps + pn
         vpos, vlen = find_property(scratch, ps, pn, tags)
@@ -543,29 +572,65 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
         r[F_NEW_TOPIC] = 0 if same else 1
         ptopic_s, ptopic_n = ts_, tn
         r[F_SIZE] = 88 + bn + 1 + tn + 2 + pn        # the record: both hosts IPv4
-        r[F_NO_WAIT] = _has(scratch, ps, pn, needles, noffs[6], noffs[7])   # answer before the flush
+        r[F_NO_WAIT] = found >> N_NO_WAIT & 1          # answered before the flush
         n += 1
         pos = fend
     return n
 
 
+# rows of encode_sends' ``srt``, one column per frame in the order written
+S_FRAME, S_POS, S_SIZE, S_TAGS, S_KEY = range(5)
+N_S = 5
+
+
+@njit(inline="always", **JIT)
+def _queue_key(out, tix, f):
+    return (tix[f] << 32) | out[f, F_QID]
+
+
 @njit(**JIT)
-def encode_sends(buf, scratch, out, n, order, sysflag_or, born, store, now, t, recs, rec_pos):
-    """Write the records of the ``n`` frames ``read_sends`` took, in the
-    order ``order`` gives (each queue's together, in the order they came),
-    into ``recs``: rec_pos[k] is where the record of frame order[k]
-    starts. ``sysflag_or[i]``: bits to add to frame i's sysFlag (MULTI_TAG);
-    ``born``/``store``: the two hosts, IPv4 and port, 8 bytes each. Returns
-    the bytes written."""
+def encode_sends(buf, scratch, out, n, tix, sysflag_or, born, store, now, t, recs, srt, groups):
+    """Write the records of the ``n`` frames ``read_sends`` took into
+    ``recs``, each queue's together (by topic index ``tix[i]`` and queue
+    id), in the order they came within a queue. Per record written, in
+    ``srt``'s columns: its frame (S_FRAME), its place in its queue's run
+    (S_POS), its size, tags code and UNIQ_KEY hash (contiguous rows: a
+    run's slices are an ``EncodedBatch``'s arrays). Per queue run g:
+    ``groups[0, g]`` its first column and ``groups[1, g]`` its first byte
+    (``groups[:, ng]``: the ends). ``sysflag_or[i]``: bits to add to frame
+    i's sysFlag (MULTI_TAG); ``born``/``store``: the two hosts, IPv4 and
+    port, 8 bytes each. Returns the number of runs, ng."""
+    order = srt[S_FRAME]
+    for i in range(n):                     # a stable insertion sort: n is at most a chunk
+        key = _queue_key(out, tix, i)
+        j = i - 1
+        while j >= 0 and _queue_key(out, tix, order[j]) > key:
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = i
     p = np.int64(0)
+    ng = 0
+    base = np.int64(0)
+    prev = np.int64(-1)
     for k in range(n):
-        r = out[order[k]]
+        f = order[k]
+        key = _queue_key(out, tix, f)
+        if k == 0 or key != prev:
+            groups[0, ng] = k
+            groups[1, ng] = p
+            ng += 1
+            base = p
+            prev = key
+        r = out[f]
         total = r[F_SIZE]
         bn = r[F_BODY_LEN]
         tn = r[F_TOPIC_LEN]
         pn = r[F_PROPS_LEN]
         bs = r[F_BODY_OFF]
-        rec_pos[k] = p
+        srt[S_POS, k] = p - base
+        srt[S_SIZE, k] = total
+        srt[S_TAGS, k] = r[F_TAGS_CODE]
+        srt[S_KEY, k] = r[F_KEY_HASH]
         st_i32(recs, p, total)
         st_i32(recs, p + 4, np.int64(0xDAA320A7))
         st_i32(recs, p + 8, crc32(buf, bs, bs + bn, t) & 0x7FFFFFFF)
@@ -573,7 +638,7 @@ def encode_sends(buf, scratch, out, n, order, sysflag_or, born, store, now, t, r
         st_i32(recs, p + 16, r[F_FLAG])
         st_i64(recs, p + 20, 0)
         st_i64(recs, p + 28, 0)
-        st_i32(recs, p + 36, (r[F_SYSFLAG] | sysflag_or[order[k]]) & ~_HOST_FLAGS)
+        st_i32(recs, p + 36, (r[F_SYSFLAG] | sysflag_or[f]) & ~_HOST_FLAGS)
         st_i64(recs, p + 40, r[F_BORN_TS])
         copy_bytes(recs, p + 48, born, 0, 8)
         st_i64(recs, p + 56, now)
@@ -589,7 +654,34 @@ def encode_sends(buf, scratch, out, n, order, sysflag_or, born, store, now, t, r
         st_i16(recs, q, pn)
         copy_bytes(recs, q + 2, scratch, r[F_PROPS_OFF], pn)
         p += total
-    return p
+    groups[0, ng] = n
+    groups[1, ng] = p
+    return ng
+
+
+@njit(**JIT)
+def place_answers(out, srt, groups, ng, gphy, gq, gqid, sel, opaque, phy, qid, qoff):
+    """The answers of the runs appended whole (``gphy[g] >= 0``: the run's
+    CommitLog offset, ``gq[g]`` its first queue offset, ``gqid[g]`` the
+    queue to name), for the frames ``sel`` picks (0: all, 1: those not
+    saying WAIT=false, 2: those saying it): each one's opaque, CommitLog
+    offset, queue and queue offset, for ``send_ok_frames``. Returns how
+    many."""
+    m = 0
+    for g in range(ng):
+        if gphy[g] < 0:
+            continue
+        s = groups[0, g]
+        for k in range(s, groups[0, g + 1]):
+            f = srt[S_FRAME, k]
+            if sel != 0 and (out[f, F_NO_WAIT] != 0) != (sel == 2):
+                continue
+            opaque[m] = out[f, F_OPAQUE]
+            phy[m] = gphy[g] + srt[S_POS, k]
+            qid[m] = gqid[g]
+            qoff[m] = gq[g] + k - s
+            m += 1
+    return m
 
 
 @njit(inline="always", **JIT)
