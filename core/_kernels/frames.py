@@ -135,7 +135,7 @@ def _string(buf, i, end, scratch, sp):
     return np.int64(-1), np.int64(0)
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def _number(buf, i, end):
     """The JSON integer at ``i``: (position after it, value), or (-1, 0)
     for a fraction, an exponent, a leading zero or more than INT_DIGITS
@@ -167,7 +167,7 @@ def _literal(buf, i, end, word):
     return True
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def _value(buf, i, end, scratch, sp, words):
     """The scalar JSON value at ``i``: (position after it or -1, kind, an
     integer's value or a string's scratch length)."""
