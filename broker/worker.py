@@ -261,6 +261,8 @@ class Driver:
             if end == pos:
                 return
             dec.skip_to(end)
+            if parking.sends:         # parked answers now due leave before these
+                self.send_all(parking.ready())
             for a in answers:
                 conn.send(a)
             if parking.arrived or parking.sends:    # a pull waits on what they appended; they parked
@@ -310,14 +312,17 @@ class Driver:
     def flush_group(self) -> None:
         """Append the sends taken this turn; queue their answers."""
         conns = self.reactor.conns
-        for peer, out in self.h.flush_group():
+        answers = self.h.flush_group()
+        parking = self.parking
+        if parking.sends:       # parked answers now due leave before these (SYNC_FLUSH: in order)
+            self.send_all(parking.ready())
+        for peer, out in answers:
             conn = conns.get(peer.id)
             if conn is not None:
                 if type(out) is bytes:
                     conn.send(out)
                 else:
                     conn.send(out.head(), out.parts)
-        parking = self.parking
         if parking.arrived or parking.sends:    # a pull waits on what they appended; they parked
             self.send_all(parking.ready())
             self.arm()

@@ -233,3 +233,26 @@ def test_a_queue_out_of_range_stops_the_lane_before_the_next_topic(tmp_path):
     assert [m.body for m in rig.store.read_queue("Other", 1)] == [b"other"]
     reactor.close()
     rig.close()
+
+
+def test_under_sync_flush_answers_leave_in_the_order_their_sends_came(tmp_path):
+    """A chunk parked for the flush, then a chunk whose bytes the flusher
+    made durable before it was answered (here: at once, on publish): the
+    first chunk's answers leave first. (They left after it: a pipelined
+    producer reading its answers in order saw a later send answered
+    before an earlier one.)"""
+    rig = _sync_rig(str(tmp_path))
+    reactor, driver, client = driven(rig)
+    client.sendall(b"".join(bytes(encode(keyed(0, f"a{i}", i))) for i in range(3)))
+    while driver.lane.taken < 3:
+        reactor.run_once()
+    assert len(rig.parking.sends) == 1
+    published = rig.store.on_published
+    rig.store.on_published = lambda mask: (published and published(mask),
+                                           rig.store.flush_commitlog())
+    client.sendall(b"".join(bytes(encode(keyed(0, f"b{i}", 10 + i))) for i in range(3)))
+    while driver.lane.taken < 6:
+        reactor.run_once()
+    assert [r.opaque for r in read_replies(client, 6)] == [0, 1, 2, 10, 11, 12]
+    reactor.close()
+    rig.close()

@@ -1,23 +1,26 @@
 """The send lane: single sends from a connection's bytes to the store and
-back in three kernel calls a chunk, not a Python path a send (issue 14).
+back in four kernel calls a chunk, not a Python path a send (issue 14).
 
 A producer with sends in flight puts many SEND_MESSAGE(_V2) frames in one
 ``recv``. The way every request goes (``FrameDecoder`` → ``RemotingCommand``
 → ``send.prepare`` → ``send.append_group``) costs a worker ~45 µs of CPU
 a send in Python. Here, before that decoder runs, the worker hands the
-bytes it holds to ``read_sends`` (``core/_kernels/frames.py``), which
-reads every complete frame it can take whole into a row of integers
-(topic, queue, flags, where the body and properties are, the tags code,
-the UNIQ_KEY's hash), stopping at the first it cannot. Then, in Python,
-once a chunk: each topic's checks (the same remembered ``topic_for_send``
-answer the send path keeps, or the chunk stops there), the queue checks;
-``encode_sends`` writes the records, each queue's together; the store
-appends each queue's run in one claim (``MessageStore.append``, the
-duplicate window's check included); ``send_ok_frames`` writes every
-answer. Whatever the lane does not take (another request, a batch, a
-delay, a topic not yet known, anything unusual in a header) is the next
-frame the decoder reads, the usual way, and the lane is tried again after
-it when it was a send.
+bytes it holds (when they hold two whole frames or more: for one, the
+usual way costs less) to ``read_sends`` (``core/_kernels/frames.py``),
+which reads every complete frame it can take whole into a row of
+integers (topic, queue, flags, where the body and properties are, the
+tags code, the UNIQ_KEY's hash), stopping at the first it cannot. Then,
+in Python, once a chunk: each topic's checks (the same remembered
+``topic_for_send`` answer the send path keeps, or the chunk stops there)
+and the queue checks; ``encode_sends`` writes the records, each queue's
+run together; the store appends each run in one claim
+(``MessageStore.append``, the duplicate window's check included; one by
+one where the window may hold a key, or where a run is more than a claim
+may take, as the send path does); ``place_answers`` and
+``send_ok_frames`` write every answer. Whatever the lane does not take
+(another request, a batch, a delay, a topic not yet checked, anything
+unusual in a header) is the next frame the decoder reads, the usual way,
+and the lane is tried again after it when it was a send.
 
 The lane runs only where it answers exactly as the send path would: no
 ACL, no DEBUG log (which logs each request), a master that is not
@@ -26,9 +29,10 @@ fixed layout), the disk and the page cache not refusing sends. Under
 SYNC_FLUSH a chunk's answers wait together, one parked reply of their
 frames, for the flush of the chunk's last byte (a send saying WAIT=false
 is answered at once); past syncFlushTimeout each is answered
-FLUSH_DISK_TIMEOUT, as the send path answers. Elsewhere
-every send goes the usual way. ``tests/test_lane.py`` holds the two ways
-to the same stored bytes and answers.
+FLUSH_DISK_TIMEOUT, as the send path answers. Elsewhere every send goes
+the usual way. ``tests/test_lane.py`` holds the two ways to the same
+stored records and answers; ``tests/test_kernels.py`` the kernels to the
+send path's bytes.
 """
 from __future__ import annotations
 
