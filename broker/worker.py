@@ -257,7 +257,13 @@ class Driver:
                 buf, pos = dec.pending()
             except RemoteProtocolError:
                 return
-            end, answers = lane.take(peer, buf, pos)
+            try:
+                end, answers = lane.take(peer, buf, pos)
+            except Exception:       # a bug: this connection's sends go the usual way from here
+                log.exception("connection %s: the send lane failed; its sends go the usual "
+                              "way", conn.peer)
+                conn.lane = None
+                return
             if end == pos:
                 return
             dec.skip_to(end)

@@ -233,7 +233,10 @@ class FrameDecoder:
         for _ in range(n):
             if end - pos < 4:
                 return False
-            pos += 4 + _I32.unpack_from(buf, pos)[0]
+            total = _I32.unpack_from(buf, pos)[0]
+            if total < 4:             # not a frame: next_command says so
+                return False
+            pos += 4 + total
             if pos > end:
                 return False
         return True

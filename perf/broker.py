@@ -760,24 +760,13 @@ def _sync_pipelined(ctx, b, tr: str, seconds: float, fsync_rate: float, result):
     "64 pipelined"): every answer SUCCESS at the next queue offset, each
     sent only once its bytes were flushed; messages per fdatasync is what
     the group commit gathered."""
-    from perf.net_limits import connect
-    from perf.worker_cpu import Sender, _host_port
-    topic = f"PerfSyncW{SYNC_WINDOW}_{tr}"
-    with RemotingClient(b.addr(tr)) as c:
-        create_topic(c, topic, 1)
-        sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
-        try:
-            sock.settimeout(TIMEOUT_S)
-            snd = Sender(sock, topic, SYNC_WINDOW)
-            snd.step(SYNC_WINDOW)                          # warm the path
-            f0, t0, n = flush_seq(b), time.monotonic(), 0
-            while time.monotonic() - t0 < seconds:
-                n += snd.step()
-            t1, f1 = time.monotonic(), flush_seq(b)
-            snd.drain()
-        finally:
-            sock.close()
-        verify_queues(c, topic, {0: (snd.issued, body_of(0, snd.issued - 1))})
+    from perf.worker_cpu import sending
+    with sending(b, tr, f"PerfSyncW{SYNC_WINDOW}_{tr}", SYNC_WINDOW) as snd:
+        snd.step(SYNC_WINDOW)                          # warm the path
+        f0, t0, n = flush_seq(b), time.monotonic(), 0
+        while time.monotonic() - t0 < seconds:
+            n += snd.step()
+        t1, f1 = time.monotonic(), flush_seq(b)
     return result(f"broker_sync_flush_w{SYNC_WINDOW}_{tr}", n / (t1 - t0), "msg/s", fsync_rate,
                   "raw fdatasync/s (4 KiB overwrite)", requests_in_flight=SYNC_WINDOW,
                   messages=n, msgs_per_fdatasync=(round(n / max(1, f1 - f0), 2)

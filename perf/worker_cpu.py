@@ -52,6 +52,7 @@ bench is skipped with the reason. Other load on a named broker counts too.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import socket
 import struct
@@ -247,6 +248,24 @@ class Sender:
         self._check(replies, first)
 
 
+@contextlib.contextmanager
+def sending(b, tr: str, topic: str, window: int, keyed: bool = False):
+    """A ``Sender`` to queue 0 of ``topic``, made with one queue on broker
+    ``b``, over a plain ``tr`` socket; when the block ends, what it sent is
+    drained and the queue verified (its last offset and body)."""
+    with RemotingClient(b.addr(tr)) as c:
+        create_topic(c, topic, 1)
+        sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
+        try:
+            sock.settimeout(TIMEOUT_S)
+            s = Sender(sock, topic, window, keyed)
+            yield s
+            s.drain()
+        finally:
+            sock.close()
+        verify_queues(c, topic, {0: (s.issued, body_of(0, s.issued - 1))})
+
+
 def fill_backlog(c: RemotingClient, topic: str) -> int:
     """BACKLOG_PULLS × PULL_MSGS messages of 1 KiB in queue 0; the record size."""
     total = BACKLOG_PULLS * PULL_MSGS
@@ -350,20 +369,11 @@ def run(ctx, result):
     rows = os.environ.get("SHMQ_CPU_ROWS", "send,pull").split(",")
     for window, keyed in ((1, False), (WINDOW, False), (WINDOW, True)) if "send" in rows else ():
         topic = f"PerfCpuSend{window}{'k' if keyed else ''}_{tr}"
-        with RemotingClient(b.addr(tr)) as c:
-            create_topic(c, topic, 1)
-            sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
-            try:
-                sock.settimeout(TIMEOUT_S)
-                s = Sender(sock, topic, window, keyed)
-                s.step(2000 if not quick else 500)                  # warm the path
-                while keyed and s.acked < DEDUP_WINDOW:            # fill the window
-                    s.step(CHUNK * 8)
-                got = measure(workers, s.step, min_sends, min_cpu_s, max_wall_s, others)
-                s.drain()
-            finally:
-                sock.close()
-            verify_queues(c, topic, {0: (s.issued, body_of(0, s.issued - 1))})
+        with sending(b, tr, topic, window, keyed) as s:
+            s.step(2000 if not quick else 500)                  # warm the path
+            while keyed and s.acked < DEDUP_WINDOW:            # fill the window
+                s.step(CHUNK * 8)
+            got = measure(workers, s.step, min_sends, min_cpu_s, max_wall_s, others)
         if not keyed:
             raw = raw_server_cpu(tr, ctx.scratch, window, min_sends, min_cpu_s, max_wall_s)
         yield row(f"broker_cpu_send_100B{'' if window == 1 else f'_w{window}'}"

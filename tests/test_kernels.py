@@ -1663,6 +1663,18 @@ def test_the_send_lane_takes_what_the_send_path_would_store_the_same_way(header,
     assert _lane_read(frame + good)[0] == (2 if taken else 0)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.integers(-2**31, 2**31 - 1), st.integers(0, 2**32 - 1),
+                          st.binary(max_size=300)), max_size=4))
+def test_the_send_lane_reads_random_bytes_without_reading_past_them(pieces):
+    """Frame lengths, type and header-length words of any value before any
+    bytes (with the JIT off every index is checked): read_sends stops, takes
+    nothing of what is not a send, never reads outside the buffer."""
+    data = b"".join(struct.pack(">iI", n, t) + b for n, t, b in pieces)
+    n, out, _ = _lane_read(data)
+    assert 0 <= n <= len(pieces)
+
+
 def test_the_send_lane_refuses_empty_and_oversized_bodies_and_stops_at_a_part_frame():
     good = _frame(_v2())
     assert _lane_read(_frame(_v2(), b""))[0] == 0

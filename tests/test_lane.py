@@ -8,6 +8,9 @@ oneway send, non-ASCII properties, a queue out of range) goes the usual
 way in the order it came."""
 from __future__ import annotations
 
+import struct
+
+import pytest
 from test_handlers import Rig, driven, golden, keyed, read_replies
 from shmq.broker.handlers import PARKED
 from shmq.client.requests import create_topic
@@ -254,5 +257,44 @@ def test_under_sync_flush_answers_leave_in_the_order_their_sends_came(tmp_path):
     while driver.lane.taken < 6:
         reactor.run_once()
     assert [r.opaque for r in read_replies(client, 6)] == [0, 1, 2, 10, 11, 12]
+    reactor.close()
+    rig.close()
+
+
+@pytest.mark.parametrize("tail", [struct.pack(">i", -6) + b"abcdefgh" * 4,   # back before it
+                                  struct.pack(">i", -4) + b"junk" * 8,
+                                  struct.pack(">i", 2) + b"junk" * 8,
+                                  struct.pack(">ii", 40, 0x7F000010) + b"j" * 36])
+def test_garbage_behind_sends_closes_that_connection_and_nothing_else(tmp_path, tail):
+    """Two sends, then bytes that are no frame (a length that points back
+    into the buffer, below the header field, an unknown serialize type): the
+    sends are stored and answered, the connection closed as a protocol
+    error, the worker (its reactor turn) unharmed."""
+    rig = Rig(str(tmp_path), dedup_window=1024)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(keyed(0, "first", 999))
+    reactor, driver, client = driven(rig)
+    sends = b"".join(bytes(encode(keyed(0, f"g{i}", i))) for i in range(2))
+    client.sendall(sends + tail)                       # behind them in one read
+    for _ in range(3):
+        reactor.call_later(0.01, lambda: None)       # (a turn with nothing to read ends)
+        reactor.run_once()
+    assert [r.opaque for r in read_replies(client, 2)] == [0, 1]
+    assert client.recv(1 << 16) == b""                 # then closed
+    reactor2, driver2, client2 = driven(rig)           # the same at the start of a read
+    client2.sendall(sends.replace(b"g0", b"h0").replace(b"g1", b"h1"))
+    while driver2.lane.taken < 2:
+        reactor2.run_once()
+    assert [r.opaque for r in read_replies(client2, 2)] == [0, 1]
+    client2.sendall(tail)
+    for _ in range(3):
+        reactor2.call_later(0.01, lambda: None)
+        reactor2.run_once()
+    assert client2.recv(1 << 16) == b""
+    assert not reactor2.conns
+    reactor2.close()
+    assert not reactor.conns
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == \
+        [b"first", b"g0", b"g1", b"h0", b"h1"]
     reactor.close()
     rig.close()
