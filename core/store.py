@@ -138,10 +138,16 @@ _NO_POS = np.zeros(0, dtype=np.int64)
 # Waiting for the turn to publish: spin, then yield the CPU, then sleep (doubling
 # up to the cap); a claim ahead whose owner may be dead is checked every
 # LIVENESS_CHECK_S of sleeping (a /proc read), and repaired if it is.
+# The cap is short because a sleeper holds back every claim behind it (they
+# publish in claim order): with the worker's send lane appending 64-record
+# runs, 8 workers on 16 cores spent 79% of their time asleep here (py-spy
+# --idle) and sent 44-54 k msg/s, fewer than one worker's 58-64 k; with
+# 1,024 yields and a 50 µs cap, 258 k (4 workers: 190-208 k either way;
+# `python -m perf broker_scaling` on the 16-core device machine, 2026-11-27).
 SPINS = 64
-YIELDS = 256
+YIELDS = 1024
 SLEEP_MIN_S = 20e-6
-SLEEP_MAX_S = 1e-3
+SLEEP_MAX_S = 50e-6
 LIVENESS_CHECK_S = 0.01
 
 _STAMP = struct.Struct(">qq")          # QUEUEOFFSET, PHYSICALOFFSET, back to back
