@@ -59,7 +59,6 @@ KEYS = F.keys(_V1_SEND)
 # remoting.send_ok_head's JSON template, cut at its four fields
 TEMPLATE, TEMPLATE_OFFS = F.joined(send_ok_pieces())
 assert len(TEMPLATE_OFFS) == 6
-_u8 = F.u8
 
 
 def _before_a_repeated_key(out: np.ndarray, n: int) -> int:
@@ -82,10 +81,10 @@ class SendLane:
 
     def __init__(self, b):
         self.b = b
-        self.cluster = _u8(b.cluster_prop.encode())
-        self.prefix = _u8(b.msgid_prefix.encode())
+        self.cluster = F.u8(b.cluster_prop.encode())
+        self.prefix = F.u8(b.msgid_prefix.encode())
         host, v6 = b.store_host_raw
-        self.store_host = None if v6 else _u8(host)
+        self.store_host = None if v6 else F.u8(host)
         self.out = np.zeros((CHUNK, F.N_F), np.int64)
         self.scratch = np.zeros(1 << 16, np.uint8)
         self.recs = np.zeros(1 << 16, np.uint8)
@@ -184,7 +183,7 @@ class SendLane:
         recs = self.recs
         born = peer.attrs.get("_lane_born")
         if born is None:
-            born = peer.attrs["_lane_born"] = _u8(peer.born_raw[0])
+            born = peer.attrs["_lane_born"] = F.u8(peer.born_raw[0])
         ng = F.encode_sends(view, self.scratch, out, n, self.tix, self.orflags, born,
                             self.store_host, now, recs, srt, groups)
         starts, at = groups[:, :ng + 1].tolist()

@@ -19,8 +19,9 @@ store, and stores it the same way.
 
 The JSON it reads is a strict subset of what ``orjson`` accepts: an object
 of string keys without escapes, whose values are integers of at most 18
-digits, strings of ASCII characters (escapes included, ``\\uXXXX`` below
-0x80), true, false, null, and for ``extFields`` one object of such values.
+digits, strings of ASCII characters (escapes included; a ``\\u`` escape,
+four hex digits, below 0x80), true, false, null, and for ``extFields``
+one object of such values.
 Anything else (a non-ASCII byte, a fraction, an array, a nested object
 elsewhere) stops the lane at that frame, so text the subset does not read
 is never misread.
@@ -39,7 +40,7 @@ import numpy as np
 from numba import njit
 
 from .binary import JIT, copy_bytes, crc32, java_hash_utf8, st_i16, st_i32, st_i64
-from .properties import find_property
+from .properties import _is_key, find_property
 
 (F_END, F_OPAQUE, F_TOPIC_OFF, F_TOPIC_LEN, F_QID, F_SYSFLAG, F_BORN_TS, F_FLAG, F_PROPS_OFF,
  F_PROPS_LEN, F_BODY_OFF, F_BODY_LEN, F_TAGS_CODE, F_KEY_HASH, F_NEW_TOPIC, F_SIZE,
@@ -98,7 +99,7 @@ def _string(buf, i, end, scratch, sp):
             if i + 1 >= end:
                 return np.int64(-1), np.int64(0)
             e = buf[i + 1]
-            if e == 117:                           # \uXXXX
+            if e == 117:                           # \u and four hex digits
                 if i + 6 > end:
                     return np.int64(-1), np.int64(0)
                 v = np.int64(0)
@@ -188,16 +189,6 @@ def _value(buf, i, end, scratch, sp, words):
 
 
 @njit(inline="always", **JIT)
-def _key_is(buf, s, n, names, at, ln):
-    if n != ln:
-        return False
-    for k in range(n):
-        if buf[s + k] != names[at + k]:
-            return False
-    return True
-
-
-@njit(inline="always", **JIT)
 def _field_slot(buf, s, n, code, v1_names, v1_offs):
     """The slot (X_*) of extFields key buf[s:s+n] for ``code``, or -1."""
     if code == SEND_V2:
@@ -207,7 +198,7 @@ def _field_slot(buf, s, n, code, v1_names, v1_offs):
                     return x
         return -1
     for x in range(N_X):
-        if _key_is(buf, s, n, v1_names, v1_offs[x], v1_offs[x + 1] - v1_offs[x]):
+        if _is_key(buf, s, s + n, v1_names[v1_offs[x]:v1_offs[x + 1]]):
             return x
     return -1
 
@@ -296,7 +287,7 @@ def _top_key(buf, ks, kn, words):
     """Which of the header's integer keys buf[ks:ks+kn] is (T_CODE,
     T_OPAQUE, T_FLAG, T_VERSION: their places in WORDS), or -1."""
     for t in range(4):
-        if _key_is(buf, ks, kn, words, _TOP_AT[t], _TOP_AT[t + 1] - _TOP_AT[t]):
+        if _is_key(buf, ks, ks + kn, words[_TOP_AT[t]:_TOP_AT[t + 1]]):
             return t
     return -1
 
@@ -445,7 +436,7 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
             ks, kn, i = _member(buf, i, h1)
             if i < 0:
                 break
-            if _key_is(buf, ks, kn, words, 34, 9):                       # extFields
+            if _is_key(buf, ks, ks + kn, words[34:43]):                   # extFields
                 if buf[i] == 123:
                     i, members, used = _ext_object(buf, i, h1, scratch, sp, words, kinds, vals,
                                                    key_at, key_len)
