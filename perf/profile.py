@@ -1,8 +1,8 @@
 """``shmq profile`` (``python -m perf.profile``, which it runs from the checkout):
 flame graphs of every broker process while a benchmark runs.
 
-    shmq profile [--duration S] [--out DIR] [--rate HZ] [--quick] [bench]
-    shmq profile --pid BOSS [--broker HOST:PORT] [--duration S] [--out DIR] [--rate HZ] [bench]
+    shmq profile [--idle] [--duration S] [--out DIR] [--rate HZ] [--quick] [bench]
+    shmq profile --pid BOSS [--broker HOST:PORT] [--idle] [--duration S] [--out DIR] [--rate HZ] [bench]
 
 Without ``--pid`` it runs the bench (default broker_produce) through perf's
 runner, which starts the broker(s) the bench needs; as each one serves, one
@@ -14,7 +14,11 @@ records whatever load the broker has for ``--duration``).
 
 Each recording stops when the bench ends or after ``--duration`` seconds,
 whichever is first (py-spy writes its SVG on SIGINT), and always before the
-broker is stopped. The SVGs are ``<out>/<role>-<pid>.svg`` (boss-1234.svg,
+broker is stopped. ``--idle`` samples the time a process waits too (py-spy
+``--idle``): each process's line then says what share of its time it spent
+waiting for the store's append lock (``SemaphoreLock.acquire``) and for its
+turn to publish (``MessageStore._await``), the two waits of the append
+protocol (``core/store.py``), and in its reactor's poll (nothing to do). The SVGs are ``<out>/<role>-<pid>.svg`` (boss-1234.svg,
 worker-0-1236.svg, flusher-1235.svg, ...); their paths are printed. The
 bench's JSON lines go beside them (``<out>/<run id>.jsonl``).
 
@@ -27,7 +31,9 @@ pauses the broker, so the bench's figures stay honest.
 from __future__ import annotations
 
 import argparse
+import html
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +44,46 @@ from shmq.broker.procs import broker_processes, proc_stat
 
 CAP_SYS_PTRACE = 19
 SETTLE_S = 10.0          # how long a broker's children may take to name themselves
+
+
+# What a process waits for, by the frame that waits (``--idle``'s summary)
+WAITS = (("append lock", "SemaphoreLock.acquire ("),
+         ("publish wait", "MessageStore._await ("),
+         ("poll", "Reactor.run_once (broker/reactor.py"))
+_TITLE = re.compile(r"<title>([^<]*) \(([\d,]+) samples?, [\d.]+%\)</title>")
+
+
+def wait_shares(svg_text: str) -> dict[str, float] | None:
+    """Each of WAITS' share of the samples of a py-spy flame graph (its
+    frames' own titles: ``name (file:line) (N samples, P%)``), None when it
+    has none. A frame's samples include its callees': the poll's count is
+    the poll line's, which only waits (``Reactor.run_once``'s other lines
+    run the turn)."""
+    total = 0
+    got = dict.fromkeys((name for name, _ in WAITS), 0)
+    for m in _TITLE.finditer(svg_text):
+        title = html.unescape(m.group(1))
+        n = int(m.group(2).replace(",", ""))
+        if title == "all":
+            total = n
+            continue
+        for name, frame in WAITS:
+            if title.startswith(frame) and (name != "poll" or title.endswith(f":{POLL_LINE})")):
+                got[name] += n
+    if not total:
+        return None
+    return {name: n / total for name, n in got.items()}
+
+
+def _poll_line() -> int:
+    """The line of ``Reactor.run_once`` that waits in ``epoll.poll``."""
+    import inspect
+    from shmq.broker.reactor import Reactor
+    lines, first = inspect.getsourcelines(Reactor.run_once)
+    return first + next(i for i, ln in enumerate(lines) if ".poll(" in ln)
+
+
+POLL_LINE = _poll_line()
 
 
 # ------------------------------------------------------------------ py-spy and ptrace
@@ -89,7 +135,8 @@ def ptrace_advice(facts: dict) -> str:
 class Recording:
     """One ``py-spy record`` of one process, writing ``<out>/<role>-<pid>.svg``."""
 
-    def __init__(self, pyspy: str, role: str, pid: int, out_dir: str, rate: int, duration: float):
+    def __init__(self, pyspy: str, role: str, pid: int, out_dir: str, rate: int, duration: float,
+                 idle: bool = False):
         self.role, self.pid = role, pid
         self.svg = os.path.join(out_dir, f"{role}-{pid}.svg")
         if os.path.exists(self.svg):
@@ -97,7 +144,8 @@ class Recording:
         self.log = open(os.path.join(out_dir, f".{role}-{pid}.log"), "w+")  # noqa: SIM115 -- wait() closes
         self.proc = subprocess.Popen(
             [pyspy, "record", "--format", "flamegraph", "--pid", str(pid), "--nonblocking",
-             "--rate", str(rate), "--duration", str(max(1, round(duration))), "-o", self.svg],
+             "--rate", str(rate), "--duration", str(max(1, round(duration))), "-o", self.svg,
+             *(["--idle"] if idle else [])],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
 
     def sampling(self, timeout: float) -> bool:
@@ -115,6 +163,10 @@ class Recording:
         """py-spy had no sample to draw (it drops idle stacks): the process only waited."""
         with open(self.svg, errors="replace") as f:
             return "No valid input provided to flamegraph" in f.read(4096)
+
+    def waits(self) -> dict[str, float] | None:
+        with open(self.svg, errors="replace") as f:
+            return wait_shares(f.read())
 
     def stop(self) -> None:
         """SIGINT (py-spy writes what it has) unless it already stopped by itself."""
@@ -142,8 +194,9 @@ class Recording:
 class Profiler:
     """Records every process of each broker it is shown, until ``finish``."""
 
-    def __init__(self, pyspy: str, out_dir: str, rate: int, duration: float):
+    def __init__(self, pyspy: str, out_dir: str, rate: int, duration: float, idle: bool = False):
         self.pyspy, self.out_dir, self.rate, self.duration = pyspy, out_dir, rate, duration
+        self.idle = idle
         self.recordings: list[Recording] = []
         self.bosses: set[int] = set()
         self.not_recorded: list[tuple[str, int]] = []
@@ -163,8 +216,8 @@ class Profiler:
                 break
             time.sleep(0.05)
         self.not_recorded += others
-        started = [Recording(self.pyspy, role, pid, self.out_dir, self.rate, self.duration)
-                   for role, pid in roles]
+        started = [Recording(self.pyspy, role, pid, self.out_dir, self.rate, self.duration,
+                             self.idle) for role, pid in roles]
         self.recordings += started
         for r in started:
             r.sampling(30.0)
@@ -183,10 +236,15 @@ class Profiler:
 # ------------------------------------------------------------------ the command
 def _report(prof: Profiler, done: list, facts: dict, prog: str) -> int:
     ok = [(r, e) for r, e in done if e is None]
-    print(f"# {len(done)} broker processes recorded, {len(ok)} flame graphs:")
+    print(f"# {len(done)} broker processes recorded, {len(ok)} flame graphs"
+          f"{' (idle time sampled: the share of each one spent waiting)' if prof.idle else ''}:")
     for r, err in done:
         if err is None:
-            print(f"{r.role:<12} pid {r.pid:<8} {r.svg}{'  (no samples: idle throughout)' if r.idle() else ''}")
+            shares = r.waits() if prof.idle else None
+            said = ("  (no samples: idle throughout)" if r.idle() else
+                    "" if shares is None else
+                    "  " + ", ".join(f"{name} {v:.1%}" for name, v in shares.items()))
+            print(f"{r.role:<12} pid {r.pid:<8} {r.svg}{said}")
         else:
             print(f"{r.role:<12} pid {r.pid:<8} FAILED: {err}", file=sys.stderr)
     for name, pid in prof.not_recorded:
@@ -217,7 +275,7 @@ def _profile(args, prog: str) -> int:
     facts = ptrace_facts()
     out_dir = os.path.abspath(args.out)
     os.makedirs(out_dir, exist_ok=True)
-    prof = Profiler(pyspy, out_dir, args.rate, args.duration)
+    prof = Profiler(pyspy, out_dir, args.rate, args.duration, args.idle)
     if args.pid is not None and not args.bench:
         prof.attach(args.pid)
         print(f"# recording broker {args.pid} for {args.duration:g} s", file=sys.stderr)
@@ -274,6 +332,9 @@ def main(argv=None) -> int:
                     help="directory for <role>-<pid>.svg (default ./profile)")
     ap.add_argument("--rate", type=int, default=100, metavar="HZ", help="samples per second (default 100)")
     ap.add_argument("--quick", action="store_true", help="the bench's small (CI) sizes")
+    ap.add_argument("--idle", action="store_true",
+                    help="sample waiting time too, and say each process's share of it waiting for "
+                         "the append lock, its turn to publish, and in its poll")
     ap.add_argument("--pid", type=int, help="record the running broker whose boss has this pid")
     ap.add_argument("--broker", metavar="HOST:PORT", help="with --pid: that broker's address, to run "
                                                           "the bench against it")

@@ -126,11 +126,22 @@ def test_profile_writes_a_flame_graph_per_broker_process(tmp_path):
     out = tmp_path / "prof"
     # broker_produce keeps a worker busy (one-at-a-time sends leave it idle
     # most of the time, and py-spy drops idle samples: a few dozen in all)
-    r = shmq("profile", "--quick", "--duration", 4, "--out", out, "broker_produce", cwd=tmp_path)
+    # --idle samples the waits too, and each process's line says its share
+    # of time waiting for the append lock, its turn to publish, and in its poll
+    r = shmq("profile", "--idle", "--quick", "--duration", 4, "--out", out, "broker_produce",
+             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     n = int(re.search(r"# (\d+) broker processes recorded", r.stdout).group(1))
     found = re.findall(r"^(\S+) +pid (\d+) +(\S+\.svg)", r.stdout, re.MULTILINE)
     assert len(found) == n
+    shares = {role: [float(v) for v in got] for role, *got in re.findall(
+        r"^(\S+) +pid \d+ +\S+\.svg  append lock ([\d.]+)%, publish wait ([\d.]+)%, poll ([\d.]+)%$",
+        r.stdout, re.MULTILINE)}
+    assert len(shares) == n, r.stdout
+    for role, (lock, publish, poll) in shares.items():
+        assert lock + publish + poll <= 100.0, (role, shares)
+    # a quick produce leaves each worker waiting in its poll part of the time
+    assert all(shares[role][2] > 0 for role in shares if role.startswith("worker")), shares
     roles = {role for role, _, _ in found}
     assert {"boss", "worker-0", "worker-1", "flusher", "services"} <= roles
     for role, pid, svg in found:
