@@ -64,7 +64,7 @@ from shmq.client.remoting import RemotingClient
 from shmq.core.state import StoreState
 from shmq.ipc.control import ControlBlock, NotRunning
 from shmq.ipc.headers import PULL_SUBSCRIPTION, PULL_SUSPEND, pull_ext, send_ext
-from shmq.ipc.remoting import RemotingCommand, encode
+from shmq.ipc.remoting import RemotingCommand
 
 SEND_MESSAGE_V2 = 310
 SEND_BATCH_MESSAGE = 320
@@ -757,11 +757,12 @@ def run_sync_flush(ctx, result):
 
 def _sync_pipelined(ctx, b, tr: str, seconds: float, fsync_rate: float, result):
     """One connection with SYNC_WINDOW sends of 100 B in flight (issue 14's
-    "64 pipelined"): every answer SUCCESS at the next queue offset, each
-    sent only once its bytes were flushed; messages per fdatasync is what
-    the group commit gathered."""
+    "64 pipelined"), written as a pipelining producer writes them (what the
+    window frees, in one write): every answer SUCCESS at the next queue
+    offset, each sent only once its bytes were flushed; messages per
+    fdatasync is what the group commit gathered."""
     from perf.worker_cpu import sending
-    with sending(b, tr, f"PerfSyncW{SYNC_WINDOW}_{tr}", SYNC_WINDOW) as snd:
+    with sending(b, tr, f"PerfSyncW{SYNC_WINDOW}_{tr}", SYNC_WINDOW, together=True) as snd:
         snd.step(SYNC_WINDOW)                          # warm the path
         f0, t0, n = flush_seq(b), time.monotonic(), 0
         while time.monotonic() - t0 < seconds:
@@ -779,65 +780,30 @@ def _sync_pipelined(ctx, b, tr: str, seconds: float, fsync_rate: float, result):
 def _lean_sender(addr, topic, qid, seconds, go, pipe):
     """One scaling client: SCALE_WINDOW single-message sends in flight on
     its own connection, to its own queue, from a client that costs the
-    broker's cores little, so that the bench measures the workers: its
-    frames are a template's bytes (``send_cmd``'s, the opaque 10 digits
-    wide) with the opaque and the body put in, written together as answers
-    free the window, and its answers read with one ``recv_into`` and checked
-    by their header's JSON (SUCCESS, its own opaque, the next queue offset).
-    With ``RemotingClient`` (a command built, encoded and written per send,
-    each answer decoded into one) a client cost 30 µs of CPU a send against
-    the worker's 24, and on 16 cores the clients, not the workers, set the
-    rate: 8 workers sent 5.5× one; with this client 6.1 µs, and 6.2×
-    (the device machine, 2026-11-27; the README's scaling section)."""
-    import orjson
+    broker's cores little, so that the bench measures the workers: a
+    ``worker_cpu.Sender`` (template frames, answers checked by their JSON
+    heads), writing the frames the window frees together, as a pipelining
+    client with a write queue does. With ``RemotingClient`` (a command
+    built, encoded and written per send, each answer decoded into one) a
+    client cost 30 µs of CPU a send against the worker's 24, and on 16
+    cores the clients, not the workers, set the rate: 8 workers sent 5.5×
+    one; with this client 6.1 µs, and 6.2× (the device machine,
+    2026-11-27; the README's scaling section)."""
+    from perf.worker_cpu import Sender
     with RemotingClient(addr) as c:
-        _warm_then_wait(c, topic, qid, go, pipe)
-        cmd = send_cmd(topic, qid, body_of(qid, 0))
-        cmd.opaque = _LEAN_OPAQUE0
-        frame = encode(cmd)
-        at = frame.index(b'"opaque":%d' % _LEAN_OPAQUE0) + 9
-        head, mid = frame[:at], frame[at + 10:len(frame) - len(body_of(qid, 0))]
+        _warm_then_wait(c, topic, qid, go, pipe)     # body 0 at offset 0: the Sender's go from 1
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(addr.removeprefix("unix:"))
         sock.settimeout(TIMEOUT_S)
-        buf = bytearray(1 << 20)
-        view = memoryview(buf)
-        have = 0
-        sent = acked = 0
+        s = Sender(sock, topic, SCALE_WINDOW, qid=qid, first=1, together=True)
         t0, c0 = time.monotonic(), time.process_time()
         end = t0 + seconds
-        while True:
-            room = SCALE_WINDOW - (sent - acked) if time.monotonic() < end else 0
-            if room:
-                sock.sendall(b"".join(head + b"%010d" % (_LEAN_OPAQUE0 + i) + mid + body_of(qid, i + 1)
-                                      for i in range(sent, sent + room)))
-                sent += room
-            if acked == sent:
-                break
-            n = sock.recv_into(view[have:])
-            if not n:
-                raise RuntimeError("the broker closed the connection")
-            have += n
-            at = 0
-            while have - at >= 4:
-                size = int.from_bytes(buf[at:at + 4], "big") + 4
-                if have - at < size:
-                    break
-                hlen = int.from_bytes(buf[at + 5:at + 8], "big")
-                r = orjson.loads(view[at + 8:at + 8 + hlen])
-                if (r["code"] != SUCCESS or r["opaque"] != _LEAN_OPAQUE0 + acked
-                        or int(r["extFields"]["queueOffset"]) != acked + 1):
-                    raise RuntimeError(f"send {acked}: {r}")
-                acked += 1
-                at += size
-            buf[:have - at] = buf[at:have]
-            have -= at
+        while time.monotonic() < end:
+            s.step(SCALE_WINDOW)
+        s.drain()
         t1, c1 = time.monotonic(), time.process_time()
         sock.close()
-    pipe.send((t0, t1, acked, acked + 1, body_of(qid, acked), c1 - c0))
-
-
-_LEAN_OPAQUE0 = 1_000_000_000
+    pipe.send((t0, t1, s.acked, s.acked + 1, body_of(qid, s.acked), c1 - c0))
 
 
 def run_scaling(ctx, result):

@@ -51,12 +51,13 @@ bench is skipped with the reason. Other load on a named broker counts too.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import socket
 import struct
 import time
+
+import orjson
 
 from perf import Skipped
 from perf.broker import (PROPS, SUCCESS, TIMEOUT_S, batch_body, batch_cmd, body_of, broker, check,
@@ -190,66 +191,104 @@ def recv_frame(sock: socket.socket) -> bytes:
 
 
 class Sender:
-    """100 B sends to queue 0 of ``topic``, ``window`` in flight, on a plain
-    socket with the limit's client loop, as ``Puller``'s (the reason is
+    """100 B sends to queue ``qid`` of ``topic``, ``window`` in flight, on a
+    plain socket with the limit's client loop, as ``Puller``'s (the reason is
     there: ``RemotingClient``'s Python between two requests, on the
     worker's two cores and caches, cost the worker itself CPU the echo
-    limit is not charged). A chunk's frames are made before its first is
-    sent and its replies read back whole and checked after its last: each
-    SUCCESS, for its own request (opaque), at the next queue offset (one
-    connection: in order)."""
+    limit is not charged). Send i (from 0) is a template's bytes
+    (``send_cmd``'s, its opaque 10 digits wide, its UNIQ_KEY, when
+    ``keyed``, 24 hex digits) with its opaque, key and body
+    ``body_of(qid, first + i)`` put in: a microsecond, where a command
+    built and encoded cost ten. Each is written as the window frees room
+    for it, one write a frame as the echo limit's client does
+    (``together``: the frames the window frees written in one, as a
+    pipelining client with a write queue does); the answers are read as
+    they come, many to a ``recv_into``, and each checked by its header's
+    JSON: SUCCESS, for its own request (opaque), at the next queue offset
+    (``first + i``: one connection, in order)."""
 
-    def __init__(self, sock: socket.socket, topic: str, window: int, keyed: bool = False):
-        self.sock, self.topic, self.window = sock, topic, window
-        self.props = None if not keyed else f"{PROPS}\x02UNIQ_KEY\x01{os.getpid():08X}{{:024X}}"
-        self.frames: collections.deque[bytes] = collections.deque()
-        self.built = self.issued = self.acked = 0
+    OPAQUE0 = 1_000_000_000
 
-    def _build(self, upto: int) -> None:
-        for i in range(self.built, upto):
-            cmd = send_cmd(self.topic, 0, body_of(0, i)) if self.props is None else \
-                send_cmd(self.topic, 0, body_of(0, i), self.props.format(i))
-            cmd.opaque = i
-            self.frames.append(encode(cmd))
-        self.built = max(self.built, upto)
+    def __init__(self, sock: socket.socket, topic: str, window: int, keyed: bool = False,
+                 qid: int = 0, first: int = 0, together: bool = False):
+        self.sock, self.window, self.qid, self.first, self.together = sock, window, qid, first, together
+        self.issued = self.acked = 0
+        key0 = b"%08X%024X" % (os.getpid(), 0)
+        props = PROPS if not keyed else f"{PROPS}\x02UNIQ_KEY\x01{key0.decode()}"
+        cmd = send_cmd(topic, qid, body_of(qid, first), props)
+        cmd.opaque = self.OPAQUE0
+        frame = encode(cmd)
+        at = frame.index(b'"opaque":%d' % self.OPAQUE0) + 9
+        end = len(frame) - len(body_of(qid, first))            # every body is 100 B
+        if keyed:
+            k = frame.index(key0) + 8
+            self.head, self.mid, self.tail = frame[:at], frame[at + 10:k], frame[k + 24:end]
+        else:
+            self.head, self.mid, self.tail = frame[:at], frame[at + 10:end], None
+        self.buf = bytearray(1 << 20)
+        self.view = memoryview(self.buf)
+        self.have = 0
 
-    def _reply(self) -> bytes:
-        return recv_frame(self.sock)
+    def frame(self, i: int) -> bytes:
+        body = body_of(self.qid, self.first + i)
+        opaque = b"%010d" % (self.OPAQUE0 + i)
+        if self.tail is None:
+            return b"".join((self.head, opaque, self.mid, body))
+        return b"".join((self.head, opaque, self.mid, b"%024X" % i, self.tail, body))
 
-    def _check(self, replies: list[bytes], first: int) -> None:
-        d = FrameDecoder()
-        for j, frame in enumerate(replies):
-            d.receive_data(frame)
-            r = d.next_command()
-            i = first + j
-            if r is None or r.opaque != i or r.code != SUCCESS or int(r.ext["queueOffset"]) != i:
-                got = "no whole reply" if r is None else (
-                    f"opaque {r.opaque}, code {r.code} ({r.remark}), queueOffset {r.ext.get('queueOffset')}")
-                raise AssertionError(f"send {i}: {got}")
+    def _fill(self) -> None:
+        room = self.window - (self.issued - self.acked)
+        if room <= 0:
+            return
+        frames = [self.frame(i) for i in range(self.issued, self.issued + room)]
+        if self.together:
+            self.sock.sendall(b"".join(frames))
+        else:
+            for f in frames:
+                self.sock.sendall(f)
+        self.issued += room
+
+    def _read(self) -> None:
+        """What the socket has (at least one byte): every whole answer in it checked."""
+        buf, view = self.buf, self.view
+        n = self.sock.recv_into(view[self.have:])
+        if not n:
+            raise ConnectionError("the broker closed the connection")
+        have = self.have + n
+        at = 0
+        while have - at >= 8:
+            size = int.from_bytes(buf[at:at + 4], "big") + 4
+            if have - at < size:
+                break
+            hlen = int.from_bytes(buf[at + 5:at + 8], "big")
+            r = orjson.loads(view[at + 8:at + 8 + hlen])
+            i = self.acked
+            ext = r.get("extFields") or {}
+            if (r.get("code") != SUCCESS or r.get("opaque") != self.OPAQUE0 + i
+                    or ext.get("queueOffset") != str(self.first + i)):
+                raise AssertionError(f"send {i}: opaque {r.get('opaque')}, code {r.get('code')} "
+                                     f"({r.get('remark')}), queueOffset {ext.get('queueOffset')}")
+            self.acked += 1
+            at += size
+        buf[:have - at] = buf[at:have]
+        self.have = have - at
 
     def step(self, k: int = CHUNK) -> int:
-        """``k`` replies, keeping ``window`` requests in flight (they stay in flight)."""
-        self._build(self.acked + k + self.window)
-        sock, frames, first, replies = self.sock, self.frames, self.acked, []
-        for _ in range(k):
-            while self.issued - self.acked < self.window:
-                sock.sendall(frames.popleft())
-                self.issued += 1
-            replies.append(self._reply())
-            self.acked += 1
-        self._check(replies, first)
-        return k
+        """At least ``k`` answers, keeping ``window`` requests in flight (they
+        stay in flight); how many."""
+        first, want = self.acked, self.acked + k
+        while self.acked < want:
+            self._fill()
+            self._read()
+        return self.acked - first
 
     def drain(self) -> None:
-        first, replies = self.acked, []
         while self.acked < self.issued:
-            replies.append(self._reply())
-            self.acked += 1
-        self._check(replies, first)
+            self._read()
 
 
 @contextlib.contextmanager
-def sending(b, tr: str, topic: str, window: int, keyed: bool = False):
+def sending(b, tr: str, topic: str, window: int, keyed: bool = False, together: bool = False):
     """A ``Sender`` to queue 0 of ``topic``, made with one queue on broker
     ``b``, over a plain ``tr`` socket; when the block ends, what it sent is
     drained and the queue verified (its last offset and body)."""
@@ -258,7 +297,7 @@ def sending(b, tr: str, topic: str, window: int, keyed: bool = False):
         sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
         try:
             sock.settimeout(TIMEOUT_S)
-            s = Sender(sock, topic, window, keyed)
+            s = Sender(sock, topic, window, keyed, together=together)
             yield s
             s.drain()
         finally:
