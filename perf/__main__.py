@@ -39,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 
 from perf import (Skipped, append, backlog, broker, client, features, local_ipc, machine, net_limits,
                   pull_transfer, recovery, redis_peer, replication, report, spark, sync_flush, table,
@@ -185,7 +186,10 @@ def scratch_base() -> str:
 
 
 def run_one(ctx: Context, name: str):
-    """The lines of one bench: its results, or a ``skipped`` line with the reason."""
+    """The lines of one bench: its results, or a ``skipped`` line with the
+    reason; a bench that fails (its checks, or an error) ends with a
+    ``failed`` line naming why, its traceback on stderr, and the run goes on
+    to the next bench (the run's exit status then says it failed)."""
     if ctx.named_broker is not None and name in OWN_STORE:
         yield {"bench": name, "skipped": f"opens and recovers a store of its own in this process; "
                                           f"nothing to measure on the named broker {ctx.named_broker.tcp}"}
@@ -194,6 +198,9 @@ def run_one(ctx: Context, name: str):
         yield from BENCHES[name](ctx, result)
     except Skipped as e:
         yield {"bench": name, "skipped": str(e)}
+    except Exception as e:
+        traceback.print_exc()
+        yield {"bench": name, "failed": f"{type(e).__name__}: {e}"}
 
 
 def run(chosen: list[str], quick: bool, emit, broker_addr: str | None = None,
@@ -286,10 +293,12 @@ def main(argv=None) -> int:
         report.write(args.results, lines, " ".join([ap.prog, *shown]))
     done = sum(1 for line in lines if "value" in line)
     skipped = sum(1 for line in lines if "skipped" in line)
-    print(f"# {len(chosen)} benchmarks, {done} results, {skipped} skipped in "
+    failed = [line["bench"] for line in lines if "failed" in line]
+    print(f"# {len(chosen)} benchmarks, {done} results, {skipped} skipped"
+          + (f", {len(failed)} FAILED ({', '.join(failed)})" if failed else "") + " in "
           f"{time.perf_counter() - t0:.1f} s" + (f"; JSON lines in {printer.out_path}" if printer.out_path else "")
           + (f"; table in {args.results}" if args.results else ""), file=sys.stderr)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -49,9 +49,10 @@ def figure(v, unit: str) -> str:
 
 def cells(line: dict) -> dict[str, str]:
     """bench, result, limit, limit_name, ratio, peer, peer_name of one result line."""
-    if "skipped" in line:
-        return {"bench": line["bench"], "result": "skipped", "limit": "", "limit_name": "",
-                "ratio": "", "peer": "", "peer_name": line["skipped"]}
+    for what in ("skipped", "failed"):
+        if what in line:
+            return {"bench": line["bench"], "result": what, "limit": "", "limit_name": "",
+                    "ratio": "", "peer": "", "peer_name": line[what]}
     unit = line["unit"]
     ratio = line.get("ratio")
     out = {"bench": line["bench"], "result": figure(line["value"], unit),
@@ -129,8 +130,8 @@ def markdown(lines: list[dict], command: str) -> str:
         if "bench" not in line:
             continue
         c = cells(line)
-        if c["result"] == "skipped":
-            md.append(f"| {_md(c['bench'])} | skipped: {_md(c['peer_name'])} | | | |")
+        if c["result"] in ("skipped", "failed"):
+            md.append(f"| {_md(c['bench'])} | {c['result']}: {_md(c['peer_name'])} | | | |")
             continue
         peer = f"{c['peer']}: {c['peer_name']}" if c["peer"] != "—" else (c["peer_name"] or "—")
         md.append(f"| {_md(c['bench'])} | {c['result']} | {c['limit']}: {_md(c['limit_name'])} "

@@ -35,8 +35,9 @@ def table_header() -> str:
 
 def table_row(line: dict) -> str:
     c = report.cells(line)
-    if c["result"] == "skipped":
-        return f"{c['bench']:<{_COLS[0][1]}}  skipped: {c['peer_name']}"
+    if c["result"] in ("skipped", "failed"):
+        said = "FAILED" if c["result"] == "failed" else c["result"]
+        return f"{c['bench']:<{_COLS[0][1]}}  {said}: {c['peer_name']}"
     what = c["limit_name"] + (f" / {c['peer_name']}" if c["peer_name"] else "")
     return "  ".join(f"{c[name]:<{w}}" for name, w in _COLS) + "  " + what
 

@@ -99,6 +99,28 @@ def test_a_named_broker_is_measured_and_never_owned(tmp_path):
     assert "store of its own" in skipped["recovery"]
 
 
+def test_a_bench_that_fails_is_named_and_the_run_goes_on(tmp_path):
+    """A bench whose checks fail gets a ``failed`` line (why, its traceback
+    on stderr), the benches after it still run, and the run exits 1."""
+    code = ("import sys\nimport perf.__main__ as M\n"
+            "def boom(ctx, result):\n"
+            "    yield result('boom_first', 1.0, 'msg/s', 2.0, 'a limit')\n"
+            "    raise AssertionError('send 7: opaque 8')\n"
+            "M.BENCHES = {'boom': boom, **M.BENCHES}\n"
+            "sys.exit(M.main(sys.argv[1:]))\n")
+    out, md = tmp_path / "run.jsonl", tmp_path / "RESULTS.md"
+    r = subprocess.run([sys.executable, "-c", code, "--quick", "--out", out, "--results", md,
+                        "boom", CHEAP], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])})
+    assert r.returncode == 1, r.stderr
+    lines = jsonl(out)[1:]
+    assert lines[0]["bench"] == "boom_first" and lines[0]["value"] == 1.0
+    assert lines[1]["bench"] == "boom" and lines[1]["failed"] == "AssertionError: send 7: opaque 8"
+    assert [x for x in lines[2:] if x["bench"].startswith(CHEAP) and x["value"] > 0]
+    assert "Traceback" in r.stderr and "1 FAILED (boom)" in r.stderr
+    assert "| boom | failed: AssertionError: send 7: opaque 8 |" in md.read_text()
+
+
 def test_an_unreachable_broker_is_named(tmp_path):
     addr = f"127.0.0.1:{free_port()}"
     r = shmq("bench", "--quick", "--broker", addr, "broker_send", cwd=tmp_path)
