@@ -86,7 +86,7 @@ SEND_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSA
 # more it can take; after a pull, the rest of the turn goes the usual way)
 LANE_AFTER = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
 # whole frames a connection must hold for the lane to be tried: its cost
-# per chunk (three kernel calls, the chunk's numpy) is more than the usual
+# per chunk (four kernel calls, the chunk's numpy) is more than the usual
 # way's for one send (one at a time: 250-290 µs a send against 170-200,
 # measured 2026-11-27 with prof_send W=1), less from two on
 LANE_MIN_FRAMES = 2

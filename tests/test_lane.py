@@ -298,3 +298,42 @@ def test_garbage_behind_sends_closes_that_connection_and_nothing_else(tmp_path, 
         [b"first", b"g0", b"g1", b"h0", b"h1"]
     reactor.close()
     rig.close()
+
+
+def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take_the_lane(
+        tmp_path, monkeypatch):
+    """One read: two pulls, then three sends. The pulls are answered the
+    usual way, and the lane's kernel never reads a buffer whose first frame
+    says (its header's first key, as every RocketMQ client writes it) it is
+    not a send; the sends behind the pulls still take the lane (after the
+    first of them, which goes the usual way: the lane is tried again after
+    a send)."""
+    from shmq.core import sends as F
+    from shmq.client.requests import pull_message
+    read = F.read_sends
+    heads = []
+
+    def reading(view, pos, *args):
+        heads.append(bytes(view[pos + 8:pos + 20]))
+        return read(view, pos, *args)
+
+    monkeypatch.setattr(F, "read_sends", reading)
+    rig = Rig(str(tmp_path), dedup_window=1024)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(keyed(0, "first", 999))              # GoldenTopic checked
+    reactor, driver, client = driven(rig)
+    pulls = [pull_message("GoldenTopic", 0, 0), pull_message("GoldenTopic", 1, 0)]
+    for i, p in enumerate(pulls):
+        p.opaque = 50 + i
+    cmds = pulls + [keyed(0, f"s{i}", i) for i in range(3)]
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    replies = []
+    while len(replies) < 5:
+        reactor.run_once()
+        replies += read_replies(client, 1) if _readable(client) else []
+    codes = {r.opaque: r.code for r in replies}
+    assert codes == {50: R.SUCCESS, 51: R.PULL_NOT_FOUND, 0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS}
+    assert driver.lane.taken == 2
+    assert heads and all(h.startswith(b'{"code":310,') for h in heads), heads
+    reactor.close()
+    rig.close()
