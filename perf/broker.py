@@ -787,7 +787,7 @@ def _lean_sender(addr, topic, qid, seconds, go, pipe):
     built, encoded and written per send, each answer decoded into one) a
     client cost 30 µs of CPU a send against the worker's 24, and on 16
     cores the clients, not the workers, set the rate: 8 workers sent 5.5×
-    one; with this client 6.1 µs, and 6.2× (the device machine,
+    one; with this client 5.8–7.4 µs, and 6.0–6.2× (the device machine,
     2026-11-27; the README's scaling section)."""
     from perf.worker_cpu import Sender
     with RemotingClient(addr) as c:
