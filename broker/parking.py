@@ -52,7 +52,7 @@ from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
 from shmq.core.state import queues_mask
 from shmq.ipc.control import WANT_FLUSH, WANT_QUEUES
-from shmq.ipc.remoting import FrameDecoder, RemotingCommand, decode_head, encode_head
+from shmq.ipc.remoting import RemotingCommand, decode_all, decode_head, encode_head
 
 FLUSH_TIMEOUT_REMARK = "flush the message to disk timed out (syncFlushTimeout)"
 SLAVE_TIMEOUT_REMARK = "the slave did not acknowledge the message in time (slaveTimeout)"
@@ -79,16 +79,6 @@ class Reply(NamedTuple):
         if type(cmd) is not bytes:
             return cmd
         return decode_head(cmd)
-
-
-def _commands(frames: bytes) -> list[RemotingCommand]:
-    """The bodiless replies in ``frames`` (the send lane's parked answers)."""
-    dec = FrameDecoder()
-    dec.receive_data(frames)
-    out = []
-    while (cmd := dec.next_command()) is not None:
-        out.append(cmd)
-    return out
 
 
 class Timer:
@@ -344,7 +334,7 @@ class Parking:
         del self.sends[p]
         if not self.sends:
             self.set_flag(WANT_FLUSH, False)
-        replies = _commands(p.reply) if type(p.reply) is bytes else [p.reply]
+        replies = decode_all(p.reply) if type(p.reply) is bytes else [p.reply]
         for reply in replies:
             if p.slave and p.end > self.store.state.get("confirm_pos"):
                 reply.code, reply.remark = R.FLUSH_SLAVE_TIMEOUT, SLAVE_TIMEOUT_REMARK

@@ -243,6 +243,11 @@ class FrameDecoder:
 
     def skip_to(self, pos: int) -> None:
         """Frames up to ``pos`` were taken by another reader (``pending``)."""
+        self._consumed(pos)
+
+    def _consumed(self, pos: int) -> None:
+        """The bytes before ``pos`` are read: from there on; the buffer
+        drops them once they are over 1 MiB and more than half of it."""
         self._pos = pos
         if pos > (1 << 20) and pos * 2 > len(self._buf):
             del self._buf[:pos]
@@ -277,10 +282,7 @@ class FrameDecoder:
         with memoryview(buf) as mv:           # one copy each (a bytearray slice is two)
             header = bytes(mv[start:start + hlen])
             body = bytes(mv[start + hlen:pos + 4 + total])
-        self._pos = pos + 4 + total
-        if self._pos > (1 << 20) and self._pos * 2 > len(buf):
-            del buf[:self._pos]
-            self._pos = 0
+        self._consumed(pos + 4 + total)
         if stype == JSON:
             cmd = decode_json_header(header)
         elif stype == ROCKETMQ:
@@ -289,6 +291,17 @@ class FrameDecoder:
             raise RemoteProtocolError(f"unknown serialize type {stype}")
         cmd.body = body
         return cmd
+
+
+def decode_all(frames) -> list[RemotingCommand]:
+    """Every command in ``frames``: whole frames back to back (a reply the
+    send lane wrote for a chunk, say)."""
+    dec = FrameDecoder()
+    dec.receive_data(frames)
+    out = []
+    while (cmd := dec.next_command()) is not None:
+        out.append(cmd)
+    return out
 
 
 # ------------------------------------------------------------------ encoding

@@ -15,7 +15,7 @@ from test_handlers import Rig, driven, golden, keyed, read_replies
 from shmq.broker.handlers import PARKED
 from shmq.client.requests import create_topic
 from shmq.ipc.codes import ResponseCode as R
-from shmq.ipc.remoting import FLAG_ONEWAY, encode
+from shmq.ipc.remoting import FLAG_ONEWAY, decode_all, encode
 
 
 def _frames() -> tuple[list, int, int]:
@@ -136,17 +136,8 @@ def _lane_answers(rig, answers) -> dict:
     of the lane's frames, or a command's)."""
     out = {}
     for _, r in answers:
-        for cmd in _commands(r.head()):
+        for cmd in decode_all(r.head()):
             out[cmd.opaque] = (cmd.code, cmd.remark, cmd.ext.get("queueOffset"))
-    return out
-
-
-def _commands(frames: bytes) -> list:
-    from shmq.ipc.remoting import FrameDecoder
-    dec, out = FrameDecoder(), []
-    dec.receive_data(frames)
-    while (cmd := dec.next_command()) is not None:
-        out.append(cmd)
     return out
 
 
