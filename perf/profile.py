@@ -14,13 +14,15 @@ records whatever load the broker has for ``--duration``).
 
 Each recording stops when the bench ends or after ``--duration`` seconds,
 whichever is first (py-spy writes its SVG on SIGINT), and always before the
-broker is stopped. ``--idle`` samples the time a process waits too (py-spy
-``--idle``): each process's line then says what share of its time it spent
-waiting for the store's append lock (``SemaphoreLock.acquire``) and for its
-turn to publish (``MessageStore._await``), the two waits of the append
-protocol (``core/store.py``), and in its reactor's poll (nothing to do). The SVGs are ``<out>/<role>-<pid>.svg`` (boss-1234.svg,
+broker is stopped. The SVGs are ``<out>/<role>-<pid>.svg`` (boss-1234.svg,
 worker-0-1236.svg, flusher-1235.svg, ...); their paths are printed. The
 bench's JSON lines go beside them (``<out>/<run id>.jsonl``).
+
+``--idle`` samples the time a process waits too (py-spy ``--idle``): each
+process's line then says what share of its time it spent waiting for the
+store's append lock (``SemaphoreLock.acquire``) and for its turn to publish
+(``MessageStore._await``), the two waits of the append protocol
+(``core/store.py``), and in its reactor's poll (nothing to do).
 
 py-spy reads the other processes' memory (ptrace / process_vm_readv): it
 needs root or CAP_SYS_PTRACE wherever Yama's kernel.yama.ptrace_scope is 1 or
