@@ -7,7 +7,9 @@ quick sizes, one cheap bench where any will do.
 - against a broker someone else runs (``--broker``) a broker bench measures
   it, and the benches that need their own store or other settings are
   skipped with the reason, leaving that broker running;
-- ``shmq profile`` writes one valid SVG flame graph per broker process.
+- ``shmq profile`` writes one valid SVG flame graph per broker process;
+- the benches' lean send client writes the frames ``send_cmd`` encodes and
+  stops at an answer out of its place.
 """
 from __future__ import annotations
 
@@ -192,3 +194,53 @@ def test_the_socket_limits_leave_no_socket_files_or_temporary_directories(tmp_pa
                        env={**os.environ, "TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert os.listdir(tmp) == [] and os.listdir(scratch) == []
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_the_bench_sender_writes_send_cmd_frames_and_refuses_an_answer_out_of_its_place(keyed):
+    """perf.worker_cpu.Sender (the scaling, broker_cpu and SYNC_FLUSH w64
+    benches' client): each frame is the bytes ``send_cmd`` encodes, its
+    opaque, UNIQ_KEY and body put in; answers in their place are counted,
+    and one at another queue offset than its send's stops the bench."""
+    import socket
+    from perf.broker import PROPS, body_of, send_cmd
+    from perf.worker_cpu import Sender
+    from shmq.ipc.remoting import FrameDecoder, JSON, encode, send_ok_head
+
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    try:
+        s = Sender(a, "BenchT", 4, keyed=keyed, qid=2, first=5, together=True)
+        for i in (0, 1, 12345):
+            props = PROPS if not keyed else f"{PROPS}\x02UNIQ_KEY\x01{os.getpid():08X}{i:024X}"
+            cmd = send_cmd("BenchT", 2, body_of(2, 5 + i), props)
+            cmd.opaque = Sender.OPAQUE0 + i
+            want = encode(cmd)
+            got = s.frame(i)
+            assert got[:8] == want[:8] and _without_born(got) == _without_born(want)
+
+        def answer(i, offset):
+            b.sendall(send_ok_head(JSON, Sender.OPAQUE0 + i, "00" * 16, 2, offset))
+
+        answer(0, 5)
+        answer(1, 6)
+        assert s.step(2) == 2 and s.issued == 4                 # the window: 4 in flight
+        sent = FrameDecoder()
+        sent.receive_data(b.recv(1 << 20))
+        cmds = []
+        while (c := sent.next_command()) is not None:
+            cmds.append(c)
+        assert [c.opaque - Sender.OPAQUE0 for c in cmds] == [0, 1, 2, 3]
+        assert [c.body for c in cmds] == [body_of(2, 5 + i) for i in range(4)]
+        answer(2, 7)
+        answer(3, 9)                                            # send 3 is at offset 8
+        with pytest.raises(AssertionError, match="send 3: .*queueOffset 9"):
+            s.step(2)
+    finally:
+        a.close()
+        b.close()
+
+
+def _without_born(frame: bytes) -> bytes:
+    """A send frame less its bornTimestamp (the template's is its own)."""
+    return re.sub(rb'"g":"\d+"', b'"g":""', frame[8:])
