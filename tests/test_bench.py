@@ -7,6 +7,7 @@ quick sizes, one cheap bench where any will do.
 - against a broker someone else runs (``--broker``) a broker bench measures
   it, and the benches that need their own store or other settings are
   skipped with the reason, leaving that broker running;
+- a bench that fails is a ``failed`` line, the run goes on, and it exits 1;
 - ``shmq profile`` writes one valid SVG flame graph per broker process;
 - the benches' lean send client writes the frames ``send_cmd`` encodes and
   stops at an answer out of its place.
