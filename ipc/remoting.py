@@ -242,12 +242,9 @@ class FrameDecoder:
         return True
 
     def skip_to(self, pos: int) -> None:
-        """Frames up to ``pos`` were taken by another reader (``pending``)."""
-        self._consumed(pos)
-
-    def _consumed(self, pos: int) -> None:
-        """The bytes before ``pos`` are read: from there on; the buffer
-        drops them once they are over 1 MiB and more than half of it."""
+        """The frames before ``pos`` are read (by ``next_command``, or by
+        another reader: ``pending``); the buffer drops them once they are
+        over 1 MiB and more than half of it."""
         self._pos = pos
         if pos > (1 << 20) and pos * 2 > len(self._buf):
             del self._buf[:pos]
@@ -282,7 +279,7 @@ class FrameDecoder:
         with memoryview(buf) as mv:           # one copy each (a bytearray slice is two)
             header = bytes(mv[start:start + hlen])
             body = bytes(mv[start + hlen:pos + 4 + total])
-        self._consumed(pos + 4 + total)
+        self.skip_to(pos + 4 + total)
         if stype == JSON:
             cmd = decode_json_header(header)
         elif stype == ROCKETMQ:

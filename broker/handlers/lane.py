@@ -49,7 +49,7 @@ from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.remoting import JSON, RemotingCommand, encode_head, send_ok_pieces
 
 from ..config import SYNC_MASTER
-from .send import _V1_SEND, _refuse_if_busy
+from .send import _V1_SEND, _refuse_if_busy, stored
 
 log = logging.getLogger("shmq.handlers")
 
@@ -242,7 +242,7 @@ class SendLane:
                                  single_queue=True)
             r = self.b.store.append(batch, 0, srt[F.S_KEY, s:e].tolist() if dedup else None)
         if r is not None and r.__class__ is not DuplicateResult:
-            self._stored(topic, qid, e - s, z - a)
+            stored(self.b, topic, topic, qid, e - s, z - a)
         return r
 
     def _one(self, topic: str, qid: int, k: int, f: int, a: int, now: int, dedup: bool,
@@ -257,19 +257,9 @@ class SendLane:
         if r.__class__ is DuplicateResult:
             qid = r.queue_id                   # where the first send's message is
         else:
-            self._stored(topic, qid, 1, len(rec))
+            stored(self.b, topic, topic, qid, 1, len(rec))
         odd.append((f, r.phy_offset, qid, r.queue_offset))
         return r.end
-
-    def _stored(self, topic: str, qid: int, count: int, nbytes: int) -> None:
-        """``send._stored``: count the records, wake a pull parked on the queue."""
-        b = self.b
-        b.put_count += count
-        if b.stats.tally is not None:
-            b.stats.tally.put(topic, count, nbytes)
-        parking = b.parking
-        if parking.pulls and (topic, qid) in parking.pulls:
-            parking.arrived.add((topic, qid))
 
     def _answers(self, peer, ng: int, gphy, gq, gqid, odd: list, failed: dict,
                  end: int) -> list:
