@@ -1723,7 +1723,6 @@ def test_a_mangled_send_the_lane_takes_is_one_the_send_path_stores_the_same(data
 
 
 def test_the_send_lane_writes_each_queues_records_together_in_the_order_sent():
-    from shmq.core import sends as S
     frames = [_frame(_v2(_V2_EXT.replace(b'"e":3', b'"e":%d' % q))) for q in (2, 0, 2, 1, 0, 2)]
     n, out, recs = _lane_read(b"".join(frames))
     assert n == 6
