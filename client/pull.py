@@ -72,6 +72,7 @@ class PullResult:
     min_offset: int
     max_offset: int
     msgs: list[MessageExt]
+    here: bool = False        # read from the store by this process (client/direct.py)
 
 
 @dataclass
@@ -85,10 +86,14 @@ class PullRequest:
 
 async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, sub: SubscriptionData,
                       offset: int, max_nums: int, sysflag: int, commit_offset: int,
-                      suspend_ms: int, timeout: float) -> PullResult:
+                      suspend_ms: int, timeout: float, turn: bool = True) -> PullResult:
     """PULL_MESSAGE and PullAPIWrapper.processPullResult: decode, keep the
     subscribed tags, note the queue's min/max offsets on each message.
-    Raises MQClientError (a broker refusal) or RemotingError."""
+    Raises MQClientError (a broker refusal) or RemotingError. A pull read
+    here (``here``) turns the loop before it returns, as a socket pull's
+    wait for its answer does — unless ``turn`` is False: the caller turns
+    it once it has handed the messages on (the push consumer: its listener
+    then runs before the next pull, not after)."""
     reads = None
     # recalculatePullFromWhichNode: where the last reply said to pull next
     which = instance.pull_from.get((group, mq), MASTER_ID)
@@ -119,13 +124,14 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
             if got is not None:
                 found, next_begin, mn, mx, body = got
                 result = PullResult(PullStatus.FOUND if found else PullStatus.NO_MATCHED_MSG,
-                                    next_begin, mn, mx, [])
+                                    next_begin, mn, mx, [], True)
                 if found:
                     _found(result, body, mq, sub, offset)
                 # a turn of the loop, as a socket pull's wait for its answer
                 # gives: the listeners run between pulls, and a queue is not
                 # read ahead to its flow-control limit (then a 50 ms pause)
-                await asyncio.sleep(0)
+                if turn:
+                    await asyncio.sleep(0)
                 return result
             asked_at = reads.epoch()
     addr, slave = instance.find_broker(mq.broker_name, which)

@@ -411,7 +411,8 @@ class AsyncPushConsumer(ConsumerBase):
             result = await pull_kernel(self._inst(), self.group, mq, sub, req.next_offset,
                                        cfg.pull_batch_size, sysflag, commit_offset,
                                        cfg.broker_suspend_max_time_millis,
-                                       cfg.consumer_timeout_millis_when_suspend / 1000)
+                                       cfg.consumer_timeout_millis_when_suspend / 1000,
+                                       turn=False)
         except (RemotingError, MQClientError) as e:
             if not mq.topic.startswith(RETRY_PREFIX):
                 log.warning("pull %s for %s: %s", mq, self.group, e)
@@ -420,15 +421,20 @@ class AsyncPushConsumer(ConsumerBase):
             return 0
         if result.status is PullStatus.FOUND:
             req.next_offset = result.next_begin_offset
-            if not result.msgs:
-                return 0
-            dispatch = pq.put_messages(result.msgs)
-            if self.orderly:
-                if dispatch:
-                    self.service.submit(pq, mq)
-            else:
-                self.service.submit(result.msgs, pq, mq)
-            return cfg.pull_interval / 1000
+            if result.msgs:
+                dispatch = pq.put_messages(result.msgs)
+                if self.orderly:
+                    if dispatch:
+                        self.service.submit(pq, mq)
+                else:
+                    self.service.submit(result.msgs, pq, mq, at_once=result.here)
+            if result.here:
+                # read in this process (pull_kernel's turn, taken here): the
+                # listener runs now, before the next pull (a direct read
+                # overlaps nothing: before, that pull — a read, its decode, a
+                # caught-up queue's park — came first, then two more turns)
+                await asyncio.sleep(0)
+            return cfg.pull_interval / 1000 if result.msgs else 0
         if result.status is PullStatus.OFFSET_ILLEGAL:
             log.warning("pull %s for %s: offset %d is illegal, the broker says %d", mq, self.group,
                         req.next_offset, result.next_begin_offset)
@@ -439,6 +445,8 @@ class AsyncPushConsumer(ConsumerBase):
         req.next_offset = result.next_begin_offset        # no new / no matched message
         if pq.msg_count == 0:                             # correctTagsOffset
             self.offset_store.update_offset(mq, req.next_offset, True)
+        if result.here:
+            await asyncio.sleep(0)                        # (pull_kernel's turn, as above)
         return 0
 
     async def _fix_illegal_offset(self, req: PullRequest) -> None:

@@ -34,7 +34,7 @@ from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeC
 from shmq.client import MessageQueue, MQClientError
 from shmq.client import pull as pull_mod
 from shmq.client.consumer import SubscriptionData, pull_kernel
-from shmq.client.direct import warm_up_appends, warm_up_reads
+from shmq.client.direct import CAUGHT_UP, warm_up_appends, warm_up_reads
 from shmq.client.requests import create_topic
 from shmq.ipc.codes import ResponseCode
 from shmq.client.remoting import RemotingClient
@@ -213,6 +213,52 @@ def test_a_caught_up_direct_consumer_waits_in_its_own_process(broker, request):
     asyncio.run(main())
     assert [m.body for m in got] == [b"first"] + [b"%d" % i for i in range(30)] + [b"after"]
 
+
+
+def test_a_message_read_here_reaches_the_listener_before_the_next_read(broker, request):
+    """A pull read in the consumer's process overlaps nothing (no request
+    in flight to the broker), so the messages it found go to the listener
+    before the queue is read again: caught up, each message sent wakes the
+    parked pull, its read finds it, the listener gets it, and only then
+    does the next read find the queue caught up and park (before, that read
+    and park came first: a third of the produce → consume latency)."""
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
+    events: list[str] = []
+
+    async def listener(msgs, context):
+        events.extend(f"listener {m.body.decode()}" for m in msgs)
+        return OK
+
+    async def main():
+        c = AsyncPushConsumer("drg-order", namesrv_addr=broker.namesrv, instance_name="dr-order",
+                              **FAST)
+        c.subscribe(topic, "*")
+        c.register_message_listener(listener)
+        await c.start()
+        await until(lambda: any(mq.topic == topic for mq in c.assigned_queues()), what="queues")
+        async with AsyncProducer("drp-order", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"first"))          # the broker serves the queue once
+            await until(lambda: "listener first" in events, what="the first")
+            reads = reads_of(c)
+            await until(lambda: reads.parked > 0, what="a pull waiting here")
+            read = reads.pull
+
+            def logged(*a):
+                got = read(*a)
+                events.append("read caught up" if got is CAUGHT_UP else "read found"
+                              if got is not None and got[0] else f"read {got!r}")
+                return got
+            reads.pull = logged
+            try:
+                for i in range(5):
+                    del events[:]
+                    await p.send(Message(topic, b"%d" % i))
+                    await until(lambda: "read caught up" in events, what=f"message {i}'s park")
+                    assert events[:3] == ["read found", f"listener {i}", "read caught up"], events
+            finally:
+                del reads.pull
+        await c.shutdown()
+    asyncio.run(main())
 
 def test_tag_filtering_reads_only_the_subscribed_tags(broker, request):
     topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
