@@ -260,6 +260,52 @@ def test_a_message_read_here_reaches_the_listener_before_the_next_read(broker, r
         await c.shutdown()
     asyncio.run(main())
 
+
+def test_a_message_read_here_reaches_a_waiting_poll_before_the_next_read(broker, request):
+    """The same for the lite pull consumer: a ``poll`` waiting when a read
+    here finds a message returns it before the queue is read again."""
+    from shmq.client.lite_pull import AsyncLitePullConsumer
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
+    events: list[str] = []
+
+    async def main():
+        c = AsyncLitePullConsumer("drg-lite-order", namesrv_addr=broker.namesrv,
+                                  instance_name="dr-lite-order", **FAST)
+        await c.start()
+        c.assign([MessageQueue(topic, "broker-a", 0)])
+        async with AsyncProducer("drp-lite-order", namesrv_addr=broker.namesrv) as p:
+            await p.send(Message(topic, b"first"))          # the broker serves the queue once
+            deadline = time.monotonic() + WAIT
+            while not await c.poll(0.5):
+                assert time.monotonic() < deadline, "the first message never came"
+            reads = reads_of(c)
+            await until(lambda: reads.parked > 0, what="a pull waiting here")
+            read = reads.pull
+
+            def logged(*a):
+                got = read(*a)
+                events.append("read caught up" if got is CAUGHT_UP else "read found"
+                              if got is not None and got[0] else f"read {got!r}")
+                return got
+            reads.pull = logged
+            try:
+                async def polling():
+                    msgs = await c.poll(WAIT)
+                    events.extend(f"poll {m.body.decode()}" for m in msgs)   # as it returns
+
+                for i in range(5):
+                    polled = asyncio.ensure_future(polling())
+                    await asyncio.sleep(0.05)                # the poll waits
+                    del events[:]
+                    await p.send(Message(topic, b"%d" % i))
+                    await polled
+                    await until(lambda: "read caught up" in events, what=f"message {i}'s park")
+                    assert events[:3] == ["read found", f"poll {i}", "read caught up"], events
+            finally:
+                del reads.pull
+        await c.shutdown()
+    asyncio.run(main())
+
 def test_tag_filtering_reads_only_the_subscribed_tags(broker, request):
     topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
     got = []
