@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,24 @@ def reads_of(c) -> object | None:
     """The consumer's direct reads (None: it has no attached store)."""
     ds = [d for d in c.instance.direct.values() if d is not None]
     return ds[0].reads if ds else None
+
+
+@contextlib.contextmanager
+def reads_logged(reads, events: list):
+    """Each direct read of ``reads`` noted in ``events`` as it returns: "read
+    found", "read caught up" (parks next), or what else it answered."""
+    read = reads.pull
+
+    def logged(*a):
+        got = read(*a)
+        events.append("read caught up" if got is CAUGHT_UP else "read found"
+                      if got is not None and got[0] else f"read {got!r}")
+        return got
+    reads.pull = logged
+    try:
+        yield
+    finally:
+        del reads.pull
 
 
 async def until(pred, timeout=WAIT, what="condition"):
@@ -241,22 +260,12 @@ def test_a_message_read_here_reaches_the_listener_before_the_next_read(broker, r
             await until(lambda: "listener first" in events, what="the first")
             reads = reads_of(c)
             await until(lambda: reads.parked > 0, what="a pull waiting here")
-            read = reads.pull
-
-            def logged(*a):
-                got = read(*a)
-                events.append("read caught up" if got is CAUGHT_UP else "read found"
-                              if got is not None and got[0] else f"read {got!r}")
-                return got
-            reads.pull = logged
-            try:
+            with reads_logged(reads, events):
                 for i in range(5):
                     del events[:]
                     await p.send(Message(topic, b"%d" % i))
                     await until(lambda: "read caught up" in events, what=f"message {i}'s park")
                     assert events[:3] == ["read found", f"listener {i}", "read caught up"], events
-            finally:
-                del reads.pull
         await c.shutdown()
     asyncio.run(main())
 
@@ -280,15 +289,7 @@ def test_a_message_read_here_reaches_a_waiting_poll_before_the_next_read(broker,
                 assert time.monotonic() < deadline, "the first message never came"
             reads = reads_of(c)
             await until(lambda: reads.parked > 0, what="a pull waiting here")
-            read = reads.pull
-
-            def logged(*a):
-                got = read(*a)
-                events.append("read caught up" if got is CAUGHT_UP else "read found"
-                              if got is not None and got[0] else f"read {got!r}")
-                return got
-            reads.pull = logged
-            try:
+            with reads_logged(reads, events):
                 async def polling():
                     msgs = await c.poll(WAIT)
                     events.extend(f"poll {m.body.decode()}" for m in msgs)   # as it returns
@@ -301,8 +302,6 @@ def test_a_message_read_here_reaches_a_waiting_poll_before_the_next_read(broker,
                     await polled
                     await until(lambda: "read caught up" in events, what=f"message {i}'s park")
                     assert events[:3] == ["read found", f"poll {i}", "read caught up"], events
-            finally:
-                del reads.pull
         await c.shutdown()
     asyncio.run(main())
 
