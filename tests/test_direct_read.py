@@ -233,7 +233,6 @@ def test_a_caught_up_direct_consumer_waits_in_its_own_process(broker, request):
     assert [m.body for m in got] == [b"first"] + [b"%d" % i for i in range(30)] + [b"after"]
 
 
-
 def test_a_message_read_here_reaches_the_listener_before_the_next_read(broker, request):
     """A pull read in the consumer's process overlaps nothing (no request
     in flight to the broker), so the messages it found go to the listener
@@ -304,6 +303,7 @@ def test_a_message_read_here_reaches_a_waiting_poll_before_the_next_read(broker,
                     assert events[:3] == ["read found", f"poll {i}", "read caught up"], events
         await c.shutdown()
     asyncio.run(main())
+
 
 def test_tag_filtering_reads_only_the_subscribed_tags(broker, request):
     topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
