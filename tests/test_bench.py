@@ -206,7 +206,7 @@ def test_the_bench_sender_writes_send_cmd_frames_and_refuses_an_answer_out_of_it
     import socket
     from perf.broker import PROPS, body_of, send_cmd
     from perf.worker_cpu import Sender
-    from shmq.ipc.remoting import FrameDecoder, JSON, encode, send_ok_head
+    from shmq.ipc.remoting import JSON, decode_all, encode, send_ok_head
 
     a, b = socket.socketpair()
     a.settimeout(10)
@@ -226,11 +226,7 @@ def test_the_bench_sender_writes_send_cmd_frames_and_refuses_an_answer_out_of_it
         answer(0, 5)
         answer(1, 6)
         assert s.step(2) == 2 and s.issued == 4                 # the window: 4 in flight
-        sent = FrameDecoder()
-        sent.receive_data(b.recv(1 << 20))
-        cmds = []
-        while (c := sent.next_command()) is not None:
-            cmds.append(c)
+        cmds = decode_all(b.recv(1 << 20))
         assert [c.opaque - Sender.OPAQUE0 for c in cmds] == [0, 1, 2, 3]
         assert [c.body for c in cmds] == [body_of(2, 5 + i) for i in range(4)]
         answer(2, 7)
