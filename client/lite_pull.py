@@ -268,7 +268,7 @@ class AsyncLitePullConsumer(ConsumerBase):
         result = await pull_kernel(self._inst(), self.group, mq, sub, offset, cfg.pull_batch_size,
                                    PULL_SUSPEND | PULL_SUBSCRIPTION | PULL_LITE, 0,
                                    cfg.broker_suspend_max_time_millis,
-                                   cfg.consumer_timeout_millis_when_suspend / 1000, turn=False)
+                                   cfg.consumer_timeout_millis_when_suspend / 1000)
         if pq.dropped:
             return 0
         if result.status is PullStatus.FOUND and result.msgs and st.seek_offset == -1:
@@ -277,7 +277,7 @@ class AsyncLitePullConsumer(ConsumerBase):
         if st.seek_offset == -1:
             st.pull_offset = result.next_begin_offset
         if result.here:
-            # read in this process (pull_kernel's turn, taken here): a poll
+            # read in this process (pull_kernel's doc): a poll
             # waiting for them gets them now, before the next pull reads again
             await asyncio.sleep(0)
         return 0

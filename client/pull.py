@@ -31,7 +31,6 @@ delay both use when it says wait.
 """
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 from dataclasses import dataclass
@@ -86,14 +85,15 @@ class PullRequest:
 
 async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, sub: SubscriptionData,
                       offset: int, max_nums: int, sysflag: int, commit_offset: int,
-                      suspend_ms: int, timeout: float, turn: bool = True) -> PullResult:
+                      suspend_ms: int, timeout: float) -> PullResult:
     """PULL_MESSAGE and PullAPIWrapper.processPullResult: decode, keep the
     subscribed tags, note the queue's min/max offsets on each message.
     Raises MQClientError (a broker refusal) or RemotingError. A pull read
-    here (``here``) turns the loop before it returns, as a socket pull's
-    wait for its answer does — unless ``turn`` is False: the caller turns
-    it once it has handed the messages on (the push consumer: its listener
-    then runs before the next pull, not after)."""
+    here (``here``) may not have turned the loop (a socket pull's wait for
+    its answer does): a caller that pulls in a loop turns it once it has
+    handed the messages on, so the listeners run between pulls (before the
+    next one: a read here overlaps nothing) and a queue is not read ahead
+    to its flow-control limit (then a 50 ms pause)."""
     reads = None
     # recalculatePullFromWhichNode: where the last reply said to pull next
     which = instance.pull_from.get((group, mq), MASTER_ID)
@@ -127,12 +127,7 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
                                     next_begin, mn, mx, [], True)
                 if found:
                     _found(result, body, mq, sub, offset)
-                # a turn of the loop, as a socket pull's wait for its answer
-                # gives: the listeners run between pulls, and a queue is not
-                # read ahead to its flow-control limit (then a 50 ms pause)
-                if turn:
-                    await asyncio.sleep(0)
-                return result
+                return result                     # (the caller turns the loop: the doc)
             asked_at = reads.epoch()
     addr, slave = instance.find_broker(mq.broker_name, which)
     if addr is None:

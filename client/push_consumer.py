@@ -411,8 +411,7 @@ class AsyncPushConsumer(ConsumerBase):
             result = await pull_kernel(self._inst(), self.group, mq, sub, req.next_offset,
                                        cfg.pull_batch_size, sysflag, commit_offset,
                                        cfg.broker_suspend_max_time_millis,
-                                       cfg.consumer_timeout_millis_when_suspend / 1000,
-                                       turn=False)
+                                       cfg.consumer_timeout_millis_when_suspend / 1000)
         except (RemotingError, MQClientError) as e:
             if not mq.topic.startswith(RETRY_PREFIX):
                 log.warning("pull %s for %s: %s", mq, self.group, e)
@@ -429,7 +428,7 @@ class AsyncPushConsumer(ConsumerBase):
                 else:
                     self.service.submit(result.msgs, pq, mq, at_once=result.here)
             if result.here:
-                # read in this process (pull_kernel's turn, taken here): the
+                # read in this process (pull_kernel's doc): the
                 # listener runs now, before the next pull (a direct read
                 # overlaps nothing: before, that pull — a read, its decode, a
                 # caught-up queue's park — came first, then two more turns)
@@ -446,7 +445,7 @@ class AsyncPushConsumer(ConsumerBase):
         if pq.msg_count == 0:                             # correctTagsOffset
             self.offset_store.update_offset(mq, req.next_offset, True)
         if result.here:
-            await asyncio.sleep(0)                        # (pull_kernel's turn, as above)
+            await asyncio.sleep(0)                        # (pull_kernel's doc, as above)
         return 0
 
     async def _fix_illegal_offset(self, req: PullRequest) -> None:
