@@ -77,6 +77,28 @@ def wait_shares(svg_text: str) -> dict[str, float] | None:
     return {name: n / total for name, n in got.items()}
 
 
+# What XML 1.0 does not allow in a document (every C0 control but tab, LF, CR)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def clean_svg(path: str) -> int:
+    """Make py-spy's SVG a well-formed document again; how many characters
+    it replaced (U+FFFD). ``--nonblocking`` reads the process's memory while
+    it runs, so a frame's name can be read half-written: NUL bytes and
+    bytes that are no UTF-8 in a ``<title>``, which no XML parser and no
+    browser takes (seen once in CI: a worker's graph would not open). The
+    frame's samples stay where they were."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    text = raw.decode("utf-8", errors="replace")            # bytes that are no UTF-8
+    text, n = _NOT_XML.subn("\ufffd", text)                 # controls
+    n += text.count("\ufffd") - n - raw.count("\ufffd".encode())
+    if n:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return n
+
+
 def _poll_line() -> int:
     """The line of ``Reactor.run_once`` that waits in ``epoll.poll``."""
     import inspect
@@ -188,6 +210,7 @@ class Recording:
         self.log.close()
         os.unlink(self.log.name)
         if os.path.exists(self.svg) and os.path.getsize(self.svg) > 0:
+            clean_svg(self.svg)
             return None
         first = next((ln for ln in said.splitlines() if ln.startswith("Error")), said[-300:])
         return f"py-spy exited with {self.proc.returncode}: {first or 'no output'}"

@@ -8,7 +8,8 @@ quick sizes, one cheap bench where any will do.
   it, and the benches that need their own store or other settings are
   skipped with the reason, leaving that broker running;
 - a bench that fails is a ``failed`` line, the run goes on, and it exits 1;
-- ``shmq profile`` writes one valid SVG flame graph per broker process;
+- ``shmq profile`` writes one valid SVG flame graph per broker process (a
+  frame name py-spy read half-written made well-formed);
 - the benches' lean send client writes the frames ``send_cmd`` encodes and
   stops at an answer out of its place.
 """
@@ -177,6 +178,29 @@ def test_profile_writes_a_flame_graph_per_broker_process(tmp_path):
     # the workers that served the sends were sampled in the send handler
     workers = [s for role, _, s in found if role.startswith("worker")]
     assert any("broker/handlers/send.py" in pathlib.Path(s).read_text() for s in workers)
+
+
+def test_a_flame_graph_with_a_torn_frame_name_is_made_well_formed(tmp_path):
+    """py-spy ``--nonblocking`` can read a frame's name half-written: NUL
+    bytes and bytes that are no UTF-8 in a ``<title>`` (a CI run's worker
+    graph), which no XML parser or browser opens. ``shmq profile`` replaces
+    them (U+FFFD) once py-spy is done; every frame keeps its samples, and a
+    clean graph is left as it was."""
+    from perf.profile import clean_svg, wait_shares
+    svg = tmp_path / "worker-0-1.svg"
+    svg.write_bytes(b'<svg xmlns="http://www.w3.org/2000/svg">'
+                    b'<g><title>all (10 samples, 100%)</title></g>'
+                    b'<g><title>(\xff\xfe$\x00\x00\x00$\x00) (1 samples, 10.00%)</title></g>'
+                    b'<g><title>MessageStore._await (core/store.py:600) (3 samples, 30.00%)</title>'
+                    b'</g></svg>')
+    with pytest.raises(ET.ParseError):
+        ET.parse(svg)
+    assert clean_svg(str(svg)) == 6                      # 2 bytes no UTF-8, 4 NULs
+    titles = [t.text for t in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}title")]
+    assert titles[1] == "(\ufffd\ufffd$\ufffd\ufffd\ufffd$\ufffd) (1 samples, 10.00%)"
+    assert wait_shares(svg.read_text())["publish wait"] == 0.3
+    before = svg.read_bytes()
+    assert clean_svg(str(svg)) == 0 and svg.read_bytes() == before
 
 
 def test_the_socket_limits_leave_no_socket_files_or_temporary_directories(tmp_path):
