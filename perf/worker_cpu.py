@@ -17,7 +17,10 @@ read before and after:
   window's check, in steady state, on every send (its limit is the row
   before's: the same echo);
 - broker_cpu_pull_32x1KiB_<tr>: PULL_MESSAGE (11) of 32 × 1 KiB messages,
-  one at a time, over a backlog of 64 such pulls pulled round and round.
+  one at a time, over a backlog of 64 such pulls pulled round and round;
+- broker_cpu_pull_32x1KiB_w16_<tr>: the same with 16 pulls in flight on
+  the connection (PULL_WINDOW: a push consumer holding 16 queues), which
+  share the worker's wake-ups as the pipelined sends do.
 
 ``SHMQ_CPU_ROWS=pull`` (or ``send``) runs only those rows.
 
@@ -37,9 +40,9 @@ The limit, measured in the same run and the same way (its process's CPU over
 N requests): a raw Python server doing one recv + one send per request
 (perf.net_limits' echo process, 200-byte frames), one in flight for the
 single sends, 64 in flight for the pipelined ones (the echo then reads
-several frames per recv, as the worker may), and for the pull the same
+several frames per recv, as the worker may), and for the pulls the same
 server answering each 200-byte request with a frame the size of the pull's
-reply. ratio = value / limit: times the raw server's CPU, lower is better.
+reply, as many in flight as the row's pulls. ratio = value / limit: times the raw server's CPU, lower is better.
 The CPU the other broker processes (boss, flusher, services) used meanwhile
 is reported beside it (``others_us``), not counted.
 
@@ -72,6 +75,11 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 WINDOW = 64
 PULL_MSGS, PULL_BODY = 32, 1024
 BACKLOG_PULLS = 64                          # 2,048 messages of 1 KiB pulled in turn
+# pulls in flight on the connection for the pipelined pull row: a push
+# consumer keeps one in flight per queue it holds, so 16 is a consumer of
+# 16 queues (or four of four) on one connection; 16 replies of 37 KB are
+# what the socket's buffers hold, about, so the worker is not left waiting
+PULL_WINDOW = 16
 CHUNK = 500                                 # requests between two looks at the clock
 DEDUP_WINDOW = BrokerConfig.sendDedupWindowSize     # keyed sends the default window holds
 
@@ -319,13 +327,15 @@ def fill_backlog(c: RemotingClient, topic: str) -> int:
 
 
 class Puller:
-    """Pulls of PULL_MSGS from queue 0, one at a time, round the
-    backlog, on a plain socket with the limit's client loop (send a frame,
-    read the reply whole into one buffer): the reply at each offset is
-    decoded and checked the first time (SUCCESS, nextBeginOffset, 32
-    records of ``rec`` bytes, the records sent there), and every later one
-    must be the same bytes in its head (code, offsets, lengths) and, one in
-    64, whole. ``RemotingClient.invoke`` runs much more Python between two
+    """Pulls of PULL_MSGS from queue 0 round the backlog, ``window`` in
+    flight (1: one at a time), on a plain socket with the limit's client
+    loop (send a frame as the window frees room, read each reply whole
+    into one buffer): the reply at each offset is decoded and checked the
+    first time (SUCCESS, nextBeginOffset, 32 records of ``rec`` bytes, the
+    records sent there), and every later one must be the same bytes in its
+    head (code, opaque, offsets, lengths: so in the order asked, as one
+    connection's pulls that find records are answered) and, one in 64,
+    whole. ``RemotingClient.invoke`` runs much more Python between two
     pulls (encoding the request's JSON header, a poll, the frame decoder
     copying the 37 KiB reply into a command, the opaque matcher), and on
     two cores that much Python beside the worker cost the worker
@@ -334,8 +344,8 @@ class Puller:
     the client, not of the worker, which the limit's raw server is not
     charged either."""
 
-    def __init__(self, sock: socket.socket, topic: str, rec: int):
-        self.sock, self.topic, self.rec = sock, topic, rec
+    def __init__(self, sock: socket.socket, topic: str, rec: int, window: int = 1):
+        self.sock, self.topic, self.rec, self.window = sock, topic, rec, window
         self.frames = [encode(pull_cmd(topic, 0, i * PULL_MSGS, PULL_MSGS))
                        for i in range(BACKLOG_PULLS)]
         self.replies: list[bytes] = []
@@ -347,7 +357,7 @@ class Puller:
         self.views = [buf[:len(r)] for r in self.replies]
         self.heads = [r[:len(r) - PULL_MSGS * rec] for r in self.replies]
         self.reply_bytes = len(self.replies[-1])
-        self.n = 0
+        self.n = self.issued = 0
 
     def _checked(self, off: int, reply: bytes) -> bytes:
         d = FrameDecoder()
@@ -367,17 +377,27 @@ class Puller:
         return reply
 
     def step(self, k: int = CHUNK) -> int:
-        sock, frames, views, heads = self.sock, self.frames, self.views, self.heads
+        """``k`` replies read, ``window`` pulls kept in flight (they stay in flight)."""
+        sock, frames, window = self.sock, self.frames, self.window
         for _ in range(k):
-            i = self.n % BACKLOG_PULLS
-            sock.sendall(frames[i])
-            mv = views[i]
-            recv_exactly(sock, mv)
-            if mv[:len(heads[i])] != heads[i] or (self.n % 64 == 0 and mv != self.replies[i]):
-                self._checked(i * PULL_MSGS, bytes(mv))          # says what differs
-                raise AssertionError(f"pull @{i * PULL_MSGS}: a reply unlike the first there")
-            self.n += 1
+            while self.issued - self.n < window:
+                sock.sendall(frames[self.issued % BACKLOG_PULLS])
+                self.issued += 1
+            self._reply()
         return k
+
+    def drain(self) -> None:
+        while self.n < self.issued:
+            self._reply()
+
+    def _reply(self) -> None:
+        i = self.n % BACKLOG_PULLS
+        mv, head = self.views[i], self.heads[i]
+        recv_exactly(self.sock, mv)
+        if mv[:len(head)] != head or (self.n % 64 == 0 and mv != self.replies[i]):
+            self._checked(i * PULL_MSGS, bytes(mv))              # says what differs
+            raise AssertionError(f"pull @{i * PULL_MSGS}: a reply unlike the first there")
+        self.n += 1
 
 
 def _host_port(addr: str) -> tuple[str, int]:
@@ -427,16 +447,20 @@ def run(ctx, result):
     with RemotingClient(b.addr(tr)) as c:
         create_topic(c, topic, 1)
         rec = fill_backlog(c, topic)
-    sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
-    try:
-        sock.settimeout(TIMEOUT_S)
-        p = Puller(sock, topic, rec)
-        p.step(200)                                                 # warm
-        got = measure(workers, p.step, min_pulls, min_cpu_s, max_wall_s, others)
-    finally:
-        sock.close()
-    raw = raw_server_cpu(tr, ctx.scratch, 1, min_pulls, min_cpu_s, max_wall_s, reply_bytes=p.reply_bytes)
-    yield row(f"broker_cpu_pull_{PULL_MSGS}x1KiB_{tr}", got, raw,
-              f"raw Python server, one recv + one send per request ({tr}, {FRAME_BYTES} B request, "
-              f"{p.reply_bytes} B reply as the pull's, 1 in flight)",
-              max_msg_nums=PULL_MSGS, record_bytes=rec, reply_bytes=p.reply_bytes, target_us=30)
+    for window in (1, PULL_WINDOW):
+        sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
+        try:
+            sock.settimeout(TIMEOUT_S)
+            p = Puller(sock, topic, rec, window)
+            p.step(200)                                             # warm
+            got = measure(workers, p.step, min_pulls, min_cpu_s, max_wall_s, others)
+            p.drain()
+        finally:
+            sock.close()
+        raw = raw_server_cpu(tr, ctx.scratch, window, min_pulls, min_cpu_s, max_wall_s,
+                             reply_bytes=p.reply_bytes)
+        yield row(f"broker_cpu_pull_{PULL_MSGS}x1KiB{'' if window == 1 else f'_w{window}'}_{tr}",
+                  got, raw, f"raw Python server, one recv + one send per request ({tr}, "
+                  f"{FRAME_BYTES} B request, {p.reply_bytes} B reply as the pull's, "
+                  f"{window} in flight)", requests_in_flight=window, max_msg_nums=PULL_MSGS,
+                  record_bytes=rec, reply_bytes=p.reply_bytes, target_us=30)
