@@ -177,6 +177,84 @@ def test_fuzz_corrupted_frames_give_commands_or_a_protocol_error(cmd, flips):
         pass
 
 
+PULL_HEAD = b'{"code":11,'
+
+
+def _next_if_agrees(data: bytes, head: bytes = PULL_HEAD) -> list:
+    """``next_if(head)`` on ``data``: each command it gives is the one
+    ``next_command`` gives from the same bytes; where it gives None the
+    frame is left whole for ``next_command`` (which gives it, or raises
+    the same error as a decoder that never tried ``next_if``)."""
+    d, ref, got = FrameDecoder(), FrameDecoder(), []
+    d.receive_data(data)
+    ref.receive_data(data)
+    while True:
+        held = d.buffered_bytes
+        cmd = d.next_if(head)
+        try:
+            want = ref.next_command()
+        except RemoteProtocolError as e:
+            assert cmd is None and d.buffered_bytes == held
+            with pytest.raises(RemoteProtocolError, match=str(e)[:30].replace("(", r"\(")):
+                d.next_command()
+            return got
+        if cmd is None:
+            assert d.buffered_bytes == held
+            cmd = d.next_command()
+            if want is None:
+                assert cmd is None
+                return got
+        else:
+            got.append(cmd)
+        assert same(cmd, want)
+
+
+def test_next_if_gives_a_pull_where_it_lies_as_next_command_would():
+    """The worker's pull lane reads pulls with ``next_if``: the pulls of
+    the C++ core and ali-ons (their JSON headers begin with the code), one
+    with a body, between frames it must leave to ``next_command``."""
+    pulls = [(GOLDEN / f"{n}-pull.bin").read_bytes() for n in ("cpp-1.2", "ons-3.12")]
+    other = encode(RemotingCommand(code=34, ext={"a": "b"}))                 # a heartbeat's code
+    binary = encode(RemotingCommand(code=11, ext={"topic": "T"}, serialize_type=ROCKETMQ))
+    with_body = encode(RemotingCommand(code=11, opaque=7, ext={"topic": "T"}, body=b"xyz"))
+    numbers = frame(b'{"code":11,"opaque":3,"extFields":{"queueId":0,"topic":"T","x":null}}')
+    got = _next_if_agrees(b"".join([pulls[0], other, pulls[1], binary, with_body, numbers,
+                                    pulls[0]]))
+    assert [(c.code, c.opaque) for c in got] == [(11, 17), (11, 6), (11, 7), (11, 3), (11, 17)]
+    assert got[2].body == b"xyz" and got[3].ext == {"queueId": "0", "topic": "T"}
+    d = FrameDecoder()
+    d.receive_data(pulls[1][:-1])                       # incomplete: left, then whole
+    assert d.next_if(PULL_HEAD) is None and d.buffered_bytes == len(pulls[1]) - 1
+    d.receive_data(pulls[1][-1:])
+    assert d.next_if(PULL_HEAD).ext["topic"] == "GoldenTopic" and d.buffered_bytes == 0
+
+
+@pytest.mark.parametrize("data, message", [
+    (frame(b'{"code":11,"opaque":1'), "not JSON"),
+    (frame(b'{"code":11,"extFields":[1]}'), "extFields is not an object"),
+    (frame(b'{"code":11,"opaque":99999999999}'), "int32"),
+    (struct.pack(">ii", 2000, 40) + b'{"code":11,', "exceeds the"),
+])
+def test_next_if_leaves_a_malformed_pull_to_next_command_which_says_what_is_wrong(data, message):
+    d = FrameDecoder(frame_bytes_max=1024)
+    d.receive_data(data)
+    assert d.next_if(PULL_HEAD) is None and d.buffered_bytes == len(data)
+    with pytest.raises(RemoteProtocolError, match=message):
+        d.next_command()
+
+
+@given(cmds=st.lists(COMMANDS, min_size=1, max_size=4),
+       flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_fuzz_next_if_agrees_with_next_command(cmds, flips):
+    for c in cmds[::2]:
+        c.code = 11
+    data = bytearray(b"".join(encode(c) for c in cmds))
+    for pos, x in flips:
+        data[pos % len(data)] ^= x
+    _next_if_agrees(bytes(data), b'{"code":11,')
+
+
 def test_oneway_flag():
     assert RemotingCommand(code=37, flag=FLAG_ONEWAY).is_oneway
 
