@@ -5,7 +5,8 @@ the very same records (where in the CommitLog and when aside) and give
 the very same answers; what the
 lane does not take (a delay, a topic it does not know yet, a batch, a
 oneway send, non-ASCII properties, a queue out of range) goes the usual
-way in the order it came."""
+way in the order it came. The pull lane likewise: the same pulls, with it
+and without, get the same answers."""
 from __future__ import annotations
 
 import struct
@@ -13,7 +14,7 @@ import struct
 import pytest
 from test_handlers import Rig, driven, golden, keyed, read_replies
 from shmq.broker.handlers import PARKED
-from shmq.client.requests import create_topic
+from shmq.client.requests import create_topic, decode_records
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import FLAG_ONEWAY, decode_all, encode
 
@@ -293,12 +294,12 @@ def test_garbage_behind_sends_closes_that_connection_and_nothing_else(tmp_path, 
 
 def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take_the_lane(
         tmp_path, monkeypatch):
-    """One read: two pulls, then three sends. The pulls are answered the
-    usual way, and the lane's kernel never reads a buffer whose first frame
-    says (its header's first key, as every RocketMQ client writes it) it is
-    not a send; the sends behind the pulls still take the lane (after the
-    first of them, which goes the usual way: the lane is tried again after
-    a send)."""
+    """One read: two pulls, then three sends. The pulls are answered by
+    the pull lane, and the send lane's kernel never reads a buffer whose
+    first frame says (its header's first key, as every RocketMQ client
+    writes it) it is not a send; the sends behind the pulls still take the
+    send lane (after the first of them, which goes the usual way: the lane
+    is tried again after a send)."""
     from shmq.core import sends as F
     from shmq.client.requests import pull_message
     read = F.read_sends
@@ -324,7 +325,81 @@ def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take
         replies += read_replies(client, 1) if _readable(client) else []
     codes = {r.opaque: r.code for r in replies}
     assert codes == {50: R.SUCCESS, 51: R.PULL_NOT_FOUND, 0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS}
-    assert driver.lane.taken == 2
+    assert driver.lane.taken == 2 and driver.pulls_run == 2
     assert heads and all(h.startswith(b'{"code":310,') for h in heads), heads
     reactor.close()
     rig.close()
+
+
+# ------------------------------------------------------------------ the pull lane
+def _pull_frames() -> tuple[list, int]:
+    """(commands, how many the pull lane runs): the pulls of the C++ core
+    and ali-ons as captured, with a commit, a tag, refusals, one that
+    parks and is answered by a send behind it, a oneway one, and a
+    heartbeat and a binary-header pull that go the usual way."""
+    from shmq.client.requests import pull_message
+    from shmq.ipc.remoting import ROCKETMQ
+    cmds = [golden("cpp-1.2-pull"), golden("ons-3.12-pull"),
+            golden("cpp-1.2-pull", sysFlag="7", commitOffset="2"),          # commits offset 2
+            golden("ons-3.12-pull", subscription="TagC"),
+            golden("ons-3.12-pull", subscription="||"),                    # SUBSCRIPTION_PARSE_FAILED
+            golden("ons-3.12-pull", topic="NoSuchTopic"),                  # TOPIC_NOT_EXIST
+            golden("ons-3.12-pull", queueId="9"),                          # queueId illegal
+            golden("ons-3.12-pull", queueOffset="one"),                    # not a number
+            golden("ons-3.12-heartbeat"),                                   # the usual way
+            pull_message("GoldenTopic", 1, 0, group="GoldenCG"),            # shmq's own client
+            pull_message("GoldenTopic", 0, 999, group="GoldenCG"),          # PULL_OFFSET_MOVED
+            golden("ons-3.12-pull", queueId="3")]                           # parks: 15 s
+    binary = golden("cpp-1.2-pull")
+    binary.serialize_type = ROCKETMQ                                        # the usual way
+    oneway = golden("cpp-1.2-pull")
+    oneway.flag |= FLAG_ONEWAY                                              # no answer
+    cmds += [binary, oneway, keyed(3, "for-the-parked-pull", 0)]
+    for i, c in enumerate(cmds):
+        c.opaque = 300 + i
+    return cmds, len(cmds) - 3
+
+
+def _pull_run(root: str, lane: bool):
+    rig = Rig(root)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(golden("cpp-1.2-send", queueId="0"))               # TagA
+    rig.ok(golden("cpp-1.2-send-batch", queueId="0"))         # TagC, TagC
+    rig.ok(keyed(1, "q1", 0))
+    reactor, driver, client = driven(rig, lane=lane)
+    cmds, _ = _pull_frames()
+    answered = sum(1 for c in cmds if not c.flag & FLAG_ONEWAY)
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    replies = []
+    while len(replies) < answered:
+        reactor.run_once()
+        replies += read_replies(client, 1) if _readable(client) else []
+    seen = {}
+    for r in replies:
+        recs = [(m.queue_id, m.queue_offset, m.tags, m.body) for m in decode_records(r.body)] \
+            if r.code == R.SUCCESS and r.body else r.body
+        seen[r.opaque] = (r.code, r.remark, r.ext, recs)
+    committed = rig.registry.get_offset("GoldenTopic", "GoldenCG", 0)
+    reactor.close()
+    rig.close()
+    return driver.pulls_run, seen, committed
+
+
+def test_the_pull_lane_answers_exactly_as_every_request_is_answered(tmp_path):
+    """The same frames, one read, through a worker's driver with the lanes
+    and without: the same answer to each (code, remark, ext fields, the
+    records), the same offset committed, the parked pull answered once by
+    the send behind it; the pull lane ran every pull but the binary and
+    oneway ones."""
+    from shmq.client.requests import decode_records  # noqa: F401 (used by _pull_run)
+    ran, seen, committed = _pull_run(str(tmp_path / "lane"), lane=True)
+    ran0, seen0, committed0 = _pull_run(str(tmp_path / "usual"), lane=False)
+    cmds, lane_pulls = _pull_frames()
+    assert (ran, ran0) == (lane_pulls - 1, 0)           # (the heartbeat is not a pull)
+    assert seen == seen0 and committed == committed0 == 2
+    codes = [seen[c.opaque][0] if c.opaque in seen else None for c in cmds]
+    assert codes == [R.SUCCESS, R.SUCCESS, R.SUCCESS, R.SUCCESS, R.SUBSCRIPTION_PARSE_FAILED,
+                     R.TOPIC_NOT_EXIST, R.SYSTEM_ERROR, R.SYSTEM_ERROR, R.SUCCESS, R.SUCCESS,
+                     R.PULL_OFFSET_MOVED, R.SUCCESS, R.SUCCESS, None, R.SUCCESS]
+    assert [t for _, _, t, _ in seen[303][3]] == ["TagC", "TagC"]
+    assert [b for _, _, _, b in seen[311][3]] == [b"for-the-parked-pull"]

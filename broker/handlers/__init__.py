@@ -164,6 +164,21 @@ class Handlers(Broker):
                 return None if cmd.is_oneway else Reply(denied(cmd, why))
         return self._run(HANDLERS.get(cmd.code), peer, cmd, debug)
 
+    def pulls_direct(self) -> bool:
+        """Whether ``run_pull`` may stand for ``handle`` on a PULL_MESSAGE
+        request: with no ACL and no DEBUG log, all ``handle`` does before
+        a request's handler is nothing (the worker's pull lane asks)."""
+        return self.acl is None and not log.isEnabledFor(logging.DEBUG)
+
+    def run_pull(self, peer: Peer, cmd: RemotingCommand):
+        """``handle`` of a PULL_MESSAGE request (not a response, not oneway)
+        while ``pulls_direct()``: the same answer (a ``Reply``, or PARKED),
+        without the dispatch ``_run`` does for any handler's."""
+        try:
+            return pull.pull(self, peer, cmd)
+        except Exception as e:
+            return Reply(_failed(peer, cmd, e))
+
     def _refused(self, peer: Peer, cmd: RemotingCommand) -> str | None:
         """The ACL's verdict; a check that fails refuses the request."""
         try:
