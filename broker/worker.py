@@ -86,7 +86,8 @@ SEND_CODES = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2, RC.SEND_BATCH_MESSA
                         RC.CONSUMER_SEND_MSG_BACK})
 # after which requests the decoder gave the send lane is tried again (a send
 # it did not take, say to a topic it did not yet know, may be followed by
-# more it can take; after a pull, the rest of the turn goes the usual way)
+# more it can take; after a request the decoder gave that is not a send,
+# the send lane waits for the next read)
 LANE_AFTER = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
 # how the JSON header of a pull begins (Java's fastjson and the C++ client
 # sort its keys; ali-ons writes code first): what the pull lane looks for
@@ -299,9 +300,10 @@ class Driver:
         and run by ``Handlers.run_pull``, its answer queued as
         ``on_command`` queues it; anything else ends the lane, and the way
         every request goes reads it. A consumer pipelining pulls sends many
-        in one read: each cost the worker 48 µs of CPU the usual way and
-        37.6 by this lane (medians of five, 16 pulls of 32 × 1 KiB a turn,
-        2-core VM; tests/test_lane.py has the two ways to the same answers)."""
+        in one read: with 16 of 32 × 1 KiB a turn, this lane costs the
+        worker ~5 µs of CPU less a pull than the usual way's 51–65 (the
+        README's "pull lane"; tests/test_lane.py has the two ways to the
+        same answers)."""
         peer = self.peers[conn.id]
         h = self.h
         while not conn.closed and conn.reading:
