@@ -42,7 +42,8 @@ N requests): a raw Python server doing one recv + one send per request
 single sends, 64 in flight for the pipelined ones (the echo then reads
 several frames per recv, as the worker may), and for the pulls the same
 server answering each 200-byte request with a frame the size of the pull's
-reply, as many in flight as the row's pulls. ratio = value / limit: times the raw server's CPU, lower is better.
+reply, as many in flight as the row's pulls. ratio = value / limit: times
+the raw server's CPU, lower is better.
 The CPU the other broker processes (boss, flusher, services) used meanwhile
 is reported beside it (``others_us``), not counted.
 
@@ -76,9 +77,9 @@ WINDOW = 64
 PULL_MSGS, PULL_BODY = 32, 1024
 BACKLOG_PULLS = 64                          # 2,048 messages of 1 KiB pulled in turn
 # pulls in flight on the connection for the pipelined pull row: a push
-# consumer keeps one in flight per queue it holds, so 16 is a consumer of
-# 16 queues (or four of four) on one connection; 16 replies of 37 KB are
-# what the socket's buffers hold, about, so the worker is not left waiting
+# consumer keeps one in flight per queue it holds, and a client's consumers
+# share its connection to a broker, so 16 is one consumer of 16 queues, or
+# four of four; their replies (16 × 37 KB) about fill the socket's buffers
 PULL_WINDOW = 16
 CHUNK = 500                                 # requests between two looks at the clock
 DEDUP_WINDOW = BrokerConfig.sendDedupWindowSize     # keyed sends the default window holds
