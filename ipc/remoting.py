@@ -257,30 +257,18 @@ class FrameDecoder:
             self._pos = 0
 
     def next_if(self, head: bytes) -> RemotingCommand | None:
-        """The next command, exactly as ``next_command`` would give it, when
-        its frame is whole, in JSON, and its header begins with ``head``
-        (``{"code":11,``: the worker's pull lane); else None, and the frame
-        is left for ``next_command`` (which raises what is wrong with it).
-        The header is decoded where it lies, not copied out first."""
+        """The next command, as ``next_command`` gives it, when its frame is
+        whole, in JSON, and its header begins with ``head`` (``{"code":11,``:
+        the worker's pull lane); else None, and the frame is left for
+        ``next_command`` (which raises what is wrong with it)."""
         buf, pos = self._buf, self._pos
         if (self._error is not None or len(buf) - pos < 8 or buf[pos + 4] != JSON
                 or not buf.startswith(head, pos + 8)):
             return None
-        total, type_hlen = _PREFIX.unpack_from(buf, pos)
-        end = pos + 4 + total
-        hlen = type_hlen & 0xFFFFFF
-        if end > len(buf) or total > self.frame_bytes_max or hlen > total - 4:
-            return None
-        start = pos + 8
         try:
-            with memoryview(buf) as mv:
-                cmd = decode_json_header(mv[start:start + hlen])
-        except RemoteProtocolError:
+            return self._next()
+        except RemoteProtocolError:          # (nothing read: _next moves on only once decoded)
             return None
-        if start + hlen < end:
-            cmd.body = bytes(buf[start + hlen:end])
-        self.skip_to(end)
-        return cmd
 
     def next_command(self) -> RemotingCommand | None:
         if self._error is not None:
@@ -307,18 +295,20 @@ class FrameDecoder:
         hlen = type_hlen & 0xFFFFFF
         if hlen > total - 4:
             raise RemoteProtocolError(f"header length {hlen} exceeds the frame ({total} bytes)")
-        start = pos + 8
-        with memoryview(buf) as mv:           # one copy each (a bytearray slice is two)
-            header = bytes(mv[start:start + hlen])
-            body = bytes(mv[start + hlen:pos + 4 + total])
-        self.skip_to(pos + 4 + total)
-        if stype == JSON:
-            cmd = decode_json_header(header)
-        elif stype == ROCKETMQ:
-            cmd = decode_binary_header(header)
-        else:
-            raise RemoteProtocolError(f"unknown serialize type {stype}")
-        cmd.body = body
+        start, end = pos + 8, pos + 4 + total
+        with memoryview(buf) as mv:           # the header decoded where it lies; the body one copy
+            header = mv[start:start + hlen]
+            try:
+                if stype == JSON:
+                    cmd = decode_json_header(header)
+                elif stype == ROCKETMQ:
+                    cmd = decode_binary_header(header)
+                else:
+                    raise RemoteProtocolError(f"unknown serialize type {stype}")
+            finally:
+                header.release()              # (an error's traceback must not pin the buffer)
+            cmd.body = bytes(mv[start + hlen:end])
+        self.skip_to(end)
         return cmd
 
 
