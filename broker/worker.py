@@ -51,7 +51,7 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemoteProtocolError, RemotingCommand, encode_head
 
 from .config import BrokerConfig
-from .handlers import PARKED, Handlers, Peer, Reply
+from .handlers import PARKED, Handlers, Peer
 from .handlers.lane import SendLane
 from .logs import setup as setup_logs
 from .reactor import Connection, Reactor
@@ -315,12 +315,8 @@ class Driver:
                 continue
             if h.taken:        # the sends before it first: it may read what they append
                 self.flush_group()
-            out = h.run_pull(peer, cmd)
             self.pulls_run += 1
-            if out.__class__ is Reply and out.cmd.__class__ is bytes:    # the pull's answer
-                conn.send(out.cmd, out.parts)
-            else:                                                       # parked, refused
-                self._answer(conn, out)
+            self._answer(conn, h.run_pull(peer, cmd))
 
     def on_command(self, conn: Connection, cmd: RemotingCommand) -> None:
         h = self.h
