@@ -90,9 +90,8 @@ def clean_svg(path: str) -> int:
     frame's samples stay where they were."""
     with open(path, "rb") as f:
         raw = f.read()
-    text = raw.decode("utf-8", errors="replace")            # bytes that are no UTF-8
-    text, n = _NOT_XML.subn("\ufffd", text)                 # controls
-    n += text.count("\ufffd") - n - raw.count("\ufffd".encode())
+    text = _NOT_XML.sub("\ufffd", raw.decode("utf-8", errors="replace"))
+    n = text.count("\ufffd") - raw.count("\ufffd".encode())   # (less those it had)
     if n:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
