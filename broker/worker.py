@@ -53,6 +53,7 @@ from shmq.ipc.remoting import RemoteProtocolError, RemotingCommand, encode_head
 from .config import BrokerConfig
 from .handlers import PARKED, Handlers, Peer
 from .handlers.lane import SendLane
+from .handlers.pull_lane import PullLane
 from .logs import setup as setup_logs
 from .reactor import Connection, Reactor
 from .registry import Registry
@@ -235,7 +236,8 @@ class Driver:
         self.notices_soon = False
         self.send_wait_ms = handlers.config.waitTimeMillsInSendQueue
         self.lane = SendLane(handlers)
-        self.pulls_run = 0                       # pulls the pull lane ran (tests)
+        self.pull_lane = PullLane(handlers)
+        self.pulls_run = 0                       # pulls the pull lane ran one by one (tests)
 
     def add_connection(self, sock: socket.socket, addr: str, out_max: int) -> Connection:
         conn = self.reactor.add_connection(sock, addr, self.on_command, self.on_close, out_max)
@@ -294,29 +296,46 @@ class Driver:
             self.reactor.flush()      # these answers leave while the producer sends on
 
     def _pulls(self, conn: Connection, dec) -> None:
-        """The pull lane: each PULL_MESSAGE at the head of ``conn``'s
-        decoder (a JSON header that begins with its code, as every RocketMQ
-        client writes it) is read where it lies (``FrameDecoder.next_if``)
-        and run by ``Handlers.run_pull``, its answer queued as
-        ``on_command`` queues it; anything else ends the lane, and the way
-        every request goes reads it. A consumer pipelining pulls sends many
-        in one read: with 16 of 32 × 1 KiB a turn, this lane costs the
-        worker ~5 µs of CPU less a pull than the usual way's 51–65 (the
-        README's "pull lane"; tests/test_lane.py has the two ways to the
-        same answers)."""
+        """The pull lane: the PULL_MESSAGE requests at the head of
+        ``conn``'s decoder are run straight, their answers queued as
+        ``on_command`` queues them; anything else ends the lane, and the
+        way every request goes reads it. Where the decoder holds two whole
+        frames or more, ``PullLane`` reads the pulls a chunk at a time in
+        one kernel call and answers those that find records; the pull it
+        stops at (and a lone pull) is read where it lies
+        (``FrameDecoder.next_if``: a JSON header that begins with its
+        code, as every RocketMQ client writes it) and run by
+        ``Handlers.run_pull``. The README's "pull lane" says what each
+        costs; tests/test_lane.py has the lane and the usual way to the
+        same answers."""
         peer = self.peers[conn.id]
         h = self.h
+        chunked = dec.frames_held(LANE_MIN_FRAMES)
         while not conn.closed and conn.reading:
+            if h.taken:        # the sends before them first: they may read what those append
+                self.flush_group()
+            if chunked:
+                try:
+                    buf, pos = dec.pending()
+                except RemoteProtocolError:
+                    return
+                end, answers = self.pull_lane.take(buf, pos)
+                if end != pos:
+                    dec.skip_to(end)
+                    for head, parts in answers:
+                        conn.send(head, parts)
+                    self._answer(conn, None)
+                    chunked = dec.frames_held(LANE_MIN_FRAMES)
+                    continue
             cmd = dec.next_if(PULL_HEAD)
             if cmd is None:
                 return
             if cmd.code != RC.PULL_MESSAGE or cmd.flag:     # a response, a oneway: as any
                 self.on_command(conn, cmd)
-                continue
-            if h.taken:        # the sends before it first: it may read what they append
-                self.flush_group()
-            self.pulls_run += 1
-            self._answer(conn, h.run_pull(peer, cmd))
+            else:
+                self.pulls_run += 1
+                self._answer(conn, h.run_pull(peer, cmd))
+            chunked = dec.frames_held(LANE_MIN_FRAMES)
 
     def on_command(self, conn: Connection, cmd: RemotingCommand) -> None:
         h = self.h

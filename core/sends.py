@@ -14,7 +14,10 @@ from . import _kernels as K
 from . import jit
 from ._kernels.frames import (F_BODY_LEN, F_END, F_KEY_HASH, F_NEW_TOPIC, F_NO_WAIT,  # noqa: F401
                               F_OPAQUE, F_QID, F_SIZE, F_TAGS_CODE, F_TOPIC_LEN, F_TOPIC_OFF, N_F,
-                              N_S, S_FRAME, S_KEY, S_POS, S_SIZE, S_TAGS, WORDS)
+                              N_P, N_S, P_COMMIT, P_END, P_GROUP_LEN, P_GROUP_OFF, P_HAS_COMMIT,
+                              P_MAX, P_NEW, P_OFFSET, P_OPAQUE, P_QID, P_SUB_LEN, P_SUB_OFF,
+                              P_SYSFLAG, P_TOPIC_LEN, P_TOPIC_OFF, P_TYPE_LEN, P_TYPE_OFF,
+                              S_FRAME, S_KEY, S_POS, S_SIZE, S_TAGS, WORDS)
 
 NEEDLES = (b"DELAY\x01", b"TIMER_", b"TRAN_MSG\x01", b"CLUSTER\x01", b"UNIQ_KEY\x01", b"TAGS",
            b"WAIT\x01false")
@@ -49,6 +52,21 @@ def read_sends(view, pos: int, end: int, chunk: int, keys: tuple, cluster, max_b
     return K.read_sends(view, pos, end, chunk, keys, cluster, max_body, K.CRC_TABLES, out, scratch)
 
 
+def pull_keys(names) -> tuple:
+    """What ``read_pulls`` matches: PULL_MESSAGE's names of the nine fields
+    it reads (consumerGroup, topic, queueId, queueOffset, maxMsgNums,
+    sysFlag, commitOffset, subscription, expressionType), the JSON words."""
+    joined_names, offs = joined([n.encode() for n in names])
+    return joined_names, offs, u8(WORDS)
+
+
+def read_pulls(view, pos: int, end: int, chunk: int, keys: tuple, out: np.ndarray,
+               scratch: np.ndarray) -> int:
+    """How many of the frames at view[pos:end] are pulls the pull lane
+    takes (at most ``chunk``), read into ``out`` and ``scratch``."""
+    return K.read_pulls(view, pos, end, chunk, keys, out, scratch)
+
+
 def encode_sends(view, scratch, out, n: int, tix, orflags, born, store, now: int, recs, srt,
                  groups) -> int:
     """The records of the ``n`` frames read into ``recs``, each queue's
@@ -73,9 +91,13 @@ _WARM_HEADER = (b'{"code":310,"flag":0,"opaque":1,"version":1,"extFields":{"a":"
                 b'"e":"0","f":"0","g":"0","h":"0","i":"TAGS\\u0001t\\u0002UNIQ_KEY\\u0001k"}}')
 
 
+_WARM_PULL = (b'{"code":11,"flag":0,"opaque":1,"extFields":{"a":"g","b":"warmup","c":"0",'
+              b'"d":"0","e":32,"f":"4","g":null,"h":"*"}}')
+
+
 def warm_up() -> None:
-    """The lane's kernels, once each with their canonical argument types
-    (``jit``): a V2 send read, encoded and answered."""
+    """The lanes' kernels, once each with their canonical argument types
+    (``jit``): a V2 send read, encoded and answered; a pull read."""
     frame = u8(struct.pack(">ii", 4 + len(_WARM_HEADER) + 1, len(_WARM_HEADER))
                + _WARM_HEADER + b"x")
     out = np.zeros((1, N_F), np.int64)
@@ -93,3 +115,8 @@ def warm_up() -> None:
     place_answers(out, srt, groups, ng, one, one, one, 0, one, one, one, one)
     template, toffs = joined([b"a"] * 5)
     send_ok_frames(template, toffs, u8(bytes(16)), one, one, one, one, 1, np.zeros(256, np.uint8))
+    pull = u8(struct.pack(">ii", 4 + len(_WARM_PULL), len(_WARM_PULL)) + _WARM_PULL)
+    out = np.zeros((1, N_P), np.int64)
+    n = read_pulls(pull, 0, pull.shape[0], 1, pull_keys([chr(97 + k) for k in range(9)]), out,
+                   np.zeros(pull.shape[0], np.uint8))
+    assert n == 1, "the lane's warm-up pull was not read"

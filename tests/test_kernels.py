@@ -1766,3 +1766,168 @@ def test_the_send_lanes_answers_are_the_send_paths_bytes():
     assert o[:m].tobytes() == b"".join(
         send_ok_head(0, int(opaque[i]), "7F00000100002A9F%016X" % phy[i], int(qid[i]), int(qoff[i]))
         for i in range(5))
+
+
+# ------------------------------------------------ the pull lane (frames.py)
+# Its twin is the way every request goes: FrameDecoder and the fields
+# handlers/pull.py reads. The property: whatever pull read_pulls takes, that
+# way reads the very same fields from it; what it does not take goes that way.
+def _pull_twin(frame: bytes):
+    """The fields the pull handler reads from ``frame`` (opaque, group,
+    topic, queue, offset, maxMsgNums, sysFlag, commitOffset or None, the
+    subscription it uses or None, expressionType or None) when it is a JSON
+    PULL_MESSAGE request whose six first fields read, else None."""
+    from shmq.ipc.remoting import FrameDecoder
+    dec = FrameDecoder()
+    dec.receive_data(frame)
+    try:
+        cmd = dec.next_command()
+        if cmd is None or cmd.code != 11 or cmd.flag or cmd.serialize_type:
+            return None
+        ext = cmd.ext
+        fields = (cmd.opaque, ext["consumerGroup"], ext["topic"], int(ext["queueId"]),
+                  int(ext["queueOffset"]), int(ext["maxMsgNums"]), int(ext["sysFlag"]))
+    except Exception:        # (KeyError, ValueError, RemoteProtocolError): refused that way
+        return None
+    try:
+        commit = int(ext["commitOffset"])
+    except (KeyError, ValueError):
+        commit = None
+    sub = ext.get("subscription") if fields[6] & 4 else None
+    return fields + (commit, sub, ext.get("expressionType"))
+
+
+def _pulls_read(data: bytes):
+    """read_pulls over ``data``: (frames taken, each one's fields as _pull_twin gives them)."""
+    from shmq.broker.handlers.pull_lane import KEYS
+    from shmq.core import sends as S
+    out = np.zeros((64, S.N_P), np.int64)
+    scratch = np.zeros(len(data) + 1, np.uint8)
+    n = S.read_pulls(S.u8(data), 0, len(data), 64, KEYS, out, scratch)
+
+    def text(o, ln):
+        return None if o < 0 else scratch[o:o + ln].tobytes().decode()
+
+    got = []
+    for r in out[:n].tolist():
+        got.append((r[S.P_OPAQUE], text(r[S.P_GROUP_OFF], r[S.P_GROUP_LEN]),
+                    text(r[S.P_TOPIC_OFF], r[S.P_TOPIC_LEN]), r[S.P_QID], r[S.P_OFFSET], r[S.P_MAX],
+                    r[S.P_SYSFLAG], r[S.P_COMMIT] if r[S.P_HAS_COMMIT] else None,
+                    text(r[S.P_SUB_OFF], r[S.P_SUB_LEN]), text(r[S.P_TYPE_OFF], r[S.P_TYPE_LEN])))
+        assert r[S.P_END] <= len(data)
+    return n, got, out
+
+
+_PULL_EXT = (b'"consumerGroup":"CG","topic":"T1","queueId":"3","queueOffset":"64",'
+             b'"maxMsgNums":"32","sysFlag":"7","commitOffset":"60","suspendTimeoutMillis":"15000",'
+             b'"subscription":"TagA || TagB","subVersion":"1795329047849","expressionType":"TAG"')
+
+
+def _pull(ext: bytes = _PULL_EXT, top: bytes = b'"code":11,"language":"JAVA","version":121,'
+          b'"opaque":6,"flag":0,') -> bytes:
+    return b"{" + top + b'"extFields":{' + ext + b"}}"
+
+
+PULL_CASES = [
+    (_pull(), True),
+    (_pull(_PULL_EXT.replace(b'"queueId":"3"', b'"queueId":3').replace(b'"sysFlag":"7"',
+                                                                      b'"sysFlag":7')), True),
+    (_pull(_PULL_EXT.replace(b'"subscription":"TagA || TagB"', b'"subscription":null')), True),
+    (_pull(_PULL_EXT.replace(b'"sysFlag":"7"', b'"sysFlag":"3"')), True),     # its subscription unused
+    (_pull(_PULL_EXT.replace(b',"expressionType":"TAG"', b"")), True),
+    (_pull(_PULL_EXT.replace(b'"expressionType":"TAG"', b'"expressionType":""')), True),
+    (_pull(_PULL_EXT.replace(b'"commitOffset":"60"', b'"commitOffset":"x"')), True),   # unread
+    (_pull(_PULL_EXT.replace(b'"commitOffset":"60",', b"")), True),
+    (_pull(_PULL_EXT.replace(b'"queueOffset":"64"', b'"queueOffset":"0064"')), True),
+    (_pull(_PULL_EXT + b',"topic":"T2","queueId":"1"'), True),                 # the last wins
+    (_pull(_PULL_EXT.replace(b'"consumerGroup":"CG"', b'"consumerGroup":"C\\u0047\\n"')), True),
+    (_pull(_PULL_EXT.replace(b'"queueOffset":"64"', b'"queueOffset":"-1"')), True),
+    (_pull(top=b'"code":11,'), True),
+    (_pull(top=b'"code":11,"flag":1,'), False),                        # a response
+    (_pull(top=b'"code":11,"flag":2,'), False),                        # oneway
+    (_pull(top=b'"code":12,'), False),
+    (_pull(top=b'"code":"11",'), False),
+    (_pull(top=b'"opaque":1,'), False),
+    (_pull(_PULL_EXT.replace(b'"consumerGroup":"CG",', b"")), False),
+    (_pull(_PULL_EXT.replace(b'"consumerGroup":"CG"', b'"consumerGroup":7')), False),
+    (_pull(_PULL_EXT.replace(b'"topic":"T1"', b'"topic":null')), False),
+    (_pull(_PULL_EXT.replace(b'"queueId":"3"', b'"queueId":"+3"')), False),
+    (_pull(_PULL_EXT.replace(b'"queueId":"3"', b'"queueId":" 3"')), False),
+    (_pull(_PULL_EXT.replace(b'"queueId":"3"', b'"queueId":""')), False),
+    (_pull(_PULL_EXT.replace(b'"queueId":"3"', b'"queueId":3.0')), False),
+    (_pull(_PULL_EXT.replace(b'"queueId":"3"', b'"queueId":true')), False),
+    (_pull(_PULL_EXT.replace(b'"maxMsgNums":"32"', b'"maxMsgNums":"1234567890123456789"')), False),
+    (_pull(_PULL_EXT.replace(b'"sysFlag":"7"', b'"sysFlag":null')), False),
+    (_pull(_PULL_EXT.replace(b'"subscription":"TagA || TagB"', b'"subscription":1')), False),
+    (_pull(_PULL_EXT.replace(b'"expressionType":"TAG"', b'"expressionType":false')), False),
+    (_pull(_PULL_EXT.replace(b'"topic":"T1"', b'"topic":"T\xc3\xa9"')), False),
+    (b'{"code":11,"extFields":null}', False),
+    (b'{"code":11}', False),
+]
+
+
+@pytest.mark.parametrize("header,taken", PULL_CASES)
+def test_the_pull_lane_reads_what_the_pull_handler_reads(header, taken):
+    """Each case alone, then behind a pull the lane takes (it stops there,
+    taking the first only), then before one; what it takes, the way every
+    request goes reads the same."""
+    frame = _frame(header, b"")
+    n, got, _ = _pulls_read(frame)
+    assert n == (1 if taken else 0), header
+    if taken:
+        assert got[0] == _pull_twin(frame)
+    good = _frame(_pull(), b"")
+    assert _pulls_read(good + frame)[0] == 1 + taken
+    assert _pulls_read(frame + good)[0] == (2 if taken else 0)
+
+
+def test_the_pull_lane_marks_where_a_pulls_names_change_and_stops_at_a_part_frame():
+    from shmq.core import sends as S
+    good = _frame(_pull(), b"")
+    other = _frame(_pull(_PULL_EXT.replace(b'"topic":"T1"', b'"topic":"T2"')), b"")
+    nosub = _frame(_pull(_PULL_EXT.replace(b'"sysFlag":"7"', b'"sysFlag":"3"')), b"")
+    etype = _frame(_pull(_PULL_EXT.replace(b'"expressionType":"TAG"', b'"expressionType":"SQL92"')),
+                   b"")
+    n, _, out = _pulls_read(good + good + other + other + nosub + good + etype + etype)
+    assert n == 8 and out[:8, S.P_NEW].tolist() == [1, 0, 1, 0, 1, 1, 1, 0]
+    assert _pulls_read(good + good[:-1])[0] == 1
+    assert _pulls_read(good + good[:6])[0] == 1
+    assert _pulls_read(_frame(_pull(), b"a body") + good)[0] == 2      # (a pull's body: unread)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.integers(-2**31, 2**31 - 1), st.integers(0, 2**32 - 1),
+                          st.binary(max_size=300)), max_size=4))
+def test_the_pull_lane_reads_random_bytes_without_reading_past_them(pieces):
+    data = b"".join(struct.pack(">iI", n, t) + b for n, t, b in pieces)
+    n, _, _ = _pulls_read(data)
+    assert 0 <= n <= len(pieces)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_mangled_pull_the_lane_takes_is_read_the_same_by_the_pull_handler(data):
+    """Bytes of a real client's pull header flipped, dropped or repeated:
+    whenever the lane still takes the frame, the way every request goes
+    reads the very same fields from it."""
+    from pathlib import Path
+    golden = Path(__file__).parent / "golden"
+    raw = (golden / data.draw(st.sampled_from(["ons-3.12-pull.bin", "cpp-1.2-pull.bin"]))).read_bytes()
+    hlen = struct.unpack(">i", raw[4:8])[0] & 0xFFFFFF
+    header = bytearray(raw[8:8 + hlen])
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(header) - 1))
+        how = data.draw(st.sampled_from(["flip", "drop", "dup", "byte"]))
+        if how == "flip":
+            header[i] ^= 1 << data.draw(st.integers(0, 7))
+        elif how == "drop":
+            del header[i]
+        elif how == "dup":
+            header.insert(i, header[i])
+        else:
+            header[i] = data.draw(st.sampled_from(b'"\\{}:,0123456789-tfn \x01'))
+    frame = _frame(bytes(header), b"")
+    n, got, _ = _pulls_read(frame)
+    event(f"taken: {n}")
+    if n:
+        assert got[0] == _pull_twin(frame), bytes(header)

@@ -325,7 +325,9 @@ def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take
         replies += read_replies(client, 1) if _readable(client) else []
     codes = {r.opaque: r.code for r in replies}
     assert codes == {50: R.SUCCESS, 51: R.PULL_NOT_FOUND, 0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS}
-    assert driver.lane.taken == 2 and driver.pulls_run == 2
+    # the first pull found records: the pull lane's chunk took it; the second
+    # found none (it is answered PULL_NOT_FOUND), so it was run one by one
+    assert driver.lane.taken == 2 and (driver.pull_lane.taken, driver.pulls_run) == (1, 1)
     assert heads and all(h.startswith(b'{"code":310,') for h in heads), heads
     reactor.close()
     rig.close()
@@ -346,6 +348,8 @@ def _pull_frames() -> tuple[list, int]:
             golden("ons-3.12-pull", topic="NoSuchTopic"),                  # TOPIC_NOT_EXIST
             golden("ons-3.12-pull", queueId="9"),                          # queueId illegal
             golden("ons-3.12-pull", queueOffset="one"),                    # not a number
+            golden("ons-3.12-pull", sysFlag="3"),                          # no commitOffset
+            golden("ons-3.12-pull", queueId="1", maxMsgNums="2"),          # numbers, null: _wire
             golden("ons-3.12-heartbeat"),                                   # the usual way
             pull_message("GoldenTopic", 1, 0, group="GoldenCG"),            # shmq's own client
             pull_message("GoldenTopic", 0, 999, group="GoldenCG"),          # PULL_OFFSET_MOVED
@@ -355,9 +359,26 @@ def _pull_frames() -> tuple[list, int]:
     oneway = golden("cpp-1.2-pull")
     oneway.flag |= FLAG_ONEWAY                                              # no answer
     cmds += [binary, oneway, keyed(3, "for-the-parked-pull", 0)]
+    del cmds[8].ext["commitOffset"]
     for i, c in enumerate(cmds):
         c.opaque = 300 + i
     return cmds, len(cmds) - 3
+
+
+def _wire(cmds: list) -> bytes:
+    """The frames of ``cmds``; the tenth's queueId and maxMsgNums as JSON
+    numbers and its subscription null (decode_json_header turns them into
+    the strings "1" and "2", and drops the null)."""
+    frames = [bytes(encode(c)) for c in cmds]
+    f = frames[9]
+    for old, new in ((b'"queueId":"1"', b'"queueId":1'), (b'"maxMsgNums":"2"', b'"maxMsgNums":2'),
+                     (b'"subscription":"TagA || TagO"', b'"subscription":null')):
+        assert old in f
+        f = f.replace(old, new)
+    cut = len(frames[9]) - len(f)
+    head = struct.unpack_from(">i", f, 4)[0] - cut        # (a JSON header: the type byte is 0)
+    frames[9] = struct.pack(">ii", len(f) - 4, head) + f[8:]
+    return b"".join(frames)
 
 
 def _pull_run(root: str, lane: bool):
@@ -369,7 +390,7 @@ def _pull_run(root: str, lane: bool):
     reactor, driver, client = driven(rig, lane=lane)
     cmds, _ = _pull_frames()
     answered = sum(1 for c in cmds if not c.flag & FLAG_ONEWAY)
-    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    client.sendall(_wire(cmds))
     replies = []
     while len(replies) < answered:
         reactor.run_once()
@@ -382,24 +403,27 @@ def _pull_run(root: str, lane: bool):
     committed = rig.registry.get_offset("GoldenTopic", "GoldenCG", 0)
     reactor.close()
     rig.close()
-    return driver.pulls_run, seen, committed
+    return (driver.pull_lane.taken, driver.pulls_run), seen, committed
 
 
 def test_the_pull_lane_answers_exactly_as_every_request_is_answered(tmp_path):
     """The same frames, one read, through a worker's driver with the lanes
     and without: the same answer to each (code, remark, ext fields, the
     records), the same offset committed, the parked pull answered once by
-    the send behind it; the pull lane ran every pull but the binary and
-    oneway ones."""
+    the send behind it. The lane's chunks took the pulls that found
+    records; it ran every other pull one by one but the binary and oneway
+    ones."""
     from shmq.client.requests import decode_records  # noqa: F401 (used by _pull_run)
     ran, seen, committed = _pull_run(str(tmp_path / "lane"), lane=True)
     ran0, seen0, committed0 = _pull_run(str(tmp_path / "usual"), lane=False)
     cmds, lane_pulls = _pull_frames()
-    assert (ran, ran0) == (lane_pulls - 1, 0)           # (the heartbeat is not a pull)
+    assert ran == (6, lane_pulls - 1 - 6) and ran0 == (0, 0)    # (the heartbeat is not a pull)
     assert seen == seen0 and committed == committed0 == 2
     codes = [seen[c.opaque][0] if c.opaque in seen else None for c in cmds]
     assert codes == [R.SUCCESS, R.SUCCESS, R.SUCCESS, R.SUCCESS, R.SUBSCRIPTION_PARSE_FAILED,
-                     R.TOPIC_NOT_EXIST, R.SYSTEM_ERROR, R.SYSTEM_ERROR, R.SUCCESS, R.SUCCESS,
-                     R.PULL_OFFSET_MOVED, R.SUCCESS, R.SUCCESS, None, R.SUCCESS]
+                     R.TOPIC_NOT_EXIST, R.SYSTEM_ERROR, R.SYSTEM_ERROR, R.SYSTEM_ERROR, R.SUCCESS,
+                     R.SUCCESS, R.SUCCESS, R.PULL_OFFSET_MOVED, R.SUCCESS, R.SUCCESS, None,
+                     R.SUCCESS]
     assert [t for _, _, t, _ in seen[303][3]] == ["TagC", "TagC"]
-    assert [b for _, _, _, b in seen[311][3]] == [b"for-the-parked-pull"]
+    assert [b for _, _, _, b in seen[309][3]] == [b"q1"]
+    assert [b for _, _, _, b in seen[313][3]] == [b"for-the-parked-pull"]

@@ -72,16 +72,9 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
     except (KeyError, ValueError):
         _refuse_header(ext)
     c = b.config
-    if sysflag & PULL_SUBSCRIPTION and (expr := ext.get("subscription")) is not None:
-        etype = ext.get("expressionType") or "TAG"
-        sql = c.enablePropertyFilter
-        tc, sub = b.remembered(b.pull_subs, (group, topic, expr, etype, sql), _check_pull_sub,
-                               b, group, topic, expr, etype, sql)
-    else:
-        tc = _topic_for_pull(b, group, topic)
-        sub = b.subs.get((group, topic))
-        if sub is None:   # not registered with this worker: serve all, clients re-filter
-            sub = _ALL
+    tc, sub = topic_and_sub(b, group, topic,
+                            ext.get("subscription") if sysflag & PULL_SUBSCRIPTION else None,
+                            ext.get("expressionType"))
     if not 0 <= qid < tc.read_queue_nums:
         raise BadRequest(R.SYSTEM_ERROR, f"queueId[{qid}] is illegal, topic:[{topic}] "
                                          f"topicConfig.readQueueNums:[{tc.read_queue_nums}]")
@@ -93,6 +86,54 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
         except (KeyError, ValueError):
             committed = Header(ext).int("commitOffset")      # the refusal, worded
         b.registry.commit_offset(topic, group, qid, committed)
+    r, cold = read(b, topic, qid, offset, max_msgs, sub)
+    st = r.status
+    if st is _FOUND:     # the one status with records (SUCCESS): no enum hashed for its code
+        code, remark = _FOUND_CODE
+        parts, nbytes = found_body(b, r, topic, group, cold)
+    else:
+        code, remark = PULL_STATUS_CODE[st]
+        if offset != 0 and (st is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+                            or st is GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+            code = R.PULL_OFFSET_MOVED
+        if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
+            hold = (Header(ext).int("suspendTimeoutMillis", 15000) if c.longPollingEnable
+                    else c.shortPollingTimeMills)
+            b.parking.park_pull(peer, cmd, topic, qid, offset, max(0, hold) / 1000)
+            return PARKED
+        parts, nbytes = _NO_BODY
+    # the reply to a parked pull goes out in JSON, as RocketMQ's
+    head = pull_reply_head(cmd.serialize_type if allow_suspend else JSON, cmd.opaque, code, remark,
+                           suggest(b, group, cold) if c.slaveReadEnable else 0,
+                           r.next_offset, r.min_offset, r.max_offset, nbytes)
+    return Reply(head, parts, nbytes)
+
+
+_NO_BODY = ((), 0)
+
+
+def topic_and_sub(b: Broker, group: str, topic: str, expr: str | None,
+            etype: str | None) -> tuple[dict, Subscription]:
+    """A pull's topic config and subscription: the one it carries
+    (``expr``, with its expressionType), else the one ``group`` registered
+    here (``_ALL`` when none), the checks remembered as a send's are.
+    Raises the refusal (BadRequest)."""
+    if expr is not None:
+        etype = etype or "TAG"
+        sql = b.config.enablePropertyFilter
+        return b.remembered(b.pull_subs, (group, topic, expr, etype, sql), _check_pull_sub,
+                            b, group, topic, expr, etype, sql)
+    tc = _topic_for_pull(b, group, topic)
+    sub = b.subs.get((group, topic))
+    return tc, _ALL if sub is None else sub    # not registered here: serve all, clients re-filter
+
+
+def read(b: Broker, topic: str, qid: int, offset: int, max_msgs: int,
+         sub: Subscription) -> tuple[GetResult, bool]:
+    """The records a pull gets (``GetResult``) through its subscription,
+    and whether they were read from disk (cold: read ahead, and checked,
+    as records are wherever the scrub listed damage)."""
+    c = b.config
     store = b.store
     r = store.get_message(topic, qid, offset, max(1, min(max_msgs, c.maxTransferCountOnMessageInMemory)),
                           sub.codes, c.maxTransferBytesOnMessageInMemory)
@@ -108,38 +149,23 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
             _read_ahead(b, topic, qid, offset, r.next_offset, r.max_offset, first)
         if cold or b.damaged:
             r = _checked(b, r, topic, qid, offset)     # read from disk, or damage listed: check
-    st = r.status
-    if st is _FOUND:     # the one status with records (SUCCESS): no enum hashed for its code
-        code, remark = _FOUND_CODE
-        n = r.sizes.shape[0]
-        stats = b.stats
-        stats.got += n
-        # Records read from disk go out by sendfile whatever their size: the
-        # kernel copies them from the page cache the read-ahead filled, without
-        # faulting each page into this worker's mapping first.
-        parts, nbytes = store.pull_body(r.phys, r.sizes, 0 if cold else c.transferSendfileMinBytes,
-                                        r.nbytes)
-        if stats.tally is not None:                  # GROUP_GET_NUMS / SIZE (broker/stats.py)
-            stats.tally.get(topic, group, n, nbytes)
-    else:
-        code, remark = PULL_STATUS_CODE[st]
-        if offset != 0 and (st is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
-                            or st is GetMessageStatus.NO_MESSAGE_IN_QUEUE):
-            code = R.PULL_OFFSET_MOVED
-        if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
-            hold = (Header(ext).int("suspendTimeoutMillis", 15000) if c.longPollingEnable
-                    else c.shortPollingTimeMills)
-            b.parking.park_pull(peer, cmd, topic, qid, offset, max(0, hold) / 1000)
-            return PARKED
-        parts, nbytes = _NO_BODY
-    # the reply to a parked pull goes out in JSON, as RocketMQ's
-    head = pull_reply_head(cmd.serialize_type if allow_suspend else JSON, cmd.opaque, code, remark,
-                           _suggest(b, group, cold) if c.slaveReadEnable else 0,
-                           r.next_offset, r.min_offset, r.max_offset, nbytes)
-    return Reply(head, parts, nbytes)
+    return r, cold
 
 
-_NO_BODY = ((), 0)
+def found_body(b: Broker, r: GetResult, topic: str, group: str, cold: bool) -> tuple[list, int]:
+    """The records a pull found (status FOUND) as the pieces of its reply
+    body, and their bytes; counted in the stats."""
+    n = r.sizes.shape[0]
+    stats = b.stats
+    stats.got += n
+    # Records read from disk go out by sendfile whatever their size: the
+    # kernel copies them from the page cache the read-ahead filled, without
+    # faulting each page into this worker's mapping first.
+    parts, nbytes = b.store.pull_body(r.phys, r.sizes,
+                                      0 if cold else b.config.transferSendfileMinBytes, r.nbytes)
+    if stats.tally is not None:                  # GROUP_GET_NUMS / SIZE (broker/stats.py)
+        stats.tally.get(topic, group, n, nbytes)
+    return parts, nbytes
 
 
 def _refuse_header(ext: dict[str, str]):
@@ -152,7 +178,7 @@ def _refuse_header(ext: dict[str, str]):
     raise AssertionError(f"a pull header that Header reads whole: {ext}")
 
 
-_ALL = parse_subscription("", "*")      # a pull whose group did not register its subscription here
+_ALL = parse_subscription("", "*")      # (topic_and_sub: a subscription not registered here)
 
 
 def _check_pull_sub(b: Broker, group: str, topic: str, expr: str, etype: str,
@@ -257,7 +283,7 @@ def _queue_offset_of(b: Broker, topic: str, qid: int, offset: int, phy: int) -> 
         offset += units.shape[0]
 
 
-def _suggest(b: Broker, group: str, cold: bool) -> int:
+def suggest(b: Broker, group: str, cold: bool) -> int:
     """The broker id a consumer should pull from next (slaveReadEnable on)."""
     g = b.tables.groups.get(group) or GroupConfig(group)
     return int(g.which_broker_when_consume_slowly if cold else g.broker_id)

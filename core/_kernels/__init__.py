@@ -13,7 +13,8 @@ ones above it::
     binary        big-endian integers, CRC-32, Java String.hashCode of UTF-8
     properties    a message's properties string: values, tags code, integers
     batch         into the CommitLog: split a batch body, encode, stamp
-    frames        single sends read from a connection's bytes, their records, answers
+    frames        single sends and pulls read from a connection's bytes; the sends'
+                  records, answers
     records       stored records: scan and validate a segment, UNIQ_KEY hashes
     consumequeue  ConsumeQueue units: put, scan, valid end, min offset
     index         IndexFile: put, select, check, index a scan
@@ -57,7 +58,7 @@ from .binary import (CRC_TABLES, _java_hash_more, crc32, java_hash_utf8, ld_i16,
 from .columns import arrow_columns, gather_spans, property_spans, records_at
 from .consumequeue import (CQ_BAD, CQ_DONE, CQ_FULL, cq_group_rows, cq_put, cq_put_many,
                            cq_put_units, cq_scan, cq_valid_units, min_phy_from)
-from .frames import encode_sends, place_answers, read_sends, send_ok_frames
+from .frames import encode_sends, place_answers, read_pulls, read_sends, send_ok_frames
 from .index import (IX_BAD_ENTRY, IX_BAD_SLOT, IX_DONE, IX_FULL, IX_OK, _index_key_hash,
                     index_check, index_put, index_records, index_select)
 from .properties import INT_DIGITS_MAX, find_property, int_properties, tags_codes

@@ -312,6 +312,62 @@ def _dec(scratch, s, n):
     return True, -v if neg else v
 
 
+@njit(**JIT)
+def _frame(buf, pos, end, scratch, sp, words, kinds, vals, key_at, key_len, top):
+    """The frame at buf[pos:end] whose JSON header is in the subset (see
+    the module's header): (where it ends, where its body starts,
+    extFields' members (0 for null; -1 when it is not an object), the
+    scratch its strings took from ``sp``), the header's code, opaque, flag
+    and version in top[0:4] (code -1 when absent), its extFields as
+    ``_ext_object`` reads them. Where it ends is -1 when the frame is
+    incomplete, its header not JSON or outside the subset, or one of those
+    four not an int32."""
+    if end - pos < 8:
+        return np.int64(-1), np.int64(0), np.int64(-1), np.int64(0)
+    total = (np.int64(buf[pos]) << 24) | (np.int64(buf[pos + 1]) << 16) \
+        | (np.int64(buf[pos + 2]) << 8) | np.int64(buf[pos + 3])
+    if total < 4 or total > (1 << 24) or end - pos < 4 + total or buf[pos + 4] != 0:
+        return np.int64(-1), np.int64(0), np.int64(-1), np.int64(0)
+    hlen = (np.int64(buf[pos + 5]) << 16) | (np.int64(buf[pos + 6]) << 8) | np.int64(buf[pos + 7])
+    if hlen > total - 4:
+        return np.int64(-1), np.int64(0), np.int64(-1), np.int64(0)
+    h0 = pos + 8
+    h1 = h0 + hlen
+    fend = pos + 4 + total
+    i = _ws(buf, h0, h1)
+    if i >= h1 or buf[i] != 123:
+        return np.int64(-1), np.int64(0), np.int64(-1), np.int64(0)
+    more, i = _opened(buf, i, h1)
+    top[0], top[1], top[2], top[3] = -1, 0, 0, 0
+    members = np.int64(-1)
+    s0 = sp
+    while more == 1:
+        ks, kn, i = _member(buf, i, h1)
+        if i < 0:
+            break
+        if _is_key(buf, ks, ks + kn, words[34:43]):                   # extFields
+            if buf[i] == 123:
+                i, members, used = _ext_object(buf, i, h1, scratch, sp, words, kinds, vals,
+                                               key_at, key_len)
+                sp += used
+            else:                                                    # null: no fields
+                i, kind, v = _value(buf, i, h1, scratch, sp, words)
+                members = 0 if kind == V_NONE else -1
+        else:
+            i, kind, v = _value(buf, i, h1, scratch, sp, words)
+            tk = _top_key(buf, ks, kn, words)
+            if tk >= 0:
+                if kind != V_INT or v < -2147483648 or v > 2147483647:
+                    return np.int64(-1), np.int64(0), np.int64(-1), np.int64(0)
+                top[tk] = v
+        if i < 0:
+            break
+        more, i = _after(buf, i, h1)
+    if more != 0 or _ws(buf, i, h1) != h1:
+        return np.int64(-1), np.int64(0), np.int64(-1), np.int64(0)
+    return fend, h1, members, sp - s0
+
+
 # the needles read_sends looks for in a send's properties (keys[3], at keys[4]):
 # a delay, a delivery time, a transaction (not the lane's), the cluster (added
 # when absent), the UNIQ_KEY and TAGS keys (read, not looked for), WAIT=false
@@ -411,52 +467,12 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
     n = 0
     ptopic_s = np.int64(-1)
     ptopic_n = np.int64(0)
-    while n < max_frames and end - pos >= 8:
-        total = (np.int64(buf[pos]) << 24) | (np.int64(buf[pos + 1]) << 16) \
-            | (np.int64(buf[pos + 2]) << 8) | np.int64(buf[pos + 3])
-        if total < 4 or total > (1 << 24) or end - pos < 4 + total:
+    while n < max_frames:
+        fend, bs, members, used = _frame(buf, pos, end, scratch, sp, words, kinds, vals, key_at,
+                                         key_len, top)
+        if fend < 0 or (top[0] != SEND_V1 and top[0] != SEND_V2) or top[2] != 0 or members < 0:
             break
-        if buf[pos + 4] != 0:                      # not a JSON header
-            break
-        hlen = (np.int64(buf[pos + 5]) << 16) | (np.int64(buf[pos + 6]) << 8) \
-            | np.int64(buf[pos + 7])
-        if hlen > total - 4:
-            break
-        h0 = pos + 8
-        h1 = h0 + hlen
-        fend = pos + 4 + total
-        # the header object: its four integers (code, opaque, flag, version), extFields
-        i = _ws(buf, h0, h1)
-        if i >= h1 or buf[i] != 123:
-            break
-        more, i = _opened(buf, i, h1)
-        top[0], top[1], top[2], top[3] = -1, 0, 0, 0
-        members = np.int64(-1)
-        while more == 1:
-            ks, kn, i = _member(buf, i, h1)
-            if i < 0:
-                break
-            if _is_key(buf, ks, ks + kn, words[34:43]):                   # extFields
-                if buf[i] == 123:
-                    i, members, used = _ext_object(buf, i, h1, scratch, sp, words, kinds, vals,
-                                                   key_at, key_len)
-                    sp += used
-                else:                                                    # null: no fields
-                    i, kind, v = _value(buf, i, h1, scratch, sp, words)
-                    members = 0 if kind == V_NONE else -1
-            else:
-                i, kind, v = _value(buf, i, h1, scratch, sp, words)
-                tk = _top_key(buf, ks, kn, words)
-                if tk >= 0:
-                    if kind != V_INT or v < -2147483648 or v > 2147483647:
-                        break
-                    top[tk] = v
-            if i < 0:
-                break
-            more, i = _after(buf, i, h1)
-        if more != 0 or _ws(buf, i, h1) != h1 or (top[0] != SEND_V1 and top[0] != SEND_V2) \
-                or top[2] != 0 or members < 0:
-            break
+        sp += used
         code = top[0]
         opaque = top[1]
         # the send's fields, the last of a repeated key winning
@@ -514,7 +530,6 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
             break
         tm = slot_m[X_TOPIC]
         ts_, tn = vals[2 * tm], vals[2 * tm + 1]
-        bs = pos + 8 + hlen
         bn = fend - bs
         if tn < 1 or tn > 127 or bn < 1 or bn > max_body:
             break
@@ -725,3 +740,118 @@ def send_ok_frames(template, toffs, prefix, opaque, phy, qid, qoff, n, o):
         st_i32(o, p + 4, q - h)
         p = q
     return p
+
+
+# ---------------------------------------------------------------- pulls
+# read_pulls' rows: where the frame ends, its opaque, the group's and the
+# topic's names (decoded, in ``scratch``), the queue, offset, maxMsgNums and
+# sysFlag, the commitOffset (and whether it was given as a number), the
+# subscription and expressionType (offset -1: absent or null; the
+# subscription counts only with PULL_SUBSCRIPTION set), and whether the
+# four names differ from the frame before's
+(P_END, P_OPAQUE, P_GROUP_OFF, P_GROUP_LEN, P_TOPIC_OFF, P_TOPIC_LEN, P_QID, P_OFFSET, P_MAX,
+ P_SYSFLAG, P_COMMIT, P_HAS_COMMIT, P_SUB_OFF, P_SUB_LEN, P_TYPE_OFF, P_TYPE_LEN, P_NEW) = range(17)
+N_P = 17
+PULL = 11
+# the header fields a pull reads (handlers/pull.py), by slot
+(Y_GROUP, Y_TOPIC, Y_QID, Y_OFFSET, Y_MAX, Y_SYSFLAG, Y_COMMIT, Y_SUB, Y_TYPE) = range(9)
+N_Y = 9
+_PULL_SUBSCRIPTION = 0x4               # PullSysFlag
+
+
+@njit(inline="always", **JIT)
+def _same(scratch, a, b, n):
+    for k in range(n):
+        if scratch[a + k] != scratch[b + k]:
+            return False
+    return True
+
+
+@njit(**JIT)
+def read_pulls(buf, pos, end, max_frames, keys, out, scratch):
+    """Read PULL_MESSAGE requests from buf[pos:end] while each is one the
+    pull lane can take: a whole frame, a JSON header in the subset (see the
+    module's header), code 11, flag 0 (a request that wants its answer),
+    the group and topic given as strings, queueId, queueOffset, maxMsgNums
+    and sysFlag as decimal numbers (strings or integers), commitOffset,
+    subscription and expressionType strings, null or absent. ``keys``:
+    the names of those nine fields (joined) and their offsets, the JSON
+    words. Returns how many frames were read (``out``'s rows, see P_*);
+    ``scratch`` holds at least end - pos bytes. What it stops at, the way
+    every request goes reads, and answers."""
+    names = keys[0]
+    offs = keys[1]
+    words = keys[2]
+    kinds = np.empty(64, np.int64)
+    vals = np.empty(128, np.int64)
+    key_at = np.empty(64, np.int64)
+    key_len = np.empty(64, np.int64)
+    slot_m = np.empty(N_Y, np.int64)
+    top = np.empty(4, np.int64)
+    nums = np.zeros(5, np.int64)
+    sp = np.int64(0)
+    n = 0
+    while n < max_frames:
+        fend, bs, members, used = _frame(buf, pos, end, scratch, sp, words, kinds, vals, key_at,
+                                         key_len, top)
+        if fend < 0 or top[0] != PULL or top[2] != 0 or members < 0:
+            break
+        sp += used
+        for y in range(N_Y):
+            slot_m[y] = -1
+        for m in range(members):         # the last of a repeated key wins
+            for y in range(N_Y):
+                if _is_key(buf, key_at[m], key_at[m] + key_len[m], names[offs[y]:offs[y + 1]]):
+                    slot_m[y] = m if kinds[m] != V_NONE else -1
+                    break
+        ok = True
+        for y in range(2):                # consumerGroup, topic: strings
+            m = slot_m[y]
+            if m < 0 or kinds[m] != V_STR:
+                ok = False
+        for y in range(5):                # queueId … sysFlag: numbers; commitOffset: maybe
+            if not ok:
+                break
+            m = slot_m[Y_QID + y]
+            good = False
+            v = np.int64(0)
+            if m >= 0 and kinds[m] == V_INT:
+                good, v = True, vals[2 * m]
+            elif m >= 0 and kinds[m] == V_STR:
+                good, v = _dec(scratch, vals[2 * m], vals[2 * m + 1])
+            if y < 4:
+                ok = good
+            nums[y] = v if good else np.int64(0)
+            if y == 4:
+                out[n, P_HAS_COMMIT] = 1 if good else 0
+        for y in range(Y_SUB, N_Y):      # subscription, expressionType: strings or nothing
+            m = slot_m[y]
+            if m >= 0 and kinds[m] != V_STR:
+                ok = False
+        if not ok:
+            break
+        r = out[n]
+        r[P_END] = fend
+        r[P_OPAQUE] = top[1]
+        gm, tm = slot_m[Y_GROUP], slot_m[Y_TOPIC]
+        r[P_GROUP_OFF], r[P_GROUP_LEN] = vals[2 * gm], vals[2 * gm + 1]
+        r[P_TOPIC_OFF], r[P_TOPIC_LEN] = vals[2 * tm], vals[2 * tm + 1]
+        r[P_QID], r[P_OFFSET], r[P_MAX], r[P_SYSFLAG], r[P_COMMIT] = \
+            nums[0], nums[1], nums[2], nums[3], nums[4]
+        sm = slot_m[Y_SUB] if nums[3] & _PULL_SUBSCRIPTION else np.int64(-1)
+        r[P_SUB_OFF], r[P_SUB_LEN] = (vals[2 * sm], vals[2 * sm + 1]) if sm >= 0 else (-1, 0)
+        em = slot_m[Y_TYPE]
+        r[P_TYPE_OFF], r[P_TYPE_LEN] = (vals[2 * em], vals[2 * em + 1]) if em >= 0 else (-1, 0)
+        new = n == 0
+        if not new:
+            p = out[n - 1]
+            for a, b in ((P_GROUP_OFF, P_GROUP_LEN), (P_TOPIC_OFF, P_TOPIC_LEN),
+                         (P_SUB_OFF, P_SUB_LEN), (P_TYPE_OFF, P_TYPE_LEN)):
+                if (r[a] < 0) != (p[a] < 0) or r[b] != p[b] or (
+                        r[a] >= 0 and not _same(scratch, r[a], p[a], r[b])):
+                    new = True
+                    break
+        r[P_NEW] = 1 if new else 0
+        n += 1
+        pos = fend
+    return n

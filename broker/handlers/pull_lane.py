@@ -1,0 +1,140 @@
+"""The pull lane: the pulls a consumer pipelines, read from a connection's
+bytes a chunk at a time by one kernel call, not a ``RemotingCommand`` a
+pull (issue 14).
+
+A push consumer keeps a pull in flight on each of its queues, so a worker
+serving one reads several PULL_MESSAGE frames in one ``recv``. The way
+every request goes (``FrameDecoder`` → ``decode_json_header`` → a
+``RemotingCommand`` and its dict → ``handlers/pull.py``) spent a third of
+a pipelined pull's ~45–60 µs of worker CPU reading the header and
+checking what the chunk's pulls share. Here, when a connection holds two
+whole frames or more, ``read_pulls`` (``core/_kernels/frames.py``) reads
+every pull it can take whole into a row of integers (the group's, topic's,
+subscription's and expressionType's names where ``scratch`` holds them,
+queue, offset, maxMsgNums, sysFlag, commitOffset, and whether the names
+differ from the pull before's), stopping at the first it cannot. Then, in
+Python: the checks a run of pulls with the same names shares, once a run
+(``pull.topic_and_sub``: the same remembered answers), and for each pull
+the queue's check, its commit, the read and the reply's head
+(``pull.read``, ``pull.found_body``: what ``handlers/pull.py`` runs).
+
+The lane answers only pulls that find records (SUCCESS): it stops, taking
+nothing of it, at a pull that would be refused (a check, the queue id, a
+commitOffset missing where it is needed, the subscription's error) or
+finds none (it may park, or be told its offset moved), and the way every
+request goes runs that one and answers it. What it stops at may have
+committed its offset already: the same offset, committed again there.
+It runs where ``handle`` does nothing before a pull's handler
+(``Handlers.pulls_direct``: no ACL, no DEBUG log). ``tests/test_lane.py``
+holds the lane and the usual way to the same answers.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from shmq.core import sends as F
+from shmq.core.store import GetMessageStatus
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_HEADER
+from shmq.ipc.remoting import JSON, pull_reply_head
+
+from ..config import SLAVE
+from . import pull as P
+
+log = logging.getLogger("shmq.handlers")
+
+CHUNK = 64                      # pulls a kernel call reads
+# the fields read_pulls reads, in its slots' order (core/_kernels/frames.py Y_*)
+NAMES = ("consumerGroup", "topic", "queueId", "queueOffset", "maxMsgNums", "sysFlag",
+         "commitOffset", "subscription", "expressionType")
+assert set(NAMES) <= {f.name for f in PULL_HEADER}
+KEYS = F.pull_keys(NAMES)
+_FOUND = GetMessageStatus.FOUND
+_SUCCESS, _FOUND_REMARK = P.PULL_STATUS_CODE[_FOUND]
+assert _SUCCESS == R.SUCCESS
+
+
+class PullLane:
+    """One worker's pull lane (its buffers are reused from chunk to chunk)."""
+
+    def __init__(self, b):
+        self.b = b
+        self.out = np.zeros((CHUNK, F.N_P), np.int64)
+        self.scratch = np.zeros(1 << 14, np.uint8)
+        self.taken = 0          # pulls taken (tests, stats)
+
+    def take(self, buf: bytearray, pos: int) -> tuple[int, list]:
+        """Take the pulls at ``buf[pos:]`` that the lane can (at most a
+        chunk): run them. Returns (where the pulls taken end, ``pos`` when
+        none; their answers as (head, body pieces), in order)."""
+        end = len(buf)
+        if self.scratch.shape[0] < end - pos:
+            self.scratch = np.zeros(max(end - pos, 2 * self.scratch.shape[0]), np.uint8)
+        view = np.frombuffer(buf, np.uint8)
+        view.flags.writeable = False
+        try:
+            n = F.read_pulls(view, pos, end, CHUNK, KEYS, self.out, self.scratch)
+        finally:
+            del view             # (the decoder's bytearray may grow again)
+        if not n:
+            return pos, []
+        rows = self.out[:n].tolist()
+        answers: list = []
+        taken = pos
+        try:
+            for row in rows:
+                if row[F.P_NEW]:
+                    names = self._names(row)
+                    if names is None:
+                        break
+                    group, topic, tc, sub = names
+                answer = self._one(row, group, topic, tc, sub)
+                if answer is None:
+                    break
+                answers.append(answer)
+                taken = row[F.P_END]
+        except Exception:     # (an OSError reading, …) the usual way runs it and answers
+            log.debug("the pull lane stops at a pull that raised", exc_info=True)
+        self.taken += len(answers)
+        return taken, answers
+
+    def _names(self, row: list):
+        """(group, topic, topic config, subscription) of a run of pulls
+        with the same names, or None where the usual way must answer."""
+        s = self.scratch
+        group = s[row[F.P_GROUP_OFF]:row[F.P_GROUP_OFF] + row[F.P_GROUP_LEN]].tobytes().decode()
+        topic = s[row[F.P_TOPIC_OFF]:row[F.P_TOPIC_OFF] + row[F.P_TOPIC_LEN]].tobytes().decode()
+        o = row[F.P_SUB_OFF]
+        expr = None if o < 0 else s[o:o + row[F.P_SUB_LEN]].tobytes().decode()
+        o = row[F.P_TYPE_OFF]
+        etype = None if o < 0 else s[o:o + row[F.P_TYPE_LEN]].tobytes().decode()
+        try:
+            tc, sub = P.topic_and_sub(self.b, group, topic, expr, etype)
+        except Exception:               # a refusal (BadRequest): answered the usual way
+            return None
+        if sub.error is not None:
+            return None
+        return group, topic, tc, sub
+
+    def _one(self, row: list, group: str, topic: str, tc, sub):
+        """One pull's answer (head, pieces), or None where the usual way
+        must answer it."""
+        b = self.b
+        c = b.config
+        qid = row[F.P_QID]
+        if not 0 <= qid < tc.read_queue_nums:
+            return None
+        if row[F.P_SYSFLAG] & PULL_COMMIT_OFFSET and c.brokerRole != SLAVE:
+            if not row[F.P_HAS_COMMIT]:
+                return None
+            b.registry.commit_offset(topic, group, qid, row[F.P_COMMIT])
+        r, cold = P.read(b, topic, qid, row[F.P_OFFSET], row[F.P_MAX], sub)
+        if r.status is not _FOUND:
+            return None
+        parts, nbytes = P.found_body(b, r, topic, group, cold)
+        head = pull_reply_head(JSON, row[F.P_OPAQUE], _SUCCESS, _FOUND_REMARK,
+                               P.suggest(b, group, cold) if c.slaveReadEnable else 0,
+                               r.next_offset, r.min_offset, r.max_offset, nbytes)
+        return head, parts
