@@ -135,6 +135,12 @@ class Registry:
     def commit_offset(self, topic: str, group: str, queue_id: int, offset: int) -> None:
         self.offsets.put(offset_key(topic, group, queue_id), offset, int(time.time() * 1000))
 
+    def commit_offsets(self, commits: dict[tuple[str, str, int], int]) -> None:
+        """``commit_offset`` of each (topic, group, queue) → offset, at one
+        time, under one hold of the table's lock (the pull lane's chunk)."""
+        now = int(time.time() * 1000)
+        self.offsets.put_many([(offset_key(*k), (off, now)) for k, off in commits.items()])
+
     def remove_offsets(self, group: str) -> int:
         """Drop every committed offset of ``group``; how many there were."""
         rows = [row for row, key in self.offsets.items()

@@ -93,10 +93,12 @@ LANE_AFTER = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
 # how the JSON header of a pull begins (Java's fastjson and the C++ client
 # sort its keys; ali-ons writes code first): what the pull lane looks for
 PULL_HEAD = b'{"code":%d,' % RC.PULL_MESSAGE
-# whole frames a connection must hold for the lane to be tried: its cost
-# per chunk (four kernel calls, the chunk's numpy) is more than the usual
-# way's for one send (one at a time: 250-290 µs a send against 170-200,
-# measured 2026-11-27 with prof_send W=1), less from two on
+# whole frames a connection must hold for the lanes' chunks to be tried: the
+# send lane's cost per chunk (four kernel calls, the chunk's numpy) is more
+# than the usual way's for one send (one at a time: 250-290 µs a send against
+# 170-200, measured 2026-11-27 with prof_send W=1), less from two on; a lone
+# pull costs the same either way (157-177 µs, 2026-11-27), and one that finds
+# nothing (a caught-up consumer's, which parks) would be read twice
 LANE_MIN_FRAMES = 2
 M_MMAP_THRESHOLD = -3        # mallopt(3)
 MMAP_THRESHOLD = 1 << 20     # bytes: larger allocations are mmapped

@@ -179,6 +179,25 @@ class SharedTable:
             self._write_values(row, values)
         return row
 
+    def put_many(self, items) -> None:
+        """``put(key, *values)`` of each (key, values) of ``items``, in
+        order: the keys present found and written under one shared hold of
+        the lock (a hold is two system calls), those absent then created
+        one by one as ``put`` creates them."""
+        absent = []
+        self.lock.acquire(shared=True)
+        try:
+            for key, values in items:
+                row = self.find(key)
+                if row >= 0:
+                    self._write_values(row, values)
+                else:
+                    absent.append((key, values))
+        finally:
+            self.lock.release()
+        for key, values in absent:
+            self.put(key, *values)
+
     def _write_values(self, row: int, values: tuple[int, ...]) -> None:
         w = self._words
         at = HEADER_BYTES // 8 + row * _ROW_WORDS + _V_WORD

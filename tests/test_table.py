@@ -36,6 +36,16 @@ def test_values_written_by_one_process_are_read_by_another(tmp_path):
     assert b.payload(b.find(b"p")) == b"client" and int(b.v[row][0]) == 7
 
 
+def test_put_many_writes_each_key_as_put_does_and_creates_the_absent_ones(tmp_path):
+    a, b = _two_views(tmp_path)
+    a.put(b"k1", 1, 10)
+    b.put(b"k2", 2, 20)
+    a.put_many([(b"k1", (11, 110)), (b"k3", (3, 30)), (b"k2", (12, 120)), (b"k3", (13, 130))])
+    assert {k: [int(x) for x in b.v[b.find(k)][:2]] for k in (b"k1", b"k2", b"k3")} == {
+        b"k1": [11, 110], b"k2": [12, 120], b"k3": [13, 130]}     # in order: the last wins
+    assert a.lock._depth == 0                                      # the lock given back
+
+
 # A writer process: ``put``s 7 into b"victim" until told to stop (the word
 # after the table), counting the puts that found a row (the table's one row
 # is often b"other"'s: then the put finds the table full).

@@ -22,8 +22,9 @@ The lane answers only pulls that find records (SUCCESS): it stops, taking
 nothing of it, at a pull that would be refused (a check, the queue id, a
 commitOffset missing where it is needed, the subscription's error) or
 finds none (it may park, or be told its offset moved), and the way every
-request goes runs that one and answers it. What it stops at may have
-committed its offset already: the same offset, committed again there.
+request goes runs that one and answers it. The offsets the chunk's pulls
+commit are written together, under one hold of the offset table's lock,
+before that one runs (it may commit the same offset again).
 It runs where ``handle`` does nothing before a pull's handler
 (``Handlers.pulls_direct``: no ACL, no DEBUG log). ``tests/test_lane.py``
 holds the lane and the usual way to the same answers.
@@ -82,6 +83,7 @@ class PullLane:
             return pos, []
         rows = self.out[:n].tolist()
         answers: list = []
+        commits: dict = {}
         taken = pos
         try:
             for row in rows:
@@ -90,13 +92,16 @@ class PullLane:
                     if names is None:
                         break
                     group, topic, tc, sub = names
-                answer = self._one(row, group, topic, tc, sub)
+                answer = self._one(row, group, topic, tc, sub, commits)
                 if answer is None:
                     break
                 answers.append(answer)
                 taken = row[F.P_END]
         except Exception:     # (an OSError reading, …) the usual way runs it and answers
             log.debug("the pull lane stops at a pull that raised", exc_info=True)
+        finally:
+            if commits:
+                self.b.registry.commit_offsets(commits)
         self.taken += len(answers)
         return taken, answers
 
@@ -118,9 +123,11 @@ class PullLane:
             return None
         return group, topic, tc, sub
 
-    def _one(self, row: list, group: str, topic: str, tc, sub):
+    def _one(self, row: list, group: str, topic: str, tc, sub, commits: dict):
         """One pull's answer (head, pieces), or None where the usual way
-        must answer it."""
+        must answer it. The offset it commits goes into ``commits``,
+        committed once the chunk is read (before the pull the lane stops
+        at runs: in the order the pulls came)."""
         b = self.b
         c = b.config
         qid = row[F.P_QID]
@@ -129,7 +136,7 @@ class PullLane:
         if row[F.P_SYSFLAG] & PULL_COMMIT_OFFSET and c.brokerRole != SLAVE:
             if not row[F.P_HAS_COMMIT]:
                 return None
-            b.registry.commit_offset(topic, group, qid, row[F.P_COMMIT])
+            commits[topic, group, qid] = row[F.P_COMMIT]
         r, cold = P.read(b, topic, qid, row[F.P_OFFSET], row[F.P_MAX], sub)
         if r.status is not _FOUND:
             return None
