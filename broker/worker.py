@@ -16,9 +16,10 @@ module answers later (after a request parked, on a wake-up, when the one
 reactor timer it keeps for the earliest parked deadline fires) and the
 notices to other clients, each to the connection its peer names, if still
 open. Before the decoder reads a connection's bytes, the lanes (``on_lane``)
-take what they can: the pull lane the pulls at their head, each read where
-it lies and run by ``Handlers.run_pull`` (``_pulls``: the dispatch every
-request goes through, for the pulls a consumer pipelines); the send lane
+take what they can: the pull lane the pulls at their head (``_pulls``: a
+chunk read by one kernel call and run by ``handlers/pull_lane.py``, the
+pull it stops at read where it lies and run by ``Handlers.run_pull``,
+without the dispatch every request goes through); the send lane
 (``handlers/lane.py``) the single sends it can read whole straight from
 them, a chunk of up to 64 at a time: appended a claim per queue, answered
 from kernels, each chunk's answers written before the next is taken.
