@@ -206,20 +206,27 @@ def records_valid(cl: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> bool:
     exactly its unit's record: records back to back in one segment are one
     kernel call (a pull's usually all are), so a pull reading from disk
     checks them without a Python step per record. False says only that
-    one does not: the caller finds which, and why, record by record."""
+    one does not: the caller finds which, and why, record by record.
+
+    Small arrays, so Python lists and no numpy expression: a pull of 32
+    records spent 15 µs in numpy's calls around a 2.9 µs kernel."""
     n = phys.shape[0]
     if not n:
         return True
     seg = cl.segment_bytes
-    ends = phys + sizes
-    cut = np.flatnonzero((phys[1:] != ends[:-1]) | (phys[1:] // seg != phys[:-1] // seg)) + 1
+    p, s = phys.tolist(), sizes.tolist()
+    first, end = p[0], p[-1] + s[-1]
+    if end - first == sum(s) and first // seg == (end - 1) // seg:
+        edges = [0, n]     # one run (the scan's positions prove each unit's boundaries)
+    else:
+        edges = [0, *(i for i in range(1, n)
+                      if p[i] != p[i - 1] + s[i - 1] or p[i] // seg != p[i - 1] // seg), n]
     out = np.empty((n, K.N_SCAN), dtype=np.int64)
-    edges = [0, *cut.tolist(), n]
     for a, z in zip(edges, edges[1:]):
-        base = int(phys[a]) - int(phys[a]) % seg
-        lo, hi = int(phys[a]) - base, int(ends[z - 1]) - base
+        base = p[a] - p[a] % seg
+        lo, hi = p[a] - base, p[z - 1] + s[z - 1] - base
         k, pos, _ = K.scan_records(cl.map(base), lo, hi, base, True, K.CRC_TABLES, _NO_KEY, out)
-        if k != z - a or pos != hi or not np.array_equal(out[:k, K.S_PHY], phys[a:z]):
+        if k != z - a or pos != hi or out[:k, K.S_PHY].tolist() != p[a:z]:
             return False
     return True
 

@@ -68,8 +68,9 @@ def test_a_pull_body_in_a_later_segment_is_a_range_of_that_segment_file(store_di
 def test_records_read_from_disk_are_checked_run_by_run_and_any_fault_is_said(store_dir):
     """``records_valid``, a cold pull's check: records back to back, in
     runs apart and in two segments pass; a flipped body bit, a unit
-    of the wrong size or pointing inside a record does not (the pull then
-    finds which, record by record)."""
+    of the wrong size or pointing inside a record does not, even where the
+    units add up to the bytes they span (the pull then finds which, record
+    by record)."""
     store, _ = open_local(small_config(store_dir))
     for i in range(70):                                  # two segments
         put(store, "Chk", [b"%02d" % i + b"x" * 900, b"y" * 300])
@@ -81,6 +82,16 @@ def test_records_read_from_disk_are_checked_run_by_run_and_any_fault_is_said(sto
     assert reader.records_valid(store.cl, phys[:0], sizes[:0])
     assert not reader.records_valid(store.cl, phys[5:7], sizes[5:7] + [0, 1])
     assert not reader.records_valid(store.cl, phys[5:7] + [0, 8], sizes[5:7])
+    # units one record apart that add up to the bytes they span: a unit inside
+    # a record, the gap after it as long as the overlap (the scan's positions
+    # say so: they are not the units')
+    other = int(phys[2]) - int(phys[1]) - int(sizes[1])          # "Other"'s record between
+    fake = np.array([phys[0], phys[0] + 50, phys[1] + sizes[1]], np.int64)
+    fake_sizes = np.array([sizes[0], sizes[1], other], np.int64)
+    assert int(fake[-1] + fake_sizes[-1] - fake[0]) == int(fake_sizes.sum())
+    assert not reader.records_valid(store.cl, fake, fake_sizes)
+    assert reader.records_valid(store.cl, np.array([phys[0], phys[1], phys[1] + sizes[1]]),
+                                np.array([sizes[0], sizes[1], other]))
     bad = int(phys[-3])                                  # a body byte, in the second segment
     view = store.cl.map(SMALL_SEGMENT)
     view[bad - SMALL_SEGMENT + 100] ^= 0x10
