@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit
 
 from .binary import JIT, copy_bytes, crc32, java_hash_utf8, st_i16, st_i32, st_i64
-from .properties import _is_key, find_property
+from .properties import find_property
 
 (F_END, F_OPAQUE, F_TOPIC_OFF, F_TOPIC_LEN, F_QID, F_SYSFLAG, F_BORN_TS, F_FLAG, F_PROPS_OFF,
  F_PROPS_LEN, F_BODY_OFF, F_BODY_LEN, F_TAGS_CODE, F_KEY_HASH, F_NEW_TOPIC, F_SIZE,
@@ -189,6 +189,18 @@ def _value(buf, i, end, scratch, sp, words):
 
 
 @njit(inline="always", **JIT)
+def _key_eq(buf, s, n, keys, a, z):
+    """Whether buf[s:s+n] is keys[a:z] (no slice made: a view costs more
+    than the comparison, made for every key of every header)."""
+    if n != z - a:
+        return False
+    for k in range(n):
+        if buf[s + k] != keys[a + k]:
+            return False
+    return True
+
+
+@njit(inline="always", **JIT)
 def _field_slot(buf, s, n, code, v1_names, v1_offs):
     """The slot (X_*) of extFields key buf[s:s+n] for ``code``, or -1."""
     if code == SEND_V2:
@@ -198,7 +210,7 @@ def _field_slot(buf, s, n, code, v1_names, v1_offs):
                     return x
         return -1
     for x in range(N_X):
-        if _is_key(buf, s, s + n, v1_names[v1_offs[x]:v1_offs[x + 1]]):
+        if _key_eq(buf, s, n, v1_names, v1_offs[x], v1_offs[x + 1]):
             return x
     return -1
 
@@ -287,7 +299,7 @@ def _top_key(buf, ks, kn, words):
     """Which of the header's integer keys buf[ks:ks+kn] is (T_CODE,
     T_OPAQUE, T_FLAG, T_VERSION: their places in WORDS), or -1."""
     for t in range(4):
-        if _is_key(buf, ks, ks + kn, words[_TOP_AT[t]:_TOP_AT[t + 1]]):
+        if _key_eq(buf, ks, kn, words, _TOP_AT[t], _TOP_AT[t + 1]):
             return t
     return -1
 
@@ -345,7 +357,7 @@ def _frame(buf, pos, end, scratch, sp, words, kinds, vals, key_at, key_len, top)
         ks, kn, i = _member(buf, i, h1)
         if i < 0:
             break
-        if _is_key(buf, ks, ks + kn, words[34:43]):                   # extFields
+        if _key_eq(buf, ks, kn, words, 34, 43):                        # extFields
             if buf[i] == 123:
                 i, members, used = _ext_object(buf, i, h1, scratch, sp, words, kinds, vals,
                                                key_at, key_len)
@@ -801,7 +813,7 @@ def read_pulls(buf, pos, end, max_frames, keys, out, scratch):
             slot_m[y] = -1
         for m in range(members):         # the last of a repeated key wins
             for y in range(N_Y):
-                if _is_key(buf, key_at[m], key_at[m] + key_len[m], names[offs[y]:offs[y + 1]]):
+                if _key_eq(buf, key_at[m], key_len[m], names, offs[y], offs[y + 1]):
                     slot_m[y] = m if kinds[m] != V_NONE else -1
                     break
         ok = True
