@@ -113,7 +113,7 @@ _NO_BODY = ((), 0)
 
 
 def topic_and_sub(b: Broker, group: str, topic: str, expr: str | None,
-            etype: str | None) -> tuple[dict, Subscription]:
+                  etype: str | None) -> tuple[dict, Subscription]:
     """A pull's topic config and subscription: the one it carries
     (``expr``, with its expressionType), else the one ``group`` registered
     here (``_ALL`` when none), the checks remembered as a send's are.
