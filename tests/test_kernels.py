@@ -1692,16 +1692,11 @@ def test_the_send_lane_refuses_empty_and_oversized_bodies_and_stops_at_a_part_fr
     assert _lane_read(_frame(long_props), max_body=1 << 20)[0] == 0
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.data())
-def test_a_mangled_send_the_lane_takes_is_one_the_send_path_stores_the_same(data):
-    """Bytes of a real client's send header flipped, dropped or repeated:
-    whenever the lane still takes the frame, the send path stores the very
-    same record."""
+def _mangled(data, goldens: list[str]) -> tuple[bytes, bytes]:
+    """(header, body) of one of the real clients' frames ``goldens``, 1-3
+    bytes of its header flipped, dropped, repeated or replaced by JSON's."""
     from pathlib import Path
-    golden = Path(__file__).parent / "golden"
-    raw = (golden / data.draw(st.sampled_from(["ons-3.12-send-v2.bin", "cpp-1.2-send.bin",
-                                               "ons-3.12-send-v2-sharding-key.bin"]))).read_bytes()
+    raw = (Path(__file__).parent / "golden" / data.draw(st.sampled_from(goldens))).read_bytes()
     hlen = struct.unpack(">i", raw[4:8])[0] & 0xFFFFFF
     header, body = bytearray(raw[8:8 + hlen]), raw[8 + hlen:]
     for _ in range(data.draw(st.integers(1, 3))):
@@ -1715,11 +1710,22 @@ def test_a_mangled_send_the_lane_takes_is_one_the_send_path_stores_the_same(data
             header.insert(i, header[i])
         else:
             header[i] = data.draw(st.sampled_from(b'"\\{}:,0123456789-tfn \x01'))
-    frame = _frame(bytes(header), body)
+    return bytes(header), body
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_mangled_send_the_lane_takes_is_one_the_send_path_stores_the_same(data):
+    """Bytes of a real client's send header flipped, dropped or repeated:
+    whenever the lane still takes the frame, the send path stores the very
+    same record."""
+    header, body = _mangled(data, ["ons-3.12-send-v2.bin", "cpp-1.2-send.bin",
+                                   "ons-3.12-send-v2-sharding-key.bin"])
+    frame = _frame(header, body)
     n, _, recs = _lane_read(frame)
     if n:
         twin = _lane_twin(frame, "CLUSTER\x01c", 4096)
-        assert twin is not None and recs[0] == bytes(twin[0]), bytes(header)
+        assert twin is not None and recs[0] == bytes(twin[0]), header
 
 
 def test_the_send_lane_writes_each_queues_records_together_in_the_order_sent():
@@ -1910,24 +1916,9 @@ def test_a_mangled_pull_the_lane_takes_is_read_the_same_by_the_pull_handler(data
     """Bytes of a real client's pull header flipped, dropped or repeated:
     whenever the lane still takes the frame, the way every request goes
     reads the very same fields from it."""
-    from pathlib import Path
-    golden = Path(__file__).parent / "golden"
-    raw = (golden / data.draw(st.sampled_from(["ons-3.12-pull.bin", "cpp-1.2-pull.bin"]))).read_bytes()
-    hlen = struct.unpack(">i", raw[4:8])[0] & 0xFFFFFF
-    header = bytearray(raw[8:8 + hlen])
-    for _ in range(data.draw(st.integers(1, 3))):
-        i = data.draw(st.integers(0, len(header) - 1))
-        how = data.draw(st.sampled_from(["flip", "drop", "dup", "byte"]))
-        if how == "flip":
-            header[i] ^= 1 << data.draw(st.integers(0, 7))
-        elif how == "drop":
-            del header[i]
-        elif how == "dup":
-            header.insert(i, header[i])
-        else:
-            header[i] = data.draw(st.sampled_from(b'"\\{}:,0123456789-tfn \x01'))
-    frame = _frame(bytes(header), b"")
+    header, _ = _mangled(data, ["ons-3.12-pull.bin", "cpp-1.2-pull.bin"])
+    frame = _frame(header, b"")
     n, got, _ = _pulls_read(frame)
     event(f"taken: {n}")
     if n:
-        assert got[0] == _pull_twin(frame), bytes(header)
+        assert got[0] == _pull_twin(frame), header

@@ -324,6 +324,15 @@ def _dec(scratch, s, n):
     return True, -v if neg else v
 
 
+@njit(inline="always", **JIT)
+def _header_arrays():
+    """What ``_frame`` fills for a header: extFields' members' kinds, their
+    values (two words each), their keys' offsets and lengths (64 members
+    at most), and the code, opaque, flag and version."""
+    return (np.empty(64, np.int64), np.empty(128, np.int64), np.empty(64, np.int64),
+            np.empty(64, np.int64), np.empty(4, np.int64))
+
+
 @njit(**JIT)
 def _frame(buf, pos, end, scratch, sp, words, kinds, vals, key_at, key_len, top):
     """The frame at buf[pos:end] whose JSON header is in the subset (see
@@ -464,12 +473,8 @@ def read_sends(buf, pos, end, max_frames, keys, cluster, max_body, t, out, scrat
     needles = keys[3]          # DELAY\x01 TIMER_ TRAN_MSG\x01 CLUSTER\x01 UNIQ_KEY\x01 TAGS
     #                            WAIT\x01false
     noffs = keys[4]
-    kinds = np.empty(64, np.int64)
-    vals = np.empty(128, np.int64)
-    key_at = np.empty(64, np.int64)
-    key_len = np.empty(64, np.int64)
+    kinds, vals, key_at, key_len, top = _header_arrays()
     slot_m = np.empty(N_X, np.int64)
-    top = np.empty(4, np.int64)
     nums = np.zeros(4, np.int64)
     uniq = needles[noffs[N_UNIQ]:noffs[N_UNIQ + 1]]
     tags = needles[noffs[N_TAGS]:noffs[N_TAGS + 1]]
@@ -794,12 +799,8 @@ def read_pulls(buf, pos, end, max_frames, keys, out, scratch):
     names = keys[0]
     offs = keys[1]
     words = keys[2]
-    kinds = np.empty(64, np.int64)
-    vals = np.empty(128, np.int64)
-    key_at = np.empty(64, np.int64)
-    key_len = np.empty(64, np.int64)
+    kinds, vals, key_at, key_len, top = _header_arrays()
     slot_m = np.empty(N_Y, np.int64)
-    top = np.empty(4, np.int64)
     nums = np.zeros(5, np.int64)
     sp = np.int64(0)
     n = 0
