@@ -1,10 +1,12 @@
-"""Single sends straight from a connection's bytes: read, encode, answer.
+"""Single sends and pulls straight from a connection's bytes: read, encode, answer.
 
 The send lane (``broker/handlers/lane.py``, issue 14): the SEND_MESSAGE (10)
 and SEND_MESSAGE_V2 (310) frames a worker read in one ``recv`` are read,
 checked and written as records by two kernel calls, and their SUCCESS
 answers by a third, instead of a ``RemotingCommand``, a dict and a record
-built in Python for each one.
+built in Python for each one. The pull lane (``broker/handlers/pull_lane.py``):
+the PULL_MESSAGE (11) frames by one call, ``read_pulls`` (at the end). Both
+read a frame and its header with ``_frame``.
 
 ``read_sends`` reads frames from ``buf[pos:end]`` while each is a plain
 single send it can take whole; it stops, taking nothing of it, at the
