@@ -15,6 +15,8 @@ same transport, measured in the same run (perf.net_limits):
 - broker_consume: a backlog of 1 KiB messages pulled (11) with maxMsgNums
   32 by one consumer process, WINDOW pulls in flight over QUEUES queues —
   body bytes/s against raw bulk socket bandwidth (target ratio ≥ 0.5);
+  beside it the CPU a pull of the broker's processes and of the consumer,
+  and the wall time a pull: which side the figure is the limit of;
 - broker_latency: produce → consume latency, p50/p99, at a fixed rate,
   the consumer parked in a long poll (sysFlag suspend) and every body
   stamped with CLOCK_MONOTONIC at send — against the raw round trip p50;
@@ -542,7 +544,7 @@ def _consumer(addr, topic, per_queue, go, pipe):
                      for off in range(0, per_queue, 32) for q in range(QUEUES))
         pending = {}
         nbytes = msgs = replies = 0
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.process_time()
         while todo or pending:
             while todo and len(pending) < WINDOW:
                 q, off, want = todo.popleft()
@@ -564,13 +566,15 @@ def _consumer(addr, topic, per_queue, go, pipe):
             nbytes += len(r.body)
             msgs += k
             replies += 1
-        t1 = time.monotonic()
+        t1, c1 = time.monotonic(), time.process_time()
     if msgs != QUEUES * per_queue:
         raise AssertionError(f"consumed {msgs} of {QUEUES * per_queue}")
-    pipe.send((t0, t1, nbytes, msgs, replies, rec))
+    pipe.send((t0, t1, nbytes, msgs, replies, rec, c1 - c0))
 
 
 def run_consume(ctx, result):
+    from perf.worker_cpu import ticks, CLK_TCK
+    from shmq.broker.procs import broker_processes
     b = broker(ctx)
     total = 64_000 if ctx.quick else 1_000_000
     per_queue = total // QUEUES
@@ -578,10 +582,18 @@ def run_consume(ctx, result):
     t = time.monotonic()
     produce_backlog(b.addr(b.transports[0]), topic, per_queue)     # Unix when there is one
     fill_s = time.monotonic() - t
+    # which side a figure is the limit of: the broker's processes' CPU a pull
+    # (a broker started here: a named one's processes may not be visible)
+    # beside the consumer's own
+    proc = getattr(b, "proc", None)
+    pids = [pid for _, pid in broker_processes(proc.pid)[0]] if proc is not None else []
     for tr in b.transports:
         go = FORK.Event()
         p, a = spawn(_consumer, (b.addr(tr), topic, per_queue, go))
-        t0, t1, nbytes, msgs, replies, rec = gather([p], [a], go, "consumer")[0]
+        cpu = []
+        t0, t1, nbytes, msgs, replies, rec, consumer_s = gather(
+            [p], [a], go, "consumer", on_go=lambda: cpu.append(ticks(pids)))[0]
+        broker_s = (ticks(pids) - cpu[0]) / CLK_TCK
         bps = nbytes / (t1 - t0)
         bulk = ctx.net_bulk(tr)
         yield result(f"broker_consume_1KiB_{tr}", bps, "B/s", bulk["bps"],
@@ -590,7 +602,10 @@ def run_consume(ctx, result):
                      limit_same_core=round(bulk["bps_same_core"]),
                      messages=msgs, msg_per_s=round(msgs / (t1 - t0)),
                      record_bytes=rec, pulls=replies, max_msg_nums=32, pulls_in_flight=WINDOW,
-                     queues=QUEUES, target_ratio=0.5, backlog_fill_s=round(fill_s, 2))
+                     queues=QUEUES, target_ratio=0.5, backlog_fill_s=round(fill_s, 2),
+                     broker_cpu_us_per_pull=round(broker_s / replies * 1e6, 1) if pids else None,
+                     consumer_cpu_us_per_pull=round(consumer_s / replies * 1e6, 1),
+                     wall_us_per_pull=round((t1 - t0) / replies * 1e6, 1))
 
 
 # ------------------------------------------------------------------ (d) produce -> consume latency
