@@ -325,9 +325,9 @@ def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take
         replies += read_replies(client, 1) if _readable(client) else []
     codes = {r.opaque: r.code for r in replies}
     assert codes == {50: R.SUCCESS, 51: R.PULL_NOT_FOUND, 0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS}
-    # the first pull found records: the pull lane's chunk took it; the second
-    # found none (it is answered PULL_NOT_FOUND), so it was run one by one
-    assert driver.lane.taken == 2 and (driver.pull_lane.taken, driver.pulls_run) == (1, 1)
+    # the pull lane's chunk took both: the first found records, the second
+    # none and does not wait (no PULL_SUSPEND): PULL_NOT_FOUND
+    assert driver.lane.taken == 2 and (driver.pull_lane.taken, driver.pulls_run) == (2, 0)
     assert heads and all(h.startswith(b'{"code":310,') for h in heads), heads
     reactor.close()
     rig.close()
@@ -336,9 +336,10 @@ def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take
 # ------------------------------------------------------------------ the pull lane
 def _pull_frames() -> tuple[list, int]:
     """(commands, how many the pull lane runs): the pulls of the C++ core
-    and ali-ons as captured, with a commit, a tag, refusals, one that
-    parks and is answered by a send behind it, a oneway one, and a
-    heartbeat and a binary-header pull that go the usual way."""
+    and ali-ons as captured, with a commit, a tag, refusals, a tag no
+    record has, an empty queue without suspension, one that parks and is
+    answered by a send behind it, a oneway one, and a heartbeat and a
+    binary-header pull that go the usual way."""
     from shmq.client.requests import pull_message
     from shmq.ipc.remoting import ROCKETMQ
     cmds = [golden("cpp-1.2-pull"), golden("ons-3.12-pull"),
@@ -350,6 +351,8 @@ def _pull_frames() -> tuple[list, int]:
             golden("ons-3.12-pull", queueOffset="one"),                    # not a number
             golden("ons-3.12-pull", sysFlag="3"),                          # no commitOffset
             golden("ons-3.12-pull", queueId="1", maxMsgNums="2"),          # numbers, null: _wire
+            golden("ons-3.12-pull", subscription="TagZ"),                  # PULL_RETRY_IMMEDIATELY
+            golden("ons-3.12-pull", queueId="2", sysFlag="4"),             # not found, no suspend
             golden("ons-3.12-heartbeat"),                                   # the usual way
             pull_message("GoldenTopic", 1, 0, group="GoldenCG"),            # shmq's own client
             pull_message("GoldenTopic", 0, 999, group="GoldenCG"),          # PULL_OFFSET_MOVED
@@ -411,19 +414,20 @@ def test_the_pull_lane_answers_exactly_as_every_request_is_answered(tmp_path):
     and without: the same answer to each (code, remark, ext fields, the
     records), the same offset committed, the parked pull answered once by
     the send behind it. The lane's chunks took the pulls that found
-    records; it ran every other pull one by one but the binary and oneway
-    ones."""
+    records or found none and do not wait; it ran every other pull one by
+    one but the binary and oneway ones."""
     from shmq.client.requests import decode_records  # noqa: F401 (used by _pull_run)
     ran, seen, committed = _pull_run(str(tmp_path / "lane"), lane=True)
     ran0, seen0, committed0 = _pull_run(str(tmp_path / "usual"), lane=False)
     cmds, lane_pulls = _pull_frames()
-    assert ran == (6, lane_pulls - 1 - 6) and ran0 == (0, 0)    # (the heartbeat is not a pull)
+    assert ran == (9, lane_pulls - 1 - 9) and ran0 == (0, 0)    # (the heartbeat is not a pull)
     assert seen == seen0 and committed == committed0 == 2
     codes = [seen[c.opaque][0] if c.opaque in seen else None for c in cmds]
     assert codes == [R.SUCCESS, R.SUCCESS, R.SUCCESS, R.SUCCESS, R.SUBSCRIPTION_PARSE_FAILED,
                      R.TOPIC_NOT_EXIST, R.SYSTEM_ERROR, R.SYSTEM_ERROR, R.SYSTEM_ERROR, R.SUCCESS,
-                     R.SUCCESS, R.SUCCESS, R.PULL_OFFSET_MOVED, R.SUCCESS, R.SUCCESS, None,
-                     R.SUCCESS]
+                     R.PULL_RETRY_IMMEDIATELY, R.PULL_NOT_FOUND, R.SUCCESS, R.SUCCESS,
+                     R.PULL_OFFSET_MOVED, R.SUCCESS, R.SUCCESS, None, R.SUCCESS]
     assert [t for _, _, t, _ in seen[303][3]] == ["TagC", "TagC"]
     assert [b for _, _, _, b in seen[309][3]] == [b"q1"]
-    assert [b for _, _, _, b in seen[313][3]] == [b"for-the-parked-pull"]
+    assert int(seen[310][2]["nextBeginOffset"]) == 3          # past the three it skipped
+    assert [b for _, _, _, b in seen[315][3]] == [b"for-the-parked-pull"]

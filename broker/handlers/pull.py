@@ -92,10 +92,7 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
         code, remark = _FOUND_CODE
         parts, nbytes = found_body(b, r, topic, group, cold)
     else:
-        code, remark = PULL_STATUS_CODE[st]
-        if offset != 0 and (st is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
-                            or st is GetMessageStatus.NO_MESSAGE_IN_QUEUE):
-            code = R.PULL_OFFSET_MOVED
+        code, remark = status_code(st, offset)
         if code == R.PULL_NOT_FOUND and allow_suspend and sysflag & PULL_SUSPEND:
             hold = (Header(ext).int("suspendTimeoutMillis", 15000) if c.longPollingEnable
                     else c.shortPollingTimeMills)
@@ -110,6 +107,17 @@ def _pull(b: Broker, peer: Peer, cmd: RemotingCommand, allow_suspend: bool):
 
 
 _NO_BODY = ((), 0)
+
+
+def status_code(st: GetMessageStatus, offset: int) -> tuple[int, bytes]:
+    """(code, remark) of a pull from ``offset`` that found no record: a
+    queue with no message (or no slot) answers PULL_OFFSET_MOVED when the
+    pull did not start at 0."""
+    code, remark = PULL_STATUS_CODE[st]
+    if offset != 0 and (st is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+                        or st is GetMessageStatus.NO_MESSAGE_IN_QUEUE):
+        code = R.PULL_OFFSET_MOVED
+    return code, remark
 
 
 def topic_and_sub(b: Broker, group: str, topic: str, expr: str | None,

@@ -18,11 +18,14 @@ Python: the checks a run of pulls with the same names shares, once a run
 the queue's check, its commit, the read and the reply's head
 (``pull.read``, ``pull.found_body``: what ``handlers/pull.py`` runs).
 
-The lane answers only pulls that find records (SUCCESS): it stops, taking
-nothing of it, at a pull that would be refused (a check, the queue id, a
-commitOffset missing where it is needed, the subscription's error) or
-finds none (it may park, or be told its offset moved), and the way every
-request goes runs that one and answers it. The offsets the chunk's pulls
+The lane answers the pulls that find records (SUCCESS) and those that find
+none and do not wait (PULL_RETRY_IMMEDIATELY past records the filter
+skipped, PULL_OFFSET_MOVED, PULL_NOT_FOUND without PULL_SUSPEND: the codes
+``pull.status_code`` gives the handler). It stops, taking nothing of it, at
+a pull that would be refused (a check, the queue id, a commitOffset missing
+where it is needed, the subscription's error) or would park (nothing found,
+PULL_SUSPEND set), and the way every request goes runs that one and
+answers it. The offsets the chunk's pulls
 commit are written together, under one hold of the offset table's lock,
 before that one runs (it may commit the same offset again).
 It runs where ``handle`` does nothing before a pull's handler
@@ -38,7 +41,7 @@ import numpy as np
 from shmq.core import sends as F
 from shmq.core.store import GetMessageStatus
 from shmq.ipc.codes import ResponseCode as R
-from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_HEADER
+from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_HEADER, PULL_SUSPEND
 from shmq.ipc.remoting import JSON, pull_reply_head
 
 from ..config import SLAVE
@@ -125,7 +128,7 @@ class PullLane:
 
     def _one(self, row: list, group: str, topic: str, tc, sub, commits: dict):
         """One pull's answer (head, pieces), or None where the usual way
-        must answer it. The offset it commits goes into ``commits``,
+        must answer it (a refusal, or a pull that parks). The offset it commits goes into ``commits``,
         committed once the chunk is read (before the pull the lane stops
         at runs: in the order the pulls came)."""
         b = self.b
@@ -137,11 +140,17 @@ class PullLane:
             if not row[F.P_HAS_COMMIT]:
                 return None
             commits[topic, group, qid] = row[F.P_COMMIT]
-        r, cold = P.read(b, topic, qid, row[F.P_OFFSET], row[F.P_MAX], sub)
-        if r.status is not _FOUND:
-            return None
-        parts, nbytes = P.found_body(b, r, topic, group, cold)
-        head = pull_reply_head(JSON, row[F.P_OPAQUE], _SUCCESS, _FOUND_REMARK,
+        offset = row[F.P_OFFSET]
+        r, cold = P.read(b, topic, qid, offset, row[F.P_MAX], sub)
+        if r.status is _FOUND:
+            code, remark = _SUCCESS, _FOUND_REMARK
+            parts, nbytes = P.found_body(b, r, topic, group, cold)
+        else:
+            code, remark = P.status_code(r.status, offset)
+            if code == R.PULL_NOT_FOUND and row[F.P_SYSFLAG] & PULL_SUSPEND:
+                return None          # it parks: the usual way keeps its command
+            parts, nbytes = (), 0
+        head = pull_reply_head(JSON, row[F.P_OPAQUE], code, remark,
                                P.suggest(b, group, cold) if c.slaveReadEnable else 0,
                                r.next_offset, r.min_offset, r.max_offset, nbytes)
         return head, parts
