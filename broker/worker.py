@@ -54,7 +54,7 @@ from shmq.ipc.remoting import RemoteProtocolError, RemotingCommand, encode_head
 from .config import BrokerConfig
 from .handlers import PARKED, Handlers, Peer
 from .handlers.lane import SendLane
-from .handlers.pull_lane import PullLane
+from .handlers.pull_lane import CHUNK, PullLane
 from .logs import setup as setup_logs
 from .reactor import Connection, Reactor
 from .registry import Registry
@@ -304,16 +304,20 @@ class Driver:
         ``on_command`` queues them; anything else ends the lane, and the
         way every request goes reads it. Where the decoder holds two whole
         frames or more, ``PullLane`` reads the pulls a chunk at a time in
-        one kernel call and answers those that find records; the pull it
-        stops at (and a lone pull) is read where it lies
+        one kernel call and answers those it can (see its module); the pull
+        it stops at (and a lone pull) is read where it lies
         (``FrameDecoder.next_if``: a JSON header that begins with its
         code, as every RocketMQ client writes it) and run by
-        ``Handlers.run_pull``. The README's "pull lane" says what each
-        costs; tests/test_lane.py has the lane and the usual way to the
-        same answers."""
+        ``Handlers.run_pull``. After a chunk that took nothing, the next
+        reads one frame ahead, not a chunk: pulls that all park (a
+        consumer's queues, caught up, after a rebalance) are each read by
+        the kernel at most twice, not once for every pull before them.
+        The README's "pull lane" says what each costs; tests/test_lane.py
+        has the lane and the usual way to the same answers."""
         peer = self.peers[conn.id]
         h = self.h
         chunked = dec.frames_held(LANE_MIN_FRAMES)
+        window = CHUNK
         while not conn.closed and conn.reading:
             if h.taken:        # the sends before them first: they may read what those append
                 self.flush_group()
@@ -322,7 +326,8 @@ class Driver:
                     buf, pos = dec.pending()
                 except RemoteProtocolError:
                     return
-                end, answers = self.pull_lane.take(buf, pos)
+                end, answers = self.pull_lane.take(buf, pos, window)
+                window = CHUNK if end != pos else 1
                 if end != pos:
                     dec.skip_to(end)
                     for head, parts in answers:

@@ -431,3 +431,38 @@ def test_the_pull_lane_answers_exactly_as_every_request_is_answered(tmp_path):
     assert [b for _, _, _, b in seen[309][3]] == [b"q1"]
     assert int(seen[310][2]["nextBeginOffset"]) == 3          # past the three it skipped
     assert [b for _, _, _, b in seen[315][3]] == [b"for-the-parked-pull"]
+
+
+def test_pulls_that_all_park_are_each_read_by_the_kernel_at_most_twice(tmp_path, monkeypatch):
+    """A consumer's pulls of 16 caught-up queues in one read (after a
+    rebalance): each parks, so the pull lane's chunk takes none of them and
+    the way every request goes runs each. The kernel reads the first chunk
+    whole, then one frame ahead after each chunk that took nothing (the
+    last pull, alone, is not a chunk's): 30 frames read, not the 16 + 15 +
+    … + 2 a chunk after every pull would."""
+    from shmq.core import sends as F
+    read = F.read_pulls
+    frames_read = []
+
+    def reading(view, pos, end, window, *args):
+        n = read(view, pos, end, window, *args)
+        frames_read.append(n)
+        return n
+
+    monkeypatch.setattr(F, "read_pulls", reading)
+    rig = Rig(str(tmp_path))
+    rig.ok(create_topic("GoldenTopic", 16))
+    reactor, driver, client = driven(rig)
+    pulls = [golden("ons-3.12-pull", queueId=str(q)) for q in range(16)]    # PULL_SUSPEND set
+    for i, p in enumerate(pulls):
+        p.opaque = 700 + i
+    client.sendall(b"".join(bytes(encode(p)) for p in pulls))
+    for _ in range(50):
+        reactor.run_once()
+        if driver.pulls_run == 16:
+            break
+    assert (driver.pull_lane.taken, driver.pulls_run) == (0, 16)
+    assert sum(len(w) for w in rig.parking.pulls.values()) == 16 and not _readable(client)
+    assert frames_read == [16] + [1] * 14 and sum(frames_read) == 30
+    reactor.close()
+    rig.close()

@@ -25,10 +25,10 @@ skipped, PULL_OFFSET_MOVED, PULL_NOT_FOUND without PULL_SUSPEND: the codes
 a pull that would be refused (a check, the queue id, a commitOffset missing
 where it is needed, the subscription's error) or would park (nothing found,
 PULL_SUSPEND set), and the way every request goes runs that one and
-answers it. The offsets the chunk's pulls
-commit are written together, under one hold of the offset table's lock,
-before that one runs (it may commit the same offset again).
-It runs where ``handle`` does nothing before a pull's handler
+answers it. The offsets the chunk's pulls commit are written together,
+under one hold of the offset table's lock, before that one runs (it may
+commit the same offset again). It runs where ``handle`` does nothing
+before a pull's handler
 (``Handlers.pulls_direct``: no ACL, no DEBUG log). ``tests/test_lane.py``
 holds the lane and the usual way to the same answers.
 """
@@ -69,17 +69,17 @@ class PullLane:
         self.scratch = np.zeros(1 << 14, np.uint8)
         self.taken = 0          # pulls taken (tests, stats)
 
-    def take(self, buf: bytearray, pos: int) -> tuple[int, list]:
-        """Take the pulls at ``buf[pos:]`` that the lane can (at most a
-        chunk): run them. Returns (where the pulls taken end, ``pos`` when
-        none; their answers as (head, body pieces), in order)."""
+    def take(self, buf: bytearray, pos: int, window: int = CHUNK) -> tuple[int, list]:
+        """Take the pulls at ``buf[pos:]`` that the lane can (at most
+        ``window``): run them. Returns (where the pulls taken end, ``pos``
+        when none; their answers as (head, body pieces), in order)."""
         end = len(buf)
         if self.scratch.shape[0] < end - pos:
             self.scratch = np.zeros(max(end - pos, 2 * self.scratch.shape[0]), np.uint8)
         view = np.frombuffer(buf, np.uint8)
         view.flags.writeable = False
         try:
-            n = F.read_pulls(view, pos, end, CHUNK, KEYS, self.out, self.scratch)
+            n = F.read_pulls(view, pos, end, window, KEYS, self.out, self.scratch)
         finally:
             del view             # (the decoder's bytearray may grow again)
         if not n:
@@ -128,9 +128,10 @@ class PullLane:
 
     def _one(self, row: list, group: str, topic: str, tc, sub, commits: dict):
         """One pull's answer (head, pieces), or None where the usual way
-        must answer it (a refusal, or a pull that parks). The offset it commits goes into ``commits``,
-        committed once the chunk is read (before the pull the lane stops
-        at runs: in the order the pulls came)."""
+        must answer it (a refusal, or a pull that parks). The offset it
+        commits goes into ``commits``, committed once the chunk is read
+        (before the pull the lane stops at runs: in the order the pulls
+        came)."""
         b = self.b
         c = b.config
         qid = row[F.P_QID]
