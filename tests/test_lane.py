@@ -166,6 +166,42 @@ def test_under_sync_flush_the_lanes_answers_wait_together_for_the_flush(tmp_path
     rig.close()
 
 
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "usual"])
+@pytest.mark.parametrize("sends", [3], ids=["chunk"])
+def test_sends_the_disk_refuses_are_answered_as_the_send_path_answers(tmp_path, lane, sends):
+    """The CommitLog's write fails (ENOSPC) under a chunk
+    of three: the lane answers each what the send path answers, and the
+    next send, once the disk takes it again, is stored at the offset the
+    failed ones did not use. (An error's traceback must not keep the
+    decoder's buffer exported: the next read grows it.)"""
+    import errno
+    rig = Rig(str(tmp_path), dedup_window=1024)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(keyed(0, "first", 999))
+    reactor, driver, client = driven(rig, lane=lane)
+    cl = rig.store.cl
+    write = cl.write
+
+    def full(*args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    cl.write = full
+    client.sendall(b"".join(bytes(encode(keyed(0, f"nospace{i}", 1 + i))) for i in range(sends)))
+    reactor.run_once()
+    refused = read_replies(client, sends)
+    cl.write = write
+    client.sendall(bytes(encode(keyed(0, "after", 9))))
+    reactor.run_once()
+    [ok] = read_replies(client, 1)
+    assert driver.lane.taken == (sends if lane else 0)
+    assert [(r.opaque, r.code) for r in refused] == \
+        [(1 + i, R.SERVICE_NOT_AVAILABLE) for i in range(sends)]
+    assert all("No space left" in r.remark for r in refused)
+    assert (ok.opaque, ok.code, ok.ext["queueOffset"]) == (9, R.SUCCESS, "1")
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [b"first", b"after"]
+    reactor.close()
+    rig.close()
+
+
 def test_under_sync_flush_the_lanes_parked_answers_time_out_each_as_the_send_path(tmp_path):
     from shmq.broker.parking import FLUSH_TIMEOUT_REMARK
     rig = _sync_rig(str(tmp_path))

@@ -197,6 +197,11 @@ class SendLane:
             born = peer.attrs["_lane_born"] = F.u8(peer.born_raw[0])
         ng = F.encode_sends(view, self.scratch, out, n, self.tix, self.orflags, born,
                             self.store_host, now, recs, srt, groups)
+        # No error's traceback may keep the decoder's buffer exported: a
+        # failed append's exception, kept in ``failed`` below, is in a cycle
+        # with this frame, and the next read that grows the buffer raised
+        # BufferError until the garbage collector ran.
+        del view
         starts, at = groups[:, :ng + 1].tolist()
         frames = srt[F.S_FRAME, :n].tolist()
         gphy, gq, gqid = [-1] * ng, [0] * ng, [0] * ng
