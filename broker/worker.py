@@ -94,13 +94,17 @@ LANE_AFTER = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
 # how the JSON header of a pull begins (Java's fastjson and the C++ client
 # sort its keys; ali-ons writes code first): what the pull lane looks for
 PULL_HEAD = b'{"code":%d,' % RC.PULL_MESSAGE
-# whole frames a connection must hold for the lanes' chunks to be tried: the
-# send lane's cost per chunk (four kernel calls, the chunk's numpy) is more
-# than the usual way's for one send (one at a time: 250-290 µs a send against
-# 170-200, measured 2026-11-27 with prof_send W=1), less from two on; a lone
-# pull costs the same either way (157-177 µs, 2026-11-27), and one that finds
-# nothing (a caught-up consumer's, which parks) would be read twice
+# whole frames a connection must hold for the pull lane's chunk to be tried:
+# a lone pull costs the same either way (157-177 µs, 2026-11-27), and one
+# that finds nothing (a caught-up consumer's, which parks) would be read twice
 LANE_MIN_FRAMES = 2
+# ... and for the send lane: one. A lone send (a producer sending one message
+# at a time) takes the lane's chunk of one (``SendLane._lone``: no chunk
+# arrays, the answer from its template), 53 µs of CPU in-process against 63
+# the usual way (2026-11-28, the README's "lone send"); a chunk of one with
+# the chunk's arrays cost more than the usual way (250-290 µs against 170-200
+# end to end, 2026-11-27)
+SEND_LANE_MIN_FRAMES = 1
 M_MMAP_THRESHOLD = -3        # mallopt(3)
 MMAP_THRESHOLD = 1 << 20     # bytes: larger allocations are mmapped
 FDS_KEPT = 256        # descriptors a worker keeps for the store's files past its connections
@@ -260,7 +264,7 @@ class Driver:
             self._pulls(conn, dec)
         if cmd is not None and (cmd.code not in LANE_AFTER or cmd.is_response):
             return
-        if not dec.frames_held(LANE_MIN_FRAMES):
+        if not dec.frames_held(SEND_LANE_MIN_FRAMES):
             return
         peer = self.peers[conn.id]
         lane = self.lane
@@ -294,7 +298,7 @@ class Driver:
                 self.arm()
             if self.h.due:
                 self._notices_soon()
-            if conn.closed or not conn.reading or not dec.frames_held(LANE_MIN_FRAMES):
+            if conn.closed or not conn.reading or not dec.frames_held(SEND_LANE_MIN_FRAMES):
                 return
             self.reactor.flush()      # these answers leave while the producer sends on
 

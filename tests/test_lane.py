@@ -48,13 +48,24 @@ def _frames() -> tuple[list, int, int]:
     return cmds, lane, answered
 
 
-def _run(root: str, lane: bool):
+def _run(root: str, lane: bool, alone: bool = False):
+    """``_frames`` through a driver, with the send lane or without: all in
+    one write, or (``alone``) each alone, its answer read before the next
+    is written, as a producer sending one message at a time."""
     rig = Rig(root, dedup_window=1024, autoCreateTopicEnable=True)
     rig.ok(create_topic("GoldenTopic", 4))
     reactor, driver, client = driven(rig, lane=lane)
     cmds, taken, answered = _frames()
-    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
     replies = []
+    if alone:
+        for c in cmds:
+            client.sendall(bytes(encode(c)))
+            reactor.run_once()            # the whole frame is there: read and answered
+            if not c.flag & FLAG_ONEWAY:
+                replies += read_replies(client, 1)
+        assert not _readable(client)
+    else:
+        client.sendall(b"".join(bytes(encode(c)) for c in cmds))
     while len(replies) < answered:
         reactor.run_once()
         replies += read_replies(client, 1) if _readable(client) else []
@@ -94,11 +105,14 @@ def _by_queue(log: bytearray) -> dict:
     return out
 
 
-def test_the_lane_stores_and_answers_exactly_as_the_send_path(tmp_path):
+@pytest.mark.parametrize("alone", [False, True], ids=["pipelined", "one-at-a-time"])
+def test_the_lane_stores_and_answers_exactly_as_the_send_path(tmp_path, alone):
+    """The same sends, with the lane and without, in one write (the lane's
+    chunks) or one at a time (its chunk of one: ``SendLane._lone``)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    took, expected, with_lane, log_a, queues_a = _run(str(tmp_path / "a"), True)
-    none, _, without, log_b, queues_b = _run(str(tmp_path / "b"), False)
+    took, expected, with_lane, log_a, queues_a = _run(str(tmp_path / "a"), True, alone)
+    none, _, without, log_b, queues_b = _run(str(tmp_path / "b"), False, alone)
     assert took == expected and none == 0
     assert len(log_a) == len(log_b) and _by_queue(log_a) == _by_queue(log_b)
     assert [[m[::2] for m in q] for q in queues_a.values()] == \
@@ -166,10 +180,43 @@ def test_under_sync_flush_the_lanes_answers_wait_together_for_the_flush(tmp_path
     rig.close()
 
 
+def test_under_sync_flush_a_lone_sends_answer_waits_for_the_flush(tmp_path):
+    """One send at a time under SYNC_FLUSH, taken by the lane alone: its
+    answer is parked until its bytes are flushed, then leaves; one saying
+    WAIT=false is answered at once; one whose flush never comes is
+    answered FLUSH_DISK_TIMEOUT after syncFlushTimeout, as the send path
+    answers."""
+    from test_handlers import readable_answers
+    from shmq.broker.parking import FLUSH_TIMEOUT_REMARK
+    rig = _sync_rig(str(tmp_path))
+    reactor, driver, client = driven(rig)
+    client.sendall(bytes(encode(keyed(1, "w", 1))))
+    reactor.run_once()
+    assert driver.lane.taken == 1 and readable_answers(client) == 0
+    assert len(rig.parking.sends) == 1
+    rig.store.flush_commitlog()
+    assert _lane_answers(rig, rig.parking.on_wake()) == {1: (R.SUCCESS, None, "0")}
+    nowait = keyed(2, "nw", 2)
+    nowait.ext["i"] += "WAIT\x01false\x02"
+    client.sendall(bytes(encode(nowait)))
+    reactor.run_once()
+    [r] = read_replies(client, 1)
+    assert (driver.lane.taken, r.opaque, r.code, r.ext["queueOffset"]) == (2, 2, R.SUCCESS, "0")
+    client.sendall(bytes(encode(keyed(1, "late", 3))))
+    reactor.run_once()
+    rig.clock.advance(5.1)
+    assert _lane_answers(rig, rig.parking.expire()) == \
+        {3: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "1")}
+    assert driver.lane.taken == 3
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 1)] == [b"w", b"late"]
+    reactor.close()
+    rig.close()
+
+
 @pytest.mark.parametrize("lane", [True, False], ids=["lane", "usual"])
-@pytest.mark.parametrize("sends", [3], ids=["chunk"])
+@pytest.mark.parametrize("sends", [1, 3], ids=["alone", "chunk"])
 def test_sends_the_disk_refuses_are_answered_as_the_send_path_answers(tmp_path, lane, sends):
-    """The CommitLog's write fails (ENOSPC) under a chunk
+    """The CommitLog's write fails (ENOSPC) under a lone send, or a chunk
     of three: the lane answers each what the send path answers, and the
     next send, once the disk takes it again, is stored at the offset the
     failed ones did not use. (An error's traceback must not keep the
@@ -192,7 +239,7 @@ def test_sends_the_disk_refuses_are_answered_as_the_send_path_answers(tmp_path, 
     client.sendall(bytes(encode(keyed(0, "after", 9))))
     reactor.run_once()
     [ok] = read_replies(client, 1)
-    assert driver.lane.taken == (sends if lane else 0)
+    assert driver.lane.taken == (sends + 1 if lane else 0)
     assert [(r.opaque, r.code) for r in refused] == \
         [(1 + i, R.SERVICE_NOT_AVAILABLE) for i in range(sends)]
     assert all("No space left" in r.remark for r in refused)
