@@ -95,7 +95,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from shmq.core.jit import readonly
-from shmq.core.layout import lay_out, offsets
+from shmq.core.layout import lay_out, offset_msg_ids, offsets
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import send_ext
@@ -1170,8 +1170,7 @@ class SendManyResult:
         """The broker's msgId of each message (made on demand: a string each)."""
         if self.ids is not None:
             return self.ids
-        p, base = self.msgid_prefix, self.first_phy
-        return [f"{p}{base + int(r):016X}" for r in self.rec_pos]
+        return offset_msg_ids(self.msgid_prefix, self.rec_pos + self.first_phy).split(",")
 
 
 class _PutBuffer:

@@ -420,3 +420,15 @@ def test_encode_one_rejects_what_encode_rejects(kw, problem):
     topic, body, props = args.pop("topic"), args.pop("body"), args.pop("props")
     with pytest.raises(ValueError, match=re.escape(problem)):
         R.encode_one(topic, body, props, **args)
+
+
+def test_offset_msg_ids_are_the_prefix_and_each_offset_in_16_hex_digits():
+    """As a batch send's answer carries them (RocketMQ's
+    MessageDecoder.createMessageId per record, joined by commas)."""
+    import numpy as np
+    from shmq.core.layout import offset_msg_ids
+    pre = "7F00000100002A9F"
+    for phys in ([0], [231, 462, 0x1234ABCD], [2**63 - 1, 2**40 + 5], list(range(0, 256 * 230, 230))):
+        want = ",".join(f"{pre}{x:016X}" for x in phys)
+        assert offset_msg_ids(pre, np.array(phys, np.int64)) == want
+    assert offset_msg_ids(pre, np.zeros(0, np.int64)) == ""

@@ -42,7 +42,7 @@ import random
 import time
 
 from shmq.core.dedup import dedupable_topic, hash_of, key_hash, read_record_key
-from shmq.core.layout import SYSFLAG_TRANSACTION_MASK
+from shmq.core.layout import SYSFLAG_TRANSACTION_MASK, offset_msg_ids
 from shmq.core.records import (EncodedBatch, encode_arrays, encode_record, join_records,
                                split_batch_body, tags_code_of)
 from shmq.core.store import DuplicateResult
@@ -278,7 +278,7 @@ def append_one(b: Broker, peer: Peer, cmd: RemotingCommand, p: Prepared):
         _stored(b, p, batch.count, batch.buf.shape[0])
     pre = b.msgid_prefix
     if batch is not None:
-        msg_id = ",".join(f"{pre}{x:016X}" for x in r.rec_phy.tolist())
+        msg_id = offset_msg_ids(pre, r.rec_phy)
     else:
         msg_id = f"{pre}{r.phy_offset:016X}"
     return _answer(b, peer, cmd, p.props, msg_id, qid, r.queue_offset, r.end)
