@@ -416,6 +416,54 @@ def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take
     rig.close()
 
 
+def test_sends_ahead_of_pulls_cost_the_pull_lane_no_kernel_call(tmp_path, monkeypatch):
+    """One read: three sends, then two pulls. The pull lane's kernel never
+    reads a buffer whose first frame says it is not a pull (it read the
+    sends' before); the sends take the send lane, and every request is
+    answered."""
+    from shmq.core import sends as F
+    from shmq.client.requests import pull_message
+    read = F.read_pulls
+    heads = []
+
+    def reading(view, pos, *args):
+        heads.append(bytes(view[pos + 8:pos + 19]))
+        return read(view, pos, *args)
+
+    monkeypatch.setattr(F, "read_pulls", reading)
+    rig = Rig(str(tmp_path), dedup_window=1024)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(keyed(0, "first", 999))              # GoldenTopic checked
+    reactor, driver, client = driven(rig)
+    pulls = [pull_message("GoldenTopic", 0, 0), pull_message("GoldenTopic", 1, 0)]
+    for i, p in enumerate(pulls):
+        p.opaque = 50 + i
+    client.sendall(b"".join(bytes(encode(c)) for c in [keyed(0, f"s{i}", i) for i in range(3)]
+                            + pulls))
+    replies = []
+    while len(replies) < 5:
+        reactor.run_once()
+        replies += read_replies(client, 1) if _readable(client) else []
+    assert {r.opaque: r.code for r in replies} == \
+        {0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS, 50: R.SUCCESS, 51: R.PULL_NOT_FOUND}
+    assert driver.lane.taken == 3
+    assert all(h == b'{"code":11,' for h in heads), heads
+    reactor.close()
+    rig.close()
+
+
+@pytest.mark.parametrize("head, says", [(b'{"code":310,"flag":0', False),
+                                        (b'{"code":11,"flag":0', True),
+                                        (b'{ "code" : 11 , "flag":0', True),
+                                        (b'{"flag":0,"code":11', False),     # says nothing first
+                                        (b'{"code":"11"', False),
+                                        (b'', False)])
+def test_a_frame_says_another_code_only_where_its_header_begins_with_it(head, says):
+    from shmq.core import sends as F
+    frame = struct.pack(">ii", 4 + len(head), len(head)) + head
+    assert F.says_other_code(bytearray(b"xx" + frame), 2, {310}) is says
+
+
 # ------------------------------------------------------------------ the pull lane
 def _pull_frames() -> tuple[list, int]:
     """(commands, how many the pull lane runs): the pulls of the C++ core

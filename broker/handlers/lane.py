@@ -39,7 +39,6 @@ send path's bytes.
 from __future__ import annotations
 
 import logging
-import re
 import time
 
 import numpy as np
@@ -58,12 +57,6 @@ from .send import _V1_SEND, _refuse_if_busy, stored
 log = logging.getLogger("shmq.handlers")
 
 CHUNK = 64                      # frames a kernel call takes (answered before the next chunk)
-# The request code of a JSON header that begins with it, as every RocketMQ
-# client writes it (Java's fastjson and the C++ client's jsoncpp sort keys):
-# a frame that says another code is not the lane's, and a turn of pulls
-# costs no kernel call for that (one that says nothing here goes to it)
-_CODE = re.compile(rb'\{\s*"code"\s*:\s*(\d{1,9})\D')
-_CODE_AT = 4 + 4                # a frame's header starts after its two lengths
 _SENDS = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
 # the request a chunk's parked answers stand for (Parking's ParkedSend: not oneway)
 LANE_SEND = RemotingCommand(RC.SEND_MESSAGE_V2, serialize_type=JSON)
@@ -159,8 +152,7 @@ class SendLane:
         tables' epoch, which forgets them."""
         b = self.b
         end = len(buf)
-        m = _CODE.match(buf, pos + _CODE_AT, pos + _CODE_AT + 24)
-        if m is not None and int(m.group(1)) not in _SENDS:
+        if F.says_other_code(buf, pos, _SENDS):     # (a turn of pulls: no kernel call)
             return pos, []
         try:
             b.check_disk()

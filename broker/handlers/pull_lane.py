@@ -40,6 +40,7 @@ import numpy as np
 
 from shmq.core import sends as F
 from shmq.core.store import GetMessageStatus
+from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_HEADER, PULL_SUSPEND
 from shmq.ipc.remoting import JSON, pull_reply_head
@@ -57,6 +58,7 @@ assert set(NAMES) <= {f.name for f in PULL_HEADER}
 KEYS = F.pull_keys(NAMES)
 _FOUND = GetMessageStatus.FOUND
 _SUCCESS, _FOUND_REMARK = P.PULL_STATUS_CODE[_FOUND]
+_PULLS = frozenset({RC.PULL_MESSAGE})
 assert _SUCCESS == R.SUCCESS
 
 
@@ -73,6 +75,8 @@ class PullLane:
         """Take the pulls at ``buf[pos:]`` that the lane can (at most
         ``window``): run them. Returns (where the pulls taken end, ``pos``
         when none; their answers as (head, body pieces), in order)."""
+        if F.says_other_code(buf, pos, _PULLS):     # (a run of sends: no kernel call)
+            return pos, []
         end = len(buf)
         if self.scratch.shape[0] < end - pos:
             self.scratch = np.zeros(max(end - pos, 2 * self.scratch.shape[0]), np.uint8)
