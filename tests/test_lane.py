@@ -375,6 +375,37 @@ def test_garbage_behind_sends_closes_that_connection_and_nothing_else(tmp_path, 
     rig.close()
 
 
+def _pulls_and_sends(tmp_path, monkeypatch, sends_first: bool):
+    """Two pulls and three sends in one read, in that order or the other:
+    (the driver, each answer's code by opaque, the header starts each lane's
+    kernel read: {"send": […], "pull": […]})."""
+    from shmq.core import sends as F
+    from shmq.client.requests import pull_message
+    heads: dict = {"send": [], "pull": []}
+    for lane, name in (("send", "read_sends"), ("pull", "read_pulls")):
+        def reading(view, pos, *args, _read=getattr(F, name), _heads=heads[lane]):
+            _heads.append(bytes(view[pos + 8:pos + 20]))
+            return _read(view, pos, *args)
+        monkeypatch.setattr(F, name, reading)
+    rig = Rig(str(tmp_path), dedup_window=1024)
+    rig.ok(create_topic("GoldenTopic", 4))
+    rig.ok(keyed(0, "first", 999))              # GoldenTopic checked
+    reactor, driver, client = driven(rig)
+    pulls = [pull_message("GoldenTopic", 0, 0), pull_message("GoldenTopic", 1, 0)]
+    for i, p in enumerate(pulls):
+        p.opaque = 50 + i
+    sends = [keyed(0, f"s{i}", i) for i in range(3)]
+    client.sendall(b"".join(bytes(encode(c)) for c in (sends + pulls if sends_first
+                                                       else pulls + sends)))
+    replies = []
+    while len(replies) < 5:
+        reactor.run_once()
+        replies += read_replies(client, 1) if _readable(client) else []
+    reactor.close()
+    rig.close()
+    return driver, {r.opaque: r.code for r in replies}, heads
+
+
 def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take_the_lane(
         tmp_path, monkeypatch):
     """One read: two pulls, then three sends. The pulls are answered by
@@ -383,37 +414,12 @@ def test_pulls_ahead_of_sends_cost_no_kernel_call_and_the_sends_behind_them_take
     writes it) it is not a send; the sends behind the pulls still take the
     send lane (after the first of them, which goes the usual way: the lane
     is tried again after a send)."""
-    from shmq.core import sends as F
-    from shmq.client.requests import pull_message
-    read = F.read_sends
-    heads = []
-
-    def reading(view, pos, *args):
-        heads.append(bytes(view[pos + 8:pos + 20]))
-        return read(view, pos, *args)
-
-    monkeypatch.setattr(F, "read_sends", reading)
-    rig = Rig(str(tmp_path), dedup_window=1024)
-    rig.ok(create_topic("GoldenTopic", 4))
-    rig.ok(keyed(0, "first", 999))              # GoldenTopic checked
-    reactor, driver, client = driven(rig)
-    pulls = [pull_message("GoldenTopic", 0, 0), pull_message("GoldenTopic", 1, 0)]
-    for i, p in enumerate(pulls):
-        p.opaque = 50 + i
-    cmds = pulls + [keyed(0, f"s{i}", i) for i in range(3)]
-    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    replies = []
-    while len(replies) < 5:
-        reactor.run_once()
-        replies += read_replies(client, 1) if _readable(client) else []
-    codes = {r.opaque: r.code for r in replies}
+    driver, codes, heads = _pulls_and_sends(tmp_path, monkeypatch, sends_first=False)
     assert codes == {50: R.SUCCESS, 51: R.PULL_NOT_FOUND, 0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS}
     # the pull lane's chunk took both: the first found records, the second
     # none and does not wait (no PULL_SUSPEND): PULL_NOT_FOUND
     assert driver.lane.taken == 2 and (driver.pull_lane.taken, driver.pulls_run) == (2, 0)
-    assert heads and all(h.startswith(b'{"code":310,') for h in heads), heads
-    reactor.close()
-    rig.close()
+    assert heads["send"] and all(h.startswith(b'{"code":310,') for h in heads["send"]), heads
 
 
 def test_sends_ahead_of_pulls_cost_the_pull_lane_no_kernel_call(tmp_path, monkeypatch):
@@ -421,35 +427,10 @@ def test_sends_ahead_of_pulls_cost_the_pull_lane_no_kernel_call(tmp_path, monkey
     reads a buffer whose first frame says it is not a pull (it read the
     sends' before); the sends take the send lane, and every request is
     answered."""
-    from shmq.core import sends as F
-    from shmq.client.requests import pull_message
-    read = F.read_pulls
-    heads = []
-
-    def reading(view, pos, *args):
-        heads.append(bytes(view[pos + 8:pos + 19]))
-        return read(view, pos, *args)
-
-    monkeypatch.setattr(F, "read_pulls", reading)
-    rig = Rig(str(tmp_path), dedup_window=1024)
-    rig.ok(create_topic("GoldenTopic", 4))
-    rig.ok(keyed(0, "first", 999))              # GoldenTopic checked
-    reactor, driver, client = driven(rig)
-    pulls = [pull_message("GoldenTopic", 0, 0), pull_message("GoldenTopic", 1, 0)]
-    for i, p in enumerate(pulls):
-        p.opaque = 50 + i
-    client.sendall(b"".join(bytes(encode(c)) for c in [keyed(0, f"s{i}", i) for i in range(3)]
-                            + pulls))
-    replies = []
-    while len(replies) < 5:
-        reactor.run_once()
-        replies += read_replies(client, 1) if _readable(client) else []
-    assert {r.opaque: r.code for r in replies} == \
-        {0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS, 50: R.SUCCESS, 51: R.PULL_NOT_FOUND}
+    driver, codes, heads = _pulls_and_sends(tmp_path, monkeypatch, sends_first=True)
+    assert codes == {0: R.SUCCESS, 1: R.SUCCESS, 2: R.SUCCESS, 50: R.SUCCESS, 51: R.PULL_NOT_FOUND}
     assert driver.lane.taken == 3
-    assert all(h == b'{"code":11,' for h in heads), heads
-    reactor.close()
-    rig.close()
+    assert all(h.startswith(b'{"code":11,') for h in heads["pull"]), heads
 
 
 @pytest.mark.parametrize("head, says", [(b'{"code":310,"flag":0', False),
