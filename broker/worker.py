@@ -95,15 +95,16 @@ LANE_AFTER = frozenset({RC.SEND_MESSAGE, RC.SEND_MESSAGE_V2})
 # sort its keys; ali-ons writes code first): what the pull lane looks for
 PULL_HEAD = b'{"code":%d,' % RC.PULL_MESSAGE
 # whole frames a connection must hold for the pull lane's chunk to be tried:
-# a lone pull costs the same either way (157-177 µs, 2026-11-27), and one
-# that finds nothing (a caught-up consumer's, which parks) would be read twice
+# a lone pull costs the same either way (157-177 µs end to end, 2026-11-27;
+# 71.7 against 72.0 µs in-process, 2026-11-28), and one that finds nothing
+# (a caught-up consumer's, which parks) would be read twice
 LANE_MIN_FRAMES = 2
 # ... and for the send lane: one. A lone send (a producer sending one message
 # at a time) takes the lane's chunk of one (``SendLane._lone``: no chunk
-# arrays, the answer from its template), 53 µs of CPU in-process against 63
-# the usual way (2026-11-28, the README's "lone send"); a chunk of one with
-# the chunk's arrays cost more than the usual way (250-290 µs against 170-200
-# end to end, 2026-11-27)
+# arrays, the answer from its template), 46-51 µs of CPU in-process against
+# 61-62 the usual way (2026-11-28, the README's "A lone send takes the
+# lane"); a chunk of one with the chunk's arrays cost more than the usual
+# way (250-290 µs against 170-200 end to end, 2026-11-27)
 SEND_LANE_MIN_FRAMES = 1
 M_MMAP_THRESHOLD = -3        # mallopt(3)
 MMAP_THRESHOLD = 1 << 20     # bytes: larger allocations are mmapped

@@ -219,7 +219,7 @@ class SendLane:
         but without the chunk's arrays: its row read once as Python ints,
         its answer from ``send_ok_head``'s template. A producer sending one
         message at a time gives the worker one frame a turn; this costs it
-        a quarter less than the way every request goes (the README's
+        a fifth less than the way every request goes (the README's
         "A lone send takes the lane")."""
         b = self.b
         row = self.out[0].tolist()
