@@ -136,6 +136,41 @@ def test_the_lane_stores_and_answers_exactly_as_the_send_path(tmp_path, alone):
     assert [m[2] for m in queues_a[("GoldenTopic", 1)]][:3] == [b"k1", b"k5", b"k9"]
 
 
+@pytest.mark.parametrize("alone", [False, True], ids=["chunk", "one-at-a-time"])
+def test_a_multi_tag_topics_sends_are_stored_with_its_flag_by_the_lane_as_the_send_path(
+        tmp_path, alone):
+    """A topic whose topicFilterType is MULTI_TAG: every send to it is
+    stored with MessageSysFlag.MULTI_TAGS_FLAG, by the lane (a chunk, or
+    its chunk of one) as by the way every request goes."""
+    flags = {}
+    for lane in (True, False):
+        rig = Rig(str(tmp_path / str(lane)), dedup_window=1024)
+        topic = create_topic("MultiTag", 2)
+        topic.ext["topicFilterType"] = "MULTI_TAG"
+        rig.ok(topic)
+        rig.ok(keyed(0, "first", 999, topic="MultiTag"))      # checked the usual way
+        reactor, driver, client = driven(rig, lane=lane)
+        cmds = [keyed(i % 2, f"m{i}", i, topic="MultiTag") for i in range(4)]
+        if alone:
+            for c in cmds:
+                client.sendall(bytes(encode(c)))
+                reactor.run_once()
+                read_replies(client, 1)
+        else:
+            client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+            replies = []
+            while len(replies) < 4:
+                reactor.run_once()
+                replies += read_replies(client, 1) if _readable(client) else []
+        assert driver.lane.taken == (4 if lane else 0)
+        flags[lane] = [(q, m.body, m.sysflag) for q in range(2)
+                       for m in rig.store.read_queue("MultiTag", q)]
+        reactor.close()
+        rig.close()
+    assert flags[True] == flags[False]
+    assert len(flags[True]) == 5 and all(f & 2 for _, _, f in flags[True])   # MULTI_TAGS_FLAG
+
+
 def _sync_rig(root: str) -> Rig:
     rig = Rig(root, store={"flushDiskType": "SYNC_FLUSH", "syncFlushTimeout": 5000},
               dedup_window=1024)
