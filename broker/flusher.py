@@ -80,8 +80,10 @@ class Flusher:
         # the broker's live consumer offsets (broker/registry.py), where the
         # owner gave this store a registry; None: config/consumerOffset.json only
         self.live_offsets = None
-        # called with each flush round's nanoseconds (broker/stats.py: FlushMeter)
+        # called with each flush round's nanoseconds (broker/stats.py: FlushMeter),
+        # and before the loop sleeps (its settle)
         self.on_flush = None
+        self.on_idle = None
         # admins' requests (broker/handlers/admin.py): those seen, passes left
         self.delete_cl_seen = store.state.get("delete_cl_seq")
         self.clean_cq_seen = store.state.get("clean_cq_seq")
@@ -200,11 +202,12 @@ class Flusher:
             f"group commit: flushed_pos went from {before} to {after} (write_pos "
             f"{st.write_pos}); it never goes backwards nor past what is published")
         if target > before:
+            ns = time.perf_counter_ns() - t0
             self.flushes += 1
-            if self.on_flush is not None:
-                self.on_flush(time.perf_counter_ns() - t0)
-            if self.cb is not None:
+            if self.cb is not None:     # the sends waiting on it first, then the gauges
                 self.cb.wake_flagged(WANT_FLUSH)
+            if self.on_flush is not None:
+                self.on_flush(ns)
 
     def prepare_next_segment(self) -> None:
         """Have the segment after the one being written exist before it is
@@ -261,6 +264,8 @@ class Flusher:
                 # group commit: never sleep past a pending request
                 if self.store.state.get("flush_request_pos") > self.store.state.flushed_pos:
                     continue
+            if self.on_idle is not None:
+                self.on_idle()
             self.cb.wait(timeout)
         self.finish()
 
@@ -269,6 +274,8 @@ class Flusher:
         if self._preparing is not None:
             self._preparing.join()
         self.flush_commitlog()
+        if self.on_idle is not None:
+            self.on_idle()
         self.store.flush_consume_queues()
         self.store.write_checkpoint()
 
@@ -313,7 +320,8 @@ def flusher_main(config, owner_pid: int) -> None:
     jit.freeze()                      # no compile on a request path (core/jit.py)
     f = Flusher(store, cb)
     f.live_offsets = live_offsets(store, cb)
-    f.on_flush = FlushMeter(store, cb)
+    f.on_flush = meter = FlushMeter(store, cb)
+    f.on_idle = meter.settle
 
     def on_term(signum, frame):
         f.stopping = True

@@ -216,16 +216,27 @@ class Sampler:
         h["put_today_morning"], h["get_today_morning"] = put, got
 
 
+# how often at most the flusher sums the queues' next offsets for the
+# flushed_msgs gauge: the sum reads every queue (2.5 µs with 100 queues,
+# 53 µs with 10,000, 427 µs with 50,000, 2026-11-28), and under SYNC_FLUSH
+# a group commit runs thousands of rounds a second
+COUNT_EVERY_S = 0.05
+
+
 class FlushMeter:
     """The flusher's gauges: each CommitLog flush round (its fdatasyncs) —
-    how long it took (the latency histogram), and how many messages it made
-    durable (the store's put total since the last round). The boss lays the
+    how long it took (the latency histogram), and how many messages the
+    rounds made durable (the store's put total since the last count,
+    counted at a round at most every COUNT_EVERY_S, and before the flusher
+    sleeps after a round not counted: ``settle``). The boss lays the
     counters out after the flusher starts: until then rounds go uncounted."""
 
-    def __init__(self, store: MessageStore, cb: ControlBlock):
-        self.store, self.cb = store, cb
+    def __init__(self, store: MessageStore, cb: ControlBlock, clock=time.monotonic):
+        self.store, self.cb, self.clock = store, cb, clock
         self.tally: Tally | None = None
         self.last_put = put_total(store)     # what is stored already was flushed before
+        self.counted_at = float("-inf")
+        self.uncounted = False               # a round since the last count
 
     def __call__(self, ns: int) -> None:
         t = self.tally
@@ -234,12 +245,20 @@ class FlushMeter:
             if c is None:
                 return
             t = self.tally = Tally(c, self.cb.slot)
-        put = put_total(self.store)
-        t.add_gauge("flushed_msgs", put - self.last_put)
-        self.last_put = put
         t.add_gauge("fdatasyncs", 1)
         t.add_gauge("flush_ns", ns)
         t.add_gauge(f"flush_le_{bisect.bisect_left(FLUSH_BUCKETS_S, ns / 1e9)}", 1)
+        self.uncounted = True
+        if self.clock() - self.counted_at >= COUNT_EVERY_S:
+            self.settle()
+
+    def settle(self) -> None:
+        """Count the messages the rounds since the last count made durable."""
+        if not self.uncounted or self.tally is None:
+            return
+        put = put_total(self.store)
+        self.tally.add_gauge("flushed_msgs", put - self.last_put)
+        self.last_put, self.counted_at, self.uncounted = put, self.clock(), False
 
 
 class RuntimeStats:

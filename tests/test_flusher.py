@@ -152,3 +152,35 @@ def test_finish_flushes_everything(store_dir):
     f.finish()
     assert store.state.flushed_pos == r.end
     assert Checkpoint.load(REAL_FILES, store_dir).cl_flushed == r.end
+
+
+def test_the_flush_meter_counts_messages_at_most_every_interval_and_all_before_it_sleeps(
+        store_dir, tmp_path):
+    """Every round counts an fdatasync; the messages they made durable are
+    summed over the queues (a read of every queue) at a round at most every
+    COUNT_EVERY_S, and the rest when the flusher is about to sleep, so the
+    gauge is exact whenever the flusher is idle."""
+    from shmq.broker.stats import COUNT_EVERY_S, FlushMeter
+    from shmq.ipc.counters import Counters, Tally, counters_bytes
+    store, f, clock = setup(store_dir, flushDiskType="SYNC_FLUSH")
+    c = Counters(bytearray(counters_bytes(2)), str(tmp_path), 2)
+    put(store, 10)                                # stored before the meter: not counted
+    meter = FlushMeter(store, None, clock=clock)
+    meter.tally = Tally(c, 0)
+    f.on_flush, f.on_idle = meter, meter.settle
+    for i in range(3):                            # three rounds, one interval
+        put(store, 10)
+        put(store, 10)
+        f.step()
+    assert (c.gauge("fdatasyncs"), c.gauge("flushed_msgs")) == (3, 2)   # counted at the first
+    meter.settle()                                # (the loop, before it sleeps)
+    assert c.gauge("flushed_msgs") == 6
+    meter.settle()
+    assert c.gauge("flushed_msgs") == 6           # nothing more since
+    put(store, 10)
+    clock.advance(COUNT_EVERY_S * 1000 + 1)
+    f.step()
+    assert (c.gauge("fdatasyncs"), c.gauge("flushed_msgs")) == (4, 7)   # the interval passed
+    put(store, 10)                                # appended, no round yet: not flushed
+    meter.settle()
+    assert c.gauge("flushed_msgs") == 7
