@@ -218,6 +218,10 @@ class Parking:
         self.arrived: set[tuple[str, int]] = set()    # queues to look at in ready()
         self.sends: dict[ParkedSend, None] = {}        # in order of end
         self.last_end = -1
+        # each parked queue's next offset, where it lies in the store's state
+        # words (-1: no slot yet; looked up again once a queue slot is made)
+        self._words: dict[tuple[str, int], int] = {}
+        self._slots_made = -1
 
     # ----------------------------------------------------------------- pulls
     def park_pull(self, peer, cmd: RemotingCommand, topic: str, qid: int, offset: int,
@@ -358,11 +362,35 @@ class Parking:
 
     def on_wake(self) -> list:
         """New messages or flush progress somewhere: each parked queue's max
-        offset read once, sends released up to ``flushed_pos``."""
+        offset read once (a word of the store's state, where it was found
+        before), its pulls answered where it passed one's offset; sends
+        released up to ``flushed_pos``. A worker is woken for every append
+        to a queue that shares a mask bit with a parked one, and under
+        SYNC_FLUSH for every flush round, so this runs for every parked
+        queue that often. 2,000 parked queues that nothing reached cost a
+        wake-up 1.2 ms, where reading each max offset through the store
+        cost 2.8 ms, and 2.0 ms where it cost 9.8 ms when the queues were
+        never written (no slot: the store looked each up again;
+        2026-11-28)."""
         out: list = []
         self.arrived.clear()
-        for key in list(self.pulls):
-            self._release_queue(key, out)
+        if self.pulls:
+            st = self.store.state
+            words, where = st.words, self._words
+            made = st.get("queue_slots_used")
+            if made != self._slots_made:          # slots made since: look the missing up again
+                self._slots_made = made
+                for key in [k for k, w in where.items() if w < 0]:
+                    del where[key]
+            for key, waiting in list(self.pulls.items()):
+                w = where.get(key)
+                if w is None:
+                    w = where[key] = st.next_offset_word(*key)
+                mx = words[w] if w >= 0 else 0
+                for p in waiting:
+                    if p.offset < mx:
+                        self._release_queue(key, out)
+                        break
         self._release_flushed(out)
         if self.pulls:
             self._remask()                  # queues made since: their own bits from now on

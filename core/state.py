@@ -385,6 +385,13 @@ class StoreState:
             return slot
         return -1
 
+    def next_offset_word(self, topic: str, queue_id: int) -> int:
+        """Index into ``words`` of (topic, queue_id)'s next offset (its max
+        offset: ``words[i]``, a Python int in ~30 ns), or -1 while the queue
+        has no slot (then its max offset is 0)."""
+        slot = self.queue_slot(topic, queue_id)
+        return QUEUE_BASE + slot * Q_WORDS + Q_NEXT if slot >= 0 else -1
+
     def queue_slot_create(self, topic: str, queue_id: int) -> int:
         """Slot of (topic, queue_id), created if absent. Call with the lock held."""
         slot = self.queue_slot(topic, queue_id)

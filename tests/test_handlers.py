@@ -790,6 +790,23 @@ def test_a_parked_pull_is_answered_on_a_wake_up_for_a_message_another_process_wr
     assert r.cmd.code == R.SUCCESS and r.cmd.serialize_type == JSON
 
 
+def test_a_pull_parked_on_a_queue_never_written_is_answered_once_another_process_writes_it(rig):
+    """The queue has no slot in the store when the pull parks, nor at the
+    wake-ups before its first message (each finds nothing); the first
+    wake-up after another process's append made the slot answers it."""
+    cmd = golden("cpp-1.2-pull")
+    assert rig.store.state.queue_slot(cmd.ext["topic"], int(cmd.ext["queueId"])) < 0
+    assert rig.call(cmd) is PARKED
+    assert rig.parking.on_wake() == [] and rig.parking.on_wake() == []
+    rig.ok(golden("cpp-1.2-send", queueId="1"))        # another queue's slot made: not it
+    rig.parking.arrived.clear()
+    assert rig.parking.on_wake() == []
+    rig.ok(golden("cpp-1.2-send", queueId="0"))
+    rig.parking.arrived.clear()                         # as if another worker appended it
+    [(_, r)] = answers(rig.parking.on_wake())
+    assert r.cmd.code == R.SUCCESS and r.cmd.opaque == cmd.opaque
+
+
 def test_a_parked_pull_times_out_with_pull_not_found_at_suspend_timeout_millis(rig):
     cmd = golden("cpp-1.2-pull", suspendTimeoutMillis="700")
     assert rig.call(cmd) is PARKED
