@@ -4,7 +4,7 @@ over a real store (``open_local``: real files, the store's own state)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import small_config
@@ -218,3 +218,83 @@ def test_with_a_mask_parked_pulls_name_their_queues(store):
     clock.t += 60
     parking.expire()
     assert parking.pulls == {} and not flags.v & WANT_QUEUES
+
+
+_QUEUES = [("PA", 0), ("PA", 1), ("PB", 0), ("PC", 3)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("park"), st.integers(0, 3), st.integers(0, 5), st.integers(0, 3)),
+    st.tuples(st.just("append"), st.integers(0, 3)),
+    st.tuples(st.just("close"), st.integers(0, 5)),
+    st.tuples(st.just("wake")),
+    st.tuples(st.just("expire"))), max_size=40))
+@example(ops=[("park", 0, 0, 2), ("park", 0, 1, 1), ("append", 0), ("wake",)])  # a lower offset second
+def test_wake_ups_answer_exactly_the_pulls_their_queue_passed_as_a_naive_twin_does(
+        tmp_path_factory, ops):
+    """Pulls parked on queues with and without a slot, appends, closed
+    connections, expiries and wake-ups in any order: each wake-up answers
+    exactly the parked pulls whose queue's max offset is past their offset
+    (a naive twin reading every queue), and the rest stay parked. After a
+    wake-up, or a park on a queue not yet waited on, the wait_mask is
+    exactly the parked queues' bits: NEW_QUEUE for a queue with no slot
+    yet, since the append that makes its slot publishes that bit too, and
+    the wake-up it causes moves the queue to its own."""
+    from shmq.core.state import queue_bit
+    s, _ = open_local(small_config(str(tmp_path_factory.mktemp("twin"))))
+    try:
+        clock, flags, masks, asked = Clock(), Flags(), [0], []
+        parking = Parking(s, flags, lambda peer, cmd: asked.append(cmd.opaque) or None, clock,
+                          set_mask=masks.append)
+        peers = [P(i) for i in range(6)]
+        twin: dict[int, tuple] = {}           # opaque → (peer, key, offset)
+        nxt = 0
+
+        def mask_of(keys):
+            m = 0
+            for t, q in keys:
+                m |= queue_bit(s.state.queue_slot(t, q))
+            return m
+        for op in ops:
+            if op[0] == "park":
+                key, peer = _QUEUES[op[1]], peers[op[2]]
+                if peer.closed:
+                    continue
+                off = s.max_offset(*key) + op[3] - 1       # behind (answered at once), at, ahead
+                if off < s.max_offset(*key):
+                    continue                              # the handler reads it, no park
+                new = key not in {k for _, k, _ in twin.values()}
+                parking.park_pull(peer, RemotingCommand(11, opaque=nxt), *key, off, 10.0)
+                twin[nxt] = (peer, key, off)
+                nxt += 1
+                if new:
+                    assert masks[-1] == mask_of({k for _, k, _ in twin.values()})
+            elif op[0] == "append":
+                append(s, *_QUEUES[op[1]][:1], _QUEUES[op[1]][1])
+            elif op[0] == "close":
+                peer = peers[op[1]]
+                peer.closed = True
+                parking.drop_pulls_of(peer)
+                twin = {o: v for o, v in twin.items() if v[0] is not peer}
+                peers[op[1]] = P(op[1])                  # a new connection from then on
+            elif op[0] == "wake":
+                asked.clear()
+                parking.arrived.clear()
+                parking.on_wake()
+                due = {o for o, (_, key, off) in twin.items() if s.max_offset(*key) > off}
+                assert set(asked) == due
+                twin = {o: v for o, v in twin.items() if o not in due}
+                if twin:
+                    assert masks[-1] == mask_of({k for _, k, _ in twin.values()})
+            else:
+                clock.t += 10.0 + 2 * TICK
+                asked.clear()
+                parking.expire()
+                assert set(asked) == set(twin)
+                twin = {}
+            assert parking.parked_pulls == len(twin)
+            assert set(parking.pulls) == {k for _, k, _ in twin.values()}
+            assert bool(flags.v & WANT_QUEUES) == bool(twin)
+    finally:
+        close_clean(s)
