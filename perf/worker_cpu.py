@@ -16,13 +16,19 @@ read before and after:
   the default duplicate window holds (``sendDedupWindowSize``): the
   window's check, in steady state, on every send (its limit is the row
   before's: the same echo);
+- broker_cpu_send_100B_parked2000_<tr>: the one-at-a-time sends while
+  another connection holds a long poll on each of 2,000 caught-up queues
+  (PARKED_QUEUES: push consumers park one pull per queue they hold); each
+  send wakes the worker, which checks every parked queue. Every poll must
+  still be parked at the end. Beside it the row without them
+  (``same_without_parked_us``);
 - broker_cpu_pull_32x1KiB_<tr>: PULL_MESSAGE (11) of 32 × 1 KiB messages,
   one at a time, over a backlog of 64 such pulls pulled round and round;
 - broker_cpu_pull_32x1KiB_w16_<tr>: the same with 16 pulls in flight on
   the connection (PULL_WINDOW: a push consumer holding 16 queues), which
   share the worker's wake-ups as the pipelined sends do.
 
-``SHMQ_CPU_ROWS=pull`` (or ``send``) runs only those rows.
+``SHMQ_CPU_ROWS=pull`` (or ``send``, ``parked``, comma-separated) runs only those rows.
 
 ``<tr>`` is the Unix socket (TCP loopback where there is none). N grows until
 the workers used at least MIN_CPU_S of CPU (and at least the row's request
@@ -82,6 +88,11 @@ BACKLOG_PULLS = 64                          # 2,048 messages of 1 KiB pulled in 
 # four of four; their replies (16 × 37 KB) about fill the socket's buffers
 PULL_WINDOW = 16
 CHUNK = 500                                 # requests between two looks at the clock
+# queues a consumer connection holds a long poll on, caught up, for the
+# parked row (push consumers park one pull per queue they hold: a busy
+# broker's workers hold thousands); each poll outlives the row
+PARKED_QUEUES = 2000
+PARKED_HOLD_MS = 120_000
 DEDUP_WINDOW = BrokerConfig.sendDedupWindowSize     # keyed sends the default window holds
 
 
@@ -314,6 +325,55 @@ def sending(b, tr: str, topic: str, window: int, keyed: bool = False, together: 
         verify_queues(c, topic, {0: (s.issued, body_of(0, s.issued - 1))})
 
 
+class _Parked:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def still_parked(self) -> None:
+        """Every pull is still parked: none was answered (a parked pull is
+        answered only when its queue gets a message or its long poll ends)."""
+        self.sock.setblocking(False)
+        try:
+            data = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        finally:
+            self.sock.setblocking(True)
+        raise AssertionError(f"a parked pull was answered ({len(data)} bytes): the row measured "
+                             f"fewer parked pulls than it says")
+
+
+@contextlib.contextmanager
+def parked_pulls(b, tr: str, queues: int):
+    """``queues`` queues (8 to a topic, one message each) with a long poll
+    parked on each, from one connection held open (a consumer caught up
+    on every queue it holds: a worker's idle state); closed after."""
+    topics = -(-queues // 8)
+    with RemotingClient(b.addr(tr)) as c:
+        for t in range(topics):
+            create_topic(c, f"PerfCpuIdle{t}_{tr}", 8)
+        for t in range(topics):
+            for q in range(8):
+                c.send(send_cmd(f"PerfCpuIdle{t}_{tr}", q, body_of(q, 0)))
+        for _ in range(topics * 8):
+            r = c.recv(timeout=TIMEOUT_S)
+            if r.code != SUCCESS or r.ext.get("queueOffset") != "0":
+                raise AssertionError(f"an idle queue's first send: {r.code} {r.remark} "
+                                     f"{r.ext.get('queueOffset')}")
+    sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
+    try:
+        sock.settimeout(TIMEOUT_S)
+        frames = [encode(pull_cmd(f"PerfCpuIdle{k // 8}_{tr}", k % 8, 1, PULL_MSGS,
+                                  suspend_ms=PARKED_HOLD_MS)) for k in range(queues)]
+        sock.sendall(b"".join(bytes(f) for f in frames))
+        time.sleep(0.5)                             # read and parked
+        idle = _Parked(sock)
+        idle.still_parked()
+        yield idle
+    finally:
+        sock.close()
+
+
 def fill_backlog(c: RemotingClient, topic: str) -> int:
     """BACKLOG_PULLS × PULL_MSGS messages of 1 KiB in queue 0; the record size."""
     total = BACKLOG_PULLS * PULL_MSGS
@@ -426,7 +486,8 @@ def run(ctx, result):
                       measured=where, raw_requests=raw["n"], raw_tick_share=round(raw["tick_share"], 5),
                       clk_tck=CLK_TCK, **extra)
 
-    rows = os.environ.get("SHMQ_CPU_ROWS", "send,pull").split(",")
+    rows = os.environ.get("SHMQ_CPU_ROWS", "send,parked,pull").split(",")
+    alone_us = None
     for window, keyed in ((1, False), (WINDOW, False), (WINDOW, True)) if "send" in rows else ():
         topic = f"PerfCpuSend{window}{'k' if keyed else ''}_{tr}"
         with sending(b, tr, topic, window, keyed) as s:
@@ -436,11 +497,26 @@ def run(ctx, result):
             got = measure(workers, s.step, min_sends, min_cpu_s, max_wall_s, others)
         if not keyed:
             raw = raw_server_cpu(tr, ctx.scratch, window, min_sends, min_cpu_s, max_wall_s)
+        if window == 1:
+            alone_us, alone_raw = got["us"], raw
         yield row(f"broker_cpu_send_100B{'' if window == 1 else f'_w{window}'}"
                   f"{'_keyed' if keyed else ''}_{tr}", got, raw,
                   f"raw Python echo process, one recv + one send per request ({tr}, {FRAME_BYTES} B, "
                   f"{window} in flight)", requests_in_flight=window, body_bytes=100, target_us=20,
                   **({"uniq_keys": True, "keyed_sends_before": s.acked - got["n"]} if keyed else {}))
+
+    if "parked" in rows:
+        topic = f"PerfCpuParked_{tr}"
+        with parked_pulls(b, tr, PARKED_QUEUES) as idle, sending(b, tr, topic, 1) as s:
+            s.step(500)
+            got = measure(workers, s.step, min_sends, min_cpu_s, max_wall_s, others)
+            idle.still_parked()
+        raw = alone_raw if alone_us is not None else raw_server_cpu(
+            tr, ctx.scratch, 1, min_sends, min_cpu_s, max_wall_s)
+        yield row(f"broker_cpu_send_100B_parked{PARKED_QUEUES}_{tr}", got, raw,
+                  f"raw Python echo process, one recv + one send per request ({tr}, "
+                  f"{FRAME_BYTES} B, 1 in flight)", requests_in_flight=1, body_bytes=100,
+                  parked_pulls=PARKED_QUEUES, same_without_parked_us=alone_us)
 
     if "pull" not in rows:
         return
