@@ -70,8 +70,8 @@ import time
 import orjson
 
 from perf import Skipped
-from perf.broker import (PROPS, SUCCESS, TIMEOUT_S, batch_body, batch_cmd, body_of, broker, check,
-                         create_topic, pull_cmd, records, send_cmd, verify_queues)
+from perf.broker import (PROPS, PULL_NOT_FOUND, SUCCESS, TIMEOUT_S, batch_body, batch_cmd, body_of,
+                         broker, check, create_topic, pull_cmd, records, send_cmd, verify_queues)
 from perf.net_limits import FORK, FRAME_BYTES, _check_exit, _echo, connect, listener, recv_exactly
 from shmq.client.remoting import RemotingClient
 from shmq.ipc.remoting import FrameDecoder, encode
@@ -93,6 +93,7 @@ CHUNK = 500                                 # requests between two looks at the 
 # broker's workers hold thousands); each poll outlives the row
 PARKED_QUEUES = 2000
 PARKED_HOLD_MS = 120_000
+PARKED_SENTINEL = 2_000_000_000             # the opaque of the pull behind them
 DEDUP_WINDOW = BrokerConfig.sendDedupWindowSize     # keyed sends the default window holds
 
 
@@ -365,8 +366,17 @@ def parked_pulls(b, tr: str, queues: int):
         sock.settimeout(TIMEOUT_S)
         frames = [encode(pull_cmd(f"PerfCpuIdle{k // 8}_{tr}", k % 8, 1, PULL_MSGS,
                                   suspend_ms=PARKED_HOLD_MS)) for k in range(queues)]
-        sock.sendall(b"".join(bytes(f) for f in frames))
-        time.sleep(0.5)                             # read and parked
+        # behind them one that does not wait: its answer (nothing new, at
+        # once) says the worker has read, and parked, every pull before it
+        last = pull_cmd(f"PerfCpuIdle0_{tr}", 0, 1, PULL_MSGS)
+        last.opaque = PARKED_SENTINEL
+        sock.sendall(b"".join(bytes(f) for f in frames) + bytes(encode(last)))
+        d = FrameDecoder()
+        d.receive_data(recv_frame(sock))
+        r = d.next_command()
+        if r is None or r.opaque != PARKED_SENTINEL or r.code != PULL_NOT_FOUND:
+            raise AssertionError(f"behind the parked pulls, a pull that does not wait was answered "
+                                 f"{None if r is None else (r.opaque, r.code, r.remark)}")
         idle = _Parked(sock)
         idle.still_parked()
         yield idle
