@@ -110,6 +110,7 @@ UNITS = {u.name: u for u in (
     Unit("lane", "shmq.core.sends:warm_up", ("read_sends", "encode_sends", "place_answers",
                                              "send_ok_frames", "read_pulls"),
          cost_s=18.0),
+    Unit("pull", f"{_R}:warm_up_pull", ("pull_rows",), cost_s=1.0),
     Unit("readers", f"{_R}:warm_up_readers", ("records_at", "arrow_columns", "property_spans",
                                               "gather_spans"), cost_s=4.0),
 )}

@@ -775,6 +775,12 @@ def warm_up_queue() -> None:
     K.cq_group_rows(rows, np.zeros(20, np.uint8), o, o, np.zeros(2, np.int64), o)
 
 
+def warm_up_pull() -> None:
+    """A batch consumer's walk of a pull's records (client/batch.py)."""
+    K.pull_rows(jit.readonly(np.zeros(0, np.uint8)), True, K.CRC_TABLES,
+                np.zeros((1, K.N_PULL), np.int64))
+
+
 def warm_up() -> None:
     """Load (or compile) every kernel a store needs, in this process."""
     jit.load(("encode", "batch", "scan", "queue"))

@@ -1334,6 +1334,96 @@ def test_gather_spans_matches_twin(dat, data):
     assert out_off.tolist() == want_off and bytes(out) == want
 
 
+# ----------------------------------------------- a pull's records as rows
+def kernel_pull_rows(body: bytes, check_crc: bool, cap: int) -> tuple[list[tuple], int]:
+    """pull_rows with ``cap`` rows of output, called again on the rest while
+    it fills them; rows and where the walk stopped, in the whole body's terms."""
+    rows: list[tuple] = []
+    pos = 0
+    while True:
+        out = np.full((cap, K.N_PULL), -7, np.int64)
+        rest = u8(body[pos:])
+        n, stop = K.pull_rows(rest, check_crc, K.CRC_TABLES, out)
+        for r in out[:n].tolist():
+            for c in (K.P_START, K.P_BODY_POS, K.P_TOPIC_AT):
+                r[c] += pos
+            rows.append(tuple(r))
+        if n < cap or pos + stop == len(body):
+            return rows, pos + int(stop)
+        pos += int(stop)
+
+
+@budget(150)
+@given(seg=segments(), check_crc=st.booleans(), data=st.data())
+def test_pull_rows_walks_a_pull_as_the_clients_decoder_does(seg, check_crc, data):
+    """A pull's body (records one after another), whole, cut short or with
+    bytes changed: the kernel's rows are the client's Python walk's
+    (client/batch.py, where numba is not installed), and the records it
+    keeps and leaves out are the ones ``decode_messages`` keeps and skips."""
+    from shmq.client.batch import _rows_here
+    from shmq.client.message import CorruptMessage, decode_messages
+    body = bytearray(seg.buf[:seg.records_end])
+    how = data.draw(st.sampled_from(["whole", "cut", "flip", "flips"]))
+    if how == "cut":
+        del body[data.draw(st.integers(0, len(body))):]
+    elif body and how != "whole":
+        for _ in range(1 if how == "flip" else 3):
+            body[data.draw(st.integers(0, len(body) - 1))] ^= data.draw(st.integers(1, 255))
+    body = bytes(body)
+    event(how)
+    rows, stop = kernel_pull_rows(body, check_crc, data.draw(st.integers(1, seg.count + 1)))
+    here, here_stop = _rows_here(body, check_crc)
+    assert rows == [tuple(r) for r in here.tolist()] and stop == here_stop
+    ok = [r for r in rows if r[K.P_STATUS] == K.PULL_OK]
+    left_out = [(r[K.P_QUEUE_OFFSET], True) for r in rows if r[K.P_STATUS] != K.PULL_OK]
+    if stop < len(body):
+        left_out.append(None)                         # a frame that ends the walk
+    if not check_crc:
+        return
+    skipped: list = []
+    try:
+        msgs = decode_messages(body, "b", skipped=skipped)
+    except CorruptMessage:         # (it raises for a short tail even when skipping)
+        assert left_out and left_out[-1] is None and len(body) - stop < L.RECORD_FIXED_BYTES
+        return
+    assert [(m.queue_offset, m._pos, m.store_size) for m in msgs] == \
+        [(r[K.P_QUEUE_OFFSET], r[K.P_START], r[K.P_SIZE]) for r in ok]
+    assert [(q, framed) if framed else None for q, _, framed in skipped] == left_out
+    for m, r in zip(msgs, ok):
+        assert body[r[K.P_BODY_POS]:r[K.P_BODY_POS] + r[K.P_BODY_LEN]] == \
+            body[m._pos + m._tr - m._blen:m._pos + m._tr]
+
+
+def test_pull_rows_known_answers():
+    """Each way a record is left out, and each way a walk ends, once."""
+    rec = naive.encode_record("T", b"body", b"TAGS\x01a", queue_id=0, flag=0, sysflag=0,
+                              born_timestamp=1, born_host=("127.0.0.1", 1), store_timestamp=2,
+                              store_host=("127.0.0.1", 2), reconsume_times=0, prepared_offset=0,
+                              queue_offset=5, phy_offset=0)
+    bad_crc = bytearray(rec)
+    bad_crc[rec.index(b"body")] ^= 1
+    t = rec.index(b"body") + 4                             # TOPICLENGTH
+    fields = []
+    for at, value in ((t, b"\x00"),                       # a topic of 0 bytes
+                      (84, struct.pack(">i", len(rec))),  # BODYLENGTH past the record
+                      (84, struct.pack(">i", -1)),
+                      (t + 2, b"\x80\x00"),                # PROPERTIESLENGTH negative
+                      (t + 2, b"\x00\x09")):               # ... not the record's rest
+        bad = bytearray(rec)
+        bad[at:at + len(value)] = value
+        fields.append(bytes(bad))
+    for body, statuses, stop in ((rec * 2, [K.PULL_OK] * 2, 2 * len(rec)),
+                                 (bytes(bad_crc) + rec, [K.PULL_CRC, K.PULL_OK], 2 * len(rec)),
+                                 *((bad + rec, [K.PULL_FIELDS, K.PULL_OK], 2 * len(rec))
+                                   for bad in fields),
+                                 (rec + rec[:50], [K.PULL_OK], len(rec)),
+                                 (rec + bytes(len(rec)), [K.PULL_OK], len(rec))):
+        rows, got_stop = kernel_pull_rows(body, True, 4)
+        assert [r[K.P_STATUS] for r in rows] == statuses and got_stop == stop
+        assert rows[-1][K.P_QUEUE_OFFSET] == 5
+    assert kernel_pull_rows(bytes(bad_crc), False, 1)[0][0][K.P_STATUS] == K.PULL_OK
+
+
 # ------------------------------------------- regressions (bugs found and fixed)
 @pytest.mark.parametrize("raw, java_text", [
     pytest.param(b"\xe2\x82A", "\ufffdA", id="truncated-3-byte-sequence"),

@@ -18,7 +18,7 @@ ones above it::
     records       stored records: scan and validate a segment, UNIQ_KEY hashes
     consumequeue  ConsumeQueue units: put, scan, valid end, min offset
     index         IndexFile: put, select, check, index a scan
-    columns       records as Arrow-shaped columns for readers
+    columns       records as Arrow-shaped columns for readers; a pull's records as rows
 
 The layouts they read and write (record, ConsumeQueue unit, IndexFile) and
 the scan vocabulary (``SCAN_*``, ``S_*``) are drawn in ``layout``. This
@@ -55,7 +55,9 @@ from .batch import (BATCH_OK, BATCH_PROPS_TOO_LONG, BATCH_TOO_MANY, BATCH_TRUNCA
                     N_META, encode_batch, encode_uniform, split_batch, stamp_batch)
 from .binary import (CRC_TABLES, _java_hash_more, crc32, java_hash_utf8, ld_i16, ld_i32,
                      ld_i64, ld_u32, make_crc_tables, st_i16, st_i32, st_i64)
-from .columns import arrow_columns, gather_spans, property_spans, records_at
+from .columns import (N_PULL, P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_START,
+                      P_STATUS, P_SYSFLAG, P_TOPIC_AT, PULL_CRC, PULL_FIELDS, PULL_OK,
+                      arrow_columns, gather_spans, property_spans, pull_rows, records_at)
 from .consumequeue import (CQ_BAD, CQ_DONE, CQ_FULL, cq_group_rows, cq_put, cq_put_many,
                            cq_put_units, cq_scan, cq_valid_units, min_phy_from)
 from .frames import encode_sends, place_answers, read_pulls, read_sends, send_ok_frames

@@ -14,7 +14,7 @@ from .. import layout as L
 from ..layout import (S_BODY_LEN, S_BODY_POS, S_PHY, S_PROPS_LEN, S_PROPS_POS,  # noqa: F401
                       S_QUEUE_ID, S_QUEUE_OFFSET, S_SIZE, S_STORE_TS, S_SYSFLAG, S_TOPIC_LEN,
                       S_TOPIC_POS)
-from .binary import JIT, copy_bytes, ld_i32, ld_i64
+from .binary import JIT, copy_bytes, crc32, ld_i32, ld_i64
 from .properties import _is_key, _piece
 from .records import _scan_headers
 
@@ -229,3 +229,66 @@ def gather_spans(dat, starts, lens, m, out_off, out_dat):
     for k in range(m):
         o = _copy(dat, starts[k], lens[k], out_dat, o)
         out_off[k + 1] = o
+
+
+# A pull's records (a PULL_MESSAGE reply body, or the same bytes read from the
+# store by a direct reader: the records one after another): ``pull_rows``
+# describes each in a row of these columns, for a consumer that takes them as
+# columns (client/batch.py). P_TOPIC_AT is where TOPICLENGTH is (the body ends
+# there); P_STATUS is PULL_OK, or why the record is left out while the walk
+# goes on past it: its field lengths do not add up to its TOTALSIZE, or its
+# body fails the CRC.
+P_START, P_SIZE, P_QUEUE_OFFSET, P_SYSFLAG, P_BODY_POS, P_BODY_LEN, P_TOPIC_AT, P_STATUS = range(8)
+N_PULL = 8
+PULL_OK, PULL_FIELDS, PULL_CRC = 0, 1, 2
+
+
+@njit(**JIT)
+def pull_rows(buf, check_crc, t, out):
+    """Walk the records of ``buf`` from its start, as the client's decoder
+    does (client/message.py ``decode_messages``), one row of ``out`` each
+    (``P_*``). Stops at the end, at a frame that is not a record (its magic,
+    TOTALSIZE or hosts do not fit: nothing after it can be found), or when
+    ``out`` is full. Returns (rows written, where the walk stopped)."""
+    n = buf.shape[0]
+    cap = out.shape[0]
+    pos = np.int64(0)
+    k = 0
+    while pos < n and k < cap:
+        if n - pos < L.RECORD_FIXED_BYTES:
+            return k, pos
+        size = ld_i32(buf, pos)
+        sysflag = ld_i32(buf, pos + L.OFF_SYSFLAG)
+        end = pos + size
+        q = pos + 68 + (20 if sysflag & L.SYSFLAG_BORNHOST_V6 else 8) \
+            + (20 if sysflag & L.SYSFLAG_STOREHOST_V6 else 8)
+        if ld_i32(buf, pos + 4) != L.MESSAGE_MAGIC_I32 or size < L.RECORD_FIXED_BYTES \
+                or end > n or q + 7 > end:
+            return k, pos
+        blen = np.int64(ld_i32(buf, q))
+        tpos = q + 4 + blen
+        status = PULL_OK
+        if blen < 0 or tpos + 3 > end:
+            status = PULL_FIELDS
+        else:
+            tl = np.int64(buf[tpos])
+            if tl == 0 or tpos + 3 + tl > end:
+                status = PULL_FIELDS
+            else:
+                pl = np.int64(buf[tpos + 1 + tl]) << 8 | np.int64(buf[tpos + 2 + tl])
+                if pl >= 0x8000 or tpos + 3 + tl + pl != end:
+                    status = PULL_FIELDS
+        if status == PULL_OK and check_crc and \
+                (crc32(buf, q + 4, tpos, t) & 0x7FFFFFFF) != ld_i32(buf, pos + L.OFF_BODYCRC):
+            status = PULL_CRC
+        out[k, P_START] = pos
+        out[k, P_SIZE] = size
+        out[k, P_QUEUE_OFFSET] = ld_i64(buf, pos + L.OFF_QUEUEOFFSET)
+        out[k, P_SYSFLAG] = sysflag
+        out[k, P_BODY_POS] = q + 4
+        out[k, P_BODY_LEN] = blen
+        out[k, P_TOPIC_AT] = tpos
+        out[k, P_STATUS] = status
+        k += 1
+        pos = end
+    return k, pos
