@@ -289,8 +289,8 @@ class _Subscriber(_Blocking):
 
 
 class PushConsumer(_Subscriber):
-    """DefaultMQPushConsumer: ``subscribe()``, ``register_message_listener()``,
-    ``start()``, ``shutdown()``. A plain listener runs in the consumer's
+    """DefaultMQPushConsumer: ``subscribe()``, ``register_message_listener()``
+    (or ``register_batch_listener()``), ``start()``, ``shutdown()``. A plain listener runs in the consumer's
     thread pool, a coroutine function on the client's thread."""
 
     def __init__(self, group: str, **settings):
@@ -299,6 +299,8 @@ class PushConsumer(_Subscriber):
     def register_message_listener(self, listener) -> None:
         self._run(_on_loop(self._p.register_message_listener, listener))
 
+    def register_batch_listener(self, fn) -> None:
+        self._run(_on_loop(self._p.register_batch_listener, fn))
 
     def suspend(self) -> None:
         self._run(_on_loop(self._p.suspend))

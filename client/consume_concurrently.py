@@ -22,6 +22,11 @@ woken, or a new one up to ``consume_thread_max``): a listener that awaits
 maximum of them, as the slots allowed before, while one that never yields
 has its requests run by one worker, and the others stay parked.
 
+A batch listener's request is one pull's ``MessageBatch`` (client/batch.py),
+never cut: its acknowledged part is done, the rest goes back as above (a
+``MessageExt`` made for each such message), and what the broker would not
+take back stays held as a smaller batch, consumed again later.
+
 The service belongs to one push consumer and uses its tasks, thread pool
 and offset store; it never pulls and never rebalances.
 """
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from . import background
 from .listeners import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
+from .batch import MessageBatch
 from .message import MessageExt, MessageQueue
 from .process_queue import ProcessQueue
 from .retry import RETRY_PREFIX, restore_retry_topic, send_message_back
@@ -60,13 +66,16 @@ class ConsumeConcurrentlyService:
         self.waking = 0                     # woken or started, not running yet
         self.closing = False
 
-    def submit(self, msgs: list[MessageExt], pq: ProcessQueue, mq: MessageQueue,
+    def submit(self, msgs: list[MessageExt] | MessageBatch, pq: ProcessQueue, mq: MessageQueue,
                at_once: bool = False) -> None:
         """One consume request per batch of a pull's messages."""
-        n = self.consumer.config.consume_message_batch_max_size
         reqs = self.requests
-        for i in range(0, len(msgs), n):
-            reqs.append((msgs[i:i + n], pq, mq))
+        if isinstance(msgs, MessageBatch):
+            reqs.append((msgs, pq, mq))
+        else:
+            n = self.consumer.config.consume_message_batch_max_size
+            for i in range(0, len(msgs), n):
+                reqs.append((msgs[i:i + n], pq, mq))
         if not self.waking:
             # a worker, woken after what is ready now: the pull loop that
             # submits goes on to write its next pull, and the connection
@@ -158,14 +167,21 @@ class ConsumeConcurrentlyService:
         if pq.dropped or c._stopping:
             return
         if mq.topic.startswith(RETRY_PREFIX):      # a queue's records carry its topic
-            restore_retry_topic(msgs, c.group)
+            if isinstance(msgs, MessageBatch):
+                msgs.retry_group = c.group           # (its messages() restore it)
+            else:
+                restore_retry_topic(msgs, c.group)
         context = ConsumeConcurrentlyContext(mq)
         status = await c._call_listener(msgs, context)
         if not isinstance(status, ConsumeConcurrentlyStatus):
             if status is not None:
                 log.warning("the listener of %s returned %r: RECONSUME_LATER", c.group, status)
             status = ConsumeConcurrentlyStatus.RECONSUME_LATER
-        if not pq.dropped:
+        if pq.dropped:
+            return
+        if isinstance(msgs, MessageBatch):
+            await self._batch_result(status, context, msgs, pq, mq)
+        else:
             await self._process_result(status, context, msgs, pq, mq)
 
     async def _process_result(self, status: ConsumeConcurrentlyStatus,
@@ -189,6 +205,35 @@ class ConsumeConcurrentlyService:
                 c._spawn_timer(c._later(SEND_BACK_RETRY_DELAY,
                                         lambda: self._resubmit(back_failed, pq, mq)))
         offset = pq.remove_messages(msgs)
+        if offset >= 0 and not pq.dropped:
+            c.offset_store.update_offset(mq, offset, True)
+
+    async def _batch_result(self, status: ConsumeConcurrentlyStatus,
+                            context: ConsumeConcurrentlyContext, batch: MessageBatch,
+                            pq: ProcessQueue, mq: MessageQueue) -> None:
+        """``_process_result`` for a batch: the messages after the
+        acknowledged ones go back one by one; those the broker would not
+        take stay held, a smaller batch consumed again later."""
+        c = self.consumer
+        n = len(batch)
+        ack = min(context.ack_index, n - 1) \
+            if status is ConsumeConcurrentlyStatus.CONSUME_SUCCESS else -1
+        keep = None
+        if ack < n - 1 and not c.clustering:
+            log.warning("broadcasting %s: %d messages failed and are dropped", c.group, n - ack - 1)
+        elif ack < n - 1:
+            back_failed = []
+            for i in range(ack + 1, n):
+                if not await send_message_back(c._inst(), c.group, batch.message(i),
+                                               context.delay_level_when_next_consume,
+                                               c.max_reconsume_times(), mq.broker_name):
+                    back_failed.append(i)
+            if back_failed:
+                keep = batch.take(back_failed)
+                keep.reconsume_times[:] += 1
+                c._spawn_timer(c._later(SEND_BACK_RETRY_DELAY,
+                                        lambda: self._resubmit(keep, pq, mq)))
+        offset = pq.remove_batch(batch, keep)
         if offset >= 0 and not pq.dropped:
             c.offset_store.update_offset(mq, offset, True)
 

@@ -11,6 +11,10 @@ not yet consumed. Orderly, ``take_messages`` moves the next batch aside
 that still holds the queue that it was let go; ``locked`` and
 ``last_lock_time`` are the orderly lease on the broker (queue_locks.py).
 
+A push consumer with a batch listener (client/batch.py) keeps each pull
+as one ``MessageBatch`` instead (``put_batch``, ``remove_batch``), keyed by
+its first offset: the counts, sizes and span are the messages' all the same.
+
 Push and lite pull consumers both hold one per queue. It does no I/O and
 is touched only on the event loop.
 """
@@ -20,6 +24,7 @@ import asyncio
 import itertools
 import time
 
+from .batch import MessageBatch
 from .message import MessageExt
 
 LOCK_INTERVAL = 20.0                        # ProcessQueue.REBALANCE_LOCK_INTERVAL
@@ -32,6 +37,8 @@ class ProcessQueue:
 
     def __init__(self) -> None:
         self.msgs: dict[int, MessageExt] = {}        # ascending offsets
+        self.batches: dict[int, MessageBatch] = {}   # first offset → batch (a batch listener's)
+        self.batch_count = 0                         # messages in them
         self.consuming_orderly: dict[int, MessageExt] = {}
         self.msg_size = 0
         self.queue_offset_max = 0
@@ -46,7 +53,7 @@ class ProcessQueue:
 
     @property
     def msg_count(self) -> int:
-        return len(self.msgs) + len(self.consuming_orderly)
+        return len(self.msgs) + len(self.consuming_orderly) + self.batch_count
 
     def is_lock_expired(self) -> bool:
         return time.monotonic() - self.last_lock_time > LOCK_MAX_LIVE
@@ -77,7 +84,40 @@ class ProcessQueue:
             self.consuming = True
         return dispatch
 
+    def put_batch(self, batch: MessageBatch) -> bool:
+        """Hold a pulled batch (a batch listener's consumer) until
+        ``remove_batch``; False if one from the same offset is held."""
+        offs = batch.queue_offsets
+        first = int(offs[0])
+        held = self.batches
+        if first in held:
+            return False
+        last = next(reversed(held)) if held else -1
+        held[first] = batch
+        self.batch_count += len(offs)
+        self.msg_size += int(batch.body_lengths.sum())
+        self.queue_offset_max = max(self.queue_offset_max, int(offs[-1]))
+        if first < last:
+            self.batches = dict(sorted(held.items()))
+        return True
+
+    def remove_batch(self, batch: MessageBatch, keep: MessageBatch | None = None) -> int:
+        """Drop a consumed batch, holding ``keep`` (its part to consume again)
+        in its place; the offset to commit, as ``remove_messages`` answers it
+        (-1 if the batch was not held: the queue was cleared meanwhile)."""
+        self.last_consume_time = time.monotonic()
+        if self.batches.pop(int(batch.queue_offsets[0]), None) is None:
+            return -1
+        self.batch_count -= len(batch)
+        self.msg_size -= int(batch.body_lengths.sum())
+        if keep is not None and len(keep):
+            self.put_batch(keep)
+        return next(iter(self.batches)) if self.batches else self.queue_offset_max + 1
+
     def max_span(self) -> int:
+        if self.batches:
+            last = next(reversed(self.batches.values()))
+            return int(last.queue_offsets[-1]) - next(iter(self.batches))
         if not self.msgs:
             return 0
         return next(reversed(self.msgs)) - next(iter(self.msgs))
@@ -123,10 +163,12 @@ class ProcessQueue:
         self.msgs = dict(sorted(self.msgs.items()))
 
     def has_temp_message(self) -> bool:
-        return bool(self.msgs)
+        return bool(self.msgs) or bool(self.batches)
 
     def clear(self) -> None:
         self.msgs.clear()
+        self.batches.clear()
+        self.batch_count = 0
         self.consuming_orderly.clear()
         self.msg_size = 0
         self.queue_offset_max = 0

@@ -43,6 +43,7 @@ from shmq.ipc.remoting import RemotingCommand
 from .direct import CAUGHT_UP
 from .errors import MQClientError, RemotingError
 from .instance import MASTER_ID, ClientInstance
+from .batch import MessageBatch, build_batch
 from .message import MessageExt, MessageQueue, decode_messages
 from .process_queue import ProcessQueue
 from .subscription import SubscriptionData
@@ -70,7 +71,7 @@ class PullResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    msgs: list[MessageExt]
+    msgs: list[MessageExt] | MessageBatch      # a MessageBatch where the caller asked for one
     here: bool = False        # read from the store by this process (client/direct.py)
 
 
@@ -85,7 +86,7 @@ class PullRequest:
 
 async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, sub: SubscriptionData,
                       offset: int, max_nums: int, sysflag: int, commit_offset: int,
-                      suspend_ms: int, timeout: float) -> PullResult:
+                      suspend_ms: int, timeout: float, batch: bool = False) -> PullResult:
     """PULL_MESSAGE and PullAPIWrapper.processPullResult: decode, keep the
     subscribed tags, note the queue's min/max offsets on each message.
     Raises MQClientError (a broker refusal) or RemotingError. A pull read
@@ -103,7 +104,7 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
             reads = ds.reads
             codes = _tag_codes(sub)
             got = reads.pull(group, mq.topic, mq.queue_id, offset, max_nums, codes,
-                             commit_offset if sysflag & PULL_COMMIT_OFFSET else None)
+                             commit_offset if sysflag & PULL_COMMIT_OFFSET else None, batch)
             if got is CAUGHT_UP:
                 # the long poll, here: woken by the append, read again; after
                 # the suspend time with nothing the broker answers at once
@@ -114,7 +115,8 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
                     came = await reads.park(mq.topic, mq.queue_id, offset, suspend_ms / 1000)
                 got = None
                 if came:
-                    got = reads.pull(group, mq.topic, mq.queue_id, offset, max_nums, codes, None)
+                    got = reads.pull(group, mq.topic, mq.queue_id, offset, max_nums, codes, None,
+                                     batch)
                     if got is CAUGHT_UP:
                         got = None
                 elif came is False:
@@ -126,7 +128,7 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
                 result = PullResult(PullStatus.FOUND if found else PullStatus.NO_MATCHED_MSG,
                                     next_begin, mn, mx, [], True)
                 if found:
-                    _found(result, body, mq, sub, offset)
+                    _found(result, body, mq, sub, offset, batch)
                 return result                     # (the caller turns the loop: the doc)
             asked_at = reads.epoch()
     addr, slave = instance.find_broker(mq.broker_name, which)
@@ -177,24 +179,35 @@ async def pull_kernel(instance: ClientInstance, group: str, mq: MessageQueue, su
     result = PullResult(status, int(h["nextBeginOffset"]), int(h.get("minOffset", 0)),
                         int(h.get("maxOffset", 0)), [])
     if status is PullStatus.FOUND:
-        _found(result, r.body, mq, sub, offset)
+        _found(result, r.body, mq, sub, offset, batch)
     return result
 
 
 def _found(result: PullResult, body: bytes, mq: MessageQueue, sub: SubscriptionData,
-           offset: int) -> None:
+           offset: int, batch: bool) -> None:
     """processPullResult for a FOUND body, from the socket or read here:
-    decode, step past damage, keep the subscribed tags."""
+    decode (``batch``: as one MessageBatch, client/batch.py), step past
+    damage, keep the subscribed tags."""
     # one tuple for the pull's MIN_OFFSET/MAX_OFFSET, shared by its messages
     skipped: list = []
-    msgs = decode_messages(body, mq.broker_name, (str(result.min_offset), str(result.max_offset)),
-                           skipped=skipped)
+    pull = (str(result.min_offset), str(result.max_offset))
+    if batch:
+        msgs = build_batch(body, mq, pull, skipped=skipped)
+        last = int(msgs.queue_offsets[-1]) if len(msgs) else None
+    else:
+        msgs = decode_messages(body, mq.broker_name, pull, skipped=skipped)
+        last = msgs[-1].queue_offset if msgs else None
     if skipped:
-        result.next_begin_offset = _past_damage(msgs, skipped, offset, result.next_begin_offset)
+        result.next_begin_offset = _past_damage(last, skipped, offset, result.next_begin_offset)
         for qoff, why, _ in skipped:
             log.error("pull %s: %s (queue offset %s): a damaged record, skipped and not "
                       "delivered", mq, why, "unknown" if qoff is None else qoff)
-    result.msgs = [m for m in msgs if sub.accepts(m)] if sub.tags_set else msgs
+    if not sub.tags_set:
+        result.msgs = msgs
+    elif batch:
+        result.msgs = msgs.take([i for i in range(len(msgs)) if sub.accepts(msgs.message(i))])
+    else:
+        result.msgs = [m for m in msgs if sub.accepts(m)]
 
 
 # a TAG subscription's codes as the store's scan takes them (sorted int64;
@@ -214,19 +227,20 @@ def _tag_codes(sub: SubscriptionData):
     return codes
 
 
-def _past_damage(msgs: list[MessageExt], skipped: list, offset: int, next_begin: int) -> int:
+def _past_damage(last: int | None, skipped: list, offset: int, next_begin: int) -> int:
     """Where the queue goes on after a pull with damaged records: a record
     whose body alone was bad is skipped like a poison message (its
     neighbours were read); a broken frame hid what came after it, so the
     next pull starts past it — right after it when its queue offset is
     believable, else after the last good message, else (it came first) at
-    the broker's next offset — so the queue never stops on it."""
+    the broker's next offset — so the queue never stops on it. ``last``: the last good message's queue
+    offset (None: none was good)."""
     qoff, _, framed = skipped[-1]
     if framed:
         return next_begin
     if qoff is not None and offset <= qoff < next_begin:
         return qoff + 1
-    return msgs[-1].queue_offset + 1 if msgs else next_begin
+    return next_begin if last is None else last + 1
 
 
 __all__ = ["FLOW_CONTROL_DELAY", "PULL_STATUS", "PullRequest", "PullResult", "PullStatus",

@@ -35,6 +35,7 @@ from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 
 from . import background, trace
 from .consume_concurrently import ConsumeConcurrentlyService
+from .batch import build_batch, warm_up_batches
 from .consume_orderly import ConsumeOrderlyService
 from .consumer_base import ConsumerBase, ConsumerSettings, split_settings
 from .errors import EXPECTED, MQClientError, RemotingError
@@ -89,6 +90,7 @@ class AsyncPushConsumer(ConsumerBase):
         super().__init__(group, PushConsumerConfig(**own), client, namesrv_addr, client_settings)
         self.listener: MessageListenerConcurrently | MessageListenerOrderly | None = None
         self.orderly = False
+        self.batch = False          # a batch listener: each pull's messages as one MessageBatch
         self.paused = False
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self._pull_tasks: dict[MessageQueue, asyncio.Task] = {}
@@ -137,10 +139,25 @@ class AsyncPushConsumer(ConsumerBase):
                 raise TypeError("the listener must be a MessageListener or a callable")
             listener = MessageListenerConcurrently(listener)
         self.listener = listener
+        self.batch = False
         self.orderly = isinstance(listener, MessageListenerOrderly)
         self.service = ConsumeOrderlyService(self) if self.orderly else ConsumeConcurrentlyService(self)
         fn = listener.consume_message
         self._listener_is_async = inspect.iscoroutinefunction(fn)
+
+    def register_batch_listener(self, fn) -> None:
+        """A plain or coroutine function ``(batch, context) -> status`` that
+        consumes concurrently, taking each pull's messages as one
+        ``MessageBatch`` (client/batch.py: numpy columns over the records,
+        no object per message): up to ``pull_batch_size`` messages, as many
+        as the broker gives a pull (its maxTransferCountOnMessageInMemory,
+        32 by default); ``consume_message_batch_max_size`` does not cut it.
+        ``context.ack_index`` acknowledges the messages up to that index, as
+        for a list. Replaces a message listener registered before."""
+        if not callable(fn):
+            raise TypeError("the batch listener must be a callable (batch, context) -> status")
+        self.register_message_listener(MessageListenerConcurrently(fn))
+        self.batch = True
 
     def max_reconsume_times(self) -> int:
         if self.config.max_reconsume_times == -1:
@@ -160,6 +177,8 @@ class AsyncPushConsumer(ConsumerBase):
             self.subscriptions.setdefault(retry, SubscriptionData.build(retry, "*"))
         self._stopping = False
         self.service = type(self.service)(self)        # (a restart: its workers anew)
+        if self.batch:
+            warm_up_batches(wait=False)                # the records' walk kernel, loaded aside
         self._slots = asyncio.Semaphore(self.config.consume_thread_max)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.config.consume_thread_max, thread_name_prefix=f"ConsumeMessageThread_{self.group}")
@@ -411,7 +430,8 @@ class AsyncPushConsumer(ConsumerBase):
             result = await pull_kernel(self._inst(), self.group, mq, sub, req.next_offset,
                                        cfg.pull_batch_size, sysflag, commit_offset,
                                        cfg.broker_suspend_max_time_millis,
-                                       cfg.consumer_timeout_millis_when_suspend / 1000)
+                                       cfg.consumer_timeout_millis_when_suspend / 1000,
+                                       self.batch)
         except (RemotingError, MQClientError) as e:
             if not mq.topic.startswith(RETRY_PREFIX):
                 log.warning("pull %s for %s: %s", mq, self.group, e)
@@ -420,7 +440,10 @@ class AsyncPushConsumer(ConsumerBase):
             return 0
         if result.status is PullStatus.FOUND:
             req.next_offset = result.next_begin_offset
-            if result.msgs:
+            if self.batch:
+                if result.msgs and pq.put_batch(result.msgs):
+                    self.service.submit(result.msgs, pq, mq, at_once=result.here)
+            elif result.msgs:
                 dispatch = pq.put_messages(result.msgs)
                 if self.orderly:
                     if dispatch:
@@ -475,7 +498,10 @@ class AsyncPushConsumer(ConsumerBase):
         if not msgs:                  # the broker found no such message: nothing to consume
             raise ValueError("the request carries no message")
         restore_retry_topic(msgs, self.group)
-        mq = MessageQueue(msgs[0].topic, broker_name, msgs[0].queue_id) if msgs else None
+        mq = MessageQueue(msgs[0].topic, broker_name, msgs[0].queue_id)
+        if self.batch:
+            msgs = build_batch(body, mq)
+            msgs.retry_group = self.group
         context = (ConsumeOrderlyContext(mq) if self.orderly else ConsumeConcurrentlyContext(mq))
         t0 = time.monotonic()
         try:
@@ -504,7 +530,8 @@ class AsyncPushConsumer(ConsumerBase):
         """``_call_listener`` with trace on: SubBefore and SubAfter records
         around it (client/trace.py), telling a listener that raised from one
         that returned nothing."""
-        before = trace.sub_before(self.tracer, self.group, msgs)
+        before = trace.sub_before(self.tracer, self.group,
+                                  msgs.messages() if self.batch else msgs)
         fn, raised = self.listener.consume_message, []
         if self._listener_is_async:
             async def listener(m, c):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import orjson
+import pytest
 
 from brokerproc import routed_topic, start_broker
 from shmq.client.remoting import RemotingClient
@@ -79,10 +80,12 @@ def test_record_fault_names_each_kind_of_damage():
         assert why in record_fault(memoryview(bytes(bad)), 0), at
 
 
-def test_shmq_consumer_skips_a_damaged_record_it_is_served_and_goes_on(tmp_path, caplog):
+@pytest.mark.parametrize("listener", ["messages", "batch"])
+def test_shmq_consumer_skips_a_damaged_record_it_is_served_and_goes_on(tmp_path, caplog, listener):
     """With the broker's check off (RocketMQ's behaviour) the damaged record
     reaches the consumer: it is left out like a poison message, with an
-    ERROR, and the queue goes on; it used to stop that queue for good."""
+    ERROR, and the queue goes on; it used to stop that queue for good. A
+    batch listener's batch leaves it out the same way."""
     import time
 
     from shmq.client import ConsumeConcurrentlyStatus, Message, Producer, PushConsumer
@@ -101,9 +104,14 @@ def test_shmq_consumer_skips_a_damaged_record_it_is_served_and_goes_on(tmp_path,
         consumer = PushConsumer("cg-damaged", namesrv_addr=b.namesrv,
                                 consume_from_where="CONSUME_FROM_FIRST_OFFSET")
         consumer.subscribe(topic)
-        consumer.register_message_listener(
-            lambda msgs, ctx: (got.extend(m.body for m in msgs),
-                               ConsumeConcurrentlyStatus.CONSUME_SUCCESS)[1])
+        if listener == "batch":
+            consumer.register_batch_listener(
+                lambda batch, ctx: (got.extend(batch.bodies()),
+                                    ConsumeConcurrentlyStatus.CONSUME_SUCCESS)[1])
+        else:
+            consumer.register_message_listener(
+                lambda msgs, ctx: (got.extend(m.body for m in msgs),
+                                   ConsumeConcurrentlyStatus.CONSUME_SUCCESS)[1])
         with caplog.at_level("ERROR", logger="shmq.client"):
             consumer.start()
             deadline = time.monotonic() + 30

@@ -1,0 +1,312 @@
+"""One pull's messages as columns: what a batch listener receives.
+
+A push consumer with a batch listener (``register_batch_listener``) hands
+each pull's messages to it as one ``MessageBatch``: the records exactly as
+the broker stores and sends them (``data``, RocketMQ's record layout) and a
+row per message saying where its fields are, as numpy arrays. No Python
+object is made per message unless the listener asks for one (``message``,
+``messages``, ``body``), so a listener that works on the arrays (sums,
+filters, copies bodies with numpy) costs the consumer a few µs a pull
+rather than a few µs a message. It is what a local consumer needs to keep
+up with local producers (client/direct.py reads the same records from the
+store's mapping).
+
+The rows come from ``pull_rows``, numba's walk of the records
+(core/_kernels/columns.py) when the store's kernels are installed and
+loaded, else from ``_rows_here``, the same walk in Python (a client
+installed without the ``broker`` extra). Both check each record as the
+decoder of ``MessageExt``s does (client/message.py ``decode_messages``):
+its frame, field lengths adding up to its TOTALSIZE, its body CRC. A
+damaged record is left out and described (``skipped``), and a frame that
+is not a record ends the walk there, as that decoder does.
+
+The batch's arrays are read-only views of one (n, 8) int64 array; ``take``
+makes a batch of some of the rows over the same ``data`` (a part the
+listener did not acknowledge, kept for its retry).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import zlib
+
+import numpy as np
+
+from shmq.core import layout as L
+
+from .message import MessageExt, MessageQueue
+
+log = logging.getLogger("shmq.client")
+
+# the row's columns (core/_kernels/columns.py draws the same)
+P_START, P_SIZE, P_QUEUE_OFFSET, P_SYSFLAG, P_BODY_POS, P_BODY_LEN, P_TOPIC_AT, P_STATUS = range(8)
+N_PULL = 8
+PULL_OK, PULL_FIELDS, PULL_CRC = 0, 1, 2
+_WHY = {PULL_FIELDS: "field lengths do not add up to TOTALSIZE {size}",
+        PULL_CRC: "body CRC mismatch"}
+
+_HEAD = struct.Struct(">iii8xq8xi")         # TOTALSIZE, MAGIC, BODYCRC, QUEUEOFFSET, SYSFLAG
+_I32, _I64 = struct.Struct(">i"), struct.Struct(">q")
+_BORN_V6, _STORE_V6 = L.SYSFLAG_BORNHOST_V6, L.SYSFLAG_STOREHOST_V6
+_R8 = np.arange(8)
+
+
+class MessageBatch:
+    """The messages of one pull of ``queue``, in queue order (see the module).
+
+    ``len(batch)`` messages; ``data`` holds their records; the arrays
+    ``queue_offsets``, ``body_offsets`` (where each body starts in ``data``),
+    ``body_lengths``, ``sysflags`` and ``store_sizes`` (the record's
+    TOTALSIZE) have one entry a message. A body the producer compressed
+    (``sysflags & 1``) is stored compressed: ``body``/``bodies`` inflate it,
+    the offsets point at it as stored. ``store_timestamps``,
+    ``born_timestamps``, ``commit_log_offsets`` and ``reconsume_times`` are
+    read on first use. ``message(i)``/``messages()`` give ``MessageExt``s
+    for the listener that needs every field of a few (from a %RETRY% queue,
+    with their original topic)."""
+
+    __slots__ = ("queue", "data", "rows", "_pull", "retry_group", "_reconsume", "_fixed")
+
+    def __init__(self, queue: MessageQueue, data: bytes, rows: np.ndarray,
+                 pull: tuple[str, str] | None = None):
+        self.queue = queue
+        self.data = data
+        rows.flags.writeable = False
+        self.rows = rows
+        self._pull = pull                    # (MIN_OFFSET, MAX_OFFSET) of the pull
+        self.retry_group: str | None = None  # set for a %RETRY% queue's batch: messages() restore
+        self._reconsume: np.ndarray | None = None
+        self._fixed: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def __repr__(self) -> str:
+        offs = self.queue_offsets
+        span = f"{offs[0]}..{offs[-1]}" if len(offs) else "none"
+        return f"MessageBatch({self.queue}, {len(offs)} messages, queue offsets {span})"
+
+    # ------------------------------------------------------------ columns
+    @property
+    def queue_offsets(self) -> np.ndarray:
+        return self.rows[:, P_QUEUE_OFFSET]
+
+    @property
+    def body_offsets(self) -> np.ndarray:
+        return self.rows[:, P_BODY_POS]
+
+    @property
+    def body_lengths(self) -> np.ndarray:
+        return self.rows[:, P_BODY_LEN]
+
+    @property
+    def sysflags(self) -> np.ndarray:
+        return self.rows[:, P_SYSFLAG]
+
+    @property
+    def store_sizes(self) -> np.ndarray:
+        return self.rows[:, P_SIZE]
+
+    def _i64_at(self, name: str, at: np.ndarray) -> np.ndarray:
+        col = self._fixed.get(name)
+        if col is None:
+            a = np.frombuffer(self.data, np.uint8)
+            col = a[at[:, None] + _R8].view(">i8").ravel().astype(np.int64)
+            col.flags.writeable = False
+            self._fixed[name] = col
+        return col
+
+    def _born_bytes(self) -> np.ndarray:
+        return np.where(self.sysflags & _BORN_V6, 20, 8)
+
+    @property
+    def born_timestamps(self) -> np.ndarray:
+        return self._i64_at("born", self.rows[:, P_START] + L.OFF_BORNTIMESTAMP)
+
+    @property
+    def store_timestamps(self) -> np.ndarray:
+        return self._i64_at("store", self.rows[:, P_START] + L.OFF_BORNHOST + self._born_bytes())
+
+    @property
+    def commit_log_offsets(self) -> np.ndarray:
+        return self._i64_at("phy", self.rows[:, P_START] + L.OFF_PHYSICALOFFSET)
+
+    @property
+    def reconsume_times(self) -> np.ndarray:
+        """How many times each message was consumed before (writable: the
+        consumer counts a retry it keeps here)."""
+        if self._reconsume is None:
+            a = np.frombuffer(self.data, np.uint8)
+            at = self.rows[:, P_START] + 56 + self._born_bytes() + \
+                np.where(self.sysflags & _STORE_V6, 20, 8)
+            self._reconsume = a[at[:, None] + _R8[:4]].view(">i4").ravel().astype(np.int64)
+        return self._reconsume
+
+    # ------------------------------------------------------------ per message
+    def body(self, i: int) -> bytes:
+        r = self.rows[i]
+        raw = self.data[r[P_BODY_POS]:r[P_BODY_POS] + r[P_BODY_LEN]]
+        return _inflated(raw, int(r[P_SYSFLAG]), self, i)
+
+    def bodies(self) -> list[bytes]:
+        data = self.data
+        starts = self.body_offsets.tolist()
+        out = [data[s:s + n] for s, n in zip(starts, self.body_lengths.tolist())]
+        if (self.sysflags & L.SYSFLAG_COMPRESSED).any():
+            for i in np.flatnonzero(self.sysflags & L.SYSFLAG_COMPRESSED).tolist():
+                out[i] = _inflated(out[i], L.SYSFLAG_COMPRESSED, self, i)
+        return out
+
+    def message(self, i: int) -> MessageExt:
+        r = self.rows[i].tolist()
+        start = r[P_START]
+        m = MessageExt(self.data, start, self.queue.broker_name, r[P_SIZE], r[P_QUEUE_OFFSET],
+                       r[P_SYSFLAG], r[P_BODY_LEN], r[P_TOPIC_AT] - start, self._pull)
+        if r[P_SYSFLAG] & L.SYSFLAG_COMPRESSED:
+            m.body = self.body(i)
+        if self._reconsume is not None:
+            m.reconsume_times = int(self._reconsume[i])
+        if self.retry_group is not None:
+            from .retry import restore_retry_topic
+            restore_retry_topic([m], self.retry_group)
+        return m
+
+    def messages(self) -> list[MessageExt]:
+        return [self.message(i) for i in range(len(self))]
+
+    def take(self, which) -> "MessageBatch":
+        """A batch of the rows ``which`` (indexes or a mask) over the same data."""
+        b = MessageBatch(self.queue, self.data, self.rows[which], self._pull)
+        b.retry_group = self.retry_group
+        if self._reconsume is not None:
+            b._reconsume = self._reconsume[which].copy()
+        return b
+
+
+def _inflated(raw: bytes, sysflag: int, batch: MessageBatch, i: int) -> bytes:
+    if not sysflag & L.SYSFLAG_COMPRESSED:
+        return raw
+    try:
+        return zlib.decompress(raw)
+    except zlib.error as e:
+        log.warning("message at %s:%d: body not zlib (%s); kept as stored", batch.queue,
+                    int(batch.queue_offsets[i]), e)
+        return raw
+
+
+# ---------------------------------------------------------------- the walk
+def build_batch(data: bytes, queue: MessageQueue, pull: tuple[str, str] | None = None,
+                check_crc: bool = True, skipped: list | None = None) -> MessageBatch:
+    """The batch of a pull's records ``data``. A damaged record is left out
+    and described in ``skipped`` as (its queue offset or None, why, framed),
+    as ``decode_messages`` describes it; without ``skipped`` it raises
+    CorruptMessage."""
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    k = _kernel()
+    if k is not None:
+        buf = np.frombuffer(data, np.uint8)
+        out = np.empty((len(data) // L.RECORD_FIXED_BYTES + 1, N_PULL), np.int64)
+        n, stop = k(buf, check_crc, _TABLES[0], out)
+        rows = out[:n]
+    else:
+        rows, stop = _rows_here(data, check_crc)
+    bad = rows[:, P_STATUS] != PULL_OK
+    if stop < len(data) or bad.any():
+        _damage(data, rows, bad, stop, skipped)
+        rows = rows[~bad]
+    return MessageBatch(queue, data, rows, pull)
+
+
+def _damage(data: bytes, rows: np.ndarray, bad: np.ndarray, stop: int, skipped: list | None) -> None:
+    from .message import CorruptMessage
+    found = []
+    for r in rows[bad].tolist():
+        why = _WHY[r[P_STATUS]].format(size=r[P_SIZE])
+        found.append((r[P_QUEUE_OFFSET], f"record at {r[P_START]}: {why}", True))
+    if stop < len(data):
+        left = len(data) - stop
+        if left < L.RECORD_FIXED_BYTES:
+            found.append((None, f"record at {stop}: {left} bytes left, too few for a record",
+                          False))
+        else:
+            size, magic, _, qoff, _ = _HEAD.unpack_from(data, stop)
+            found.append((qoff if magic == L.MESSAGE_MAGIC_I32 else None,
+                          f"record at {stop}: magic {magic & 0xFFFFFFFF:#x}, TOTALSIZE {size}: "
+                          f"not a message record within the {len(data)} bytes", False))
+    if skipped is None:
+        raise CorruptMessage(found[0][1])
+    skipped.extend(found)
+
+
+def _rows_here(data: bytes, check_crc: bool) -> tuple[np.ndarray, int]:
+    """``pull_rows`` in Python: the same rows, where numba is not installed."""
+    rows = []
+    n, pos = len(data), 0
+    head, i32, crc32 = _HEAD.unpack_from, _I32.unpack_from, zlib.crc32
+    mv = memoryview(data)
+    while n - pos >= L.RECORD_FIXED_BYTES:
+        size, magic, crc, qoff, sysflag = head(data, pos)
+        end = pos + size
+        q = pos + 68 + (20 if sysflag & _BORN_V6 else 8) + (20 if sysflag & _STORE_V6 else 8)
+        if magic != L.MESSAGE_MAGIC_I32 or size < L.RECORD_FIXED_BYTES or end > n or q + 7 > end:
+            break
+        blen = i32(data, q)[0]
+        t = q + 4 + blen
+        status = PULL_OK
+        if blen < 0 or t + 3 > end or not 0 < (tl := data[t]) or t + 3 + tl > end or (
+                (pl := data[t + 1 + tl] << 8 | data[t + 2 + tl]) >= 0x8000 or t + 3 + tl + pl != end):
+            status = PULL_FIELDS
+        elif check_crc and crc32(mv[q + 4:t]) & 0x7FFFFFFF != crc:
+            status = PULL_CRC
+        rows.append((pos, size, qoff, sysflag, q + 4, blen, t, status))
+        pos = end
+    out = np.array(rows, np.int64).reshape(len(rows), N_PULL)
+    return out, pos
+
+
+# ---------------------------------------------------------------- the kernel
+# Loaded once per process, in a thread (``warm_up_batches``): until then, and
+# without numba, batches are walked in Python.
+_LOADED = threading.Event()
+_loader: list[threading.Thread] = []
+_KERNEL: list = []
+_TABLES: list = []
+
+
+def _kernel():
+    if _LOADED.is_set():
+        return _KERNEL[0] if _KERNEL else None
+    if not _loader:
+        warm_up_batches(wait=False)
+    return None
+
+
+def _load() -> None:
+    try:
+        from shmq.core import jit
+        from shmq.core import _kernels as K
+        jit.load(("pull",))
+        _TABLES.append(K.CRC_TABLES)
+        _KERNEL.append(K.pull_rows)
+    except ImportError:                  # the client alone: no numba
+        pass
+    finally:
+        _LOADED.set()
+
+
+def warm_up_batches(wait: bool = True) -> bool:
+    """Load the records' walk kernel in a thread (once per process); with
+    ``wait``, until it is loaded. Batches are walked in Python meanwhile.
+    A consumer with a batch listener starts it when it starts."""
+    if not _loader:
+        t = threading.Thread(target=_load, daemon=True, name="shmq-batch-warm-up")
+        _loader.append(t)
+        t.start()
+    if wait:
+        _loader[0].join()
+    return _LOADED.is_set()
+
+
+__all__ = ["MessageBatch", "build_batch", "warm_up_batches"]
