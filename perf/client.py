@@ -401,12 +401,16 @@ async def _backlog(namesrv: str, topic: str, n: int) -> None:
 
 
 async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool,
-                        direct: bool = False, batch: int = 32) -> tuple[float, float, int]:
+                        direct: bool = False, batch: int = 32,
+                        columns: int = 0) -> tuple[float, float, int]:
     """A push consumer (its own group) draining the ``n``-message backlog of
     ``topic`` from the first offset: msg/s from the first delivery to the
     last, this process's CPU µs a message meanwhile, and how many it read
     from the store itself (``direct``: client/direct.py's reads, the scan
     kernel loaded before the drain; off, every pull crosses the socket).
+    ``columns``: a batch listener (client/batch.py) with that
+    pull_batch_size, each message seen by its queue offset, instead of a
+    message listener seeing each one's msg_id.
     Every message must be delivered exactly once."""
     from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
     if direct:
@@ -425,13 +429,30 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool,
             done.set()
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
+    offsets: list = []
+
+    async def on_batch(batch, context):
+        if got[0] == 0:
+            got[1], got[2] = time.perf_counter(), time.process_time()
+        got[0] += len(batch)
+        offsets.append(batch.queue_offsets + (batch.queue.queue_id << 40))
+        if got[0] >= n:
+            done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
     cfg = ClientConfig(namesrv_addr=namesrv, use_unix_socket=unix, direct_append=direct,
                        instance_name=f"perf-c-{unix}-{direct}")
     c = AsyncPushConsumer(f"perf-consume-{unix}-{direct}-{time.time_ns()}", client=cfg,
                           consume_from_where="CONSUME_FROM_FIRST_OFFSET",
-                          consume_message_batch_max_size=batch)
+                          consume_message_batch_max_size=batch,
+                          pull_batch_size=columns or 32)
     c.subscribe(topic, "*")
-    c.register_message_listener(on_messages)
+    if columns:
+        from shmq.client.batch import warm_up_batches
+        warm_up_batches()
+        c.register_batch_listener(on_batch)
+    else:
+        c.register_message_listener(on_messages)
     await c.start()
     try:
         await asyncio.wait_for(done.wait(), 120)
@@ -441,8 +462,12 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool,
         read_here = ds[0].reads.messages if ds else 0
     finally:
         await c.shutdown()
-    if got[0] != n:
-        raise AssertionError(f"{got[0]} deliveries of {n} messages: some came twice")
+    if columns:
+        import numpy as np
+        seen = set(np.unique(np.concatenate(offsets)).tolist()) if offsets else set()
+    if got[0] != n or len(seen) != n:
+        raise AssertionError(f"{got[0]} deliveries of {n} messages, {len(seen)} distinct: "
+                             "some came twice")
     if direct and read_here < n // 2:
         raise AssertionError(f"the direct consumer read {read_here} of {n} itself")
     return rate, cpu_us, read_here

@@ -35,6 +35,11 @@
   vs pulling over the Unix socket (``direct_append=False``), each its own
   group, every message delivered once; the direct one must have read most
   of them itself (its ``DirectReads.messages``).
+- local_ipc_consume_batch: the same drain with a batch listener
+  (``register_batch_listener``: each pull one ``MessageBatch`` of numpy
+  columns, client/batch.py) and pull_batch_size BATCH_PULL, direct; beside
+  it the same at pull_batch_size 32, over the Unix socket, and the message
+  listener's rate (the row above). Each message seen once, by queue offset.
 - local_ipc_latency_spin / local_ipc_latency_park: produce → consume
   latency through the direct path at LATENCY_RATE msg/s, one 100 B message
   per ``AsyncProducer.send`` (direct; the loop turns after each, as an
@@ -58,6 +63,8 @@
   order per queue and delivered in queue order; msg/s from the go to the
   last delivery. Beside it: the same with socket consumers and producers
   (``direct_append=False``). Issue 17's target: 1 M msg/s.
+- local_ipc_2x2_batch: the same, direct, with batch listeners
+  (pull_batch_size BATCH_PULL) checking the same with numpy.
 - local_ipc_sync_flush: a SYNC_FLUSH broker, WINDOW ``AsyncProducer.send``
   callers in one process: direct vs the Unix socket at the same load, the
   messages each fdatasync made durable (the flusher's count), every answer
@@ -323,10 +330,25 @@ def run(ctx, result):
                  unix_socket=round(drained_socket), vs_socket=round(drained / drained_socket, 2),
                  client_cpu_us_per_msg=round(cpu, 2),
                  unix_socket_client_cpu_us_per_msg=round(cpu_socket, 2), messages=n, body_bytes=100)
+    rate_b, cpu_b, _ = asyncio.run(_shmq_consume(ns, backlog, n, True, direct=True,
+                                                 columns=BATCH_PULL))
+    rate_b32, cpu_b32, _ = asyncio.run(_shmq_consume(ns, backlog, n, True, direct=True, columns=32))
+    rate_bs, cpu_bs, _ = asyncio.run(_shmq_consume(ns, backlog, n, True, columns=BATCH_PULL))
+    yield result("local_ipc_consume_batch", rate_b, "msg/s", ctx.memcpy_bps() / record,
+                 f"memcpy of {record}-byte records (this host, same run)",
+                 client_cpu_us_per_msg=round(cpu_b, 3), pull_batch_size=BATCH_PULL,
+                 pull_batch_size_32=round(rate_b32), pull_batch_size_32_cpu_us_per_msg=round(cpu_b32, 3),
+                 message_listener=round(drained), vs_message_listener=round(rate_b / drained, 2),
+                 unix_socket=round(rate_bs), unix_socket_client_cpu_us_per_msg=round(cpu_bs, 3),
+                 messages=n, body_bytes=100)
     yield from run_latency(ctx, result, b, ns)
     yield from run_two_by_two(ctx, result, b, ns)
     yield from run_sync_flush(ctx, result)
 
+
+# a batch listener's pull_batch_size in the consume and 2 x 2 rows
+# (client/batch.py: a direct read takes it past the broker's count cap of 32)
+BATCH_PULL = 256
 
 # ---------------------------------------------------------------- latency
 LATENCY_RATE = 10_000            # messages a second, one per send
@@ -581,12 +603,13 @@ def _two_producer(ns: str, topic: str, tag: int, n: int, direct: bool, go, pipe)
 
 
 def _two_consumer(ns: str, topic: str, group: str, queues: int, total, direct: bool,
-                  pipe) -> None:
+                  batch: bool, pipe) -> None:
     """One of the group's push consumers: ready once it holds ``queues``
     queues; consumes until the group's shared count reaches ``total``
     messages: (each message's queue, queue offset, producer and number as
     arrays; the time of its last delivery; deliveries out of queue order;
-    messages read from the store itself)."""
+    messages read from the store itself). ``batch``: a batch listener
+    (pull_batch_size BATCH_PULL) reading the same with numpy."""
     from array import array
 
     from shmq.client import AsyncPushConsumer, ConsumeConcurrentlyStatus
@@ -618,12 +641,35 @@ def _two_consumer(ns: str, topic: str, group: str, queues: int, total, direct: b
             last[0] = time.monotonic()
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
+        parts: list = []
+        head = np.arange(_SEQ.size)
+
+        async def on_batch(batch, context):
+            q = batch.queue.queue_id
+            o = batch.queue_offsets
+            if o[0] <= seen.get(q, -1) or (len(o) > 1 and (np.diff(o) <= 0).any()):
+                last[1] += 1
+            seen[q] = int(o[-1])
+            raw = np.frombuffer(batch.data, np.uint8)
+            ts = raw[batch.body_offsets[:, None] + head].view(">i4").astype(np.int64)
+            parts.append((np.full(len(o), q, np.int64), o.copy(), ts[:, 0], ts[:, 1]))
+            with counter.get_lock():
+                counter.value += len(o)
+            last[0] = time.monotonic()
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
         cfg = ClientConfig(namesrv_addr=ns, direct_append=direct,
                            instance_name=f"perf-2x2-c{os.getpid()}")
         c = AsyncPushConsumer(group, client=cfg, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
-                              consume_message_batch_max_size=32)
+                              consume_message_batch_max_size=32,
+                              pull_batch_size=BATCH_PULL if batch else 32)
         c.subscribe(topic, "*")
-        c.register_message_listener(on_messages)
+        if batch:
+            from shmq.client.batch import warm_up_batches
+            warm_up_batches()
+            c.register_batch_listener(on_batch)
+        else:
+            c.register_message_listener(on_messages)
         await c.start()
         try:
             deadline = time.monotonic() + 60
@@ -641,6 +687,8 @@ def _two_consumer(ns: str, topic: str, group: str, queues: int, total, direct: b
             read_here = ds[0].reads.messages if ds else 0
         finally:
             await c.shutdown()
+        if parts:
+            cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
         return [c.tobytes() for c in cols], last[0], last[1], read_here
     try:
         pipe.send(asyncio.run(main()))
@@ -649,7 +697,7 @@ def _two_consumer(ns: str, topic: str, group: str, queues: int, total, direct: b
         raise
 
 
-def _two_by_two(b, ns: str, n: int, direct: bool) -> dict:
+def _two_by_two(b, ns: str, n: int, direct: bool, batch: bool = False) -> dict:
     """2 producer processes put ``n`` messages each to a fresh 4-queue topic
     while 2 consumer processes of one group consume them: msg/s from the go
     to the last delivery, after checking every message was delivered once,
@@ -657,14 +705,15 @@ def _two_by_two(b, ns: str, n: int, direct: bool) -> dict:
     import numpy as np
     from perf.broker import FORK, spawn
     from perf.net_limits import _check_exit
-    topic = _ready_topic(b, f"PerfLocalIpc2x2_{direct}", queues=4)
+    topic = _ready_topic(b, f"PerfLocalIpc2x2_{direct}{'_batch' * batch}", queues=4)
     total = 2 * n
     counter = FORK.Value("q", 0)
-    group = f"perf-2x2-{direct}-{time.time_ns()}"
+    group = f"perf-2x2-{direct}-{batch}-{time.time_ns()}"
     go = FORK.Event()
     kids = []
     try:
-        cons = [spawn(_two_consumer, (ns, topic, group, 2, (counter, total), direct)) for _ in range(2)]
+        cons = [spawn(_two_consumer, (ns, topic, group, 2, (counter, total), direct, batch))
+                for _ in range(2)]
         kids += [k for k, _ in cons]
         for _, a in cons:
             _ready(a, "2x2 consumer")
@@ -734,6 +783,14 @@ def run_two_by_two(ctx, result, b, ns: str):
                  unix_socket_produce_rate=round(socket["produce_rate"]),
                  vs_socket=round(direct["rate"] / socket["rate"], 2), producers=2, consumers=2,
                  messages=2 * n, body_bytes=100, target=1_000_000)
+    batch = _two_by_two(b, ns, n, True, batch=True)
+    yield result("local_ipc_2x2_batch", batch["rate"], "msg/s", ctx.memcpy_bps() / 100,
+                 "memcpy of 100 B per message into a mapping (this host, same run)",
+                 produce_rate=round(batch["produce_rate"]), per_consumer=batch["per_consumer"],
+                 read_by_consumers=batch["read_here"], pull_batch_size=BATCH_PULL,
+                 message_listeners=round(direct["rate"]),
+                 vs_message_listeners=round(batch["rate"] / direct["rate"], 2), producers=2,
+                 consumers=2, messages=2 * n, body_bytes=100, target=1_000_000)
 
 
 # ---------------------------------------------------------------- SYNC_FLUSH
