@@ -72,6 +72,9 @@ def test_broadcast_consumer(broker):
 
 def test_batch_and_transaction_producers(broker):
     assert "100 messages" in run(broker, "batch_producer.py", 100)
+    out = run(broker, "batch_consumer.py", 100)
+    assert out.splitlines()[-1] == "100 messages, numbered 0..99", out
+    assert sum(int(line.split()[2]) for line in out.splitlines()[:-1]) == 100, out
     out = run(broker, "transaction_producer.py", TX_WAIT_S="5")
     assert "order 1 SEND_OK COMMIT_MESSAGE" in out and "ROLLBACK_MESSAGE" in out
     assert "the broker asks about" in out
