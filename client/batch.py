@@ -11,8 +11,8 @@ rather than a few µs a message. It is what a local consumer needs to keep
 up with local producers (client/direct.py reads the same records from the
 store's mapping).
 
-The rows come from ``pull_rows``, numba's walk of the records
-(core/_kernels/columns.py) when the store's kernels are installed and
+The rows (``layout.P_*``) come from ``pull_rows``, numba's walk of the
+records (core/records.py, core/_kernels/columns.py) when the store's kernels are installed and
 loaded, else from ``_rows_here``, the same walk in Python (a client
 installed without the ``broker`` extra). Both check each record as the
 decoder of ``MessageExt``s does (client/message.py ``decode_messages``):
@@ -34,15 +34,13 @@ import zlib
 import numpy as np
 
 from shmq.core import layout as L
+from shmq.core.layout import (N_PULL, P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_START,
+                              P_STATUS, P_SYSFLAG, P_TOPIC_AT, PULL_CRC, PULL_FIELDS, PULL_OK)
 
 from .message import MessageExt, MessageQueue
 
 log = logging.getLogger("shmq.client")
 
-# the row's columns (core/_kernels/columns.py draws the same)
-P_START, P_SIZE, P_QUEUE_OFFSET, P_SYSFLAG, P_BODY_POS, P_BODY_LEN, P_TOPIC_AT, P_STATUS = range(8)
-N_PULL = 8
-PULL_OK, PULL_FIELDS, PULL_CRC = 0, 1, 2
 _WHY = {PULL_FIELDS: "field lengths do not add up to TOTALSIZE {size}",
         PULL_CRC: "body CRC mismatch"}
 
@@ -208,7 +206,7 @@ def build_batch(data: bytes, queue: MessageQueue, pull: tuple[str, str] | None =
     if k is not None:
         buf = np.frombuffer(data, np.uint8)
         out = np.empty((len(data) // L.RECORD_FIXED_BYTES + 1, N_PULL), np.int64)
-        n, stop = k(buf, check_crc, _TABLES[0], out)
+        n, stop = k(buf, check_crc, out)
         rows = out[:n]
     else:
         rows, stop = _rows_here(data, check_crc)
@@ -272,7 +270,6 @@ def _rows_here(data: bytes, check_crc: bool) -> tuple[np.ndarray, int]:
 _LOADED = threading.Event()
 _loader: list[threading.Thread] = []
 _KERNEL: list = []
-_TABLES: list = []
 
 
 def _kernel():
@@ -285,11 +282,9 @@ def _kernel():
 
 def _load() -> None:
     try:
-        from shmq.core import jit
-        from shmq.core import _kernels as K
+        from shmq.core import jit, records
         jit.load(("pull",))
-        _TABLES.append(K.CRC_TABLES)
-        _KERNEL.append(K.pull_rows)
+        _KERNEL.append(records.pull_rows)
     except ImportError:                  # the client alone: no numba
         pass
     finally:

@@ -186,6 +186,17 @@ S_PROPS_LEN = 11
 S_BODY_POS = 12
 S_BODY_LEN = 13
 N_SCAN = 14
+
+# A pull's records (a PULL_MESSAGE reply body, or the same bytes a direct
+# reader takes from the store: records one after another), a row each, as
+# ``pull_rows`` describes them for a batch listener (client/batch.py):
+# where the record starts, its TOTALSIZE, queue offset, sysflag, body and
+# TOPICLENGTH positions in the buffer, and P_STATUS: PULL_OK, or why the
+# record is left out while the walk goes on past it (its field lengths do
+# not add up to its TOTALSIZE, its body fails the CRC).
+P_START, P_SIZE, P_QUEUE_OFFSET, P_SYSFLAG, P_BODY_POS, P_BODY_LEN, P_TOPIC_AT, P_STATUS = range(8)
+N_PULL = 8
+PULL_OK, PULL_FIELDS, PULL_CRC = 0, 1, 2
 MESSAGE_MAGIC_V2_I32 = 0xDAA320AB - (1 << 32)   # RocketMQ 5.x records: known, not ours
 
 

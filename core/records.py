@@ -775,6 +775,14 @@ def warm_up_queue() -> None:
     K.cq_group_rows(rows, np.zeros(20, np.uint8), o, o, np.zeros(2, np.int64), o)
 
 
+def pull_rows(buf: np.ndarray, check_crc: bool, out: np.ndarray) -> tuple[int, int]:
+    """Rows (``layout.P_*``) of the records of a pull's body ``buf`` (read-only
+    uint8), as many as fit in ``out``: (rows written, where the walk
+    stopped). client/batch.py's batches."""
+    n, stop = K.pull_rows(buf, check_crc, K.CRC_TABLES, out)
+    return int(n), int(stop)
+
+
 def warm_up_pull() -> None:
     """A batch consumer's walk of a pull's records (client/batch.py)."""
     K.pull_rows(jit.readonly(np.zeros(0, np.uint8)), True, K.CRC_TABLES,

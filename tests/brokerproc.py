@@ -265,6 +265,18 @@ def until(fn, what: str, timeout: float = 15.0, step: float = 0.05):
         time.sleep(step)
 
 
+async def until_async(fn, what: str, timeout: float = 15.0, step: float = 0.02):
+    """``until`` for a coroutine: the loop runs (other tasks too) between looks."""
+    import asyncio
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"never within {timeout:g} s: {what}; last {got!r}"
+        await asyncio.sleep(step)
+
+
 def broker_conf(tmp, **conf) -> dict:
     """A test broker's settings: a store under ``tmp``, free ports, small files."""
     # haListenPort too: a master listens there (default listenPort + 1, which

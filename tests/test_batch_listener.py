@@ -21,7 +21,7 @@ import zlib
 
 import numpy as np
 import pytest
-from brokerproc import routed_topic, start_broker, stored_records, topic_for
+from brokerproc import routed_topic, start_broker, stored_records, topic_for, until_async
 from shmq.client import (AsyncProducer, AsyncPushConsumer, ClientConfig,
                          ConsumeConcurrentlyStatus, Message, MessageQueue, PushConsumer)
 from shmq.client.batch import MessageBatch, build_batch, warm_up_batches
@@ -124,11 +124,7 @@ def broker(tmp_path_factory):
 
 
 async def until(pred, timeout=WAIT, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    return await until_async(pred, what, timeout)
 
 
 def consumer(broker, group: str, direct: bool, **kw) -> AsyncPushConsumer:

@@ -11,6 +11,8 @@ import numpy as np
 from numba import njit
 
 from .. import layout as L
+from ..layout import (N_PULL, P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE,  # noqa: F401
+                      P_START, P_STATUS, P_SYSFLAG, P_TOPIC_AT, PULL_CRC, PULL_FIELDS, PULL_OK)
 from ..layout import (S_BODY_LEN, S_BODY_POS, S_PHY, S_PROPS_LEN, S_PROPS_POS,  # noqa: F401
                       S_QUEUE_ID, S_QUEUE_OFFSET, S_SIZE, S_STORE_TS, S_SYSFLAG, S_TOPIC_LEN,
                       S_TOPIC_POS)
@@ -231,18 +233,8 @@ def gather_spans(dat, starts, lens, m, out_off, out_dat):
         out_off[k + 1] = o
 
 
-# A pull's records (a PULL_MESSAGE reply body, or the same bytes read from the
-# store by a direct reader: the records one after another): ``pull_rows``
-# describes each in a row of these columns, for a consumer that takes them as
-# columns (client/batch.py). P_TOPIC_AT is where TOPICLENGTH is (the body ends
-# there); P_STATUS is PULL_OK, or why the record is left out while the walk
-# goes on past it: its field lengths do not add up to its TOTALSIZE, or its
-# body fails the CRC.
-P_START, P_SIZE, P_QUEUE_OFFSET, P_SYSFLAG, P_BODY_POS, P_BODY_LEN, P_TOPIC_AT, P_STATUS = range(8)
-N_PULL = 8
-PULL_OK, PULL_FIELDS, PULL_CRC = 0, 1, 2
-
-
+# A pull's records as rows (``pull_rows``): the columns P_* and the statuses
+# PULL_* are drawn in ``layout``.
 @njit(**JIT)
 def pull_rows(buf, check_crc, t, out):
     """Walk the records of ``buf`` from its start, as the client's decoder
