@@ -1058,6 +1058,15 @@ class DirectReads:
             self._parker.close()
             self._parker = None
 
+    def forget(self, group: str, topic: str, queue_id: int) -> None:
+        """The group's consumer let the queue go (a rebalance, an offset
+        reset): a commit held back for it (``_commit``) is dropped, not sent
+        later over the offset the consumer persisted on letting go — an
+        offset reset's, or a newer one of the queue's next owner."""
+        key = (group, topic, queue_id)
+        self._owed.pop(key, None)
+        self._committed.pop(key, None)
+
     def _pay(self, key: tuple[str, str, int]) -> None:
         offset = self._owed.pop(key, None)
         if offset is not None and not self.ds.stopped:

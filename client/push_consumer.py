@@ -320,6 +320,9 @@ class AsyncPushConsumer(ConsumerBase):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        ds = self.instance.direct_now(mq.broker_name) if self.instance is not None else None
+        if ds is not None:                  # (a direct read's commit held back: stale now)
+            ds.reads.forget(self.group, mq.topic, mq.queue_id)
         await self.offset_store.persist(mq)
         self.offset_store.remove_offset(mq)
         if not (self.orderly and self.clustering):

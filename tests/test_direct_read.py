@@ -30,7 +30,7 @@ import time
 
 import orjson
 import pytest
-from brokerproc import routed_topic, start_broker, topic_for
+from brokerproc import routed_topic, start_broker, topic_for, until_async
 from shmq.client import AsyncProducer, AsyncPushConsumer, ClientConfig, ConsumeConcurrentlyStatus, Message
 from shmq.client import MessageQueue, MQClientError
 from shmq.client import pull as pull_mod
@@ -83,11 +83,7 @@ def reads_logged(reads, events: list):
 
 
 async def until(pred, timeout=WAIT, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    return await until_async(pred, what, timeout)
 
 
 def recorder(into: list):
@@ -231,6 +227,43 @@ def test_a_caught_up_direct_consumer_waits_in_its_own_process(broker, request):
         await c.shutdown()
     asyncio.run(main())
     assert [m.body for m in got] == [b"first"] + [b"%d" % i for i in range(30)] + [b"after"]
+
+
+def test_a_commit_held_back_is_dropped_when_the_consumer_lets_the_queue_go(broker, request):
+    """A caught-up direct pull's commit inside COMMIT_EVERY_S of the last is
+    held back and sent at the window's end. If the consumer lets the queue
+    go meanwhile (a rebalance gives it to another consumer, an offset reset
+    takes it back), that commit is stale: sent late, it moved the group's
+    offset back over the one committed after (the next owner's, the
+    reset's), and that queue was consumed again from there."""
+    topic = routed_topic(broker, topic_for(request, "DR_"), queues=1)
+    got = []
+    group = "drg-held-back"
+
+    async def main():
+        c = await consumer(broker, group, topic, got, instance_name="dr-held-back")
+        async with AsyncProducer("drp-held-back", namesrv_addr=broker.namesrv) as p:
+            for i in range(10):
+                await p.send(Message(topic, b"%d" % i))
+        await until(lambda: len(got) == 10, what="10 messages")
+        c.suspend()                                   # no rebalance takes the queue back
+        reads = reads_of(c)
+        mq = next(q for q in c.assigned_queues() if q.topic == topic)
+        key = (group, topic, 0)
+        reads._committed[key] = (10, time.monotonic())    # a commit just sent, and
+        reads._commit(key, 3, time.monotonic(), waiting=True)     # one held back after it
+        assert key in reads._owed
+        await c._drop(mq)                             # let go: persists its offset (10)
+        with RemotingClient(broker.addr) as admin:    # the queue's next owner commits 12
+            admin.invoke(RemotingCommand(RC.UPDATE_CONSUMER_OFFSET, ext={
+                "consumerGroup": group, "topic": topic, "queueId": "0", "commitOffset": "12"}))
+        await until(lambda: committed(broker, group, topic, 1)[0] == 12, what="offset 12")
+        await asyncio.sleep(0.2 + 0.3)                # past the held-back commit's window
+        at = committed(broker, group, topic, 1)[0]
+        c.resume()
+        await c.shutdown()
+        return at
+    assert asyncio.run(main()) == 12
 
 
 def test_a_message_read_here_reaches_the_listener_before_the_next_read(broker, request):
