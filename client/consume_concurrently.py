@@ -39,8 +39,8 @@ from time import monotonic
 from typing import TYPE_CHECKING
 
 from . import background
-from .listeners import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
 from .batch import MessageBatch
+from .listeners import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
 from .message import MessageExt, MessageQueue
 from .process_queue import ProcessQueue
 from .retry import RETRY_PREFIX, restore_retry_topic, send_message_back

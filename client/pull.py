@@ -40,10 +40,10 @@ from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, pull_ext
 from shmq.ipc.remoting import RemotingCommand
 
+from .batch import MessageBatch, build_batch
 from .direct import CAUGHT_UP
 from .errors import MQClientError, RemotingError
 from .instance import MASTER_ID, ClientInstance
-from .batch import MessageBatch, build_batch
 from .message import MessageExt, MessageQueue, decode_messages
 from .process_queue import ProcessQueue
 from .subscription import SubscriptionData
@@ -233,8 +233,8 @@ def _past_damage(last: int | None, skipped: list, offset: int, next_begin: int) 
     neighbours were read); a broken frame hid what came after it, so the
     next pull starts past it — right after it when its queue offset is
     believable, else after the last good message, else (it came first) at
-    the broker's next offset — so the queue never stops on it. ``last``: the last good message's queue
-    offset (None: none was good)."""
+    the broker's next offset — so the queue never stops on it. ``last``:
+    the last good message's queue offset (None: none was good)."""
     qoff, _, framed = skipped[-1]
     if framed:
         return next_begin

@@ -34,8 +34,8 @@ from typing import Any, Awaitable, Callable
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 
 from . import background, trace
-from .consume_concurrently import ConsumeConcurrentlyService
 from .batch import build_batch, warm_up_batches
+from .consume_concurrently import ConsumeConcurrentlyService
 from .consume_orderly import ConsumeOrderlyService
 from .consumer_base import ConsumerBase, ConsumerSettings, split_settings
 from .errors import EXPECTED, MQClientError, RemotingError
@@ -149,9 +149,10 @@ class AsyncPushConsumer(ConsumerBase):
         """A plain or coroutine function ``(batch, context) -> status`` that
         consumes concurrently, taking each pull's messages as one
         ``MessageBatch`` (client/batch.py: numpy columns over the records,
-        no object per message): up to ``pull_batch_size`` messages, as many
-        as the broker gives a pull (its maxTransferCountOnMessageInMemory,
-        32 by default); ``consume_message_batch_max_size`` does not cut it.
+        no object per message): as many as the broker gives a pull (up to
+        its maxTransferCountOnMessageInMemory, 32 by default), or, read from
+        the store directly on the broker's host, up to ``pull_batch_size``;
+        ``consume_message_batch_max_size`` does not cut it.
         ``context.ack_index`` acknowledges the messages up to that index, as
         for a list. Replaces a message listener registered before."""
         if not callable(fn):
