@@ -11,14 +11,13 @@ rather than a few µs a message. It is what a local consumer needs to keep
 up with local producers (client/direct.py reads the same records from the
 store's mapping).
 
-The rows (``layout.P_*``) come from ``pull_rows``, numba's walk of the
-records (core/records.py, core/_kernels/columns.py) when the store's kernels are installed and
-loaded, else from ``_rows_here``, the same walk in Python (a client
-installed without the ``broker`` extra). Both check each record as the
-decoder of ``MessageExt``s does (client/message.py ``decode_messages``):
-its frame, field lengths adding up to its TOTALSIZE, its body CRC. A
-damaged record is left out and described (``skipped``), and a frame that
-is not a record ends the walk there, as that decoder does.
+The rows (``layout.P_*``) come from client/walk.py: numba's walk of the
+records where the store's kernels are installed and loaded, else the same
+walk in Python (a client installed without the ``broker`` extra). Each
+record is checked as the decoder of ``MessageExt``s checks it: its frame,
+field lengths adding up to its TOTALSIZE, its body CRC. A damaged record
+is left out and described (``skipped``), and a frame that is not a
+record ends the walk there.
 
 The batch's arrays are read-only views of one (n, 8) int64 array; ``take``
 makes a batch of some of the rows over the same ``data`` (a part the
@@ -37,15 +36,11 @@ from shmq.core import layout as L
 from shmq.core.layout import (N_PULL, P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_START,
                               P_STATUS, P_SYSFLAG, P_TOPIC_AT, PULL_CRC, PULL_FIELDS, PULL_OK)
 
-from .message import MessageExt, MessageQueue
+from .message import CorruptMessage, MessageExt, MessageQueue
+from .walk import damage, walk
 
 log = logging.getLogger("shmq.client")
 
-_WHY = {PULL_FIELDS: "field lengths do not add up to TOTALSIZE {size}",
-        PULL_CRC: "body CRC mismatch"}
-
-_HEAD = struct.Struct(">iii8xq8xi")         # TOTALSIZE, MAGIC, BODYCRC, QUEUEOFFSET, SYSFLAG
-_I32, _I64 = struct.Struct(">i"), struct.Struct(">q")
 _BORN_V6, _STORE_V6 = L.SYSFLAG_BORNHOST_V6, L.SYSFLAG_STOREHOST_V6
 _R8 = np.arange(8)
 
@@ -193,7 +188,7 @@ def _inflated(raw: bytes, sysflag: int, batch: MessageBatch, i: int) -> bytes:
         return raw
 
 
-# ---------------------------------------------------------------- the walk
+# ---------------------------------------------------------------- a pull's batch
 def build_batch(data: bytes, queue: MessageQueue, pull: tuple[str, str] | None = None,
                 check_crc: bool = True, skipped: list | None = None) -> MessageBatch:
     """The batch of a pull's records ``data``. A damaged record is left out
@@ -202,106 +197,15 @@ def build_batch(data: bytes, queue: MessageQueue, pull: tuple[str, str] | None =
     CorruptMessage."""
     if not isinstance(data, bytes):
         data = bytes(data)
-    k = _kernel()
-    if k is not None:
-        buf = np.frombuffer(data, np.uint8)
-        out = np.empty((len(data) // L.RECORD_FIXED_BYTES + 1, N_PULL), np.int64)
-        n, stop = k(buf, check_crc, out)
-        rows = out[:n]
-    else:
-        rows, stop = _rows_here(data, check_crc)
+    rows, stop = walk(data, check_crc)
     bad = rows[:, P_STATUS] != PULL_OK
     if stop < len(data) or bad.any():
-        _damage(data, rows, bad, stop, skipped)
+        found = damage(data, rows, bad, stop)
+        if skipped is None:
+            raise CorruptMessage(found[0][1])
+        skipped.extend(found)
         rows = rows[~bad]
     return MessageBatch(queue, data, rows, pull)
 
 
-def _damage(data: bytes, rows: np.ndarray, bad: np.ndarray, stop: int, skipped: list | None) -> None:
-    from .message import CorruptMessage
-    found = []
-    for r in rows[bad].tolist():
-        why = _WHY[r[P_STATUS]].format(size=r[P_SIZE])
-        found.append((r[P_QUEUE_OFFSET], f"record at {r[P_START]}: {why}", True))
-    if stop < len(data):
-        left = len(data) - stop
-        if left < L.RECORD_FIXED_BYTES:
-            found.append((None, f"record at {stop}: {left} bytes left, too few for a record",
-                          False))
-        else:
-            size, magic, _, qoff, _ = _HEAD.unpack_from(data, stop)
-            found.append((qoff if magic == L.MESSAGE_MAGIC_I32 else None,
-                          f"record at {stop}: magic {magic & 0xFFFFFFFF:#x}, TOTALSIZE {size}: "
-                          f"not a message record within the {len(data)} bytes", False))
-    if skipped is None:
-        raise CorruptMessage(found[0][1])
-    skipped.extend(found)
-
-
-def _rows_here(data: bytes, check_crc: bool) -> tuple[np.ndarray, int]:
-    """``pull_rows`` in Python: the same rows, where numba is not installed."""
-    rows = []
-    n, pos = len(data), 0
-    head, i32, crc32 = _HEAD.unpack_from, _I32.unpack_from, zlib.crc32
-    mv = memoryview(data)
-    while n - pos >= L.RECORD_FIXED_BYTES:
-        size, magic, crc, qoff, sysflag = head(data, pos)
-        end = pos + size
-        q = pos + 68 + (20 if sysflag & _BORN_V6 else 8) + (20 if sysflag & _STORE_V6 else 8)
-        if magic != L.MESSAGE_MAGIC_I32 or size < L.RECORD_FIXED_BYTES or end > n or q + 7 > end:
-            break
-        blen = i32(data, q)[0]
-        t = q + 4 + blen
-        status = PULL_OK
-        if blen < 0 or t + 3 > end or not 0 < (tl := data[t]) or t + 3 + tl > end or (
-                (pl := data[t + 1 + tl] << 8 | data[t + 2 + tl]) >= 0x8000 or t + 3 + tl + pl != end):
-            status = PULL_FIELDS
-        elif check_crc and crc32(mv[q + 4:t]) & 0x7FFFFFFF != crc:
-            status = PULL_CRC
-        rows.append((pos, size, qoff, sysflag, q + 4, blen, t, status))
-        pos = end
-    out = np.array(rows, np.int64).reshape(len(rows), N_PULL)
-    return out, pos
-
-
-# ---------------------------------------------------------------- the kernel
-# Loaded once per process, in a thread (``warm_up_batches``): until then, and
-# without numba, batches are walked in Python.
-_LOADED = threading.Event()
-_loader: list[threading.Thread] = []
-_KERNEL: list = []
-
-
-def _kernel():
-    if _LOADED.is_set():
-        return _KERNEL[0] if _KERNEL else None
-    if not _loader:
-        warm_up_batches(wait=False)
-    return None
-
-
-def _load() -> None:
-    try:
-        from shmq.core import jit, records
-        jit.load(("pull",))
-        _KERNEL.append(records.pull_rows)
-    except ImportError:                  # the client alone: no numba
-        pass
-    finally:
-        _LOADED.set()
-
-
-def warm_up_batches(wait: bool = True) -> bool:
-    """Load the records' walk kernel in a thread (once per process); with
-    ``wait``, until it is loaded. Batches are walked in Python meanwhile.
-    A consumer with a batch listener starts it when it starts."""
-    if not _loader:
-        t = threading.Thread(target=_load, daemon=True, name="shmq-batch-warm-up")
-        _loader.append(t)
-        t.start()
-    if wait:
-        _loader[0].join()
-    return _LOADED.is_set()
-
-
-__all__ = ["MessageBatch", "build_batch", "warm_up_batches"]
+__all__ = ["MessageBatch", "build_batch"]

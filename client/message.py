@@ -33,6 +33,7 @@ from shmq.core.layout import properties_to_string, string_to_properties
 from shmq.ipc.codes import ResponseCode as R
 
 from .errors import MQClientError
+from .walk import damage, walk
 
 log = logging.getLogger("shmq.client")
 
@@ -404,9 +405,21 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
     ``skipped`` is a list: then a damaged record is left out and described
     there as (its queue offset or None, why, framed): ``framed`` when the
     records after it could still be read (only its body is bad); a broken
-    frame ends the decoding there."""
+    frame ends the decoding there. Once a consumer has loaded the walk's
+    kernel (client/walk.py) the records are found by it, else by one Python
+    loop: the same messages and the same damage either way."""
     if not isinstance(body, bytes):
         body = bytes(body)
+    walked = walk(body, check_crc, kernel_only=True)
+    if walked is not None:
+        return _from_rows(body, broker_name, pull, skipped, *walked)
+    return _decode_loop(body, broker_name, pull, check_crc, skipped)
+
+
+def _decode_loop(body: bytes, broker_name: str, pull: tuple[str, str] | None, check_crc: bool,
+                 skipped: list | None) -> list[MessageExt]:
+    """``decode_messages`` in one Python loop: where the walk's kernel is
+    not loaded (a client alone, a consumer's first pulls, a tool)."""
     out = []
     append = out.append
     head4, i32 = _HEAD_V4.unpack_from, _I32.unpack_from
@@ -416,7 +429,11 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
     pos, n = 0, len(body)
     while pos < n:
         if n - pos < fixed:
-            raise CorruptMessage(f"record at {pos}: {n - pos} bytes left, too few for a record")
+            why = f"record at {pos}: {n - pos} bytes left, too few for a record"
+            if skipped is None:
+                raise CorruptMessage(why)
+            skipped.append((None, why, False))
+            break
         size, magic, crc, qoff, sysflag, blen = head4(body, pos)
         end = pos + size
         if sysflag & v6:
@@ -458,6 +475,31 @@ def decode_messages(body: bytes, broker_name: str, pull: tuple[str, str] | None 
                             m.msg_id, broker_name, qoff, e)
         append(m)
         pos = end
+    return out
+
+
+def _from_rows(body: bytes, broker_name: str, pull: tuple[str, str] | None,
+               skipped: list | None, rows, stop: int) -> list[MessageExt]:
+    """``decode_messages`` from the walk's rows (client/walk.py): the same
+    messages, the same damage described, in half the time of the loop."""
+    bad = rows[:, L.P_STATUS] != L.PULL_OK
+    if stop < len(body) or bad.any():
+        found = damage(body, rows, bad, stop)
+        if skipped is None:
+            raise CorruptMessage(found[0][1])
+        skipped.extend(found)
+        rows = rows[~bad]
+    out = [MessageExt(body, r[0], broker_name, r[1], r[2], r[3], r[5], r[6] - r[0], pull)
+           for r in rows.tolist()]
+    if (rows[:, L.P_SYSFLAG] & _COMPRESSED).any():
+        for m in out:
+            if m.sysflag & _COMPRESSED:
+                t = m._pos + m._tr
+                try:
+                    m._body = zlib.decompress(body[t - m._blen:t])
+                except zlib.error as e:
+                    log.warning("message %s at %s:%d: body not zlib (%s); kept as stored",
+                                m.msg_id, broker_name, m.queue_offset, e)
     return out
 
 

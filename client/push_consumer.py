@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable
 from shmq.ipc.headers import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND
 
 from . import background, trace
-from .batch import build_batch, warm_up_batches
+from .batch import build_batch
 from .consume_concurrently import ConsumeConcurrentlyService
 from .consume_orderly import ConsumeOrderlyService
 from .consumer_base import ConsumerBase, ConsumerSettings, split_settings
@@ -48,6 +48,7 @@ from .pull import FLOW_CONTROL_DELAY, PullRequest, PullStatus, pull_kernel
 from .queue_locks import LOCK_TIMEOUT, QueueLocks
 from .retry import RETRY_PREFIX
 from .subscription import SubscriptionData
+from .walk import warm_up_decoding
 
 log = logging.getLogger("shmq.client")
 SUSPENDED_DELAY = 1.0                       # PULL_TIME_DELAY_MILLS_WHEN_SUSPEND
@@ -178,8 +179,7 @@ class AsyncPushConsumer(ConsumerBase):
             self.subscriptions.setdefault(retry, SubscriptionData.build(retry, "*"))
         self._stopping = False
         self.service = type(self.service)(self)        # (a restart: its workers anew)
-        if self.batch:
-            warm_up_batches(wait=False)                # the records' walk kernel, loaded aside
+        warm_up_decoding(wait=False)            # the records' walk kernel, loaded aside
         self._slots = asyncio.Semaphore(self.config.consume_thread_max)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.config.consume_thread_max, thread_name_prefix=f"ConsumeMessageThread_{self.group}")

@@ -448,8 +448,8 @@ async def _shmq_consume(namesrv: str, topic: str, n: int, unix: bool,
                           pull_batch_size=columns or 32)
     c.subscribe(topic, "*")
     if columns:
-        from shmq.client.batch import warm_up_batches
-        warm_up_batches()
+        from shmq.client.walk import warm_up_decoding
+        warm_up_decoding()
         c.register_batch_listener(on_batch)
     else:
         c.register_message_listener(on_messages)

@@ -665,8 +665,8 @@ def _two_consumer(ns: str, topic: str, group: str, queues: int, total, direct: b
                               pull_batch_size=BATCH_PULL if batch else 32)
         c.subscribe(topic, "*")
         if batch:
-            from shmq.client.batch import warm_up_batches
-            warm_up_batches()
+            from shmq.client.walk import warm_up_decoding
+            warm_up_decoding()
             c.register_batch_listener(on_batch)
         else:
             c.register_message_listener(on_messages)

@@ -24,7 +24,8 @@ import pytest
 from brokerproc import routed_topic, start_broker, stored_records, topic_for, until_async
 from shmq.client import (AsyncProducer, AsyncPushConsumer, ClientConfig,
                          ConsumeConcurrentlyStatus, Message, MessageQueue, PushConsumer)
-from shmq.client.batch import MessageBatch, build_batch, warm_up_batches
+from shmq.client.batch import MessageBatch, build_batch
+from shmq.client.walk import warm_up_decoding
 from shmq.client.consumer import ProcessQueue
 from shmq.client.direct import warm_up_reads
 from shmq.client.message import CorruptMessage, decode_messages
@@ -53,10 +54,10 @@ def test_a_batch_reads_every_field_a_message_view_reads():
     ``decode_messages`` gives, whether the kernel or the Python walk built
     them; a compressed body comes out inflated."""
     data = _records(5) + _records(1, 5, body=lambda i: zlib.compress(b"z" * 300), sysflag=1)
-    warm_up_batches()
+    warm_up_decoding()
     batch = build_batch(data, MQ, ("0", "9"))
-    from shmq.client import batch as batch_mod
-    here, stop = batch_mod._rows_here(data, True)
+    from shmq.client import walk
+    here, stop = walk._rows_here(data, True)
     assert (batch.rows == here).all() and stop == len(data)
     msgs = decode_messages(data, "b", ("0", "9"))
     assert len(batch) == 6 and batch.queue_offsets.tolist() == [m.queue_offset for m in msgs]
@@ -73,6 +74,34 @@ def test_a_batch_reads_every_field_a_message_view_reads():
     part = batch.take([1, 3])
     assert part.queue_offsets.tolist() == [1, 3] and part.bodies() == [b"m001", b"m003"]
     assert "2 messages, queue offsets 1..3" in repr(part)
+
+
+def test_decode_messages_from_the_walks_rows_is_its_loop():
+    """Once the walk's kernel is loaded, ``decode_messages`` makes its
+    ``MessageExt``s from the rows: the same messages (IPv4 and IPv6 hosts,
+    compressed and not zlib bodies, damage left out) as its Python loop."""
+    import naive
+    from shmq.client.message import _decode_loop
+    recs = [naive.encode_record("Tópic", body, b"UNIQ_KEY\x01u%d\x02TAGS\x01t" % i,
+                                queue_id=i, sysflag=flag, born_host=born, store_host=store,
+                                reconsume_times=i, queue_offset=10 + i, phy_offset=64 * i)
+            for i, (body, flag, born, store) in enumerate([
+                (b"plain", 0, ("10.1.2.3", 5), ("127.0.0.1", 10911)),
+                (zlib.compress(b"z" * 900), 0x1 | 0x10, ("::1", 7), ("127.0.0.1", 1)),
+                (b"not zlib", 0x1 | 0x20, ("10.0.0.9", 1), ("fe80::2", 2)),
+                (b"v6 both", 0x30, ("::ffff:1.2.3.4", 2), ("2001:db8::1", 3))])]
+    flipped = bytearray(recs[0])
+    flipped[recs[0].index(b"plain")] ^= 1
+    warm_up_decoding()
+    for body in (b"".join(recs), bytes(flipped) + b"".join(recs[1:]), b"".join(recs) + b"\x00" * 9):
+        got, want = [], []
+        rows = decode_messages(body, "b", ("1", "2"), skipped=got)
+        loop = _decode_loop(body, "b", ("1", "2"), True, want)
+        assert got == want
+        assert [(m.queue_offset, m.msg_id, m.body, m.topic, m.born_host, m.store_host,
+                 m.reconsume_times, m.properties) for m in rows] == \
+            [(m.queue_offset, m.msg_id, m.body, m.topic, m.born_host, m.store_host,
+              m.reconsume_times, m.properties) for m in loop]
 
 
 def test_a_damaged_record_is_left_out_and_described():
@@ -118,7 +147,7 @@ def broker(tmp_path_factory):
     b = start_broker(tmp_path_factory.mktemp("batch-listener"),
                      messageDelayLevel=" ".join(["1s"] * 18))
     warm_up_reads()
-    warm_up_batches()
+    warm_up_decoding()
     yield b
     assert b.stop() == 0, b.log()[-3000:]
 
