@@ -10,6 +10,8 @@ idea has its own module, of one idea each:
     subscription.py          SubscriptionData: a topic's TAG or SQL92 filter
     process_queue.py         ProcessQueue: one held queue between pull and commit
     pull.py                  pull_kernel, PullResult, PullStatus (PullAPIWrapper)
+    walk.py                  a pull's records walked into rows (a numba kernel, or Python)
+    batch.py                 MessageBatch: a pull as numpy columns, for a batch listener
     listeners.py             listeners, statuses, contexts; how a listener is called
     consumer_base.py         ConsumerSettings, ConsumerBase: what push and lite pull share
     push_consumer.py         AsyncPushConsumer, PushConsumerConfig: rebalance and pull loops
@@ -37,6 +39,7 @@ from .instance import ClientConfig, ClientInstance
 from .listeners import (INT_MAX, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
                         ConsumeOrderlyContext, ConsumeOrderlyStatus, Listener,
                         MessageListenerConcurrently, MessageListenerOrderly)
+from .batch import MessageBatch
 from .message import MessageExt, MessageQueue
 from .process_queue import LOCK_INTERVAL, LOCK_MAX_LIVE, PULL_MAX_IDLE, ProcessQueue
 from .pull import FLOW_CONTROL_DELAY, PULL_STATUS, PullRequest, PullResult, PullStatus, pull_kernel
@@ -48,6 +51,7 @@ from .subscription import SubscriptionData
 
 __all__ = ["AsyncPushConsumer", "BackgroundFailure", "ConsumeConcurrentlyContext",
            "ConsumeConcurrentlyStatus", "ConsumeOrderlyContext", "ConsumeOrderlyStatus",
-           "MessageListenerConcurrently", "MessageListenerOrderly", "ProcessQueue", "PullResult",
+           "MessageBatch", "MessageListenerConcurrently", "MessageListenerOrderly", "ProcessQueue",
+           "PullResult",
            "PullStatus", "PushConsumerConfig", "SubscriptionData", "pull_kernel"]
 
