@@ -26,15 +26,13 @@ listener did not acknowledge, kept for its retry).
 from __future__ import annotations
 
 import logging
-import struct
-import threading
 import zlib
 
 import numpy as np
 
 from shmq.core import layout as L
-from shmq.core.layout import (N_PULL, P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_START,
-                              P_STATUS, P_SYSFLAG, P_TOPIC_AT, PULL_CRC, PULL_FIELDS, PULL_OK)
+from shmq.core.layout import (P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_START, P_STATUS,
+                              P_SYSFLAG, P_TOPIC_AT, PULL_OK)
 
 from .message import CorruptMessage, MessageExt, MessageQueue
 from .walk import damage, walk

@@ -1308,9 +1308,13 @@ def warm_up_reads(wait: bool = True) -> bool:
 
 def _load_scan() -> None:
     """``cq_scan`` for the types a read passes: this process's mapping is
-    writable, the codes read-only (client/pull.py)."""
+    writable, the codes read-only (client/pull.py); and the walk of what it
+    reads (client/walk.py: numba is imported by now)."""
     from shmq.core.reader import warm_up_get_message
+
+    from .walk import warm_up_decoding
     warm_up_get_message()
+    warm_up_decoding()
     _SCAN_LOADED.set()
 
 

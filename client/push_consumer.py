@@ -179,7 +179,8 @@ class AsyncPushConsumer(ConsumerBase):
             self.subscriptions.setdefault(retry, SubscriptionData.build(retry, "*"))
         self._stopping = False
         self.service = type(self.service)(self)        # (a restart: its workers anew)
-        warm_up_decoding(wait=False)            # the records' walk kernel, loaded aside
+        if self.batch:                          # the records' walk kernel, loaded aside
+            warm_up_decoding(wait=False)        # (a direct reader loads it with its own)
         self._slots = asyncio.Semaphore(self.config.consume_thread_max)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.config.consume_thread_max, thread_name_prefix=f"ConsumeMessageThread_{self.group}")

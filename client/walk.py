@@ -14,8 +14,11 @@ Where the store's kernels are installed (the ``broker`` extra) the walk is
 ``core.records.pull_rows``, numba: 32 records of 100 B in ~6.5 µs, against
 ~46 µs for ``_rows_here``, the same walk in Python, which a client
 installed alone uses. The kernel is loaded once per process in a thread
-(``warm_up_decoding``: a consumer starts it when it starts); until then
-the walk is Python's. Both decoders build on it: ``MessageBatch``
+(``warm_up_decoding``), where numba is wanted anyway: by a consumer that
+reads the store directly (with its scan kernel, client/direct.py) or has a
+batch listener, as it starts; until then the walk is Python's. A socket
+consumer of message listeners never imports numba for it (0.7 s of CPU
+from numba's cache, and its memory, to save ~0.8 µs a message). Both decoders build on it: ``MessageBatch``
 (client/batch.py) keeps the rows, ``decode_messages`` (client/message.py)
 makes a ``MessageExt`` of each once the kernel is loaded (its own loop is
 the quicker Python path before).
