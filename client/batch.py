@@ -31,11 +31,11 @@ import zlib
 import numpy as np
 
 from shmq.core import layout as L
-from shmq.core.layout import (P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_START, P_STATUS,
-                              P_SYSFLAG, P_TOPIC_AT, PULL_OK)
+from shmq.core.layout import (P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_START,
+                              P_SYSFLAG, P_TOPIC_AT)
 
-from .message import CorruptMessage, MessageExt, MessageQueue
-from .walk import damage, walk
+from .message import MessageExt, MessageQueue
+from .walk import kept, walk
 
 log = logging.getLogger("shmq.client")
 
@@ -196,14 +196,7 @@ def build_batch(data: bytes, queue: MessageQueue, pull: tuple[str, str] | None =
     if not isinstance(data, bytes):
         data = bytes(data)
     rows, stop = walk(data, check_crc)
-    bad = rows[:, P_STATUS] != PULL_OK
-    if stop < len(data) or bad.any():
-        found = damage(data, rows, bad, stop)
-        if skipped is None:
-            raise CorruptMessage(found[0][1])
-        skipped.extend(found)
-        rows = rows[~bad]
-    return MessageBatch(queue, data, rows, pull)
+    return MessageBatch(queue, data, kept(data, rows, stop, skipped), pull)
 
 
 __all__ = ["MessageBatch", "build_batch"]

@@ -56,6 +56,24 @@ def walk(data: bytes, check_crc: bool, kernel_only: bool = False) -> tuple[np.nd
     return None if kernel_only else _rows_here(data, check_crc)
 
 
+class CorruptMessage(ValueError):
+    """A pulled body holds bytes that are not a stored-message record."""
+
+
+def kept(data: bytes, rows: np.ndarray, stop: int, skipped: list | None) -> np.ndarray:
+    """The rows of the whole records of a walk; what it left out is
+    described in ``skipped`` (``damage``), or, without ``skipped``, raises
+    CorruptMessage naming the first of it."""
+    bad = rows[:, P_STATUS] != PULL_OK
+    if stop < len(data) or bad.any():
+        found = damage(data, rows, bad, stop)
+        if skipped is None:
+            raise CorruptMessage(found[0][1])
+        skipped.extend(found)
+        rows = rows[~bad]
+    return rows
+
+
 def damage(data: bytes, rows: np.ndarray, bad: np.ndarray, stop: int) -> list:
     """What a walk left out, in the order of ``data``: (its queue offset or
     None, why, framed) for each ``bad`` row (framed: the records after it
@@ -142,4 +160,4 @@ def warm_up_decoding(wait: bool = True) -> bool:
     return _LOADED.is_set()
 
 
-__all__ = ["damage", "walk", "warm_up_decoding"]
+__all__ = ["CorruptMessage", "damage", "kept", "walk", "warm_up_decoding"]

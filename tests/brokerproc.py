@@ -252,28 +252,32 @@ class BrokerProc:
             release_shared_memory(self.store_dir)
 
 
+def _looks(fn, what: str, timeout: float):
+    """``fn()``'s values, one a look, while they are falsy and ``timeout``
+    has not passed (then the test fails naming ``what`` and the last)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        yield got
+        assert time.monotonic() < deadline, f"never within {timeout:g} s: {what}; last {got!r}"
+
+
 def until(fn, what: str, timeout: float = 15.0, step: float = 0.05):
     """``fn()`` again until it is truthy (its value is returned), polling
     every ``step`` seconds; after ``timeout`` the test fails naming ``what``
     and the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
+    for got in _looks(fn, what, timeout):
         if got:
             return got
-        assert time.monotonic() < deadline, f"never within {timeout:g} s: {what}; last {got!r}"
         time.sleep(step)
 
 
 async def until_async(fn, what: str, timeout: float = 15.0, step: float = 0.02):
     """``until`` for a coroutine: the loop runs (other tasks too) between looks."""
     import asyncio
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
+    for got in _looks(fn, what, timeout):
         if got:
             return got
-        assert time.monotonic() < deadline, f"never within {timeout:g} s: {what}; last {got!r}"
         await asyncio.sleep(step)
 
 
