@@ -8,14 +8,16 @@ messages; every message once, in queue order; direct reads honour
 it; ``ack_index`` and RECONSUME_LATER send back exactly the messages not
 acknowledged, which come back from the retry topic with their own topic
 and count; a send-back the broker refuses keeps the rest held (the commit
-offset waits for it) and consumes it again; the blocking consumer takes a
-plain function. The process queue's arithmetic and the records' walk are
+offset waits for it) and consumes it again; broadcasting consumers each
+get every message, drop what fails and keep their offsets in their files;
+the blocking consumer takes a plain function. The process queue's arithmetic and the records' walk are
 unit-tested here; the walk's kernel against its Python twin is in
 test_kernels.py.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import zlib
 
@@ -335,3 +337,47 @@ def test_the_blocking_consumer_takes_a_plain_batch_function(broker, request):
     finally:
         c.shutdown()
     assert got == [b"p%d" % i for i in range(5)]
+
+
+def test_broadcasting_batch_listeners_each_get_every_message_and_drop_what_fails(
+        broker, request, tmp_path, caplog):
+    """Two broadcasting consumers each get every message in batches; one
+    answers RECONSUME_LATER to its first batch, which is dropped with a
+    warning (RocketMQ's broadcasting sends nothing back), and both offset
+    files end at the queues' ends."""
+    topic = routed_topic(broker, topic_for(request, "BL_"), 2)
+    group = "cg-batch-broadcast"
+    got = {"b1": [], "b2": []}
+
+    async def main():
+        cs = []
+        for name in got:
+            async def on_batch(batch, context, into=got[name], name=name):
+                into.append(batch.bodies())
+                return LATER if name == "b2" and len(into) == 1 else OK
+            cfg = ClientConfig(namesrv_addr=broker.namesrv, instance_name=name)
+            c = AsyncPushConsumer(group, client=cfg, message_model="BROADCASTING",
+                                  local_offset_store_dir=str(tmp_path),
+                                  consume_from_where="CONSUME_FROM_FIRST_OFFSET", **FAST)
+            c.subscribe(topic)
+            c.register_batch_listener(on_batch)
+            await c.start()
+            cs.append(c)
+        async with AsyncProducer("pg-batch-broadcast", namesrv_addr=broker.namesrv) as p:
+            for i in range(20):
+                await p.send(Message(topic, b"m%d" % i))
+        await until(lambda: all(sum(map(len, v)) >= 20 for v in got.values()), what="20 each")
+        await asyncio.sleep(0.3)                       # nothing more comes (nothing was sent back)
+        for c in cs:
+            await c.shutdown()
+    with caplog.at_level("WARNING", logger="shmq.client"):
+        asyncio.run(main())
+    for name, batches in got.items():
+        assert sorted(b for batch in batches for b in batch) == sorted(b"m%d" % i for i in range(20))
+    assert any("broadcasting cg-batch-broadcast" in r.getMessage() and "dropped" in r.getMessage()
+               for r in caplog.records)
+    from shmq.client.offsets import parse_offset_table
+    for name in got:
+        [client_dir] = [d for d in os.listdir(tmp_path) if d.endswith("@" + name)]
+        with open(tmp_path / client_dir / group / "offsets.json") as f:
+            assert sum(parse_offset_table(f.read()).values()) == 20
