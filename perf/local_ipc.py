@@ -705,7 +705,12 @@ def _two_by_two(b, ns: str, n: int, direct: bool, batch: bool = False) -> dict:
     import numpy as np
     from perf.broker import FORK, spawn
     from perf.net_limits import _check_exit
-    topic = _ready_topic(b, f"PerfLocalIpc2x2_{direct}{'_batch' * batch}", queues=4)
+    # a topic of this call's own: the checks below count on an empty one
+    # (a second run against a named broker found the first run's messages,
+    # read them from the first offset, and the group's start-up rebalance
+    # delivered some twice)
+    topic = _ready_topic(b, f"PerfLocalIpc2x2_{direct}{'_batch' * batch}_{time.time_ns()}",
+                         queues=4)
     total = 2 * n
     counter = FORK.Value("q", 0)
     group = f"perf-2x2-{direct}-{batch}-{time.time_ns()}"
