@@ -57,7 +57,8 @@ class MessageBatch:
     for the listener that needs every field of a few (from a %RETRY% queue,
     with their original topic)."""
 
-    __slots__ = ("queue", "data", "rows", "_pull", "retry_group", "_reconsume", "_fixed")
+    __slots__ = ("queue", "data", "rows", "_pull", "retry_group", "_reconsume", "_fixed",
+                 "_body_bytes")
 
     def __init__(self, queue: MessageQueue, data: bytes, rows: np.ndarray,
                  pull: tuple[str, str] | None = None):
@@ -69,6 +70,7 @@ class MessageBatch:
         self.retry_group: str | None = None  # set for a %RETRY% queue's batch: messages() restore
         self._reconsume: np.ndarray | None = None
         self._fixed: dict[str, np.ndarray] = {}
+        self._body_bytes = -1
 
     def __len__(self) -> int:
         return self.rows.shape[0]
@@ -90,6 +92,14 @@ class MessageBatch:
     @property
     def body_lengths(self) -> np.ndarray:
         return self.rows[:, P_BODY_LEN]
+
+    @property
+    def body_bytes(self) -> int:
+        """The bodies' bytes as stored (``body_lengths``' sum), summed once:
+        the process queue asks it as it holds the batch and as it lets go."""
+        if self._body_bytes < 0:
+            self._body_bytes = int(self.body_lengths.sum())
+        return self._body_bytes
 
     @property
     def sysflags(self) -> np.ndarray:

@@ -965,7 +965,7 @@ class DirectReads:
         cap: the count cap bounds the broker's work a message on a transfer,
         and this read costs the broker nothing (its pull_batch_size is what
         a batch listener's pull costs: 256 messages a pull made a local
-        consumer ~3× quicker than 32)."""
+        consumer 3.5–4× quicker than 32)."""
         ds = self.ds
         key = (group, topic, queue_id)
         if ds.stopped or key not in self._answered:

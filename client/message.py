@@ -479,8 +479,10 @@ def _from_rows(body: bytes, broker_name: str, pull: tuple[str, str] | None,
     """``decode_messages`` from the walk's rows (client/walk.py): the same
     messages, the same damage described, in half the time of the loop."""
     rows = kept(body, rows, stop, skipped)
-    out = [MessageExt(body, r[0], broker_name, r[1], r[2], r[3], r[5], r[6] - r[0], pull)
-           for r in rows.tolist()]
+    # each row: start, TOTALSIZE, queue offset, sysflag, body position and
+    # length, TOPICLENGTH's position, status (layout.P_*)
+    out = [MessageExt(body, start, broker_name, size, qoff, sysflag, blen, topic_at - start, pull)
+           for start, size, qoff, sysflag, _, blen, topic_at, _ in rows.tolist()]
     if (rows[:, L.P_SYSFLAG] & _COMPRESSED).any():
         for m in out:
             if m.sysflag & _COMPRESSED:

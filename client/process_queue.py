@@ -95,7 +95,7 @@ class ProcessQueue:
         last = next(reversed(held)) if held else -1
         held[first] = batch
         self.batch_count += len(offs)
-        self.msg_size += int(batch.body_lengths.sum())
+        self.msg_size += batch.body_bytes
         self.queue_offset_max = max(self.queue_offset_max, int(offs[-1]))
         if first < last:
             self.batches = dict(sorted(held.items()))
@@ -109,7 +109,7 @@ class ProcessQueue:
         if self.batches.pop(int(batch.queue_offsets[0]), None) is None:
             return -1
         self.batch_count -= len(batch)
-        self.msg_size -= int(batch.body_lengths.sum())
+        self.msg_size -= batch.body_bytes
         if keep is not None and len(keep):
             self.put_batch(keep)
         return next(iter(self.batches)) if self.batches else self.queue_offset_max + 1
