@@ -6,7 +6,15 @@ an appender asks for a flush or the next periodic duty is due:
     1. CommitLog   SYNC_FLUSH: whenever flush_request_pos > flushed_pos, flush
                    everything published so far (one fdatasync per segment
                    touched, however many sends wait: group commit), publish
-                   flushed_pos, wake every process flagged WANT_FLUSH.
+                   flushed_pos, wake every process flagged WANT_FLUSH. The
+                   workers lead the group commit of their own sync sends at
+                   the end of each turn (broker/worker.py ``group_commit``)
+                   and do not ask: the flusher's rounds are for the direct
+                   producers' sync sends, a worker's round that failed, and
+                   whatever is left unflushed each flushIntervalCommitLog.
+                   A round holds the flush lock (core/files.py
+                   ``FlushLock``); one that finds it taken leaves the round
+                   to its holder.
                    ASYNC_FLUSH: every flushIntervalCommitLog ms, if at least
                    flushCommitLogLeastPages pages are dirty or
                    flushCommitLogThoroughInterval ms have passed.
@@ -54,6 +62,7 @@ PREPARE_RETRY_S = 10.0    # after a failed creation (ENOSPC), try again this muc
 DISK_CHECK_S = 2.0        # seconds between disk use checks (RocketMQ: 10 s)
 HELD_BACK_LOG_S = 300.0   # a WARNING that forced cleanup keeps unread messages, at most this often
 MANUAL_DELETE_PASSES = 20  # DefaultMessageStore.MANUAL_DELETE_FILE_MAX_TIMES
+LOCKED_OUT_RETRY_S = 0.001  # a pending request another process's flush round holds the lock for
 log = logging.getLogger("shmq.flusher")
 
 
@@ -72,6 +81,7 @@ class Flusher:
         self.next_disk = now
         self.disk_ratio: float | None = None
         self.flushes = 0
+        self.locked_out = False       # the last round found the flush lock taken
         self.stopping = False
         self._preparing: threading.Thread | None = None
         self._prepared = -1
@@ -190,11 +200,20 @@ class Flusher:
                             + (f" and {len(rep.held_for) - 10} more" if len(rep.held_for) > 10
                                else ""), self.cfg.diskSpaceWarningLevelRatio)
 
-    def flush_commitlog(self) -> None:
+    def flush_commitlog(self, block: bool = False) -> None:
+        """A group commit round (``MessageStore.flush_commitlog``). Not
+        ``block``ing: while another process holds the flush lock — a worker
+        leading the group commit of its turn, in its fdatasync — this pass
+        leaves the CommitLog to it (``locked_out``; the loop looks again
+        within LOCKED_OUT_RETRY_S), so a worker stopped mid-round never
+        stops the flusher's other duties."""
         st = self.store.state
         before = st.flushed_pos
         t0 = time.perf_counter_ns()
-        target = self.store.flush_commitlog()
+        target = self.store.flush_commitlog(block)
+        self.locked_out = target < 0
+        if target < 0:
+            return
         # What sync sends wait on (flushed_pos >= their end): it may only grow,
         # and only to a published position (bytes below it are all written).
         after = st.flushed_pos
@@ -261,9 +280,12 @@ class Flusher:
         while not self.stopping:
             timeout = self.step()
             if self.cfg.sync_flush:
-                # group commit: never sleep past a pending request
+                # group commit: never sleep past a pending request (one that
+                # another process's round holds the lock for: a little)
                 if self.store.state.get("flush_request_pos") > self.store.state.flushed_pos:
-                    continue
+                    if not self.locked_out:
+                        continue
+                    timeout = min(timeout, LOCKED_OUT_RETRY_S)
             if self.on_idle is not None:
                 self.on_idle()
             self.cb.wait(timeout)
@@ -273,7 +295,7 @@ class Flusher:
         """Flush everything and checkpoint (shutdown)."""
         if self._preparing is not None:
             self._preparing.join()
-        self.flush_commitlog()
+        self.flush_commitlog(block=True)
         if self.on_idle is not None:
             self.on_idle()
         self.store.flush_consume_queues()

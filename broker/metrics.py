@@ -29,7 +29,8 @@ with its labels (cluster, broker, topic, group):
 
 and shmq's own:
 
-    shmq_flush_latency_seconds      histogram of CommitLog flush rounds (the flusher's fdatasyncs)
+    shmq_flush_latency_seconds      histogram of CommitLog flush rounds (fdatasyncs: the
+                                    flusher's, and the workers' group commits)
     shmq_fdatasyncs_total           flush rounds; shmq_flushed_messages_total, messages they made
                                     durable; shmq_messages_per_fdatasync the ratio since start
                                     (rate(flushed)/rate(fdatasyncs) for a window)
@@ -200,7 +201,7 @@ class Collector:
         labels = ["cluster", "broker"]
         for name, help_ in (("connections", "client connections the workers hold"),
                             ("parked_pulls", "pulls parked (long polling) in the workers"),
-                            ("parked_sends", "SYNC_FLUSH sends waiting for the flusher")):
+                            ("parked_sends", "SYNC_FLUSH sends waiting for the disk")):
             m = GaugeMetricFamily(f"shmq_{name}", help_, labels=labels)
             m.add_metric(base, int(c.gauges[live, G[name]].sum()))
             yield m

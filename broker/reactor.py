@@ -314,6 +314,10 @@ class Reactor:
         # called at the end of each turn, before its replies leave (the
         # worker's driver: the sends it took this turn are appended then)
         self.end_turn: Callable[[], None] | None = None
+        # called after end_turn, once every request of the turn is handled,
+        # before its replies leave and the loop sleeps (Redis's beforeSleep:
+        # the worker's group commit of its turn's sync sends)
+        self.before_sleep: Callable[[], None] | None = None
         # (peer host, why) -> [when it was last a WARNING, DEBUG lines since]
         self._warned = Repeats(QUIET_KEPT)
 
@@ -424,6 +428,8 @@ class Reactor:
                 fn()
         if self.end_turn is not None:
             self.end_turn()
+        if self.before_sleep is not None:
+            self.before_sleep()
         self.flush()
 
     def flush(self) -> None:

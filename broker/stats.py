@@ -224,41 +224,53 @@ COUNT_EVERY_S = 0.05
 
 
 class FlushMeter:
-    """The flusher's gauges: each CommitLog flush round (its fdatasyncs) —
-    how long it took (the latency histogram), and how many messages the
-    rounds made durable (the store's put total since the last count,
-    counted at a round at most every COUNT_EVERY_S, and before the flusher
-    sleeps after a round not counted: ``settle``). The boss lays the
-    counters out after the flusher starts: until then rounds go uncounted."""
+    """The gauges of the CommitLog flush rounds (their fdatasyncs), each
+    round in the slot of the process that ran it — the flusher, or a worker
+    leading the group commit of its turn (broker/worker.py): how long it
+    took (the latency histogram). And, the flusher's meter alone
+    (``counts``), how many messages the rounds made durable: the store's
+    put total since the last count, counted when ``flush_seq`` moved since
+    then (whoever flushed), at a round at most every COUNT_EVERY_S and
+    before the flusher sleeps (``settle``). The boss lays the counters out
+    after the flusher starts: until then rounds go uncounted."""
 
-    def __init__(self, store: MessageStore, cb: ControlBlock, clock=time.monotonic):
+    def __init__(self, store: MessageStore, cb: ControlBlock, clock=time.monotonic,
+                 counts: bool = True):
         self.store, self.cb, self.clock = store, cb, clock
+        self.counts = counts
         self.tally: Tally | None = None
-        self.last_put = put_total(store)     # what is stored already was flushed before
+        self.last_put = put_total(store) if counts else 0   # what is stored was flushed before
         self.counted_at = float("-inf")
-        self.uncounted = False               # a round since the last count
+        self.counted_seq = store.state.get("flush_seq")
 
-    def __call__(self, ns: int) -> None:
+    def _tally(self) -> Tally | None:
         t = self.tally
         if t is None:
             c = counters_of(self.cb, self.store)
-            if c is None:
-                return
-            t = self.tally = Tally(c, self.cb.slot)
+            if c is not None:
+                t = self.tally = Tally(c, self.cb.slot)
+        return t
+
+    def __call__(self, ns: int) -> None:
+        t = self._tally()
+        if t is None:
+            return
         t.add_gauge("fdatasyncs", 1)
         t.add_gauge("flush_ns", ns)
         t.add_gauge(f"flush_le_{bisect.bisect_left(FLUSH_BUCKETS_S, ns / 1e9)}", 1)
-        self.uncounted = True
-        if self.clock() - self.counted_at >= COUNT_EVERY_S:
+        if self.counts and self.clock() - self.counted_at >= COUNT_EVERY_S:
             self.settle()
 
     def settle(self) -> None:
         """Count the messages the rounds since the last count made durable."""
-        if not self.uncounted or self.tally is None:
+        if not self.counts:
+            return
+        seq = self.store.state.get("flush_seq")
+        if seq == self.counted_seq or self._tally() is None:
             return
         put = put_total(self.store)
         self.tally.add_gauge("flushed_msgs", put - self.last_put)
-        self.last_put, self.counted_at, self.uncounted = put, self.clock(), False
+        self.last_put, self.counted_at, self.counted_seq = put, self.clock(), seq
 
 
 class RuntimeStats:

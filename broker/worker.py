@@ -34,6 +34,14 @@ SEND_BATCH_MESSAGE's answer too): a producer with a window of sends in
 flight then sends its next ones while this worker appends the rest (a
 pipeline of two processes overlaps; a turn answered whole makes them take
 turns).
+
+Under SYNC_FLUSH the worker leads the group commit of its own sync sends:
+once a turn's requests are handled, before its replies leave and it sleeps
+(``Reactor.before_sleep``, Redis's beforeSleep), it flushes the CommitLog
+up to everything published and answers the sends that waited
+(``group_commit``); what arrives meanwhile is the next turn's group. A
+send one at a time then costs two process wake-ups (the client's request,
+the answer), not four (and the flusher's and back).
 """
 from __future__ import annotations
 
@@ -46,7 +54,8 @@ import socket
 import time
 
 from shmq.core import jit
-from shmq.ipc.control import WANT_CLIENTS, WANT_CONFIG, die_with_parent, set_process_name
+from shmq.ipc.control import (FLUSHER_SLOT, WANT_CLIENTS, WANT_CONFIG, WANT_FLUSH, die_with_parent,
+                              set_process_name)
 from shmq.ipc.codes import RequestCode as RC
 from shmq.ipc.codes import ResponseCode as R
 from shmq.ipc.remoting import RemoteProtocolError, RemotingCommand, encode_head
@@ -59,7 +68,7 @@ from .logs import setup as setup_logs
 from .reactor import Connection, Reactor
 from .registry import Registry
 from .shared_store import attach, extra_region
-from .stats import SAMPLE_S
+from .stats import SAMPLE_S, FlushMeter
 from .topics import Tables
 
 log = logging.getLogger("shmq.worker")
@@ -246,6 +255,13 @@ class Driver:
         self.lane = SendLane(handlers)
         self.pull_lane = PullLane(handlers)
         self.pulls_run = 0                       # pulls the pull lane ran one by one (tests)
+        self.flush_meter = None                  # its flush rounds' gauges (stats.FlushMeter)
+        if handlers.store.config.sync_flush:
+            # the group commit of this worker's sync sends is its own
+            handlers.store.flush_inline = True
+            reactor.before_sleep = self.group_commit
+            if handlers.cb is not None:
+                self.flush_meter = FlushMeter(handlers.store, handlers.cb, counts=False)
 
     def add_connection(self, sock: socket.socket, addr: str, out_max: int) -> Connection:
         conn = self.reactor.add_connection(sock, addr, self.on_command, self.on_close, out_max)
@@ -388,6 +404,41 @@ class Driver:
         """The reactor's turn ends (its replies are about to leave)."""
         if self.h.taken:
             self.flush_group()
+
+    def group_commit(self) -> None:
+        """Before the reactor sleeps (``Reactor.before_sleep``), under
+        SYNC_FLUSH: when sends of this worker wait for the disk, lead the
+        group commit — flush the CommitLog up to everything published
+        (every process's appends, not only ours), answer our sends, wake
+        the other processes whose sends it made durable. The requests that
+        came while it flushed are read in the next turn and flushed
+        together: one fdatasync for every send of a turn, as Redis's
+        ``appendfsync always`` writes and syncs once per event-loop turn,
+        and no wake-up of the flusher and back for each (two on the path
+        of a send one at a time). Another process flushing (the flush lock
+        taken: the flusher, another worker) publishes and wakes us, and the
+        turn that wake-up makes tries again."""
+        parking = self.parking
+        if not parking.sends:
+            return
+        store = self.h.store
+        if store.state.flushed_pos >= parking.last_end:
+            self.send_all(parking.ready())
+            return
+        try:
+            t0 = time.perf_counter_ns()
+            done = store.flush_commitlog(block=False)
+        except OSError as e:       # (EIO): the flusher's own flush tries again and says why
+            log.error("group commit: the CommitLog flush failed (%s); the flusher takes over", e)
+            self.h.cb.wake(FLUSHER_SLOT)
+            return
+        if done < 0:
+            return
+        if self.flush_meter is not None:
+            self.flush_meter(time.perf_counter_ns() - t0)
+        self.send_all(parking.ready())
+        self.h.cb.wake_flagged(WANT_FLUSH)     # the others' sends it made durable (not ours:
+                                               # all answered, our flag is down)
 
     def flush_group(self) -> None:
         """Append the sends taken this turn; queue their answers."""

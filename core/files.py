@@ -128,6 +128,47 @@ class _NoLock:
         pass
 
 
+class FlushLock:
+    """Who may flush the CommitLog and publish ``flushed_pos`` (core/store.py
+    ``flush_commitlog``): an flock on the CommitLog directory, which every
+    store has, taken by one process at a time — the flusher, or a worker
+    leading a group commit at the end of its turn (broker/worker.py). The
+    kernel drops it when its holder dies, however it dies, so a process
+    killed inside an fdatasync leaves nothing to repair: the next flush
+    starts from the last ``flushed_pos`` published."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def acquire(self, block: bool = True) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _NoFlushLock:
+    """One simulated machine, one process: the flush is always ours."""
+
+    def acquire(self, block: bool = True) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass(eq=False)
 class Handle:
     """An open file of the store. ``array`` is the shared mapping (numpy uint8),
@@ -152,6 +193,10 @@ class FileLayer:
     def lock_store(self, root: str) -> StoreLock:
         """Take the store's lock file, or raise StoreInUse."""
         return StoreLock(root)
+
+    def flush_lock(self, commitlog_dir: str) -> FlushLock:
+        """The lock a CommitLog flush holds (``FlushLock``)."""
+        return FlushLock(commitlog_dir)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
@@ -542,6 +587,9 @@ class SimFileLayer(FileLayer):
 
     def lock_store(self, root):
         return _NoLock()   # one simulated machine, one process
+
+    def flush_lock(self, commitlog_dir):
+        return _NoFlushLock()
 
     def exists(self, path):
         return path in self.files or path in self.dirs

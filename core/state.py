@@ -13,7 +13,9 @@ writer never invalidates a line another process polls)::
     line  field                 written by          meaning
        0  magic, version, queue_slots, segment_bytes, creator_pid, created_ms
        1  write_pos             publisher           CommitLog end, bytes visible
-       2  flushed_pos           flusher             CommitLog durable up to here
+       2  flushed_pos           flush lock's holder CommitLog durable up to here (the
+                                                    flusher, or a worker's group commit:
+                                                    core/store.py flush_commitlog)
        3  flush_request_pos     publisher           highest end a SYNC send waits for
        4  confirm_pos,          HA service          the highest CommitLog offset a slave
           ha_slaves, ha_acks                        acked; slaves connected; acks that
@@ -27,10 +29,10 @@ writer never invalidates a line another process polls)::
                                                     (the flusher serves them)
        8  cq_flushed_pos        flusher             ConsumeQueues durable up to here
        9  last_store_ts         publisher           store timestamp of the last record
-      10  flush_seq             flusher             +1 per flush
+      10  flush_seq             flush lock's holder +1 per flush round
       11  queue_slots_used      claim (locked)
       12  state                 owner               0 new, 1 running, 2 stopping
-      13  flushed_store_ts      flusher             store timestamp at flushed_pos
+      13  flushed_store_ts      flush lock's holder store timestamp at flushed_pos
       14  disk_full             flusher             0, or the disk's used fraction in
                                                     1/10000 once above
                                                     diskSpaceWarningLevelRatio: sends

@@ -178,6 +178,11 @@ class MessageStore:
         # ``state.queue_bit`` mask; -1: any): the wake-ups of pulls waiting on them
         self.on_published = on_published
         self.on_flush_request = on_flush_request
+        # A worker that leads the group commit of its own sync sends at the
+        # end of its turn (broker/worker.py) does not ask the flusher for
+        # each of them: on_flush_request is then for a roll only.
+        self.flush_inline = False
+        self._flush_lock = None     # files.FlushLock, opened by the first flush
         self._seg = config.mappedFileSizeCommitLog
         self._sync = config.sync_flush
         self._w = state.words
@@ -208,6 +213,9 @@ class MessageStore:
     def close(self) -> None:
         self.cl.close()
         self.cqs.close()
+        if self._flush_lock is not None:
+            self._flush_lock.close()
+            self._flush_lock = None
         if self.store_lock is not None:
             self.store_lock.release()
             self.store_lock = None
@@ -334,7 +342,8 @@ class MessageStore:
                               | (NEW_QUEUE if known < 0 or q0 == 0 else 0))
         # the flusher, under SYNC_FLUSH for this append; on a roll into a new
         # segment for the one after it, to be created before it is needed
-        if (self._sync or phy != start) and self.on_flush_request is not None:
+        if ((self._sync and not self.flush_inline) or phy != start) \
+                and self.on_flush_request is not None:
             self.on_flush_request()
 
     def _claim(self, slot: int, topic: str, qid: int, nbytes: int, nq: int,
@@ -913,21 +922,33 @@ class MessageStore:
         return out
 
     # ------------------------------------------------------------------- flush
-    def flush_commitlog(self) -> int:
+    def flush_commitlog(self, block: bool = True) -> int:
         """Make everything published so far durable and publish ``flushed_pos``:
-        one group commit for every append up to now. Flusher only."""
-        st = self.state
-        target = st.write_pos
-        ts = st.get("last_store_ts")
-        done = st.flushed_pos
-        assert target >= done, ("flush: flushed_pos is a past write_pos, never ahead of it",
-                                done, target)
-        if target > done:
-            self.cl.flush(done, target)
-            st.set("flushed_store_ts", ts)
-            st.set("flushed_pos", target)
-            st.set("flush_seq", st.get("flush_seq") + 1)
-        return target
+        one group commit for every append up to now. Holding the flush lock
+        (``files.FlushLock``: the flusher, or a worker leading the group
+        commit of its turn's sync sends), so ``flushed_pos`` has one writer
+        at a time. ``block`` False: -1 at once if another process holds
+        it (it is flushing; it wakes those waiting when it has published)."""
+        lock = self._flush_lock
+        if lock is None:
+            lock = self._flush_lock = self.files.flush_lock(self.config.commitlog_dir)
+        if not lock.acquire(block):
+            return -1
+        try:
+            st = self.state
+            target = st.write_pos
+            ts = st.get("last_store_ts")
+            done = st.flushed_pos
+            assert target >= done, ("flush: flushed_pos is a past write_pos, never ahead of it",
+                                    done, target)
+            if target > done:
+                self.cl.flush(done, target)
+                st.set("flushed_store_ts", ts)
+                st.set("flushed_pos", target)
+                st.set("flush_seq", st.get("flush_seq") + 1)
+            return target
+        finally:
+            lock.release()
 
     def flush_consume_queues(self, thorough: bool = True) -> int:
         """Make published units durable. Thorough: every queue, and the

@@ -21,10 +21,11 @@ same transport, measured in the same run (perf.net_limits):
   the consumer parked in a long poll (sysFlag suspend) and every body
   stamped with CLOCK_MONOTONIC at send — against the raw round trip p50;
 - broker_sync_flush: SYNC_FLUSH broker, 1 and 16 connections (processes)
-  one send at a time each, and one connection with 64 in flight
-  each sending one message at a time — msg/s against the raw fdatasync rate,
-  with Redis ``appendfsync always`` under the same load beside it, and the
-  messages each fdatasync made durable (group commit);
+  each sending one message at a time, and one connection with 64 in
+  flight — msg/s against the raw fdatasync rate, with Redis ``appendfsync
+  always`` under the same load beside it, and the messages each fdatasync
+  made durable (group commit). The one-at-a-time clients are lean
+  (``_sync_producer``), as the Redis peer's are;
 - broker_scaling: brokers of W = 1, 2, 4 … workers (up to the cores), two
   client processes per worker each pipelining SCALE_WINDOW single-message
   sends on its own connection and queue — msg/s against W × the 1-worker
@@ -715,25 +716,32 @@ def _warm_then_wait(c: RemotingClient, topic: str, qid: int, go, pipe) -> None:
 
 @_child
 def _sync_producer(addr, topic, qid, seconds, go, pipe):
+    """One SYNC_FLUSH client: a send at a time to its own queue, each
+    waiting for its answer, from a lean client (``worker_cpu.Sender``,
+    window 1: template frames on a plain socket, each answer checked by its
+    JSON head) as the Redis peer's clients are hand-rolled RESP on a plain
+    socket, so that the two rows compare the servers, not the clients
+    (``RemotingClient.invoke`` costs ~55 µs of CPU a send here: with 16 of
+    them the clients took more of the 2 cores than the broker)."""
+    from perf.net_limits import connect
+    from perf.worker_cpu import Sender, _host_port
     with RemotingClient(addr) as c:
         _warm_then_wait(c, topic, qid, go, pipe)
-        acked = timeouts = 0
-        i = 1
-        t0 = time.monotonic()
-        end = t0 + seconds
-        while time.monotonic() < end:
-            r = c.invoke(send_cmd(topic, qid, body_of(qid, i)), timeout=TIMEOUT_S)
-            if r.code == SUCCESS:
-                acked += 1
-            elif r.code == FLUSH_DISK_TIMEOUT:
-                timeouts += 1
-            else:
-                raise RuntimeError(f"sync send: code {r.code} ({r.remark})")
-            if int(r.ext["queueOffset"]) != i:
-                raise AssertionError(f"sync send {i}: queueOffset {r.ext['queueOffset']}")
-            i += 1
-        t1 = time.monotonic()
-    pipe.send((t0, t1, acked, timeouts, i, body_of(qid, i - 1)))
+        unix = addr.startswith("unix:")
+        sock = connect("unix" if unix else "tcp", addr[5:] if unix else _host_port(addr))
+        try:
+            sock.settimeout(TIMEOUT_S)
+            s = Sender(sock, topic, 1, qid=qid, first=1)
+            s.codes = (SUCCESS, FLUSH_DISK_TIMEOUT)
+            t0 = time.monotonic()
+            end = t0 + seconds
+            while time.monotonic() < end:
+                s.step(1)
+            t1 = time.monotonic()
+        finally:
+            sock.close()
+    n = s.acked
+    pipe.send((t0, t1, n - s.timeouts, s.timeouts, n + 1, body_of(qid, n)))
 
 
 def run_sync_flush(ctx, result):

@@ -45,6 +45,15 @@ def append_then_die_after_write(cfg, topic):
     store.append(encode(topic, [b"published"], properties=b""))
 
 
+def flush_then_die_mid_sync(cfg, topic):
+    """Append, then die inside the flush round's fdatasync, holding the
+    flush lock, before it published ``flushed_pos``."""
+    store, cb = attach(cfg)
+    store.append(encode(topic, [b"unflushed"], properties=b""))
+    store.cl.flush = lambda begin, end: die()
+    store.flush_commitlog()
+
+
 def take_lock_then_die(cfg):
     """Die holding the semaphore before recording itself as holder."""
     store, cb = attach(cfg)

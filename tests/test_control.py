@@ -157,6 +157,34 @@ def test_a_writer_killed_after_writing_is_rolled_forward(owner):
     assert owner.store.append(encode("Fwd", [b"next"], properties=b"")).queue_offset == 1
 
 
+def test_a_process_killed_inside_its_flush_round_leaves_the_flush_to_the_next(owner):
+    """A flush round's holder (a worker leading its group commit) killed
+    in its fdatasync: nothing was published for it, and the flush lock is
+    the kernel's to drop (an flock), so the next round takes it at once and
+    makes the append durable — no repair, no wait."""
+    st = owner.store.state
+    before = st.flushed_pos
+    assert run(procs.flush_then_die_mid_sync, owner.config, "Flushed") == -9
+    assert st.flushed_pos == before < st.write_pos
+    assert owner.store.flush_commitlog(block=False) == st.write_pos == st.flushed_pos
+
+
+def test_one_flush_round_at_a_time(owner):
+    """Two holders of the flush lock exclude each other, in one process or
+    two: ``flushed_pos`` has one writer at a time."""
+    from shmq.core.files import FlushLock
+    other = FlushLock(owner.config.commitlog_dir)
+    try:
+        assert other.acquire(block=False)
+        owner.store.append(encode("Round", [b"x"], properties=b""))
+        assert owner.store.flush_commitlog(block=False) == -1
+        assert owner.store.state.flushed_pos < owner.store.state.write_pos
+        other.release()
+        assert owner.store.flush_commitlog(block=False) == owner.store.state.write_pos
+    finally:
+        other.close()
+
+
 def test_a_process_that_died_between_acquiring_and_recording_releases_the_lock(owner):
     assert run(procs.take_lock_then_die, owner.config) == -9
     assert owner.cb.sem.value == 0

@@ -67,6 +67,26 @@ def test_sync_flush_answers_a_request_at_once_for_everything_published(store_dir
     assert a.end < b.end
 
 
+def test_a_round_another_process_holds_the_flush_lock_for_is_left_to_it(store_dir):
+    """A worker leading its group commit holds the flush lock: the
+    flusher's pass does not wait for it (its other duties go on), says it
+    was locked out, and the next pass flushes what is left."""
+    from shmq.core.files import FlushLock
+    store, f, clock = setup(store_dir, flushDiskType="SYNC_FLUSH")
+    f.step()
+    worker = FlushLock(store.config.commitlog_dir)
+    try:
+        assert worker.acquire(block=False)
+        r = put(store, 10)
+        f.step()
+        assert f.locked_out and store.state.flushed_pos < r.end and f.flushes == 0
+        worker.release()
+        f.step()
+        assert not f.locked_out and store.state.flushed_pos == r.end and f.flushes == 1
+    finally:
+        worker.close()
+
+
 def test_an_idle_sync_flush_flusher_sleeps_until_its_interval(store_dir):
     """With nothing to flush a SYNC_FLUSH flusher's next pass is an interval
     away (an append's request wakes it sooner): its timer was never moved on
@@ -184,3 +204,6 @@ def test_the_flush_meter_counts_messages_at_most_every_interval_and_all_before_i
     put(store, 10)                                # appended, no round yet: not flushed
     meter.settle()
     assert c.gauge("flushed_msgs") == 7
+    store.flush_commitlog()                       # a worker's round (its own meter counts
+    meter.settle()                                # the fdatasync): the flusher counts the
+    assert (c.gauge("fdatasyncs"), c.gauge("flushed_msgs")) == (4, 8)   # messages

@@ -9,6 +9,7 @@ way in the order it came. The pull lane likewise: the same pulls, with it
 and without, get the same answers."""
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import pytest
@@ -181,6 +182,20 @@ def _sync_rig(root: str) -> Rig:
     return rig
 
 
+@contextlib.contextmanager
+def _flush_stuck(rig):
+    """The flush lock held by another holder (a flusher stuck in its
+    fdatasync) for the block: no flush round can publish meanwhile."""
+    from shmq.core.files import FlushLock
+    held = FlushLock(rig.store.config.commitlog_dir)
+    assert held.acquire(block=False)
+    try:
+        yield
+    finally:
+        held.release()
+        held.close()
+
+
 def _lane_answers(rig, answers) -> dict:
     """opaque → (code, remark, queueOffset) of parked answers (each a Reply
     of the lane's frames, or a command's)."""
@@ -191,57 +206,84 @@ def _lane_answers(rig, answers) -> dict:
     return out
 
 
-def test_under_sync_flush_the_lanes_answers_wait_together_for_the_flush(tmp_path):
-    """A chunk's answers are parked as one reply until its bytes are
-    flushed; one saying WAIT=false is answered at once; nothing is answered
-    before the flush."""
-    from test_handlers import readable_answers
+def test_under_sync_flush_the_lanes_answers_leave_after_the_turns_group_commit(tmp_path):
+    """A chunk's answers are parked as one reply and leave at the end of
+    the turn, after the worker's own group commit flushed the chunk (one
+    flush round for it); one saying WAIT=false is answered first, without
+    waiting."""
     rig = _sync_rig(str(tmp_path))
     reactor, driver, client = driven(rig)
     cmds = [keyed(i % 4, f"s{i}", i) for i in range(10)]
     cmds[4].ext["i"] += "WAIT\x01false\x02"
+    st = rig.store.state
+    seq = st.get("flush_seq")
     client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    turns = 0
     while driver.lane.taken < 10:
         reactor.run_once()
-    [early] = read_replies(client, 1)
-    assert (early.opaque, early.code) == (4, R.SUCCESS) and readable_answers(client) == 0
-    assert len(rig.parking.sends) == 1                 # the other nine, as one reply
-    rig.store.flush_commitlog()
-    got = _lane_answers(rig, rig.parking.on_wake())
-    assert sorted(got) == [0, 1, 2, 3, 5, 6, 7, 8, 9]
-    assert {v[0] for v in got.values()} == {R.SUCCESS} and got[8][2] == "3"   # after first, s0, s4
+        turns += 1
+    got = read_replies(client, 10)
+    assert (got[0].opaque, got[0].code) == (4, R.SUCCESS)
+    assert sorted(r.opaque for r in got[1:]) == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    assert {r.code for r in got} == {R.SUCCESS} and \
+        {r.opaque: r.ext["queueOffset"] for r in got}[8] == "3"       # after first, s0, s4
+    assert st.flushed_pos == st.write_pos and st.get("flush_seq") == seq + turns
     assert not rig.parking.sends and len(rig.parking.timers) == 0
+    reactor.close()
+    rig.close()
+
+
+def test_under_sync_flush_answers_wait_while_another_process_flushes(tmp_path):
+    """The flush lock held elsewhere (the flusher, or another worker, in
+    its round): the turn's answers stay parked — nothing is answered
+    before its bytes are durable — until the holder has published and
+    woken this worker; then they leave."""
+    from test_handlers import readable_answers
+    rig = _sync_rig(str(tmp_path))
+    reactor, driver, client = driven(rig)
+    with _flush_stuck(rig):
+        client.sendall(b"".join(bytes(encode(keyed(i % 4, f"s{i}", i))) for i in range(3)))
+        while driver.lane.taken < 3:
+            reactor.run_once()
+        assert readable_answers(client) == 0 and len(rig.parking.sends) == 1
+        assert rig.store.flush_commitlog(block=False) == -1     # not while it is held
+    rig.store.flush_commitlog()              # the holder's round, published
+    driver.on_wake()                         # and its wake-up
+    reactor.flush()
+    assert sorted(r.opaque for r in read_replies(client, 3)) == [0, 1, 2]
+    assert not rig.parking.sends
     reactor.close()
     rig.close()
 
 
 def test_under_sync_flush_a_lone_sends_answer_waits_for_the_flush(tmp_path):
     """One send at a time under SYNC_FLUSH, taken by the lane alone: its
-    answer is parked until its bytes are flushed, then leaves; one saying
-    WAIT=false is answered at once; one whose flush never comes is
-    answered FLUSH_DISK_TIMEOUT after syncFlushTimeout, as the send path
-    answers."""
+    answer leaves once the turn's group commit flushed it; one saying
+    WAIT=false is answered at once; one whose flush never comes (the
+    flush lock held by a process stuck in its fdatasync) is answered
+    FLUSH_DISK_TIMEOUT after syncFlushTimeout, as the send path answers."""
     from test_handlers import readable_answers
     from shmq.broker.parking import FLUSH_TIMEOUT_REMARK
     rig = _sync_rig(str(tmp_path))
     reactor, driver, client = driven(rig)
     client.sendall(bytes(encode(keyed(1, "w", 1))))
     reactor.run_once()
-    assert driver.lane.taken == 1 and readable_answers(client) == 0
-    assert len(rig.parking.sends) == 1
-    rig.store.flush_commitlog()
-    assert _lane_answers(rig, rig.parking.on_wake()) == {1: (R.SUCCESS, None, "0")}
+    [r] = read_replies(client, 1)
+    assert (driver.lane.taken, r.opaque, r.code, r.ext["queueOffset"]) == (1, 1, R.SUCCESS, "0")
+    assert rig.store.state.flushed_pos == rig.store.state.write_pos
     nowait = keyed(2, "nw", 2)
     nowait.ext["i"] += "WAIT\x01false\x02"
-    client.sendall(bytes(encode(nowait)))
-    reactor.run_once()
-    [r] = read_replies(client, 1)
-    assert (driver.lane.taken, r.opaque, r.code, r.ext["queueOffset"]) == (2, 2, R.SUCCESS, "0")
-    client.sendall(bytes(encode(keyed(1, "late", 3))))
-    reactor.run_once()
-    rig.clock.advance(5.1)
-    assert _lane_answers(rig, rig.parking.expire()) == \
-        {3: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "1")}
+    with _flush_stuck(rig):
+        client.sendall(bytes(encode(nowait)))
+        reactor.run_once()
+        [r] = read_replies(client, 1)
+        assert (driver.lane.taken, r.opaque, r.code, r.ext["queueOffset"]) == (2, 2, R.SUCCESS, "0")
+        client.sendall(bytes(encode(keyed(1, "late", 3))))
+        reactor.run_once()
+        assert readable_answers(client) == 0
+        rig.clock.advance(5.1)
+        assert _lane_answers(rig, rig.parking.expire()) == \
+            {3: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "1")}
     assert driver.lane.taken == 3
     assert [m.body for m in rig.store.read_queue("GoldenTopic", 1)] == [b"w", b"late"]
     reactor.close()
@@ -285,17 +327,21 @@ def test_sends_the_disk_refuses_are_answered_as_the_send_path_answers(tmp_path, 
 
 
 def test_under_sync_flush_the_lanes_parked_answers_time_out_each_as_the_send_path(tmp_path):
+    """A chunk whose flush does not come within syncFlushTimeout (the
+    flush lock held by a process stuck in its fdatasync): each send is
+    answered FLUSH_DISK_TIMEOUT at its own offset, stored all the same."""
     from shmq.broker.parking import FLUSH_TIMEOUT_REMARK
     rig = _sync_rig(str(tmp_path))
     reactor, driver, client = driven(rig)
     cmds = [keyed(i % 2, f"t{i}", 10 + i) for i in range(3)]
-    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    while driver.lane.taken < 3:
-        reactor.run_once()
-    rig.clock.advance(4.9)
-    assert rig.parking.expire() == []
-    rig.clock.advance(0.2)
-    got = _lane_answers(rig, rig.parking.expire())
+    with _flush_stuck(rig):
+        client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+        while driver.lane.taken < 3:
+            reactor.run_once()
+        rig.clock.advance(4.9)
+        assert rig.parking.expire() == []
+        rig.clock.advance(0.2)
+        got = _lane_answers(rig, rig.parking.expire())
     assert got == {10: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "1"),
                    11: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "0"),
                    12: (R.FLUSH_DISK_TIMEOUT, FLUSH_TIMEOUT_REMARK, "2")}
@@ -349,16 +395,18 @@ def test_a_queue_out_of_range_stops_the_lane_before_the_next_topic(tmp_path):
 
 
 def test_under_sync_flush_answers_leave_in_the_order_their_sends_came(tmp_path):
-    """A chunk parked for the flush, then a chunk whose bytes the flusher
-    made durable before it was answered (here: at once, on publish): the
+    """A chunk parked for the flush (the flush lock held elsewhere), then a
+    chunk whose bytes the flusher made durable before it was answered
+    (here: at once, on publish): the
     first chunk's answers leave first. (They left after it: a pipelined
     producer reading its answers in order saw a later send answered
     before an earlier one.)"""
     rig = _sync_rig(str(tmp_path))
     reactor, driver, client = driven(rig)
-    client.sendall(b"".join(bytes(encode(keyed(0, f"a{i}", i))) for i in range(3)))
-    while driver.lane.taken < 3:
-        reactor.run_once()
+    with _flush_stuck(rig):                # (else the turn's own group commit answers them)
+        client.sendall(b"".join(bytes(encode(keyed(0, f"a{i}", i))) for i in range(3)))
+        while driver.lane.taken < 3:
+            reactor.run_once()
     assert len(rig.parking.sends) == 1
     published = rig.store.on_published
     rig.store.on_published = lambda mask: (published and published(mask),

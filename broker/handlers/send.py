@@ -2,7 +2,8 @@
 check the topic and the queue, route what needs it (delay, timer,
 transaction half, a consumer's own re-send to %RETRY%), encode, append,
 answer msgId / queueId / queueOffset. Under SYNC_FLUSH the answer waits in
-the parking module until the flusher has made the bytes durable, and on a
+the parking module until the bytes are durable (the worker's own group
+commit at the end of its turn, or another process's flush round), and on a
 SYNC_MASTER until a slave acked them (``broker/ha``), unless the message says
 WAIT=false. A SYNC_MASTER with no slave connected, or with its slave
 haSlaveFallbehindMax behind, answers SLAVE_NOT_AVAILABLE at once (after the
