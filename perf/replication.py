@@ -24,7 +24,9 @@
   round trip p99 (what no replication can beat).
 
 - ha_sync_master: SYNC_CONNS producer processes, each its own connection
-  and queue, sending one 100-byte message at a time to a SYNC_MASTER
+  and queue, sending one 100-byte message at a time (the lean clients of
+  broker_sync_flush: ``perf.broker._sync_producer``; every answer
+  SEND_OK, a FLUSH_SLAVE_TIMEOUT fails the run) to a SYNC_MASTER
   (ASYNC_FLUSH) whose slave follows — msg/s against the same load on a
   SYNC_FLUSH broker measured in the same run (target ratio ≥ 0.5); with the
   sends each slave ack released (group commit: ``ha_acks``, the acks that
@@ -43,7 +45,7 @@ import numpy as np
 
 from perf import Skipped
 from perf.broker import (FORK, QUEUES, SUCCESS, SYNC_CONNS, TIMEOUT_S, Broker, _child,
-                         _warm_then_wait, body_of, broker, create_topic, free_port, gather,
+                         _sync_producer, body_of, broker, create_topic, free_port, gather,
                          produce_backlog, send_cmd, spawn)
 from shmq.client.remoting import RemotingClient
 from shmq.core.state import StoreState
@@ -169,21 +171,6 @@ def run(ctx, result):
         cb.close()
 
 
-@_child
-def _sync_producer(addr, topic, qid, seconds, go, pipe):
-    """One message at a time; every answer must be SEND_OK (a slave follows)."""
-    with RemotingClient(addr) as c:
-        _warm_then_wait(c, topic, qid, go, pipe)
-        acked = 0
-        t0 = time.monotonic()
-        while time.monotonic() < t0 + seconds:
-            r = c.invoke(send_cmd(topic, qid, body_of(qid, acked + 1)), timeout=TIMEOUT_S)
-            if r.code != SUCCESS:
-                raise RuntimeError(f"sync send: code {r.code} ({r.remark})")
-            acked += 1
-        pipe.send((t0, time.monotonic(), acked))
-
-
 def _sync_rate(addr: str, topic: str, conns: int, seconds: float, on_go=None) -> tuple[float, int]:
     with RemotingClient(addr) as c:
         create_topic(c, topic, conns)
@@ -191,6 +178,9 @@ def _sync_rate(addr: str, topic: str, conns: int, seconds: float, on_go=None) ->
     kids, pipes = zip(*(spawn(_sync_producer, (addr, topic, q, seconds, go))
                         for q in range(conns)))
     got = gather(list(kids), list(pipes), go, "sync producer", on_go=on_go)
+    if sum(g[3] for g in got):
+        raise AssertionError(f"{sum(g[3] for g in got)} sync sends to {addr} were answered "
+                             f"FLUSH_DISK_TIMEOUT")
     acked = sum(g[2] for g in got)
     return acked / (max(g[1] for g in got) - min(g[0] for g in got)), acked
 
