@@ -1154,6 +1154,7 @@ class _Parker:
         self.waits: dict[int, tuple[str, int, int, asyncio.Future]] = {}
         self.ids = itertools.count()
         self.closed = False
+        self.masked_at = -1               # queue_slots_used when the mask was made
 
     async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """True once the queue reaches past ``offset``; False after
@@ -1203,8 +1204,9 @@ class _Parker:
     def _remask(self) -> None:
         """This slot's wait_mask: the bits of the queues waited on (a queue
         with no slot yet waits for NEW_QUEUE, and its slot's bit once made)."""
-        self.cb.set_wait_mask(self.queues_mask(self.store.state,
-                                               (w[:2] for w in self.waits.values())))
+        st = self.store.state
+        self.masked_at = st.get("queue_slots_used")
+        self.cb.set_wait_mask(self.queues_mask(st, (w[:2] for w in self.waits.values())))
 
     def _woken(self) -> None:
         self.cb.waiter.drain()
@@ -1212,7 +1214,8 @@ class _Parker:
         for topic, queue_id, offset, fut in list(self.waits.values()):
             if fut is not None and not fut.done() and store.max_offset(topic, queue_id) > offset:
                 fut.set_result(True)
-        self._remask()                    # a queue made since: its own bit from now on
+        if store.state.get("queue_slots_used") != self.masked_at:
+            self._remask()                # a queue made since: its own bit from now on
 
     def close(self) -> None:
         """Release every waiting pull (to the broker) and leave the slot, in

@@ -283,6 +283,11 @@ def _forget_me() -> None:
 os.register_at_fork(after_in_child=_forget_me)
 
 
+# the queues remembered as having no slot (``queue_slot``), at most
+SLOT_MISSING_KEPT = 4096
+_I_SLOTS_USED = _W["queue_slots_used"]
+
+
 def _slot_hash(topic: bytes, queue_id: int) -> int:
     return zlib.crc32(topic, queue_id & 0xFFFFFFFF)
 
@@ -312,6 +317,8 @@ class StoreState:
         self.queue_cq_flushed = self.queues["cq_flushed"]
         self.queue_claim = self.queues["claim_next"]
         self._slot_cache: dict[tuple[str, int], int] = {}
+        # (topic, queue id) → queue_slots_used when it was found to have no slot
+        self._slot_missing: dict[tuple[str, int], int] = {}
         self._used: np.ndarray | None = None
 
     # ------------------------------------------------------------- creation
@@ -381,10 +388,20 @@ class StoreState:
         slot = self._slot_cache.get(key)
         if slot is not None:
             return slot
+        # A queue with no slot (a consumer's retry queue, waited on and looked
+        # at every wake-up) is probed again only once a slot was made since:
+        # the count is read before the probe, and a slot's state is written
+        # before the count moves.
+        used = self.words[_I_SLOTS_USED]
+        if self._slot_missing.get(key) == used:
+            return -1
         slot, found = self._probe(topic.encode(), queue_id)
         if found:
             self._slot_cache[key] = slot
             return slot
+        if len(self._slot_missing) >= SLOT_MISSING_KEPT:
+            self._slot_missing.clear()
+        self._slot_missing[key] = used
         return -1
 
     def next_offset_word(self, topic: str, queue_id: int) -> int:

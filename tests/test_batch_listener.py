@@ -78,12 +78,15 @@ def test_a_batch_reads_every_field_a_message_view_reads():
     assert "2 messages, queue offsets 1..3" in repr(part)
 
 
-def test_decode_messages_from_the_walks_rows_is_its_loop():
-    """Once the walk's kernel is loaded, ``decode_messages`` makes its
-    ``MessageExt``s from the rows: the same messages (IPv4 and IPv6 hosts,
-    compressed and not zlib bodies, damage left out) as its Python loop."""
+def test_decode_messages_from_the_walks_rows_is_its_loop(monkeypatch):
+    """Once the walk's kernel is loaded, ``decode_messages`` makes the
+    ``MessageExt``s of a body past LOOP_BYTES_MAX (here: any) from the
+    rows: the same messages (IPv4 and IPv6 hosts, compressed and not zlib
+    bodies, damage left out) as its Python loop."""
     import naive
+    from shmq.client import message
     from shmq.client.message import _decode_loop
+    monkeypatch.setattr(message, "LOOP_BYTES_MAX", 0)
     recs = [naive.encode_record("Tópic", body, b"UNIQ_KEY\x01u%d\x02TAGS\x01t" % i,
                                 queue_id=i, sysflag=flag, born_host=born, store_host=store,
                                 reconsume_times=i, queue_offset=10 + i, phy_offset=64 * i)

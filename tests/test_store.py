@@ -191,6 +191,22 @@ def test_queue_table_full_is_a_clear_error(store_dir):
     assert store.max_offset("F", 3) == 1   # nothing else disturbed
 
 
+def test_a_queue_made_by_another_process_is_found_after_a_lookup_missed_it(store_dir):
+    """A lookup of a queue with no slot is remembered (a consumer looks at
+    its empty retry queue every wake-up) only until a slot is made: a
+    second view of the same shared state — another process — makes it,
+    and the first view finds it at once."""
+    from shmq.core.state import StoreState
+    store, _ = open_local(small_config(store_dir))
+    put(store, "Made", [b"x"])
+    st = store.state
+    other = StoreState.over(st._buf, st.lock_impl)
+    assert st.queue_slot("Late", 0) == -1 and st.queue_slot("Late", 0) == -1
+    slot = other.queue_slot_create("Late", 0)
+    assert st.queue_slot("Late", 0) == slot >= 0
+    assert store.max_offset("Late", 0) == 0
+
+
 def test_consumequeue_files_roll_at_units_per_file(store_dir):
     store, _ = open_local(small_config(store_dir))
     for i in range(250):
