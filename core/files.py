@@ -30,6 +30,7 @@ import random
 import shutil
 import stat
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,9 +139,13 @@ class FlushLock:
     starts from the last ``flushed_pos`` published."""
 
     def __init__(self, path: str):
+        self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _FLUSH_LOCKS.add(self)
 
     def acquire(self, block: bool = True) -> bool:
+        if self.fd < 0:               # (a forked child's: ``_forked``)
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -154,6 +159,27 @@ class FlushLock:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+_FLUSH_LOCKS: "weakref.WeakSet[FlushLock]" = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a forked child: a FlushLock's descriptor is its parent's open
+    file, which an flock belongs to, so the child would hold the parent's
+    lock, and keep it held past the parent's death. Closed here (the
+    parent's copy keeps whatever it holds); the child opens its own at its
+    first flush."""
+    for lock in list(_FLUSH_LOCKS):
+        if lock.fd >= 0:
+            try:
+                os.close(lock.fd)
+            except OSError:
+                pass
+            lock.fd = -1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class _NoFlushLock:

@@ -185,6 +185,34 @@ def test_one_flush_round_at_a_time(owner):
         other.close()
 
 
+def test_a_forked_child_does_not_share_its_parents_flush_lock(owner):
+    """A child forked while its parent holds the flush lock has the
+    parent's open file, which the flock belongs to: the child must not
+    take the lock through it (two rounds at once), nor keep it held after
+    the parent let go of it."""
+    from shmq.core.files import FlushLock
+    lock = FlushLock(owner.config.commitlog_dir)
+    try:
+        assert lock.acquire(block=False)
+        pid = os.fork()
+        if pid == 0:                                  # the child
+            took = lock.acquire(block=False)
+            os._exit(3 if took else 0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0     # refused: the parent holds it
+        lock.release()
+        pid = os.fork()
+        if pid == 0:
+            took = lock.acquire(block=False)
+            os._exit(0 if took else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0     # free once the parent let go
+        assert lock.acquire(block=False)
+        lock.release()
+    finally:
+        lock.close()
+
+
 def test_a_process_that_died_between_acquiring_and_recording_releases_the_lock(owner):
     assert run(procs.take_lock_then_die, owner.config) == -9
     assert owner.cb.sem.value == 0
