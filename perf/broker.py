@@ -5,8 +5,8 @@ Each bench prints its figure beside the raw limit for the same work on the
 same transport, measured in the same run (perf.net_limits):
 
 - broker_send: one-at-a-time SEND_MESSAGE_V2 (310) of 100 B from one
-  connection — msg/s, p50/p99 — against the raw request/response round trip
-  (target ratio ≥ 0.70);
+  connection, a lean client (``run_send``) — msg/s, p50/p99 — against the
+  raw request/response round trip (target ratio ≥ 0.70);
 - broker_produce: batches (320) of 32 and of 256 100-byte messages from
   PRODUCERS processes, each its own connection and queue, WINDOW requests in
   flight — msg/s (target ≥ 1,000,000), limit: raw bulk socket bandwidth in
