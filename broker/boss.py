@@ -605,18 +605,23 @@ class Boss:
                 self.registry.save_offsets()
             except OSError as e:
                 log.error("saving consumer offsets failed: %s", e)
-        self.owner.close()
-        if self.namesrv is not None:
-            _terminate([self.namesrv])
-        if self.namesrv_sock is not None:
-            self.namesrv_sock.close()
-            self.namesrv_sock = None
-        # only the socket this boss bound: a second broker refused on a store
-        # in use stops here too, and the path is the live broker's
-        path = self.config.unix_path
-        if self.unix_bound and os.path.exists(path):
-            os.unlink(path)
-            self.unix_bound = False
+        try:
+            self.owner.close()     # (a failed last flush raises: the next start recovers)
+        finally:
+            # whatever the store's close raised: a NameServer left running
+            # kept the boss from exiting (multiprocessing joins its children
+            # at exit), so a stop that failed hung instead
+            if self.namesrv is not None:
+                _terminate([self.namesrv])
+            if self.namesrv_sock is not None:
+                self.namesrv_sock.close()
+                self.namesrv_sock = None
+            # only the socket this boss bound: a second broker refused on a
+            # store in use stops here too, and the path is the live broker's
+            path = self.config.unix_path
+            if self.unix_bound and os.path.exists(path):
+                os.unlink(path)
+                self.unix_bound = False
 
 
 def _bound_under(directory: str) -> bool:

@@ -437,8 +437,9 @@ class Driver:
         if self.flush_meter is not None:
             self.flush_meter(time.perf_counter_ns() - t0)
         self.send_all(parking.ready())
-        self.h.cb.wake_flagged(WANT_FLUSH)     # the others' sends it made durable (not ours:
-                                               # all answered, our flag is down)
+        # the others' sends it made durable (ours are answered and our flag
+        # is down, unless some still wait for a slave's ack: SYNC_MASTER)
+        self.h.cb.wake_flagged(WANT_FLUSH)
 
     def flush_group(self) -> None:
         """Append the sends taken this turn; queue their answers."""

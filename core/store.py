@@ -781,15 +781,19 @@ class MessageStore:
 
     def _publish(self, seq: int) -> None:
         """Publish claim ``seq`` from its ring entry, for its dead owner (the
-        turn is ours: lock held, publish_seq == seq)."""
+        turn is ours: lock held, publish_seq == seq). The owner may have died
+        inside its own publish (``_finish``), after some of the positions
+        and before publish_seq: those it wrote are the claim's own ends, and
+        every position is written again here."""
         w = self._w
         e = _entry(seq)
         assert w[I_PUBLISH_SEQ] == seq and w[e + E_SEQ] == seq, (
             "repair publishes the claim whose turn it is", w[I_PUBLISH_SEQ], seq)
-        assert w[I_WRITE_POS] == w[e + E_START] and (
-            w[QUEUE_BASE + w[e + E_SLOT] * Q_WORDS + Q_NEXT] == w[e + E_Q0]), (
-            "publish: claims publish in claim order, back to back", seq)
         end = w[e + E_END]
+        at = (w[I_WRITE_POS], w[QUEUE_BASE + w[e + E_SLOT] * Q_WORDS + Q_NEXT])
+        assert at in ((w[e + E_START], w[e + E_Q0]), (end, w[e + E_Q0]), (end, w[e + E_QEND])), (
+            "publish: claims publish in claim order, back to back (the positions where the claim "
+            "began, or where a publish its owner died in left them)", seq, at)
         w[I_LAST_STORE_TS] = w[e + E_TS]
         w[I_WRITE_POS] = end
         w[QUEUE_BASE + w[e + E_SLOT] * Q_WORDS + Q_NEXT] = w[e + E_QEND]

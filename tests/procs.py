@@ -45,6 +45,23 @@ def append_then_die_after_write(cfg, topic):
     store.append(encode(topic, [b"published"], properties=b""))
 
 
+def append_then_die_mid_publish(cfg, topic):
+    """Die inside the publish of an append: its claim DONE, ``write_pos``
+    already moved to its end (the first position a publish writes), its
+    queue's next offset and ``publish_seq`` not yet."""
+    from shmq.core.state import DONE, E_STATE, I_LAST_STORE_TS, I_WRITE_POS
+    store, cb = attach(cfg)
+    w = store._w
+
+    def finish(seq, e, slot, known, start, phy, end, q0, nq, ts):
+        w[e + E_STATE] = DONE
+        w[I_LAST_STORE_TS] = ts
+        w[I_WRITE_POS] = end
+        die()
+    store._finish = finish
+    store.append(encode(topic, [b"half-published"], properties=b""))
+
+
 def flush_then_die_mid_sync(cfg, topic):
     """Append, then die inside the flush round's fdatasync, holding the
     flush lock, before it published ``flushed_pos``."""

@@ -93,6 +93,33 @@ def test_a_namesrv_started_after_the_broker_gets_its_routes_within_seconds(tmp_p
             ns.wait(30)
 
 
+def test_a_stop_whose_store_close_fails_still_ends_the_namesrv_and_raises(tmp_path):
+    """The store's close raising at stop (a last flush the disk refused; a
+    repair that failed): the embedded NameServer is still ended and the
+    error still reaches the caller. Before, the stop ended there, the
+    NameServer ran on, and the boss — whose exit joins its children —
+    never exited (a CI run's broker hung 60 s until it was killed)."""
+    import multiprocessing
+
+    from shmq.broker.boss import Boss
+    from shmq.broker.config import BrokerConfig
+    from shmq.core.config import StoreConfig
+    boss = Boss(BrokerConfig(store=StoreConfig(storePathRootDir=str(tmp_path / "store"))))
+    boss.namesrv = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
+    boss.namesrv.start()
+
+    def close():
+        raise OSError(5, "Input/output error")
+    boss.owner.close = close
+    try:
+        with pytest.raises(OSError, match="Input/output"):
+            boss.stop()
+        assert not boss.namesrv.is_alive()
+    finally:
+        if boss.namesrv.is_alive():
+            boss.namesrv.kill()
+
+
 def test_a_child_that_keeps_failing_backs_off_then_the_boss_gives_up():
     r = Restarts(started_at=0.0)
     now = 1.0

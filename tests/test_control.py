@@ -157,6 +157,23 @@ def test_a_writer_killed_after_writing_is_rolled_forward(owner):
     assert owner.store.append(encode("Fwd", [b"next"], properties=b"")).queue_offset == 1
 
 
+def test_a_writer_killed_inside_its_publish_is_rolled_forward(owner):
+    """Killed between the first position its publish wrote (write_pos) and
+    the last (publish_seq): the repair publishes the claim from its ring
+    entry all the same — the positions it finds are the claim's own ends,
+    not a broken order (a CI run's boss died of that assertion, with a
+    direct producer killed at a random point) — and appends go on after it."""
+    assert run(procs.append_then_die_mid_publish, owner.config, "Mid") == -9
+    st = owner.store.state
+    assert owner.store.max_offset("Mid", 0) == 0 and st.write_pos > 0   # half published
+    done = owner.supervise()
+    assert any("1 rolled forward" in d for d in done)
+    assert [m.body for m in owner.store.read_queue("Mid", 0)] == [b"half-published"]
+    r = owner.store.append(encode("Mid", [b"next"], properties=b""))
+    assert r.queue_offset == 1 and r.phy_offset == st.write_pos - (r.end - r.phy_offset)
+    assert [m.body for m in owner.store.read_queue("Mid", 0)] == [b"half-published", b"next"]
+
+
 def test_a_process_killed_inside_its_flush_round_leaves_the_flush_to_the_next(owner):
     """A flush round's holder (a worker leading its group commit) killed
     in its fdatasync: nothing was published for it, and the flush lock is
