@@ -44,7 +44,8 @@ ENOSPC): a claim not DONE whose owner is dead or gave it up is
       [phy, end) (``layout``; every scanner skips it) and padding units at its
       queue offsets (pulls skip them; its offsets are never reused); now DONE.
 
-A DONE claim of a dead owner is published as it stands (rolled forward). A
+A DONE claim of a dead owner is published as it stands (rolled forward), also
+one whose owner died inside its own publish (``_publish``). A
 claim past ``write_pos`` that nobody finished is, to recovery after a crash, a
 torn write: the scan stops at its first bad byte and truncates what follows.
 
