@@ -291,6 +291,76 @@ def test_under_sync_flush_a_lone_sends_answer_waits_for_the_flush(tmp_path):
 
 
 @pytest.mark.parametrize("lane", [True, False], ids=["lane", "usual"])
+def test_on_a_sync_master_answers_wait_for_the_slaves_ack_as_the_send_path_answers(tmp_path,
+                                                                                  lane):
+    """A SYNC_MASTER with a slave connected: a lone send's answer and a
+    chunk's (one parked reply) leave once the slave's ack (confirm_pos)
+    passes their end; WAIT=false is answered at once; a send the slave does
+    not ack within slaveTimeout is answered FLUSH_SLAVE_TIMEOUT; a slave
+    haSlaveFallbehindMax behind makes the answer SLAVE_NOT_AVAILABLE at
+    once; with no slave the lane stays closed. The same answers the usual
+    way (``lane=False``)."""
+    from test_handlers import readable_answers
+    from shmq.broker.parking import SLAVE_TIMEOUT_REMARK
+    rig = Rig(str(tmp_path), dedup_window=1024, brokerRole="SYNC_MASTER", slaveTimeout=3000,
+              haSlaveFallbehindMax=1 << 20)
+    rig.ok(create_topic("GoldenTopic", 4))
+    st = rig.store.state
+    first = rig.call(keyed(0, "first", 999))                # no slave yet: stored, not waited for
+    assert first.cmd.code == R.SLAVE_NOT_AVAILABLE
+    st.set("ha_slaves", 1)
+    st.set("confirm_pos", st.write_pos)
+    reactor, driver, client = driven(rig, lane=lane)
+
+    def acked_now():
+        st.set("confirm_pos", st.write_pos)
+        driver.on_wake()
+        reactor.flush()
+
+    client.sendall(bytes(encode(keyed(1, "alone", 1))))
+    reactor.run_once()
+    assert readable_answers(client) == 0 and len(rig.parking.sends) == 1
+    acked_now()
+    [r] = read_replies(client, 1)
+    assert (r.opaque, r.code, r.ext["queueOffset"]) == (1, R.SUCCESS, "0")
+    cmds = [keyed(i % 2, f"c{i}", 10 + i) for i in range(3)]
+    cmds[1].ext["i"] += "WAIT\x01false\x02"
+    client.sendall(b"".join(bytes(encode(c)) for c in cmds))
+    for _ in range(50):                     # (bounded: the chunk may take a few turns)
+        if readable_answers(client):
+            break
+        reactor.run_once()
+    [nowait] = read_replies(client, 1)
+    assert (nowait.opaque, nowait.code) == (11, R.SUCCESS) and readable_answers(client) == 0
+    acked_now()
+    assert sorted((r.opaque, r.code) for r in read_replies(client, 2)) == \
+        [(10, R.SUCCESS), (12, R.SUCCESS)]
+    client.sendall(bytes(encode(keyed(0, "unacked", 20))))
+    reactor.run_once()
+    rig.clock.advance(3.1)
+    driver.send_all(rig.parking.expire())
+    reactor.flush()
+    [r] = read_replies(client, 1)
+    assert (r.opaque, r.code, r.remark) == (20, R.FLUSH_SLAVE_TIMEOUT, SLAVE_TIMEOUT_REMARK)
+    st.set("confirm_pos", st.write_pos - (1 << 20))        # the slave fell behind
+    client.sendall(bytes(encode(keyed(0, "behind", 21))))
+    reactor.run_once()
+    [r] = read_replies(client, 1)
+    assert (r.opaque, r.code) == (21, R.SLAVE_NOT_AVAILABLE) and not rig.parking.sends
+    st.set("ha_slaves", 0)                                  # no slave: not the lane's
+    taken = driver.lane.taken
+    client.sendall(bytes(encode(keyed(0, "alone2", 22))))
+    reactor.run_once()
+    [r] = read_replies(client, 1)
+    assert (r.opaque, r.code, driver.lane.taken) == (22, R.SLAVE_NOT_AVAILABLE, taken)
+    assert driver.lane.taken == (6 if lane else 0)
+    assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == \
+        [b"first", b"c0", b"c2", b"unacked", b"behind", b"alone2"]
+    reactor.close()
+    rig.close()
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "usual"])
 @pytest.mark.parametrize("sends", [1, 3], ids=["alone", "chunk"])
 def test_sends_the_disk_refuses_are_answered_as_the_send_path_answers(tmp_path, lane, sends):
     """The CommitLog's write fails (ENOSPC) under a lone send, or a chunk

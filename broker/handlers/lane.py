@@ -25,13 +25,15 @@ the decoder reads, the usual way, and the lane is tried again after it
 when it was a send.
 
 The lane runs only where it answers exactly as the send path would: no
-ACL, no DEBUG log (which logs each request), a master that is not
-SYNC_MASTER (whose answers wait for a slave), IPv4 hosts (the records'
-fixed layout), the disk and the page cache not refusing sends. Under
-SYNC_FLUSH a chunk's answers wait together, one parked reply of their
-frames, for the flush of the chunk's last byte (a send saying WAIT=false
-is answered at once); past syncFlushTimeout each is answered
-FLUSH_DISK_TIMEOUT, as the send path answers. Elsewhere every send goes
+ACL, no DEBUG log (which logs each request), a SYNC_MASTER only while a
+slave is connected, IPv4 hosts (the records' fixed layout), the disk and
+the page cache not refusing sends. Under SYNC_FLUSH, and on a SYNC_MASTER,
+a chunk's answers wait together, one parked reply of their frames, for
+the flush of the chunk's last byte and/or a slave's ack of it (a send
+saying WAIT=false is answered at once); past syncFlushTimeout or
+slaveTimeout each is answered FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT,
+and a SYNC_MASTER whose slave fell haSlaveFallbehindMax behind answers
+SLAVE_NOT_AVAILABLE, as the send path answers. Elsewhere every send goes
 the usual way. ``tests/test_lane.py`` holds the two ways to the same
 stored records and answers; ``tests/test_kernels.py`` the kernels to the
 send path's bytes.
@@ -48,11 +50,12 @@ from shmq.core import sends as F
 from shmq.core.records import EncodedBatch, group_bytes_limit
 from shmq.core.store import DuplicateResult
 from shmq.ipc.codes import RequestCode as RC
-from shmq.ipc.remoting import (JSON, RemotingCommand, encode_head, send_ok_head,
+from shmq.ipc.codes import ResponseCode as R
+from shmq.ipc.remoting import (JSON, RemotingCommand, decode_all, encode_head, send_ok_head,
                                 send_ok_pieces)
 
 from ..config import SYNC_MASTER
-from .send import _V1_SEND, _refuse_if_busy, stored
+from .send import _V1_SEND, _refuse_if_busy, _replica_wait, stored
 
 log = logging.getLogger("shmq.handlers")
 
@@ -89,6 +92,15 @@ def _checked(cache: dict, topic: str, epoch: int):
     if hit is None or hit[0] != epoch or topic.startswith(("%RETRY%", "%DLQ%")):
         return None
     return hit[1]
+
+
+def _coded(frames: bytes, code: int) -> bytes:
+    """SUCCESS answer frames with ``code`` instead (a SYNC_MASTER's
+    SLAVE_NOT_AVAILABLE: rare, so decoded and encoded again)."""
+    replies = decode_all(frames)
+    for r in replies:
+        r.code = code
+    return b"".join(encode_head(r, 0) for r in replies)
 
 
 def _refusal(peer, opaque: int, ex: Exception) -> bytes:
@@ -141,7 +153,8 @@ class SendLane:
         b = self.b
         c = b.config
         return (b.acl is None and self.store_host is not None and not peer.born_raw[1]
-                and c.brokerRole != SYNC_MASTER and not log.isEnabledFor(logging.DEBUG))
+                and (c.brokerRole != SYNC_MASTER or b.store.state.get("ha_slaves") > 0)
+                and not log.isEnabledFor(logging.DEBUG))
 
     def take(self, peer, buf: bytearray, pos: int) -> tuple[int, list]:
         """Take the single sends at ``buf[pos:]`` that the lane can (at
@@ -247,13 +260,46 @@ class SendLane:
             stored(b, topic, topic, qid, 1, size)
         frame = send_ok_head(JSON, row[F.F_OPAQUE], f"{b.msgid_prefix}{r.phy_offset:016X}", qid,
                              r.queue_offset)
+        if row[F.F_NO_WAIT]:
+            return row[F.F_END], [frame]
+        wait = self._wait(r.end)
+        if wait is None:
+            return row[F.F_END], [frame]
+        return row[F.F_END], self._waits(peer, frame, b"", r.end, *wait)
+
+    def _wait(self, end: int) -> tuple[bool, int, bool] | None:
+        """What the answers of sends ending by ``end`` wait for, as the send
+        path's ``_answer`` decides: (the flush, the code, a slave's ack), or
+        None: answered at once, SUCCESS (not SYNC_FLUSH or flushed already,
+        not a SYNC_MASTER)."""
+        b = self.b
         c = b.config
-        if c.store.sync_flush and not row[F.F_NO_WAIT] and store.state.flushed_pos < r.end:
+        flush = c.store.sync_flush and b.store.state.flushed_pos < end
+        if not flush and c.brokerRole != SYNC_MASTER:
+            return None
+        code, slave = _replica_wait(b, end)
+        return None if not (flush or slave) and code == R.SUCCESS else (flush, code, slave)
+
+    def _waits(self, peer, waiting: bytes, now: bytes, end: int, flush: bool, code: int,
+               slave: bool) -> list:
+        """The answers ``waiting`` (SUCCESS frames of the sends ending by
+        ``end`` that wait: ``_wait``) parked as one reply until ``end`` is
+        flushed and/or a slave acked it (SLAVE_NOT_AVAILABLE where no slave
+        can take them: after the flush, or at once); ``now`` (those saying
+        WAIT=false) answered at once. The answers to write now."""
+        b = self.b
+        c = b.config
+        if code != R.SUCCESS and waiting:
+            waiting = _coded(waiting, code)
+        if not (flush or slave):
+            return [f for f in (now, waiting) if f]
+        if waiting:
             parking = b.parking
-            parking.park_send(peer, LANE_SEND, frame, max(r.end, parking.last_end),
-                              c.store.syncFlushTimeout / 1000)
-            return row[F.F_END], []
-        return row[F.F_END], [frame]
+            timeout_ms = max(c.store.syncFlushTimeout if flush else 0,
+                             c.slaveTimeout if slave else 0)
+            parking.park_send(peer, LANE_SEND, waiting, max(end, parking.last_end),
+                              timeout_ms / 1000, flush, slave)
+        return [now] if now else []
 
     def _append(self, peer, view, n: int, topics: list, now: int) -> list:
         """Encode the chunk's records, a run per queue; append each run in
@@ -333,22 +379,16 @@ class SendLane:
     def _answers(self, peer, ng: int, gphy, gq, gqid, odd: list, failed: dict,
                  end: int) -> list:
         """The chunk's answers for the connection: SUCCESS frames (under
-        SYNC_FLUSH, those not saying WAIT=false parked together until
-        ``end``, the chunk's last byte, is flushed, as one reply), then
-        the refusals."""
-        b = self.b
-        c = b.config
+        SYNC_FLUSH or on a SYNC_MASTER, those not saying WAIT=false parked
+        together until ``end``, the chunk's last byte, is flushed and/or a
+        slave acked it, as one reply: ``_waits``), then the refusals."""
         runs = (np.array(gphy, np.int64), np.array(gq, np.int64), np.array(gqid, np.int64))
         refused = [_refusal(peer, int(self.out[f, F.F_OPAQUE]), ex) for f, ex in failed.items()]
-        parking = b.parking
-        sel = 0
-        if c.store.sync_flush and b.store.state.flushed_pos < end:
-            waiting = self._frames(ng, runs, odd, 1)
-            if waiting:
-                parking.park_send(peer, LANE_SEND, waiting, max(end, parking.last_end),
-                                  c.store.syncFlushTimeout / 1000)
-            sel = 2
-        now = self._frames(ng, runs, odd, sel)
+        wait = self._wait(end)
+        if wait is not None:
+            return self._waits(peer, self._frames(ng, runs, odd, 1),
+                               self._frames(ng, runs, odd, 2), end, *wait) + refused
+        now = self._frames(ng, runs, odd, 0)
         return ([now] if now else []) + refused
 
     def _frames(self, ng: int, runs: tuple, odd: list, sel: int) -> bytes:
