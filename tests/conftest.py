@@ -83,6 +83,41 @@ def _logs_in_tmp(tmp_path_factory):
     mp.undo()
 
 
+_OWNERS: list = []      # every StoreOwner this process made, until its test ends
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _owners_tracked():
+    """Every StoreOwner this process makes is remembered, for
+    ``_owners_released``."""
+    from shmq.broker.shared_store import StoreOwner
+    mp = pytest.MonkeyPatch()
+    made = StoreOwner.__init__
+
+    def init(self, *args, **kw):
+        made(self, *args, **kw)
+        _OWNERS.append(self)
+    mp.setattr(StoreOwner, "__init__", init)
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _owners_released(_owners_tracked):
+    """A store a test opened and left open (it failed before its close, or
+    dropped its owner unclosed) gives back its shared memory, semaphore and
+    lock file when the test ends: each is a name in /dev/shm (32 MiB of
+    it) that outlives the test run otherwise. Stores opened before the test
+    (a wider fixture's) are left alone, and one the test closed has
+    nothing to give back."""
+    n = len(_OWNERS)
+    yield
+    for o in _OWNERS[n:]:
+        if o.cb is not None:
+            o._release()
+    del _OWNERS[n:]
+
+
 @pytest.fixture
 def store_dir(tmp_path):
     d = tmp_path / "store"
