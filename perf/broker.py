@@ -409,23 +409,17 @@ def _child(fn):
 # ------------------------------------------------------------------ (a) one-at-a-time send
 def run_send(ctx, result):
     """One connection, a send at a time, each waiting for its answer, from a
-    lean client (``worker_cpu.Sender`` with a window of 1: template frames
-    on a plain socket, each answer checked by its JSON head), as the raw
-    round trip's client is: ``RemotingClient.invoke`` cost ~50 µs of its
-    own a send, on the same two cores, which the figure charged the broker."""
-    from perf.net_limits import connect
-    from perf.worker_cpu import Sender, _host_port
+    lean client (``worker_cpu.sending``: a ``Sender`` with a window of 1,
+    template frames on a plain socket, each answer checked by its JSON head,
+    the queue verified at the end), as the raw round trip's client is:
+    ``RemotingClient.invoke`` cost ~50 µs of its own a send, on the same two
+    cores, which the figure charged the broker."""
+    from perf.worker_cpu import sending
     b = broker(ctx)
     seconds = 0.5 if ctx.quick else 3.0
     for tr in b.transports:
-        topic = f"PerfSend_{tr}"
         rt = ctx.net_rtt(tr)
-        with RemotingClient(b.addr(tr)) as c:
-            create_topic(c, topic, 1)
-        sock = connect(tr, b.unix if tr == "unix" else _host_port(b.tcp))
-        try:
-            sock.settimeout(TIMEOUT_S)
-            s = Sender(sock, topic, 1)
+        with sending(b, tr, f"PerfSend_{tr}", 1) as s:
             step = s.step
             for _ in range(500):                                  # warm the path
                 step(1)
@@ -439,10 +433,6 @@ def run_send(ctx, result):
                 lat.append(t2 - t)
                 t = t2
             rate = len(lat) / (t - t0)
-        finally:
-            sock.close()
-        with RemotingClient(b.addr(tr)) as c:
-            verify_queues(c, topic, {0: (s.acked, body_of(0, s.acked - 1))})
         a = np.array(lat) * 1e6
         yield result(f"broker_send_1conn_{tr}", rate, "msg/s", rt["rate"],
                      f"raw request/response round trip ({tr}, one in flight, "
