@@ -116,6 +116,9 @@ class SendLane:
 
     def __init__(self, b):
         self.b = b
+        # an answer may wait (SYNC_FLUSH, a SYNC_MASTER): else the lone send's
+        # and the chunk's answers leave at once without a look (``_wait``)
+        self.waits = b.config.store.sync_flush or b.config.brokerRole == SYNC_MASTER
         self.cluster = F.u8(b.cluster_prop.encode())
         self.prefix = F.u8(b.msgid_prefix.encode())
         host, v6 = b.store_host_raw
@@ -260,7 +263,7 @@ class SendLane:
             stored(b, topic, topic, qid, 1, size)
         frame = send_ok_head(JSON, row[F.F_OPAQUE], f"{b.msgid_prefix}{r.phy_offset:016X}", qid,
                              r.queue_offset)
-        if row[F.F_NO_WAIT]:
+        if row[F.F_NO_WAIT] or not self.waits:
             return row[F.F_END], [frame]
         wait = self._wait(r.end)
         if wait is None:
@@ -384,7 +387,7 @@ class SendLane:
         slave acked it, as one reply: ``_waits``), then the refusals."""
         runs = (np.array(gphy, np.int64), np.array(gq, np.int64), np.array(gqid, np.int64))
         refused = [_refusal(peer, int(self.out[f, F.F_OPAQUE]), ex) for f, ex in failed.items()]
-        wait = self._wait(end)
+        wait = self._wait(end) if self.waits else None
         if wait is not None:
             return self._waits(peer, self._frames(ng, runs, odd, 1),
                                self._frames(ng, runs, odd, 2), end, *wait) + refused
