@@ -9,9 +9,11 @@ an appender asks for a flush or the next periodic duty is due:
                    flushed_pos, wake every process flagged WANT_FLUSH. The
                    workers lead the group commit of their own sync sends at
                    the end of each turn (broker/worker.py ``group_commit``)
-                   and do not ask: the flusher's rounds are for the direct
-                   producers' sync sends, a worker's round that failed, and
-                   whatever is left unflushed each flushIntervalCommitLog.
+                   and do not ask, nor does a direct producer with one
+                   sync send waiting (client/direct.py ``FlushWaiter``):
+                   the flusher's rounds are for direct producers with many
+                   waiting, a round that failed elsewhere, and whatever is
+                   left unflushed each flushIntervalCommitLog.
                    A round holds the flush lock (core/files.py
                    ``FlushLock``); one that finds it taken leaves the round
                    to its holder.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 
 import numpy as np
 
@@ -63,6 +64,7 @@ class CommitLog:
         self.read_only = read_only
         self.random_faults = random_faults
         self._open: dict[int, Handle] = {}
+        self._opening = threading.Lock()
         self._random: set[str] = set()     # segments whose mapping is advised MADV_RANDOM
         if not read_only:
             files.makedirs(self.dir)
@@ -97,17 +99,25 @@ class CommitLog:
     def handle(self, start: int) -> Handle:
         h = self._open.get(start)
         if h is None:
-            path = self.path(start)
-            if not self.files.exists(path):
-                raise SegmentMissing(f"CommitLog segment {offset_to_file_name(start)} does not exist")
-            h = self.files.open(path, writable=not self.read_only)
-            if h.size != self.segment_bytes and not (self.read_only and h.size < self.segment_bytes):
-                # a reader maps a short file (cut by a crash, a copy, a full
-                # disk) as far as it goes: recovery repairs it at the next start
-                self.files.close(h)
-                raise ValueError(f"{path}: {h.size} bytes, expected {self.segment_bytes} "
-                                 f"(mappedFileSizeCommitLog differs from the store's)")
-            self._open[start] = h
+            # Opened under a lock: a direct producer's flush thread
+            # (client/direct.py FlushWaiter) resolves handles while its
+            # loop's appends open them, and two openers would leak one.
+            with self._opening:
+                h = self._open.get(start) or self._open_segment(start)
+        return h
+
+    def _open_segment(self, start: int) -> Handle:
+        path = self.path(start)
+        if not self.files.exists(path):
+            raise SegmentMissing(f"CommitLog segment {offset_to_file_name(start)} does not exist")
+        h = self.files.open(path, writable=not self.read_only)
+        if h.size != self.segment_bytes and not (self.read_only and h.size < self.segment_bytes):
+            # a reader maps a short file (cut by a crash, a copy, a full
+            # disk) as far as it goes: recovery repairs it at the next start
+            self.files.close(h)
+            raise ValueError(f"{path}: {h.size} bytes, expected {self.segment_bytes} "
+                             f"(mappedFileSizeCommitLog differs from the store's)")
+        self._open[start] = h
         return h
 
     def ensure_segment(self, start: int) -> Handle:

@@ -132,8 +132,9 @@ class _NoLock:
 class FlushLock:
     """Who may flush the CommitLog and publish ``flushed_pos`` (core/store.py
     ``flush_commitlog``): an flock on the CommitLog directory, which every
-    store has, taken by one process at a time — the flusher, or a worker
-    leading a group commit at the end of its turn (broker/worker.py). The
+    store has, taken by one process at a time — the flusher, a worker
+    leading a group commit at the end of its turn (broker/worker.py), or a
+    direct producer's flush thread (client/direct.py ``FlushWaiter``). The
     kernel drops it when its holder dies, however it dies, so a process
     killed inside an fdatasync leaves nothing to repair: the next flush
     starts from the last ``flushed_pos`` published."""

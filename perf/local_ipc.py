@@ -69,6 +69,8 @@
   callers in one process: direct vs the Unix socket at the same load, the
   messages each fdatasync made durable (the flusher's count), every answer
   SEND_OK (no FLUSH_DISK_TIMEOUT). Issue 17's target: direct ≥ socket.
+  ``one_at_a_time``: the same with one caller (a lone send: the direct
+  producer's flush thread leads its group commit), beside the socket's.
 
 Every direct send must have been appended by this process (the client's
 ``appended`` counter), every answer SEND_OK at a position of its own.
@@ -799,11 +801,13 @@ def run_two_by_two(ctx, result, b, ns: str):
 
 
 # ---------------------------------------------------------------- SYNC_FLUSH
-async def _window_sends(ns: str, topic: str, seconds: float, direct: bool) -> tuple[int, float, int]:
-    """WINDOW callers each sending one message after another for
+async def _window_sends(ns: str, topic: str, seconds: float, direct: bool,
+                        window: int = WINDOW) -> tuple[int, float, int]:
+    """``window`` callers each sending one message after another for
     ``seconds``: (answers, seconds, appended by this process); every answer
     SEND_OK at a position of its own."""
-    cfg = ClientConfig(namesrv_addr=ns, direct_append=direct, instance_name=f"perf-sync-w-{direct}")
+    cfg = ClientConfig(namesrv_addr=ns, direct_append=direct,
+                       instance_name=f"perf-sync-w{window}-{direct}")
     async with AsyncProducer("perf-local-sync-window", client=cfg, max_in_flight=WINDOW) as p:
         await p.send(Message(topic, BODY))
         before = _direct_appended(p)
@@ -817,7 +821,7 @@ async def _window_sends(ns: str, topic: str, seconds: float, direct: bool) -> tu
                     raise AssertionError(f"a SYNC_FLUSH send was answered {r.status}")
                 places.add((r.queue.queue_id, r.queue_offset))
         t0 = time.monotonic()
-        await asyncio.gather(*[caller() for _ in range(WINDOW)])
+        await asyncio.gather(*[caller() for _ in range(window)])
         return len(places), time.monotonic() - t0, _direct_appended(p) - before
 
 
@@ -829,14 +833,19 @@ def run_sync_flush(ctx, result):
     seconds = 1.0 if ctx.quick else 5.0
     fsync_rate, _ = ctx.fdatasync()
     out = {}
-    for direct in (True, False):
-        f0 = flush_seq(b)
-        n, dt, here = asyncio.run(_window_sends(ns, topic, seconds, direct))
-        f1 = flush_seq(b)
-        if direct and here != n:
-            raise AssertionError(f"direct SYNC_FLUSH: {here} of {n} appended by this process")
-        out[direct] = (n / dt, round(n / max(1, f1 - f0), 2) if None not in (f0, f1) else None)
-    (d, d_per), (s, s_per) = out[True], out[False]
+    for window in (WINDOW, 1):
+        for direct in (True, False):
+            f0 = flush_seq(b)
+            n, dt, here = asyncio.run(_window_sends(ns, topic, seconds, direct, window))
+            f1 = flush_seq(b)
+            if direct and here != n:
+                raise AssertionError(f"direct SYNC_FLUSH: {here} of {n} appended by this process")
+            out[direct, window] = (n / dt, round(n / max(1, f1 - f0), 2)
+                                   if None not in (f0, f1) else None)
+    (d, d_per), (s, s_per) = out[True, WINDOW], out[False, WINDOW]
+    d1, s1 = out[True, 1][0], out[False, 1][0]
     yield result("local_ipc_sync_flush", d, "msg/s", fsync_rate, "raw fdatasync/s (4 KiB overwrite)",
                  msgs_per_fdatasync=d_per, unix_socket=round(s), unix_socket_msgs_per_fdatasync=s_per,
-                 vs_socket=round(d / s, 2), window=WINDOW, body_bytes=100, target_vs_socket=1.0)
+                 vs_socket=round(d / s, 2), window=WINDOW, body_bytes=100, target_vs_socket=1.0,
+                 one_at_a_time=round(d1), unix_socket_one_at_a_time=round(s1),
+                 one_at_a_time_vs_socket=round(d1 / s1, 2))

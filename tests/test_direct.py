@@ -707,6 +707,84 @@ def test_sync_flush_direct_sends_are_durable_when_answered(tmp_path, request):
         assert len(stored_records(b, topic, 2)) == 201
 
 
+def _flusher_stopped_unlocked(b):
+    """SIGSTOP the broker's flusher between its rounds (not holding the
+    flush lock: a stopped holder would stop every flush); its pid."""
+    from shmq.core.files import FlushLock
+    pid = b.children()["shmq-flusher"]
+    lock = FlushLock(os.path.join(b.conf["storePathRootDir"], "commitlog"))
+    try:
+        for _ in range(200):
+            os.kill(pid, signal.SIGSTOP)
+            if lock.acquire(block=False):
+                lock.release()
+                return pid
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.01)
+        raise AssertionError("the flusher held the flush lock at every look")
+    finally:
+        lock.close()
+
+
+def test_a_lone_direct_sync_send_is_made_durable_by_its_own_process(tmp_path, request):
+    """One SYNC_FLUSH send at a time: the producer's flush thread leads the
+    group commit itself (client/direct.py ``FlushWaiter``), so each send is
+    answered SEND_OK, durable, while the broker's flusher is stopped; before,
+    each waited for the flusher's round and timed out (FLUSH_DISK_TIMEOUT)."""
+    conf = broker_conf(tmp_path, flushDiskType="SYNC_FLUSH", syncFlushTimeout="3000")
+    with BrokerProc(tmp_path, conf).start() as b:
+        topic = routed_topic(b, topic_for(request, "D_"), queues=1)
+
+        async def main():
+            async with AsyncProducer("dp-lone-sync", namesrv_addr=b.namesrv) as p:
+                await p.send(Message(topic, b"attach"))
+                ds = direct_of(p)
+                seq0 = ds.state.get("flush_seq")
+                pid = _flusher_stopped_unlocked(b)
+                try:
+                    out = []
+                    for i in range(5):
+                        r = await p.send(Message(topic, b"lone%d" % i))
+                        out.append((r.status, ds.state.flushed_pos
+                                    > int(r.offset_msg_id[16:], 16)))
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                rounds = getattr(ds.flush_waiter, "rounds", 0)
+                return out, ds.state.get("flush_seq") - seq0, rounds
+
+        out, flushes, rounds = asyncio.run(main())
+        assert out == [(SendStatus.SEND_OK, True)] * 5
+        assert flushes >= 5 and rounds >= 5
+        assert [m.body for m in stored_records(b, topic, 1)][1:] == [b"lone%d" % i for i in range(5)]
+
+
+def test_a_direct_flush_that_fails_is_left_to_the_flusher(tmp_path, request, caplog):
+    """The producer's own fdatasync fails (EIO, injected at the store's
+    flush): the error is logged, the flusher is woken and makes the send
+    durable, and it is answered SEND_OK."""
+    with BrokerProc(tmp_path, broker_conf(tmp_path, flushDiskType="SYNC_FLUSH")).start() as b:
+        topic = routed_topic(b, topic_for(request, "D_"), queues=1)
+
+        async def main():
+            async with AsyncProducer("dp-sync-eio", namesrv_addr=b.namesrv) as p:
+                await p.send(Message(topic, b"attach"))
+                ds = direct_of(p)
+                failed = []
+
+                def flush_commitlog(block=True):
+                    failed.append(block)
+                    raise OSError(5, "Input/output error")
+                ds.store.flush_commitlog = flush_commitlog
+                r = await p.send(Message(topic, b"after-eio"))
+                return r, ds.state.flushed_pos > int(r.offset_msg_id[16:], 16), failed
+
+        with caplog.at_level("ERROR", logger="shmq.client.direct"):
+            r, durable, failed = asyncio.run(main())
+        assert r.status is SendStatus.SEND_OK and durable and failed == [False]
+        assert "the CommitLog flush failed ([Errno 5] Input/output error); the flusher takes " \
+               "over" in caplog.text
+
+
 # ------------------------------------------------------------ kill -9 of a direct producer
 SENDER = textwrap.dedent("""
     import sys
