@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from conftest import SMALL_SEGMENT, small_config
 from shmq.broker.flusher import Flusher
@@ -78,7 +79,12 @@ def test_a_round_another_process_holds_the_flush_lock_for_is_left_to_it(store_di
     try:
         assert worker.acquire(block=False)
         r = put(store, 10)
-        f.step()
+        # the pass in a thread: one that waited for the lock would fail the
+        # test, not hang it (the lock is released below, which frees it)
+        passed = threading.Thread(target=f.step, daemon=True)
+        passed.start()
+        passed.join(10)
+        assert not passed.is_alive(), "the flusher's pass waits for the flush lock's holder"
         assert f.locked_out and store.state.flushed_pos < r.end and f.flushes == 0
         worker.release()
         f.step()

@@ -422,6 +422,33 @@ def driven(rig, lane: bool = True):
     return reactor, driver, b
 
 
+def turns_until(reactor, done, what: str, most: int = 500) -> int:
+    """Run ``reactor``'s turns until ``done()``; how many it took. A turn
+    waits at most 10 ms for something to happen (a timer each turn), and
+    after ``most`` turns the test fails naming ``what``: a regression that
+    stops the worker ends the test, not the suite's time."""
+    for turn in range(1, most + 1):
+        reactor.call_later(0.01, lambda: None)
+        reactor.run_once()
+        if done():
+            return turn
+    raise AssertionError(f"not after {most} reactor turns: {what}")
+
+
+def replies_in_turns(reactor, client, n: int, what: str = "") -> list:
+    """Run ``reactor``'s turns (``turns_until``) until ``n`` replies came to
+    ``client``, the client end of a ``driven`` connection: the replies."""
+    import select
+    replies: list = []
+
+    def got() -> bool:
+        if select.select([client], [], [], 0)[0]:
+            replies.extend(read_replies(client, 1))
+        return len(replies) >= n
+    turns_until(reactor, got, what or f"{n} replies")
+    return replies
+
+
 def read_replies(sock, n: int) -> list:
     dec, out = FrameDecoder(), []
     while len(out) < n:
@@ -456,8 +483,8 @@ def test_a_turn_appends_what_it_took_each_time_their_bodies_pass_the_cap(rig, mo
     monkeypatch.setattr(rig.h, "flush_group", lambda: (held.append(len(rig.h.taken)), flush())[1])
     cmds = [keyed(0, f"k{i}", i, body=bytes([65 + i]) * 1000) for i in range(7)]
     client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    while len(rig.store.read_queue("GoldenTopic", 0)) < 7:
-        reactor.run_once()
+    turns_until(reactor, lambda: len(rig.store.read_queue("GoldenTopic", 0)) >= 7,
+                "7 sends stored")
     assert held == [3, 3, 1]
     assert [r.opaque for r in read_replies(client, 7)] == list(range(7))
     assert [m.body for m in rig.store.read_queue("GoldenTopic", 0)] == [c.body for c in cmds]
@@ -524,8 +551,8 @@ def test_a_peer_gone_when_a_group_is_answered_leaves_nothing_behind(rig):
     client.shutdown(socket.SHUT_RD)                 # its answers cannot be delivered
     b.sendall(b"".join(bytes(encode(keyed(1, f"live{i}", i))) for i in range(n)))
     b.settimeout(5)
-    while len(rig.store.read_queue("GoldenTopic", 1)) < n:
-        reactor.run_once()
+    turns_until(reactor, lambda: len(rig.store.read_queue("GoldenTopic", 1)) >= n,
+                f"{n} sends stored")
     assert [r.opaque for r in read_replies(b, n)] == list(range(n))
     gone = [m.body for m in rig.store.read_queue("GoldenTopic", 0)]
     assert gone == [f"gone{i}".encode() for i in range(len(gone))]    # a prefix, in order

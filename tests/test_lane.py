@@ -13,7 +13,8 @@ import contextlib
 import struct
 
 import pytest
-from test_handlers import Rig, driven, golden, keyed, read_replies
+from test_handlers import (Rig, driven, golden, keyed, read_replies, replies_in_turns,
+                           turns_until)
 from shmq.broker.handlers import PARKED
 from shmq.client.requests import create_topic, decode_records
 from shmq.ipc.codes import ResponseCode as R
@@ -67,9 +68,7 @@ def _run(root: str, lane: bool, alone: bool = False):
         assert not _readable(client)
     else:
         client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    while len(replies) < answered:
-        reactor.run_once()
-        replies += read_replies(client, 1) if _readable(client) else []
+    replies += replies_in_turns(reactor, client, answered - len(replies))
     store = rig.store
     end = store.state.get("write_pos")
     log = bytearray(store.cl.read(0, end))
@@ -159,10 +158,7 @@ def test_a_multi_tag_topics_sends_are_stored_with_its_flag_by_the_lane_as_the_se
                 read_replies(client, 1)
         else:
             client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-            replies = []
-            while len(replies) < 4:
-                reactor.run_once()
-                replies += read_replies(client, 1) if _readable(client) else []
+            replies = replies_in_turns(reactor, client, 4)
         assert driver.lane.taken == (4 if lane else 0)
         flags[lane] = [(q, m.body, m.sysflag) for q in range(2)
                        for m in rig.store.read_queue("MultiTag", q)]
@@ -218,10 +214,7 @@ def test_under_sync_flush_the_lanes_answers_leave_after_the_turns_group_commit(t
     st = rig.store.state
     seq = st.get("flush_seq")
     client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    turns = 0
-    while driver.lane.taken < 10:
-        reactor.run_once()
-        turns += 1
+    turns = turns_until(reactor, lambda: driver.lane.taken >= 10, "the lane took 10")
     got = read_replies(client, 10)
     assert (got[0].opaque, got[0].code) == (4, R.SUCCESS)
     assert sorted(r.opaque for r in got[1:]) == [0, 1, 2, 3, 5, 6, 7, 8, 9]
@@ -243,8 +236,7 @@ def test_under_sync_flush_answers_wait_while_another_process_flushes(tmp_path):
     reactor, driver, client = driven(rig)
     with _flush_stuck(rig):
         client.sendall(b"".join(bytes(encode(keyed(i % 4, f"s{i}", i))) for i in range(3)))
-        while driver.lane.taken < 3:
-            reactor.run_once()
+        turns_until(reactor, lambda: driver.lane.taken >= 3, "the lane took 3")
         assert readable_answers(client) == 0 and len(rig.parking.sends) == 1
         assert rig.store.flush_commitlog(block=False) == -1     # not while it is held
     rig.store.flush_commitlog()              # the holder's round, published
@@ -406,8 +398,7 @@ def test_under_sync_flush_the_lanes_parked_answers_time_out_each_as_the_send_pat
     cmds = [keyed(i % 2, f"t{i}", 10 + i) for i in range(3)]
     with _flush_stuck(rig):
         client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-        while driver.lane.taken < 3:
-            reactor.run_once()
+        turns_until(reactor, lambda: driver.lane.taken >= 3, "the lane took 3")
         rig.clock.advance(4.9)
         assert rig.parking.expire() == []
         rig.clock.advance(0.2)
@@ -430,10 +421,7 @@ def test_a_chunk_larger_than_a_claim_may_be_is_appended_in_runs_across_segments(
     reactor, driver, client = driven(rig)
     cmds = [keyed(0, f"b{i}", i, body=bytes([65 + i]) * 6000) for i in range(30)]
     client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    replies = []
-    while len(replies) < 30:
-        reactor.run_once()
-        replies += read_replies(client, 1) if _readable(client) else []
+    replies = replies_in_turns(reactor, client, 30)
     assert driver.lane.taken == 30
     assert sorted((r.opaque, r.code, r.ext["queueOffset"]) for r in replies) == \
         [(i, R.SUCCESS, str(i + 1)) for i in range(30)]
@@ -452,10 +440,7 @@ def test_a_queue_out_of_range_stops_the_lane_before_the_next_topic(tmp_path):
     reactor, driver, client = driven(rig)
     cmds = [keyed(0, "ok", 1), keyed(9, "far", 2), keyed(1, "other", 3, topic="Other")]
     client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    replies = []
-    while len(replies) < 3:
-        reactor.run_once()
-        replies += read_replies(client, 1) if _readable(client) else []
+    replies = replies_in_turns(reactor, client, 3)
     assert {r.opaque: r.code for r in replies} == {1: R.SUCCESS, 2: R.SYSTEM_ERROR, 3: R.SUCCESS}
     assert driver.lane.taken == 1
     assert rig.store.read_queue("GoldenTopic", 9) == []
@@ -475,15 +460,13 @@ def test_under_sync_flush_answers_leave_in_the_order_their_sends_came(tmp_path):
     reactor, driver, client = driven(rig)
     with _flush_stuck(rig):                # (else the turn's own group commit answers them)
         client.sendall(b"".join(bytes(encode(keyed(0, f"a{i}", i))) for i in range(3)))
-        while driver.lane.taken < 3:
-            reactor.run_once()
+        turns_until(reactor, lambda: driver.lane.taken >= 3, "the lane took 3")
     assert len(rig.parking.sends) == 1
     published = rig.store.on_published
     rig.store.on_published = lambda mask: (published and published(mask),
                                            rig.store.flush_commitlog())
     client.sendall(b"".join(bytes(encode(keyed(0, f"b{i}", 10 + i))) for i in range(3)))
-    while driver.lane.taken < 6:
-        reactor.run_once()
+    turns_until(reactor, lambda: driver.lane.taken >= 6, "the lane took 6")
     assert [r.opaque for r in read_replies(client, 6)] == [0, 1, 2, 10, 11, 12]
     reactor.close()
     rig.close()
@@ -511,8 +494,7 @@ def test_garbage_behind_sends_closes_that_connection_and_nothing_else(tmp_path, 
     assert client.recv(1 << 16) == b""                 # then closed
     reactor2, driver2, client2 = driven(rig)           # the same at the start of a read
     client2.sendall(sends.replace(b"g0", b"h0").replace(b"g1", b"h1"))
-    while driver2.lane.taken < 2:
-        reactor2.run_once()
+    turns_until(reactor2, lambda: driver2.lane.taken >= 2, "the lane took 2")
     assert [r.opaque for r in read_replies(client2, 2)] == [0, 1]
     client2.sendall(tail)
     for _ in range(3):
@@ -550,10 +532,7 @@ def _pulls_and_sends(tmp_path, monkeypatch, sends_first: bool):
     sends = [keyed(0, f"s{i}", i) for i in range(3)]
     client.sendall(b"".join(bytes(encode(c)) for c in (sends + pulls if sends_first
                                                        else pulls + sends)))
-    replies = []
-    while len(replies) < 5:
-        reactor.run_once()
-        replies += read_replies(client, 1) if _readable(client) else []
+    replies = replies_in_turns(reactor, client, 5)
     reactor.close()
     rig.close()
     return driver, {r.opaque: r.code for r in replies}, heads
@@ -659,10 +638,7 @@ def _pull_run(root: str, lane: bool):
     cmds, _ = _pull_frames()
     answered = sum(1 for c in cmds if not c.flag & FLAG_ONEWAY)
     client.sendall(_wire(cmds))
-    replies = []
-    while len(replies) < answered:
-        reactor.run_once()
-        replies += read_replies(client, 1) if _readable(client) else []
+    replies = replies_in_turns(reactor, client, answered)
     seen = {}
     for r in replies:
         recs = [(m.queue_id, m.queue_offset, m.tags, m.body) for m in decode_records(r.body)] \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+from test_handlers import turns_until
 from shmq.broker.reactor import Reactor
 from shmq.ipc.remoting import FrameDecoder, RemotingCommand, encode, encode_head
 
@@ -34,8 +35,7 @@ def test_replies_of_one_turn_leave_in_one_write_in_order():
             conn.send(encode(reply))
     reactor, conn, client = _served(echo_twice)
     client.sendall(b"".join(encode(RemotingCommand(1, opaque=i, body=b"b%d" % i)) for i in range(3)))
-    while conn.writes == 0:
-        reactor.run_once()
+    turns_until(reactor, lambda: conn.writes, "a write")
     got = _recv_commands(client, 6)
     assert [(c.opaque, c.ext["k"], bytes(c.body)) for c in got] == \
         [(i, str(k), b"b%d" % i) for i in range(3) for k in range(2)]
@@ -50,8 +50,7 @@ def test_a_reply_with_parts_goes_with_its_header():
         conn.send(encode_head(cmd.reply(0), 7), parts)
     reactor, conn, client = _served(reply_in_parts)
     client.sendall(encode(RemotingCommand(1, opaque=7)))
-    while conn.writes == 0:
-        reactor.run_once()
+    turns_until(reactor, lambda: conn.writes, "a write")
     (reply,) = _recv_commands(client, 1)
     assert (reply.opaque, bytes(reply.body)) == (7, b"abcdefg")
     assert conn.writes == 1
@@ -61,8 +60,7 @@ def test_a_reply_with_parts_goes_with_its_header():
 def test_bad_bytes_close_the_connection_after_answering_what_came_before():
     reactor, conn, client = _served(lambda conn, cmd: conn.send(encode(cmd.reply(0))))
     client.sendall(encode(RemotingCommand(1, opaque=42)) + b"\x00\x00\x00\x01garbage")
-    while not conn.closed:
-        reactor.run_once()
+    turns_until(reactor, lambda: conn.closed, "the close")
     (reply,) = _recv_commands(client, 1)
     assert reply.opaque == 42
     client.settimeout(10)
