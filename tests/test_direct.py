@@ -802,11 +802,16 @@ SENDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
 @pytest.mark.parametrize("trials", [int(os.environ.get("SHMQ_DIRECT_KILL_TRIALS", "4"))])
 def test_a_direct_producer_killed_mid_append_loses_no_acknowledged_message(tmp_path, request,
-                                                                            trials):
+                                                                            trials, flush):
+    """Under SYNC_FLUSH each send waits for its flush, which the producer
+    leads itself one send at a time (``FlushWaiter``): a kill inside that
+    round leaves the flush lock to the kernel, and the socket sends after
+    it are answered."""
     rng = random.Random(trials)
-    with BrokerProc(tmp_path, broker_conf(tmp_path)).start() as b:
+    with BrokerProc(tmp_path, broker_conf(tmp_path, flushDiskType=flush)).start() as b:
         topic = routed_topic(b, topic_for(request, "D_"), queues=2)
         acked: dict[str, tuple[int, int]] = {}
         for t in range(trials):
