@@ -52,7 +52,7 @@ import numpy as np
 
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
-from shmq.core.state import Q_NEXT, Q_WORDS, QUEUE_BASE, queue_bit
+from shmq.core.state import NEW_QUEUE, Q_NEXT, Q_WORDS, QUEUE_BASE, queue_bit
 from shmq.ipc.control import WANT_FLUSH, WANT_QUEUES
 from shmq.ipc.remoting import RemotingCommand, decode_all, decode_head, encode_head
 
@@ -203,6 +203,7 @@ class ParkedSend:
 
 
 _NONE = np.iinfo(np.int64).max      # a free place's lowest offset: never due
+ALL_QUEUES = ("", -1)               # in ``Parking.arrived``: look at every parked queue
 
 
 class _Watched:
@@ -222,6 +223,7 @@ class _Watched:
         self.word = np.full(64, -1, np.int64)
         self.lo = np.full(64, _NONE, np.int64)
         self.bits: dict[int, int] = {}     # wait_mask bit → queues parked with it
+        self.at_word: dict[int, int] = {}  # a queue's next-offset word → its place
         self.missing = 0                   # places whose queue has no slot yet
         self.slots_made = -1
 
@@ -245,6 +247,8 @@ class _Watched:
         w = self.state.next_offset_word(*key)
         self.word[at], self.lo[at] = w, offset
         self.missing += w < 0
+        if w >= 0:
+            self.at_word[w] = at
         self._count(w, 1)
         return True
 
@@ -253,6 +257,7 @@ class _Watched:
         at = self.pos.pop(key)
         w = int(self.word[at])
         self.missing -= w < 0
+        self.at_word.pop(w, None)
         self._count(w, -1)
         self.keys[at] = None
         self.word[at], self.lo[at] = -1, _NONE
@@ -294,7 +299,13 @@ class _Watched:
                     self._count(-1, -1)
                     self._count(w, 1)
                     self.word[at] = w
+                    self.at_word[w] = at
                     self.missing -= 1
+
+    def key_of_slot(self, slot: int) -> tuple[str, int] | None:
+        """The queue of store queue ``slot``, if a pull is parked on it."""
+        at = self.at_word.get(QUEUE_BASE + slot * Q_WORDS + Q_NEXT)
+        return None if at is None else self.keys[at]
 
     def due(self) -> list:
         """The queues whose next offset passed a parked pull's offset."""
@@ -461,10 +472,26 @@ class Parking:
         self._answer_send(p, out)
 
     # ----------------------------------------------------------------- driving
+    def published(self, queues: int, slot: int) -> None:
+        """This process published an append that concerns its own parked
+        pulls (``MessageStore.on_published``'s ``queues``; ``slot``: the
+        store queue a mask of one queue stands for): they are answered by
+        the next ``ready``, as a wake-up would answer them, without one
+        (``Handlers._published``): that queue's, or, for a new queue or
+        any, every parked queue's (``ALL_QUEUES``)."""
+        if queues == -1 or queues & NEW_QUEUE:
+            self.arrived.add(ALL_QUEUES)
+            return
+        key = self.watched.key_of_slot(slot)
+        if key is not None:
+            self.arrived.add(key)
+
     def ready(self) -> list:
         """Answers due without a wake-up: queues that grew while their pull
         parked, sends flushed while they parked."""
         out: list = []
+        if ALL_QUEUES in self.arrived:
+            return self.on_wake()
         if self.arrived:
             arrived, self.arrived = self.arrived, set()
             for key in arrived:

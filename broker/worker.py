@@ -404,6 +404,8 @@ class Driver:
         """The reactor's turn ends (its replies are about to leave)."""
         if self.h.taken:
             self.flush_group()
+        if self.parking.arrived:     # what this worker appended (``Handlers._published``)
+            self.send_all(self.parking.ready())
 
     def group_commit(self) -> None:
         """Before the reactor sleeps (``Reactor.before_sleep``), under

@@ -183,6 +183,9 @@ class MessageStore:
         # end of its turn (broker/worker.py) does not ask the flusher for
         # each of them: on_flush_request is then for a roll only.
         self.flush_inline = False
+        # the queue slot of the last append this process published (what a
+        # mask of one queue bit passed to ``on_published`` stands for)
+        self.published_slot = -1
         self._flush_lock = None     # files.FlushLock, opened by the first flush
         self._seg = config.mappedFileSizeCommitLog
         self._sync = config.sync_flush
@@ -338,7 +341,9 @@ class MessageStore:
             # whom it concerns (a state.queue_bit mask, inline): its queue, a
             # queue new with it (or whose slot a claim that published nothing
             # made: its first offset), and any, after a wait that may have
-            # repaired and published the claims of others
+            # repaired and published the claims of others; for a mask of
+            # one queue, its slot is ``published_slot``
+            self.published_slot = slot
             self.on_published(-1 if waited else 1 << slot % QUEUE_BITS
                               | (NEW_QUEUE if known < 0 or q0 == 0 else 0))
         # the flusher, under SYNC_FLUSH for this append; on a roll into a new

@@ -434,14 +434,15 @@ class ControlBlock:
     def wake(self, slot: int) -> None:
         self.waker.wake(slot)
 
-    def wake_flagged(self, flag: int, queues: int = -1) -> None:
+    def wake_flagged(self, flag: int, queues: int = -1, me_too: bool = True) -> bool:
         """Wake every process whose slot has ``flag``; for WANT_PUBLISH also
         every slot with WANT_QUEUES whose wait_mask meets ``queues`` (the
         published queues' ``core.state.queue_bit``s, -1: any): a pull
         waiting on other queues is not woken. Every append publishes through
         here, so the common answer (nobody) costs one copy of the slots' low
         flag bytes and a ``bytes.translate``, not numpy's masking and
-        scanning of every slot (5 µs here)."""
+        scanning of every slot (5 µs here). ``me_too`` False: this process
+        is not woken (it looks itself); whether it would have been."""
         low = self._flag_bytes
         if low is None or self._flag_bytes_of is not self.procs:
             self._flag_bytes_of = self.procs
@@ -449,11 +450,16 @@ class ControlBlock:
         by_queue = flag == WANT_PUBLISH
         hits = low.tobytes().translate(_HAS_FLAG[flag | WANT_QUEUES if by_queue else flag])
         slot = hits.find(1)
+        mine = False
         while slot >= 0:
             if (not by_queue or self.proc_flags[slot] & WANT_PUBLISH
                     or self.wait_masks[slot] & queues):
-                self.waker.wake(slot)
+                if me_too or slot != self.slot:
+                    self.waker.wake(slot)
+                else:
+                    mine = True
             slot = hits.find(1, slot + 1)
+        return mine
 
     def wait(self, timeout_s: float) -> bool:
         return self.waiter.wait(timeout_s)

@@ -834,6 +834,36 @@ def test_a_pull_parked_on_a_queue_never_written_is_answered_once_another_process
     assert r.cmd.code == R.SUCCESS and r.cmd.opaque == cmd.opaque
 
 
+def test_a_pull_parked_on_this_worker_is_answered_by_its_own_send_without_a_wake_up(rig):
+    """A worker's own sends to queues its pulls are parked on: the pulls are
+    answered before the sends' turn ends, and the worker sent itself no
+    wake-up (a datagram, a turn to read it and a look at every parked
+    queue: most of a send's cost with 2,000 queues parked on it) — for a
+    queue that has a slot, and for one whose slot the send makes."""
+    import select
+
+    from shmq.client.requests import pull_message
+    rig.ok(keyed(0, "first", 999))                     # queue 0 has a slot; queue 3 none
+    reactor, driver, client = driven(rig)
+    pulls = [pull_message("GoldenTopic", 0, 1, suspend_ms=15000),
+             pull_message("GoldenTopic", 3, 0, suspend_ms=15000)]
+    for i, p in enumerate(pulls):
+        p.opaque = 50 + i
+    client.sendall(b"".join(bytes(encode(p)) for p in pulls))
+    turns_until(reactor, lambda: len(rig.parking.pulls) == 2, "two pulls parked")
+    assert rig.flags() & WANT_QUEUES
+    rig.cb.waiter.drain()
+    client.sendall(bytes(encode(keyed(0, "a", 10))) + bytes(encode(keyed(3, "b", 11))))
+    got = {r.opaque: r for r in replies_in_turns(reactor, client, 4)}
+    assert {o: r.code for o, r in got.items()} == {10: R.SUCCESS, 11: R.SUCCESS,
+                                                   50: R.SUCCESS, 51: R.SUCCESS}
+    assert [m.body for m in decode_records(got[50].body)] == [b"a"]
+    assert [m.body for m in decode_records(got[51].body)] == [b"b"]
+    assert select.select([rig.cb.waiter.sock], [], [], 0)[0] == [], "it woke itself"
+    assert not rig.parking.pulls
+    reactor.close()
+
+
 def test_a_parked_pull_times_out_with_pull_not_found_at_suspend_timeout_millis(rig):
     cmd = golden("cpp-1.2-pull", suspendTimeoutMillis="700")
     assert rig.call(cmd) is PARKED

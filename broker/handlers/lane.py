@@ -260,7 +260,7 @@ class SendLane:
         if r.__class__ is DuplicateResult:
             qid = r.queue_id                   # where the first send's message is
         else:
-            stored(b, topic, topic, qid, 1, size)
+            stored(b, topic, 1, size)
         frame = send_ok_head(JSON, row[F.F_OPAQUE], f"{b.msgid_prefix}{r.phy_offset:016X}", qid,
                              r.queue_offset)
         if row[F.F_NO_WAIT] or not self.waits:
@@ -360,7 +360,7 @@ class SendLane:
                                  single_queue=True)
             r = self.b.store.append(batch, 0, srt[F.S_KEY, s:e].tolist() if dedup else None)
         if r is not None and r.__class__ is not DuplicateResult:
-            stored(self.b, topic, topic, qid, e - s, z - a)
+            stored(self.b, topic, e - s, z - a)
         return r
 
     def _one(self, topic: str, qid: int, k: int, f: int, a: int, now: int, dedup: bool,
@@ -375,7 +375,7 @@ class SendLane:
         if r.__class__ is DuplicateResult:
             qid = r.queue_id                   # where the first send's message is
         else:
-            stored(self.b, topic, topic, qid, 1, len(rec))
+            stored(self.b, topic, 1, len(rec))
         odd.append((f, r.phy_offset, qid, r.queue_offset))
         return r.end
 

@@ -245,20 +245,16 @@ def _refuse_if_busy(b: Broker, now: int) -> None:
 
 
 def _stored(b: Broker, p: Prepared, count: int, nbytes: int) -> None:
-    stored(b, p.topic, p.store_topic, p.store_qid, count, nbytes)
+    stored(b, p.topic, count, nbytes)
 
 
-def stored(b: Broker, topic: str, store_topic: str, store_qid: int, count: int,
-           nbytes: int) -> None:
-    """Count ``count`` records of ``nbytes`` sent to ``topic`` and appended
-    to queue ``store_qid`` of ``store_topic`` (the same unless routed), and
-    answer a pull parked on that queue."""
+def stored(b: Broker, topic: str, count: int, nbytes: int) -> None:
+    """Count ``count`` records of ``nbytes`` sent to ``topic``. (A pull
+    parked here on the queue they went to was marked due by the append's
+    publish: ``Handlers._published``.)"""
     b.put_count += count
     if b.stats.tally is not None:            # TOPIC_PUT_NUMS / SIZE (broker/stats.py)
         b.stats.tally.put(topic, count, nbytes)
-    parking = b.parking
-    if parking.pulls and (store_topic, store_qid) in parking.pulls:
-        parking.arrived.add((store_topic, store_qid))  # a pull parked here: answer it now
 
 
 def append_one(b: Broker, peer: Peer, cmd: RemotingCommand, p: Prepared):
