@@ -773,6 +773,7 @@ def warm_up_queue() -> None:
     K.cq_put_units(cq, 0, jit.readonly(np.zeros(20, np.uint8)), 1)   # recovery's, a slave's units
     rows = jit.readonly(np.zeros((1, K.N_SCAN), np.int64))
     K.cq_group_rows(rows, np.zeros(20, np.uint8), o, o, np.zeros(2, np.int64), o)
+    K.queues_due(one, jit.readonly(np.zeros(1, np.int64)), one, 1, o)   # a worker's parked pulls
 
 
 def pull_rows(buf: np.ndarray, check_crc: bool, out: np.ndarray) -> tuple[int, int]:

@@ -413,6 +413,13 @@ def min_phy_from(units: bytes, first: int, max_units: int, cl_min: int) -> int:
     return max_units
 
 
+def queues_due(words: list[int], places: list[tuple[int, int]]) -> list[int]:
+    """The places (word index or -1 for a queue with no slot, the lowest
+    offset a pull waits at) whose queue's next offset (``words[word]``, 0
+    without a slot) is past that offset."""
+    return [at for at, (word, lo) in enumerate(places) if (words[word] if word >= 0 else 0) > lo]
+
+
 def last_nonzero(buf: bytes, start: int) -> int:
     """Index of the last nonzero byte at or after ``start``, or -1."""
     for i in range(len(buf) - 1, start - 1, -1):

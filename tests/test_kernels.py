@@ -970,6 +970,23 @@ def test_min_phy_from_matches_twin(cq, data):
 
 
 @budget(100)
+@given(words=st.lists(st.integers(0, 2**40), min_size=1, max_size=30), data=st.data())
+def test_queues_due_matches_twin(words, data):
+    """A worker's parked queues (broker/parking.py ``_Watched``): a word
+    index or -1 (no slot yet: next offset 0), the lowest offset a pull waits
+    at (int64 max: a free place), against the state's words."""
+    n = data.draw(st.integers(0, 40))
+    places = data.draw(st.lists(st.tuples(st.integers(-1, len(words) - 1),
+                                          st.integers(-1, 2**40) | st.just(2**63 - 1)),
+                                min_size=n, max_size=n))
+    word = np.array([w for w, _ in places] + [-1] * 3, np.int64)     # places past n: ignored
+    lo = np.array([x for _, x in places] + [-1] * 3, np.int64)
+    out = np.full(len(word), -7, np.int64)
+    k = K.queues_due(np.array(words, np.int64), word, lo, n, out)
+    assert out[:k].tolist() == naive.queues_due(words, places)
+
+
+@budget(100)
 @given(units=st.lists(cq_unit(), min_size=1, max_size=20), data=st.data())
 def test_cq_put_many_writes_the_unit_layout(units, data):
     """cq_put_many against struct.pack(">qiq") (layout.CQ_UNIT_DTYPE)."""

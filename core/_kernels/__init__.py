@@ -59,7 +59,7 @@ from .columns import (N_PULL, P_BODY_LEN, P_BODY_POS, P_QUEUE_OFFSET, P_SIZE, P_
                       P_STATUS, P_SYSFLAG, P_TOPIC_AT, PULL_CRC, PULL_FIELDS, PULL_OK,
                       arrow_columns, gather_spans, property_spans, pull_rows, records_at)
 from .consumequeue import (CQ_BAD, CQ_DONE, CQ_FULL, cq_group_rows, cq_put, cq_put_many,
-                           cq_put_units, cq_scan, cq_valid_units, min_phy_from)
+                           cq_put_units, cq_scan, cq_valid_units, min_phy_from, queues_due)
 from .frames import encode_sends, place_answers, read_pulls, read_sends, send_ok_frames
 from .index import (IX_BAD_ENTRY, IX_BAD_SLOT, IX_DONE, IX_FULL, IX_OK, _index_key_hash,
                     index_check, index_put, index_records, index_select)

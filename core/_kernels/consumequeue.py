@@ -2,7 +2,8 @@
 
 A unit is 20 bytes (``layout``: phy offset, size, tags code, big-endian);
 a padding unit has size ``CQ_PAD_SIZE``. ``cq_scan`` serves pulls,
-``cq_valid_units`` and ``min_phy_from`` recovery and retention.
+``cq_valid_units`` and ``min_phy_from`` recovery and retention,
+``queues_due`` a worker's parked pulls (the queues' published next offsets).
 """
 from __future__ import annotations
 
@@ -190,3 +191,20 @@ def min_phy_from(cq, first_unit, max_units, cl_min):
         if ld_i64(cq, p) >= cl_min:
             return k
     return max_units
+
+
+@njit(**JIT)
+def queues_due(words, word, lo, n, out):
+    """The places (0..n) whose queue's next offset — ``words[word[at]]``, a
+    store state word; 0 where ``word[at]`` is -1: no slot yet — passed the
+    lowest offset a pull waits at there (``lo[at]``), into ``out``; how
+    many (broker/parking.py ``_Watched.due``: one wake-up, every parked
+    queue)."""
+    k = 0
+    for at in range(n):
+        w = word[at]
+        nxt = words[w] if w >= 0 else 0
+        if nxt > lo[at]:
+            out[k] = at
+            k += 1
+    return k
