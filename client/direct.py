@@ -778,7 +778,7 @@ class FlushWaiter(threading.Thread):
     published (every process's appends: ``MessageStore.flush_commitlog``,
     under the store's flush lock), releases the send and wakes the other
     processes whose sends the flush covered. No wake-up of the flusher and
-    back: one at a time, 3.4–4.3 k sends a second where they were 2.1–3.0 k
+    back: one at a time, 3.4–4.3 k sends a second where they were 1.6–3.0 k
     (the 2-core VM, the two alternated).
 
     **Many waiting** (a window of sends in flight) are the flusher's: the
