@@ -50,7 +50,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from shmq.core import _kernels as K
+from shmq.core.consumequeue import queues_due
 from shmq.core.jit import readonly
 from shmq.core.store import MessageStore
 from shmq.ipc.codes import ResponseCode as R
@@ -328,7 +328,7 @@ class _Watched:
         n = len(self.keys)
         if self.out.shape[0] < n:
             self.out = np.empty(self.word.shape[0], np.int64)
-        k = K.queues_due(self.words_ro, readonly(self.word), readonly(self.lo), n, self.out)
+        k = queues_due(self.words_ro, readonly(self.word), readonly(self.lo), n, self.out)
         keys = self.keys
         return [keys[at] for at in self.out[:k].tolist()]
 

@@ -407,3 +407,14 @@ class ConsumeQueues:
             self.forget(topic, queue_id, fi)
             self.files.unlink(self.file_path(topic, queue_id, fi))
         self.files.rmdir(self.queue_dir(topic, queue_id))
+
+
+def queues_due(words: np.ndarray, word: np.ndarray, lo: np.ndarray, n: int,
+               out: np.ndarray) -> int:
+    """Which of ``n`` watched queues have a message a pull waits for: the
+    places ``at`` whose queue's next offset (``words[word[at]]``, the store
+    state's words, read-only; 0 where ``word[at]`` is -1: no slot yet)
+    passed ``lo[at]``, written into ``out``; how many. One kernel call
+    (broker/parking.py: a worker's wake-up looks at every queue parked
+    on it)."""
+    return int(K.queues_due(words, word, lo, n, out))

@@ -12,6 +12,7 @@ and the broker serves on.
 from __future__ import annotations
 
 import array
+import contextlib
 import asyncio
 import glob
 import os
@@ -54,6 +55,15 @@ def direct_of(p) -> object:
     inst = p.instance if isinstance(p, AsyncProducer) else p._p.instance
     [ds] = [d for d in inst.direct.values()] or [None]
     return ds
+
+
+@contextlib.asynccontextmanager
+async def attached(b, topic: str, group: str):
+    """An AsyncProducer of ``group`` whose first send (b"attach" to ``topic``)
+    attached ``b``'s store: (the producer, its DirectStore)."""
+    async with AsyncProducer(group, namesrv_addr=b.namesrv) as p:
+        await p.send(Message(topic, b"attach"))
+        yield p, direct_of(p)
 
 
 def test_blocking_sends_append_in_their_own_threads_each_once_and_in_order(broker, request,
@@ -562,9 +572,7 @@ def test_a_send_the_store_leaves_to_the_broker_is_not_overtaken_by_the_next_appe
     topic = routed_topic(broker, topic_for(request, "D_"), queues=1)
 
     async def main():
-        async with AsyncProducer("dp-fallback", namesrv_addr=broker.namesrv) as p:
-            await p.send(Message(topic, b"attach"))
-            ds = direct_of(p)
+        async with attached(broker, topic, "dp-fallback") as (p, ds):
             append, left = ds.append, [1]
 
             def once_to_the_broker(*args, **kw):
@@ -694,9 +702,7 @@ def test_sync_flush_direct_sends_are_durable_when_answered(tmp_path, request):
         topic = routed_topic(b, topic_for(request, "D_"), queues=2)
 
         async def main():
-            async with AsyncProducer("dp-sync", namesrv_addr=b.namesrv) as p:
-                await p.send(Message(topic, b"attach"))
-                ds = direct_of(p)
+            async with attached(b, topic, "dp-sync") as (p, ds):
                 rs = await asyncio.gather(*(p.send(Message(topic, b"s%d" % i)) for i in range(200)))
                 return ds, rs, ds.state.flushed_pos
 
@@ -736,9 +742,7 @@ def test_a_lone_direct_sync_send_is_made_durable_by_its_own_process(tmp_path, re
         topic = routed_topic(b, topic_for(request, "D_"), queues=1)
 
         async def main():
-            async with AsyncProducer("dp-lone-sync", namesrv_addr=b.namesrv) as p:
-                await p.send(Message(topic, b"attach"))
-                ds = direct_of(p)
+            async with attached(b, topic, "dp-lone-sync") as (p, ds):
                 seq0 = ds.state.get("flush_seq")
                 pid = _flusher_stopped_unlocked(b)
                 try:
@@ -766,9 +770,7 @@ def test_a_direct_flush_that_fails_is_left_to_the_flusher(tmp_path, request, cap
         topic = routed_topic(b, topic_for(request, "D_"), queues=1)
 
         async def main():
-            async with AsyncProducer("dp-sync-eio", namesrv_addr=b.namesrv) as p:
-                await p.send(Message(topic, b"attach"))
-                ds = direct_of(p)
+            async with attached(b, topic, "dp-sync-eio") as (p, ds):
                 failed = []
 
                 def flush_commitlog(block=True):
@@ -780,7 +782,8 @@ def test_a_direct_flush_that_fails_is_left_to_the_flusher(tmp_path, request, cap
 
         with caplog.at_level("ERROR", logger="shmq.client.direct"):
             r, durable, failed = asyncio.run(main())
-        assert r.status is SendStatus.SEND_OK and durable and failed == [False]
+        # (tried without waiting for the lock; again past LEAD_AGAIN_S on a slow machine)
+        assert r.status is SendStatus.SEND_OK and durable and failed and not any(failed)
         assert "the CommitLog flush failed ([Errno 5] Input/output error); the flusher takes " \
                "over" in caplog.text
 
