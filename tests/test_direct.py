@@ -737,7 +737,7 @@ def test_a_lone_direct_sync_send_is_made_durable_by_its_own_process(tmp_path, re
     group commit itself (client/direct.py ``FlushWaiter``), so each send is
     answered SEND_OK, durable, while the broker's flusher is stopped; before,
     each waited for the flusher's round and timed out (FLUSH_DISK_TIMEOUT)."""
-    conf = broker_conf(tmp_path, flushDiskType="SYNC_FLUSH", syncFlushTimeout="3000")
+    conf = broker_conf(tmp_path, flushDiskType="SYNC_FLUSH", syncFlushTimeout="10000")
     with BrokerProc(tmp_path, conf).start() as b:
         topic = routed_topic(b, topic_for(request, "D_"), queues=1)
 
