@@ -159,7 +159,8 @@ class Broker:
             self.out.append(line.decode(errors="replace"))
 
     def log_tail(self, n: int = 2000) -> str:
-        self.log.flush()
+        if not self.log.closed:          # (``stop`` closes it before it reports the exit)
+            self.log.flush()
         with open(self.log_path, "rb") as f:
             return f.read()[-n:].decode(errors="replace")
 
