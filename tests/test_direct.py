@@ -12,8 +12,8 @@ and the broker serves on.
 from __future__ import annotations
 
 import array
-import contextlib
 import asyncio
+import contextlib
 import glob
 import os
 import random
