@@ -251,15 +251,31 @@ def test_wakeups_reach_a_waiting_process(owner):
 
 @pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
 def test_concurrent_writers_get_dense_unique_offsets(store_dir, flush):
-    cfg = small_config(store_dir, flushDiskType=flush)
+    """Under SYNC_FLUSH the flusher is held (SIGSTOP) until every writer's
+    first send waits, so one round makes them all durable: group commit
+    is seen whatever the scheduling (a busy CI machine once ran the
+    writers one after the other, a round each)."""
+    import signal
+    sync = flush == "SYNC_FLUSH"
+    cfg = small_config(store_dir, flushDiskType=flush, syncFlushTimeout=60_000)
     n, writers = 300, 4
     with StoreOwner(cfg, mp_context=CTX) as o:
         o.wait_flusher_ready()
         out = CTX.Queue()
-        ps = [CTX.Process(target=procs.writer, args=(cfg, w, n, ["A", "B"], flush == "SYNC_FLUSH", out))
+        ps = [CTX.Process(target=procs.writer, args=(cfg, w, n, ["A", "B"], sync, out))
               for w in range(writers)]
-        for p in ps:
-            p.start()
+        if sync:
+            os.kill(o.flusher.pid, signal.SIGSTOP)
+        try:
+            for p in ps:
+                p.start()
+            deadline = time.monotonic() + 60
+            while sync and o.store.state.get("publish_seq") < writers:
+                assert time.monotonic() < deadline, "the writers' first sends never came"
+                time.sleep(0.01)
+        finally:
+            if sync:
+                os.kill(o.flusher.pid, signal.SIGCONT)
         rows = [r for _ in ps for r in out.get(timeout=120)]
         for p in ps:
             p.join(30)
