@@ -55,7 +55,7 @@ from shmq.ipc.remoting import (JSON, RemotingCommand, decode_all, encode_head, s
                                 send_ok_pieces)
 
 from ..config import SYNC_MASTER
-from .send import _V1_SEND, _refuse_if_busy, _replica_wait, stored
+from .send import _V1_SEND, _refuse_if_busy, answer_wait, park_answer, stored
 
 log = logging.getLogger("shmq.handlers")
 
@@ -117,7 +117,7 @@ class SendLane:
     def __init__(self, b):
         self.b = b
         # an answer may wait (SYNC_FLUSH, a SYNC_MASTER): else the lone send's
-        # and the chunk's answers leave at once without a look (``_wait``)
+        # and the chunk's answers leave at once without a look (``send.answer_wait``)
         self.waits = b.config.store.sync_flush or b.config.brokerRole == SYNC_MASTER
         self.cluster = F.u8(b.cluster_prop.encode())
         self.prefix = F.u8(b.msgid_prefix.encode())
@@ -265,43 +265,24 @@ class SendLane:
                              r.queue_offset)
         if row[F.F_NO_WAIT] or not self.waits:
             return row[F.F_END], [frame]
-        wait = self._wait(r.end)
+        wait = answer_wait(b, r.end)
         if wait is None:
             return row[F.F_END], [frame]
         return row[F.F_END], self._waits(peer, frame, b"", r.end, *wait)
 
-    def _wait(self, end: int) -> tuple[bool, int, bool] | None:
-        """What the answers of sends ending by ``end`` wait for, as the send
-        path's ``_answer`` decides: (the flush, the code, a slave's ack), or
-        None: answered at once, SUCCESS (not SYNC_FLUSH or flushed already,
-        not a SYNC_MASTER)."""
-        b = self.b
-        c = b.config
-        flush = c.store.sync_flush and b.store.state.flushed_pos < end
-        if not flush and c.brokerRole != SYNC_MASTER:
-            return None
-        code, slave = _replica_wait(b, end)
-        return None if not (flush or slave) and code == R.SUCCESS else (flush, code, slave)
-
     def _waits(self, peer, waiting: bytes, now: bytes, end: int, flush: bool, code: int,
                slave: bool) -> list:
         """The answers ``waiting`` (SUCCESS frames of the sends ending by
-        ``end`` that wait: ``_wait``) parked as one reply until ``end`` is
-        flushed and/or a slave acked it (SLAVE_NOT_AVAILABLE where no slave
-        can take them: after the flush, or at once); ``now`` (those saying
-        WAIT=false) answered at once. The answers to write now."""
-        b = self.b
-        c = b.config
+        ``end`` that wait: ``send.answer_wait``) parked as one reply until
+        ``end`` is flushed and/or a slave acked it (SLAVE_NOT_AVAILABLE where
+        no slave can take them: after the flush, or at once); ``now`` (those
+        saying WAIT=false) answered at once. The answers to write now."""
         if code != R.SUCCESS and waiting:
             waiting = _coded(waiting, code)
         if not (flush or slave):
             return [f for f in (now, waiting) if f]
         if waiting:
-            parking = b.parking
-            timeout_ms = max(c.store.syncFlushTimeout if flush else 0,
-                             c.slaveTimeout if slave else 0)
-            parking.park_send(peer, LANE_SEND, waiting, max(end, parking.last_end),
-                              timeout_ms / 1000, flush, slave)
+            park_answer(self.b, peer, LANE_SEND, waiting, end, flush, slave)
         return [now] if now else []
 
     def _append(self, peer, view, n: int, topics: list, now: int) -> list:
@@ -387,7 +368,7 @@ class SendLane:
         slave acked it, as one reply: ``_waits``), then the refusals."""
         runs = (np.array(gphy, np.int64), np.array(gq, np.int64), np.array(gqid, np.int64))
         refused = [_refusal(peer, int(self.out[f, F.F_OPAQUE]), ex) for f, ex in failed.items()]
-        wait = self._wait(end) if self.waits else None
+        wait = answer_wait(self.b, end) if self.waits else None
         if wait is not None:
             return self._waits(peer, self._frames(ng, runs, odd, 1),
                                self._frames(ng, runs, odd, 2), end, *wait) + refused

@@ -287,24 +287,41 @@ def _answer(b: Broker, peer: Peer, cmd: RemotingCommand, props: str, msg_id: str
     ``end`` is flushed) or on a SYNC_MASTER (until a slave has it) the
     answer parked (PARKED), unless the message says WAIT=false; a
     SYNC_MASTER without a slave able to take it answers SLAVE_NOT_AVAILABLE."""
+    wait = None if "WAIT\x01false" in props else answer_wait(b, end)
+    if wait is None:
+        return send_ok_head(cmd.serialize_type, cmd.opaque, msg_id, qid, queue_offset)
+    flush, code, slave = wait
+    reply = cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
+                                 "queueOffset": str(queue_offset), **SEND_REPLY_EXT})
+    if not (flush or slave):
+        return reply
+    park_answer(b, peer, cmd, reply, end, flush, slave)
+    return PARKED
+
+
+def answer_wait(b: Broker, end: int) -> tuple[bool, int, bool] | None:
+    """What the answer of a send ending at ``end`` waits for: (the flush,
+    the answer's code, a slave's ack), or None: SUCCESS at once (not
+    SYNC_FLUSH or flushed already, not a SYNC_MASTER). The send path's and
+    the send lane's (``lane.SendLane``) one decision."""
     c = b.config
     flush = c.store.sync_flush and b.store.state.flushed_pos < end
-    if (flush or c.brokerRole == SYNC_MASTER) and "WAIT\x01false" not in props:
-        code, slave = _replica_wait(b, end)
-        if flush or slave:
-            reply = cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
-                                         "queueOffset": str(queue_offset), **SEND_REPLY_EXT})
-            parking = b.parking
-            if end < parking.last_end:          # a duplicate of an older send: keep the order
-                end = parking.last_end
-            timeout_ms = max(c.store.syncFlushTimeout if flush else 0,
-                             c.slaveTimeout if slave else 0)
-            parking.park_send(peer, cmd, reply, end, timeout_ms / 1000, flush, slave)
-            return PARKED
-        if code != R.SUCCESS:
-            return cmd.reply(code, ext={"msgId": msg_id, "queueId": str(qid),
-                                        "queueOffset": str(queue_offset), **SEND_REPLY_EXT})
-    return send_ok_head(cmd.serialize_type, cmd.opaque, msg_id, qid, queue_offset)
+    if not flush and c.brokerRole != SYNC_MASTER:
+        return None
+    code, slave = _replica_wait(b, end)
+    return None if not (flush or slave) and code == R.SUCCESS else (flush, code, slave)
+
+
+def park_answer(b: Broker, peer: Peer, cmd, reply, end: int, flush: bool, slave: bool) -> None:
+    """Park ``reply`` until ``end`` is flushed (``flush``) and/or a slave
+    acked it (``slave``), or the longer of the two timeouts passes; never
+    before an answer parked earlier (a duplicate of an older send ends
+    below it: the order is kept)."""
+    c = b.config
+    parking = b.parking
+    timeout_ms = max(c.store.syncFlushTimeout if flush else 0, c.slaveTimeout if slave else 0)
+    parking.park_send(peer, cmd, reply, max(end, parking.last_end), timeout_ms / 1000, flush,
+                      slave)
 
 
 def append_group(b: Broker, items: list) -> list | None:
