@@ -808,7 +808,6 @@ class FlushWaiter(threading.Thread):
         self.stopping = False
         self.lead_at = 0.0                     # lead no round before (monotonic): a flush failed
         self.rounds = 0                        # rounds this thread led (tests, benches)
-        self.leading = ds.store.flush_inline   # (DirectStore: True under SYNC_FLUSH)
         self.start()
 
     def add(self, end: int, loop, timeout_s: float) -> asyncio.Future:
@@ -842,8 +841,9 @@ class FlushWaiter(threading.Thread):
                 cb.set_flag(WANT_FLUSH, True)
                 flagged = True
             if st.flushed_pos < first:
-                self.choose(waiting <= self.LEAD_WAITING_MAX)
-                if not (self.leading and self.lead()):
+                lead = waiting <= self.LEAD_WAITING_MAX
+                self.choose(lead)
+                if not (lead and self.lead()):
                     cb.wait(0.01)
             self.resolve(st.flushed_pos, time.monotonic())
         if flagged:
@@ -853,11 +853,13 @@ class FlushWaiter(threading.Thread):
         self._settle_all([(e, False) for e in left])
 
     def choose(self, lead: bool) -> None:
-        """Lead the rounds here, or leave them to the flusher (woken by the
-        appends again, and once now for those made meanwhile)."""
-        if lead is self.leading:
+        """Lead the rounds here (the appends then do not wake the flusher:
+        ``MessageStore.flush_inline``), or leave them to the flusher (woken
+        by the appends again, and once now for those made meanwhile)."""
+        store = self.ds.store
+        if lead == store.flush_inline:
             return
-        self.leading = self.ds.store.flush_inline = lead
+        store.flush_inline = lead
         if not lead:
             from shmq.ipc.control import FLUSHER_SLOT
             self.ds.cb.wake(FLUSHER_SLOT)

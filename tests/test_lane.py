@@ -318,10 +318,7 @@ def test_on_a_sync_master_answers_wait_for_the_slaves_ack_as_the_send_path_answe
     cmds = [keyed(i % 2, f"c{i}", 10 + i) for i in range(3)]
     cmds[1].ext["i"] += "WAIT\x01false\x02"
     client.sendall(b"".join(bytes(encode(c)) for c in cmds))
-    for _ in range(50):                     # (bounded: the chunk may take a few turns)
-        if readable_answers(client):
-            break
-        reactor.run_once()
+    turns_until(reactor, lambda: readable_answers(client), "the WAIT=false answer")
     [nowait] = read_replies(client, 1)
     assert (nowait.opaque, nowait.code) == (11, R.SUCCESS) and readable_answers(client) == 0
     acked_now()

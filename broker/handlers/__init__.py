@@ -156,7 +156,7 @@ class Handlers(Broker):
         no wake-up to itself. That wake-up was a datagram, a turn to read it
         and a look at every parked queue: with 2,000 queues parked on the
         worker, a send one at a time cost it 131–198 µs of CPU, now 79–113
-        (87–95 with none parked; 2-core VM)."""
+        (87–112 with none parked; 2-core VM)."""
         if self.cb.wake_flagged(WANT_PUBLISH, queues, me_too=False):
             self.parking.published(queues, self.store.published_slot)
 
